@@ -1,0 +1,48 @@
+# GPU Timekeeper — `make help` lists the targets.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## List the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[all,dev]'
+	touch $(STAMP)
+
+.PHONY: venv
+venv: $(STAMP) ## Create .venv with every deployable and the dev tools
+
+.PHONY: demo
+demo: $(STAMP) ## Run the local demo on an embedded PostgreSQL
+	$(BIN)/python -m demo $(ARGS)
+
+.PHONY: test
+test: $(STAMP) ## Run the tests (TIMEKEEPER_TEST_DATABASE_URL, else an embedded PostgreSQL)
+	$(BIN)/python -m pytest $(ARGS)
+
+.PHONY: lint
+lint: $(STAMP) ## ruff and mypy
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy gpuaccounting timekeeper webhook sidecar
+
+.PHONY: fmt
+fmt: $(STAMP) ## Format and fix what ruff can
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+.PHONY: bench
+bench: $(STAMP) ## Run the benchmarks and write bench/RESULTS.md
+	$(BIN)/python -m bench $(ARGS)
+
+.PHONY: clean
+clean: ## Remove the venv, caches and local data
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .pytest-pg .timekeeper-data

@@ -1,0 +1,27 @@
+"""Names the three deployables agree on: annotations, container, PriorityClasses, token audience."""
+
+from typing import Final
+
+DOMAIN: Final = "gpu-timekeeper.io"
+
+# Annotations the webhook writes on every GPU pod and that users may not change.
+ANNOTATION_PREFIX: Final = f"{DOMAIN}/"
+ANNOTATION_GPU_SHARE: Final = f"{DOMAIN}/gpu-share"
+ANNOTATION_SHARING_SYSTEM: Final = f"{DOMAIN}/sharing-system"
+ANNOTATION_BUDGET_STATE: Final = f"{DOMAIN}/budget-state"
+ANNOTATION_PRIORITY_DECISION: Final = f"{DOMAIN}/priority-decision"
+ANNOTATION_INJECTED: Final = f"{DOMAIN}/injected"
+
+SIDECAR_CONTAINER_NAME: Final = "gpu-timekeeper-sidecar"
+SIDECAR_TOKEN_VOLUME: Final = "gpu-timekeeper-token"
+SIDECAR_BUFFER_VOLUME: Final = "gpu-timekeeper-buffer"
+SIDECAR_PODINFO_VOLUME: Final = "gpu-timekeeper-podinfo"
+
+TOKEN_AUDIENCE: Final = "gpu-timekeeper"
+
+DEFAULT_IN_BUDGET_PRIORITY_CLASS: Final = "gpu-in-budget"
+DEFAULT_OVER_BUDGET_PRIORITY_CLASS: Final = "gpu-over-budget"
+
+API_PREFIX: Final = "/api/v1"
+REPORTS_PATH: Final = f"{API_PREFIX}/reports"
+ADMISSION_STATE_PATH: Final = f"{API_PREFIX}/admission-state"

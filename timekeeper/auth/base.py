@@ -1,0 +1,55 @@
+"""The access-control interface every auth mode implements.
+
+A request's bearer token is first turned into a Principal (authentication), then each endpoint asks
+whether that principal may perform one Action, on one namespace where the action concerns one
+(authorization). Static mode answers from hashed tokens in settings; Kubernetes mode answers with
+TokenReview and SubjectAccessReview. Endpoints never look at tokens themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+
+class Action(StrEnum):
+    REPORT = "report"  # send a usage report for a pod
+    READ = "read"  # read a namespace's budget and usage
+    ADMIN = "admin"  # change budgets, defaults, grants; read the audit log
+
+
+@dataclass(frozen=True, slots=True)
+class PodIdentity:
+    """The pod a credential is bound to (a projected ServiceAccount token names exactly one pod)."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """An authenticated caller.
+
+    `name` is what the audit log records. `pod` is set when the credential is bound to one pod, which may
+    then report only for itself; a static reporter token has no pod and is trusted for every pod (the
+    documented shared-token mode for clusters-less runs).
+    """
+
+    name: str
+    pod: PodIdentity | None = None
+
+
+class AccessControl(Protocol):
+    async def authenticate(self, token: str) -> Principal | None:
+        """The principal a bearer token stands for, or None when the token is not accepted."""
+        ...
+
+    async def authorize(self, principal: Principal, action: Action, namespace: str | None) -> bool:
+        """Whether the principal may perform the action (on the namespace, where it concerns one)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release clients and caches; called from the app's lifespan."""
+        ...

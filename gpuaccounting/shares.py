@@ -52,6 +52,11 @@ class Rule(StrEnum):
     KAI_FRACTION = "kai-fraction"
     KAI_CONTAINER = "kai-container"
     SINGLE_SYSTEM = "single-system"
+    # Rules only the webhook can check: they need the namespace's state or the object's previous version.
+    NAMESPACE_CAP = "namespace-cap"
+    PROTECTED_ANNOTATIONS = "protected-annotations"
+    PROTECTED_SIDECAR = "protected-sidecar"
+    TOKEN_VOLUME_MOUNT = "token-volume-mount"
 
 
 # Resource and metadata keys, by system.

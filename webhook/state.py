@@ -17,8 +17,8 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from gpuaccounting.admission_state import AdmissionState, NamespaceAdmission
-from gpuaccounting.wire import BudgetState
 from gpuaccounting.names import ADMISSION_STATE_PATH
+from gpuaccounting.wire import BudgetState
 from webhook.metrics import WebhookMetrics
 from webhook.settings import WebhookSettings
 

@@ -51,7 +51,7 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
     return files
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
@@ -176,7 +176,7 @@ def serve_webhook(tls: Tls, state: StateServer, **overrides: Any) -> Iterator[We
         tls_key_file=tls.key_file,
         **overrides,
     )
-    port = _free_port()
+    port = free_port()
     config = uvicorn.Config(
         create_app(settings),
         host="127.0.0.1",

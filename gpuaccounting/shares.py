@@ -176,7 +176,7 @@ def _system_of_resource(name: str) -> SharingSystem:
 
 
 def _mapping(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
+    return value if isinstance(value, dict) else {}
 
 
 def _gpu_requests(container: Mapping[str, Any]) -> dict[str, object]:
@@ -508,7 +508,7 @@ def read_pod(
         ("containers", app_shares, "container"),
     ):
         for container in spec.get(key) or ():
-            if not isinstance(container, Mapping) or container.get("name") == skip_container:
+            if not isinstance(container, dict) or container.get("name") == skip_container:
                 continue
             names.add(str(container.get("name")))
             role = (

@@ -21,19 +21,19 @@ from webhook.state import NamespaceView
 def _containers(spec: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
     for key in ("initContainers", "containers", "ephemeralContainers"):
         for container in spec.get(key) or ():
-            if isinstance(container, Mapping):
+            if isinstance(container, dict):
                 yield key, container
 
 
 def _spec(pod: Mapping[str, Any] | None) -> Mapping[str, Any]:
     spec = pod.get("spec") if pod else None
-    return spec if isinstance(spec, Mapping) else {}
+    return spec if isinstance(spec, dict) else {}
 
 
 def _ours(pod: Mapping[str, Any] | None) -> dict[str, Any]:
     metadata = pod.get("metadata") if pod else None
-    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
-    if not isinstance(annotations, Mapping):
+    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+    if not isinstance(annotations, dict):
         return {}
     return {key: value for key, value in annotations.items() if key.startswith(names.ANNOTATION_PREFIX)}
 
@@ -49,7 +49,7 @@ def token_mounts(pod: Mapping[str, Any]) -> list[Violation]:
         if key != "ephemeralContainers" and container.get("name") == names.SIDECAR_CONTAINER_NAME:
             continue
         for mount in container.get("volumeMounts") or ():
-            if isinstance(mount, Mapping) and mount.get("name") == names.SIDECAR_TOKEN_VOLUME:
+            if isinstance(mount, dict) and mount.get("name") == names.SIDECAR_TOKEN_VOLUME:
                 found.append(
                     Violation(
                         Rule.TOKEN_VOLUME_MOUNT,
@@ -64,7 +64,7 @@ def token_mounts(pod: Mapping[str, Any]) -> list[Violation]:
 
 def _env_value(container: Mapping[str, Any], name: str) -> object:
     for variable in container.get("env") or ():
-        if isinstance(variable, Mapping) and variable.get("name") == name:
+        if isinstance(variable, dict) and variable.get("name") == name:
             return variable.get("value")
     return None
 

@@ -18,13 +18,13 @@ def diff(original: dict[str, Any], mutated: dict[str, Any], path: str = "") -> l
     """The operations that turn `original` into `mutated`; empty when they are equal."""
     operations: list[dict[str, Any]] = []
     for key, old in original.items():
-        pointer = f"{path}/{escape(key)}"
         if key not in mutated:
-            operations.append({"op": "remove", "path": pointer})
+            operations.append({"op": "remove", "path": f"{path}/{escape(key)}"})
             continue
         new = mutated[key]
         if old == new:
             continue
+        pointer = f"{path}/{escape(key)}"
         if isinstance(old, dict) and isinstance(new, dict):
             operations.extend(diff(old, new, pointer))
         else:

@@ -81,8 +81,8 @@ class PriorityPolicy:
             if not dry_run:
                 self.metrics.missing_decisions.inc()
                 self._log_once("admission_state_missing", policy=self.settings.missing_state_policy)
-            policy = self.settings.missing_state_policy
-            return self._choose(policy == "over_budget", known, f"state never loaded, policy {policy}")
+            missing = self.settings.missing_state_policy
+            return self._choose(missing == "over_budget", known, f"state never loaded, policy {missing}")
         if not dry_run:
             self.metrics.stale_decisions.inc()
             self._log_once("admission_state_stale", policy=self.settings.stale_state_policy)

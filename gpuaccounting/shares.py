@@ -57,6 +57,7 @@ class Rule(StrEnum):
     PROTECTED_ANNOTATIONS = "protected-annotations"
     PROTECTED_SIDECAR = "protected-sidecar"
     TOKEN_VOLUME_MOUNT = "token-volume-mount"
+    SIDECAR_REQUIRED = "sidecar-required"
 
 
 # Resource and metadata keys, by system.

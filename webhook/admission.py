@@ -6,6 +6,7 @@ get the same answer as real ones but leave no trace in the decision metrics or l
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from gpuaccounting import names
@@ -18,6 +19,8 @@ from webhook.priority import PriorityPolicy
 from webhook.review import AdmissionDenied, AdmissionRequest, build_response
 from webhook.settings import WebhookSettings
 from webhook.state import BudgetStateCache
+
+log = logging.getLogger("webhook.admission")
 
 
 def _describe_pod(request: AdmissionRequest, pod: dict[str, Any]) -> str:
@@ -91,4 +94,14 @@ class Admission:
         if not denials:
             return build_response(request, warnings=warnings), "warned"
         message = f"{_describe_pod(request, request.object or {})}: " + "; ".join(denials)
+        if not request.dry_run:
+            log.info(
+                "admission_denied",
+                extra={
+                    "namespace": request.namespace,
+                    "pod": request.name or (request.object or {}).get("metadata", {}).get("generateName", ""),
+                    "operation": request.operation,
+                    "rules": sorted({v.rule for v in found if self.settings.enforces(v.rule)}),
+                },
+            )
         return build_response(request, denied=AdmissionDenied(message), warnings=warnings), "denied"

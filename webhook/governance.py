@@ -99,6 +99,14 @@ def on_create(
                 )
             )
     sidecar = _sidecar(_spec(pod))
+    if sidecar is None and share.uses_gpu:
+        found.append(
+            Violation(
+                Rule.SIDECAR_REQUIRED,
+                "this GPU pod has no gpu-timekeeper-sidecar: the mutating webhook did not run for it"
+                " (its use could not be accounted); create the pod again",
+            )
+        )
     if sidecar is not None:
         problems = []
         if sidecar.get("image") != settings.sidecar_image:

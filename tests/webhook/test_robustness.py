@@ -59,7 +59,7 @@ def test_malformed_requests_are_counted(webhook: Webhook) -> None:
 
 
 def test_old_object_absent_or_null_on_create(webhook: Webhook) -> None:
-    body = review(pod(container("main", {"nvidia.com/gpu": 1})))
+    body = review(webhook.admit(pod(container("main", {"nvidia.com/gpu": 1}))))
     del body["request"]["oldObject"]
     assert webhook.post("/mutate", body).response["allowed"]
     body["request"]["oldObject"] = None

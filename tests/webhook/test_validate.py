@@ -123,6 +123,12 @@ def test_user_set_share_annotation_that_disagrees_is_denied(webhook: Webhook) ->
     assert "the requests give 2" in answer.message and "rule protected-annotations" in answer.message
 
 
+def test_gpu_pod_the_mutation_missed_is_denied(webhook: Webhook) -> None:
+    answer = webhook.validate(pod(container("train", {"nvidia.com/gpu": 1})))
+    assert not answer.allowed
+    assert "has no gpu-timekeeper-sidecar" in answer.message and "rule sidecar-required" in answer.message
+
+
 def test_user_supplied_sidecar_is_denied(webhook: Webhook) -> None:
     fake = container("gpu-timekeeper-sidecar")
     fake["image"] = "evil/reporter:1"

@@ -508,7 +508,8 @@ def read_pod(
         ("initContainers", init_shares, "init"),
         ("containers", app_shares, "container"),
     ):
-        for container in spec.get(key) or ():
+        listed = spec.get(key)
+        for container in listed if isinstance(listed, list) else ():
             if not isinstance(container, dict) or container.get("name") == skip_container:
                 continue
             names.add(str(container.get("name")))
@@ -528,7 +529,7 @@ def read_pod(
         pod_level.append((SharingSystem.KAI, _kai_share(annotations, names, hardware, reader)))
     violations.extend(reader.violations)
     if not init_shares and not app_shares and not pod_level:
-        return NO_GPU if not violations else PodShare(None, Fraction(0), violations=tuple(violations))
+        return NO_GPU
     systems = sorted({c.system for c in (*init_shares, *app_shares) if c.system} | {s for s, _ in pod_level})
     if len(systems) > 1 and set(systems) & _JOINS_PLAIN_NVIDIA:
         systems = [s for s in systems if s is not SharingSystem.NVIDIA]

@@ -18,9 +18,13 @@ from webhook.settings import WebhookSettings
 from webhook.state import NamespaceView
 
 
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def _containers(spec: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
     for key in ("initContainers", "containers", "ephemeralContainers"):
-        for container in spec.get(key) or ():
+        for container in _list(spec.get(key)):
             if isinstance(container, dict):
                 yield key, container
 
@@ -48,7 +52,7 @@ def token_mounts(pod: Mapping[str, Any]) -> list[Violation]:
     for key, container in _containers(_spec(pod)):
         if key != "ephemeralContainers" and container.get("name") == names.SIDECAR_CONTAINER_NAME:
             continue
-        for mount in container.get("volumeMounts") or ():
+        for mount in _list(container.get("volumeMounts")):
             if isinstance(mount, dict) and mount.get("name") == names.SIDECAR_TOKEN_VOLUME:
                 found.append(
                     Violation(
@@ -63,7 +67,7 @@ def token_mounts(pod: Mapping[str, Any]) -> list[Violation]:
 
 
 def _env_value(container: Mapping[str, Any], name: str) -> object:
-    for variable in container.get("env") or ():
+    for variable in _list(container.get("env")):
         if isinstance(variable, dict) and variable.get("name") == name:
             return variable.get("value")
     return None

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import base64
 import copy
+import os
 import tempfile
 import time
 import uuid
@@ -233,6 +234,7 @@ def _throughput(seconds: int, connections: int, directory: Path) -> dict[str, An
 
 def run(seconds: int = 10, connections: int = 16, samples: int = 20_000) -> Section:
     section = Section("Webhook admission")
+    load_before = os.getloadavg()[0]
     for label, measured in asyncio.run(_server_side(samples)).items():
         section.figures.append(
             Figure(f"server-side p50, {label}", percentile(measured, 0.50), "µs", target="")
@@ -257,6 +259,10 @@ def run(seconds: int = 10, connections: int = 16, samples: int = 20_000) -> Sect
             )
         )
         section.figures.append(Figure(f"client-observed p99 under load, {label}", result.p99_ms, "ms"))
+    section.notes.append(
+        f"1-minute load average before / after: {load_before:.2f} / {os.getloadavg()[0]:.2f}"
+        " (other work on this machine inflates the tails)"
+    )
     section.notes.append(
         f"server-side: {samples:,} sequential requests per kind through the ASGI app in-process, 10,000"
         " namespaces in the cached state; a realistic 2-container Job pod (HAMi request for GPU pods)"

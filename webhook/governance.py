@@ -46,10 +46,22 @@ def _sidecar(spec: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return next((c for _, c in _containers(spec) if c.get("name") == names.SIDECAR_CONTAINER_NAME), None)
 
 
+def _requests_our_token(volume: Mapping[str, Any]) -> bool:
+    projected = volume.get("projected")
+    sources = _list(projected.get("sources")) if isinstance(projected, dict) else []
+    return any(
+        isinstance(source, dict)
+        and isinstance(source.get("serviceAccountToken"), dict)
+        and source["serviceAccountToken"].get("audience") == names.TOKEN_AUDIENCE
+        for source in sources
+    )
+
+
 def token_mounts(pod: Mapping[str, Any]) -> list[Violation]:
-    """No container but ours may mount the token volume: the token speaks for the pod to the timekeeper."""
+    """Only our sidecar may hold a token for the timekeeper: it lets its holder report as this pod."""
     found = []
-    for key, container in _containers(_spec(pod)):
+    spec = _spec(pod)
+    for key, container in _containers(spec):
         if key != "ephemeralContainers" and container.get("name") == names.SIDECAR_CONTAINER_NAME:
             continue
         for mount in _list(container.get("volumeMounts")):
@@ -63,6 +75,21 @@ def token_mounts(pod: Mapping[str, Any]) -> list[Violation]:
                         names.SIDECAR_TOKEN_VOLUME,
                     )
                 )
+    for volume in _list(spec.get("volumes")):
+        if (
+            isinstance(volume, dict)
+            and volume.get("name") != names.SIDECAR_TOKEN_VOLUME
+            and _requests_our_token(volume)
+        ):
+            found.append(
+                Violation(
+                    Rule.TOKEN_VOLUME_MOUNT,
+                    f"only the injected {names.SIDECAR_TOKEN_VOLUME} volume may request a token"
+                    f" for audience {names.TOKEN_AUDIENCE}",
+                    resource="volume",
+                    value=str(volume.get("name")),
+                )
+            )
     return found
 
 

@@ -149,6 +149,26 @@ def test_another_container_mounting_the_token_volume_is_denied(webhook: Webhook)
     assert "rule token-volume-mount" in answer.message
 
 
+def test_a_second_volume_with_a_timekeeper_token_is_denied(webhook: Webhook) -> None:
+    smuggled = {
+        "name": "my-token",
+        "projected": {"sources": [{"serviceAccountToken": {"audience": "gpu-timekeeper", "path": "t"}}]},
+    }
+    other_audience = {
+        "name": "vault-token",
+        "projected": {"sources": [{"serviceAccountToken": {"audience": "vault", "path": "t"}}]},
+    }
+    denied = webhook.validate(
+        webhook.admit(pod(container("train", {"nvidia.com/gpu": 1}), volumes=[smuggled]))
+    )
+    assert not denied.allowed
+    assert "volume=my-token" in denied.message and "audience gpu-timekeeper" in denied.message
+    allowed = webhook.validate(
+        webhook.admit(pod(container("train", {"nvidia.com/gpu": 1}), volumes=[other_audience]))
+    )
+    assert allowed.allowed
+
+
 def test_update_may_not_change_our_annotations(webhook: Webhook) -> None:
     old = webhook.admit(pod(container("train", {"nvidia.com/gpu": 1})))
     new = copy.deepcopy(old)

@@ -225,6 +225,13 @@ def test_dry_run_answers_alike_and_leaves_no_trace(tls: Tls) -> None:
     assert dry.patch == real.patch != []
 
 
+def test_mirror_pods_of_static_pods_are_left_alone(webhook: Webhook) -> None:
+    # The API server refuses ServiceAccount token volumes in mirror pods; the static pod runs regardless.
+    mirror = pod(container("main", {"nvidia.com/gpu": 1}), annotations={"kubernetes.io/config.mirror": "abc"})
+    assert webhook.mutate(mirror).patch == []
+    assert webhook.validate(mirror).allowed
+
+
 def test_updates_deletes_and_subresources_are_not_mutated(webhook: Webhook) -> None:
     gpu_pod = pod(container("main", {"nvidia.com/gpu": 1}))
     assert webhook.mutate(gpu_pod, operation="UPDATE", old=gpu_pod).patch == []

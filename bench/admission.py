@@ -269,7 +269,7 @@ def run(seconds: int = 10, connections: int = 16, samples: int = 20_000) -> Sect
     )
     section.notes.append(
         f"throughput: wrk, {connections} keep-alive TLS connections, {seconds}s per kind, against"
-        " `python -m webhook` (1 uvicorn worker); wrk and the server share this machine's cores"
+        " `python -m webhook` (one process); wrk and the server share this machine's cores"
     )
     return section
 

@@ -25,6 +25,7 @@ class WebhookSettings(BaseSettings):
     port: int = 8443
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
+    tls_reload_interval_seconds: float = Field(default=60.0, gt=0)  # how often to look for a rotated cert
     log_format: Literal["json", "console"] = "json"
 
     # Budget state, polled from the timekeeper in the background.

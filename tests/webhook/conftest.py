@@ -22,10 +22,9 @@ import httpx
 import jsonpatch
 import orjson
 import pytest
-import uvicorn
 
 from tests.support.admission_state_server import StateServer, run_state_server, snapshot
-from webhook.app import create_app
+from webhook.__main__ import server as build_server
 from webhook.settings import WebhookSettings
 from webhook.tls import generate_ca, generate_serving_cert
 
@@ -177,16 +176,7 @@ def serve_webhook(tls: Tls, state: StateServer, **overrides: Any) -> Iterator[We
         **overrides,
     )
     port = free_port()
-    config = uvicorn.Config(
-        create_app(settings),
-        host="127.0.0.1",
-        port=port,
-        ssl_certfile=str(tls.cert_file),
-        ssl_keyfile=str(tls.key_file),
-        log_level="warning",
-        lifespan="on",
-    )
-    server = uvicorn.Server(config)
+    server = build_server(settings, "127.0.0.1", port, log_level="warning")
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -23,8 +22,6 @@ from webhook.metrics import WebhookMetrics
 from webhook.review import AdmissionRequest, MalformedReview, parse_review
 from webhook.settings import WebhookSettings, get_settings
 from webhook.state import BudgetStateCache, StatePoller
-
-log = logging.getLogger("webhook")
 
 JSON = "application/json"
 

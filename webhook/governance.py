@@ -148,6 +148,13 @@ def on_create(
             )
         if not share.uses_gpu:
             problems.append("this pod requests no GPU")
+        token_volume = next(
+            (v for v in _list(_spec(pod).get("volumes")) if v.get("name") == names.SIDECAR_TOKEN_VOLUME), None
+        )
+        if token_volume is None or not _requests_our_token(token_volume):
+            problems.append(
+                f"volume {names.SIDECAR_TOKEN_VOLUME} is not the projected {names.TOKEN_AUDIENCE} token"
+            )
         if problems:
             found.append(
                 Violation(

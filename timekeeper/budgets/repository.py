@@ -34,7 +34,7 @@ class BudgetConfig:
         """The audit log's view of a budget."""
 
         def number(value: Decimal | None) -> str | None:
-            return None if value is None else str(value)
+            return None if value is None else format(value.normalize(), "f")
 
         return {
             "budget_gpu_minutes": number(self.budget_gpu_minutes),

@@ -157,7 +157,7 @@ class BudgetService:
             None,
             {
                 "id": grant_id,
-                "gpu_minutes": str(body.gpu_minutes),
+                "gpu_minutes": format(body.gpu_minutes.normalize(), "f"),
                 "reason": body.reason,
                 "period_start": period.start.isoformat(),
             },

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI
+from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -25,7 +26,8 @@ from timekeeper.usage.router import router as usage_router
 
 
 class BodySizeLimit:
-    """Refuses bodies above the limit with 413, by Content-Length or while streaming (chunked uploads)."""
+    """Refuses bodies above the limit with 413: by Content-Length before reading, or while streaming
+    (chunked uploads), by failing the read (FastAPI passes that HTTPException through to its handler)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -38,7 +40,8 @@ class BodySizeLimit:
         too_large = HTTPException(413, f"request body larger than {self.max_bytes} bytes")
         for name, value in scope["headers"]:
             if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                raise too_large
+                await JSONResponse({"detail": too_large.detail}, status_code=413)(scope, receive, send)
+                return
         received = 0
 
         async def limited() -> Message:

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, async_sessionmaker
 
@@ -56,18 +57,21 @@ async def connection(database_url: URL) -> AsyncIterator[AsyncConnection]:
 
 
 @pytest.fixture
-async def client(
-    settings: Settings, clock: ManualClock, connection: AsyncConnection
-) -> AsyncIterator[httpx.AsyncClient]:
+async def app(settings: Settings, clock: ManualClock, connection: AsyncConnection) -> AsyncIterator[FastAPI]:
     app = create_app(settings, clock)
     async with app.router.lifespan_context(app):
         # Every request's session joins the test's transaction; its commit only releases a savepoint.
         app.state.sessionmaker = async_sessionmaker(
             bind=connection, expire_on_commit=False, join_transaction_mode="create_savepoint"
         )
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://timekeeper/api/v1") as client:
-            yield client
+        yield app
+
+
+@pytest.fixture
+async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://timekeeper/api/v1") as client:
+        yield client
 
 
 @pytest.fixture

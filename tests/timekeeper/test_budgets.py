@@ -66,7 +66,9 @@ async def test_exceeding_the_budget_is_charged_in_full(api: Api, clock: ManualCl
     assert (await api.budget("team-a"))["remaining_gpu_minutes"] == -15
 
 
-async def test_a_namespace_without_a_budget_of_its_own_follows_the_default(api: Api, clock: ManualClock) -> None:
+async def test_a_namespace_without_a_budget_of_its_own_follows_the_default(
+    api: Api, clock: ManualClock
+) -> None:
     ok(await api.put_defaults(budget_gpu_minutes=20, period="weekly"))
     ok(await api.put_budget("team-b", budget_gpu_minutes=1000, period="monthly"))
     await Pod(api, clock, "team-a").runs(20)
@@ -75,8 +77,16 @@ async def test_a_namespace_without_a_budget_of_its_own_follows_the_default(api: 
     team_a, team_b = await api.budget("team-a"), await api.budget("team-b")
 
     assert (team_a["source"], team_a["budget_gpu_minutes"], team_a["state"]) == ("default", 20, "exhausted")
-    assert team_a["period"] == {"kind": "weekly", "start": "2026-03-16T00:00:00Z", "end": "2026-03-23T00:00:00Z"}
-    assert (team_b["source"], team_b["budget_gpu_minutes"], team_b["state"]) == ("namespace", 1000, "in_budget")
+    assert team_a["period"] == {
+        "kind": "weekly",
+        "start": "2026-03-16T00:00:00Z",
+        "end": "2026-03-23T00:00:00Z",
+    }
+    assert (team_b["source"], team_b["budget_gpu_minutes"], team_b["state"]) == (
+        "namespace",
+        1000,
+        "in_budget",
+    )
 
 
 async def test_deleting_a_budget_returns_the_namespace_to_the_default(api: Api, clock: ManualClock) -> None:
@@ -135,7 +145,9 @@ async def test_a_grant_counts_for_the_current_period_only(api: Api, clock: Manua
     assert (await api.budget("team-a"))["granted_gpu_minutes"] == 0
 
 
-async def test_changing_the_period_recounts_this_periods_use_from_the_ledger(api: Api, clock: ManualClock) -> None:
+async def test_changing_the_period_recounts_this_periods_use_from_the_ledger(
+    api: Api, clock: ManualClock
+) -> None:
     ok(await api.put_budget("team-a", budget_gpu_minutes=1000, period="monthly"))
     pod = Pod(api, clock)
     clock.set(START - timedelta(days=1))
@@ -148,7 +160,11 @@ async def test_changing_the_period_recounts_this_periods_use_from_the_ledger(api
     weekly = ok(await api.put_budget("team-a", budget_gpu_minutes=1000, period="weekly"))
     monthly = ok(await api.put_budget("team-a", budget_gpu_minutes=1000, period="monthly"))
 
-    assert (daily["used_gpu_minutes"], weekly["used_gpu_minutes"], monthly["used_gpu_minutes"]) == (20, 50, 50)
+    assert (daily["used_gpu_minutes"], weekly["used_gpu_minutes"], monthly["used_gpu_minutes"]) == (
+        20,
+        50,
+        50,
+    )
     assert daily["granted_gpu_minutes"] == weekly["granted_gpu_minutes"] == 7
 
 
@@ -179,13 +195,19 @@ async def test_the_namespace_list_shows_every_known_namespace(api: Api, clock: M
 
 async def test_defaults_read_back_as_written(api: Api) -> None:
     written = ok(
-        await api.put_defaults(budget_gpu_minutes=12.5, period="daily", warn_at_fraction=0.5, max_gpu_share_per_pod=2)
+        await api.put_defaults(
+            budget_gpu_minutes=12.5, period="daily", warn_at_fraction=0.5, max_gpu_share_per_pod=2
+        )
     )
 
-    assert ok(await api.get("/defaults")) == written == {
-        "budget_gpu_minutes": 12.5,
-        "period": "daily",
-        "warn_at_fraction": 0.5,
-        "max_gpu_share_per_pod": 2.0,
-        "concurrent_gpu_limit": None,
-    }
+    assert (
+        ok(await api.get("/defaults"))
+        == written
+        == {
+            "budget_gpu_minutes": 12.5,
+            "period": "daily",
+            "warn_at_fraction": 0.5,
+            "max_gpu_share_per_pod": 2.0,
+            "concurrent_gpu_limit": None,
+        }
+    )

@@ -42,7 +42,9 @@ async def test_a_retried_report_is_a_duplicate_and_charges_nothing(api: Api) -> 
     assert await used(api) == 2
 
 
-async def test_after_a_sidecar_restart_an_overlapping_interval_charges_only_the_uncovered_part(api: Api) -> None:
+async def test_after_a_sidecar_restart_an_overlapping_interval_charges_only_the_uncovered_part(
+    api: Api,
+) -> None:
     ok(await api.report(seq=1, start=at(0), minutes=1))
     ok(await api.report(seq=2, start=at(1), minutes=1))
     # The restarted sidecar starts numbering again and re-sends time partly charged already.

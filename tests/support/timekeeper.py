@@ -19,11 +19,15 @@ from tests.support.postgres import REPO_ROOT, url_string
 
 
 def migrate(url: URL, revision: str = "head") -> None:
-    """`alembic upgrade head` through alembic's own command API, on the given database."""
+    """`alembic upgrade head` (or down to an older revision, "base" for none) through alembic's own
+    command API, on the given database."""
     config = Config(str(REPO_ROOT / "alembic.ini"))
     config.attributes["database_url"] = url_string(url)
     config.attributes["configure_logging"] = False
-    command.upgrade(config, revision)
+    if revision == "head":
+        command.upgrade(config, revision)
+    else:
+        command.downgrade(config, revision)
 
 
 def sha256(token: str) -> str:

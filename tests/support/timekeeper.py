@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -15,7 +17,7 @@ from alembic.config import Config
 from sqlalchemy.engine import URL
 
 from gpuaccounting.wire import build_report
-from tests.support.postgres import REPO_ROOT, url_string
+from tests.support.postgres import REPO_ROOT, create_database, drop_database, url_string
 
 
 def migrate(url: URL, revision: str = "head") -> None:
@@ -28,6 +30,17 @@ def migrate(url: URL, revision: str = "head") -> None:
         command.upgrade(config, revision)
     else:
         command.downgrade(config, revision)
+
+
+@contextmanager
+def migrated_database(prefix: str) -> Iterator[URL]:
+    """A database of its own, migrated to head, dropped afterwards."""
+    url = create_database(prefix)
+    try:
+        migrate(url)
+        yield url
+    finally:
+        drop_database(url)
 
 
 def sha256(token: str) -> str:

@@ -12,8 +12,8 @@ from fastapi import FastAPI
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, async_sessionmaker
 
-from tests.support.postgres import create_database, drop_database, url_string
-from tests.support.timekeeper import Api, Tokens, migrate
+from tests.support.postgres import url_string
+from tests.support.timekeeper import Api, Tokens, migrated_database
 from timekeeper.app import create_app
 from timekeeper.clock import ManualClock
 from timekeeper.db.session import build_engine
@@ -25,10 +25,8 @@ START = datetime(2026, 3, 18, 12, 0, tzinfo=UTC)
 
 @pytest.fixture(scope="session")
 def database_url() -> Iterator[URL]:
-    url = create_database("gtk_timekeeper")
-    migrate(url)
-    yield url
-    drop_database(url)
+    with migrated_database("gtk_timekeeper") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -12,8 +12,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from tests.support.postgres import create_database, drop_database, url_string
-from tests.support.timekeeper import Api, Tokens, migrate, ok
+from tests.support.postgres import url_string
+from tests.support.timekeeper import Api, Tokens, migrated_database, ok
 from tests.timekeeper.conftest import START
 from timekeeper.app import create_app
 from timekeeper.clock import ManualClock
@@ -29,10 +29,8 @@ SHARE = 0.25
 @pytest.fixture(scope="module")
 def committed_database() -> Iterator[URL]:
     """A database of its own: these tests commit for real, so they cannot share the rolled-back one."""
-    url = create_database("gtk_concurrency")
-    migrate(url)
-    yield url
-    drop_database(url)
+    with migrated_database("gtk_concurrency") as url:
+        yield url
 
 
 @pytest.fixture

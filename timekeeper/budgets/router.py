@@ -24,7 +24,7 @@ Service = Annotated[BudgetService, Depends(_service)]
 
 @router.get("/namespaces", response_model=list[NamespaceBudgetOut])
 async def list_namespaces(service: Service, _: Reader) -> list[NamespaceBudgetOut]:
-    return await service.list()
+    return await service.all()
 
 
 @router.get("/namespaces/{namespace}/budget", response_model=NamespaceBudgetOut)

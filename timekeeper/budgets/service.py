@@ -80,7 +80,7 @@ class BudgetService:
         [figures] = await self.repository.figures(now, [namespace])
         return self._out(figures, now)
 
-    async def list(self) -> list[NamespaceBudgetOut]:
+    async def all(self) -> list[NamespaceBudgetOut]:
         now = self.clock.now()
         return [self._out(figures, now) for figures in await self.repository.figures(now)]
 

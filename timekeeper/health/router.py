@@ -32,7 +32,7 @@ async def readyz(request: Request) -> dict[str, str]:
 @router.get("/metrics", response_class=Response)
 async def metrics(request: Request, session: SessionDep) -> Response:
     registry: Metrics = request.app.state.metrics
-    statuses = await BudgetService(session, request.app.state.settings, request.app.state.clock).list()
+    statuses = await BudgetService(session, request.app.state.settings, request.app.state.clock).all()
     registry.namespaces.rows = [
         (
             status.namespace,

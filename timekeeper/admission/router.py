@@ -33,7 +33,9 @@ async def admission_state(
     service = AdmissionService(session, request.app.state.settings)
     now = request.app.state.clock.now()
     version = await service.version(now)
-    if if_none_match is not None and _etag(version) in {tag.strip() for tag in if_none_match.split(",")}:
+    if if_none_match is not None and _etag(version) in {
+        tag.strip().removeprefix("W/") for tag in if_none_match.split(",")
+    }:
         return Response(status_code=304, headers={"ETag": _etag(version)})
     body = await service.snapshot_json(now, version)
     return Response(body, media_type="application/json", headers={"ETag": _etag(version)})

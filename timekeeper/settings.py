@@ -62,6 +62,17 @@ class Settings(BaseSettings):
             return digests
         return value
 
+    @field_validator("clock_skew", "max_report_interval", mode="before")
+    @classmethod
+    def _seconds(cls, value: object) -> object:
+        """Durations as plain seconds ("90") or ISO 8601 ("PT10M")."""
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                return value
+        return value
+
     @field_validator("database_url")
     @classmethod
     def _normalise_url(cls, value: str | None) -> str | None:

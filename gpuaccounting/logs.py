@@ -17,7 +17,8 @@ LogFormat = Literal["auto", "json", "text"]
 
 # Attributes every LogRecord has; anything else on a record came from `extra`.
 _STANDARD_ATTRIBUTES = frozenset(
-    logging.LogRecord("", 0, "", 0, "", None, None).__dict__.keys() | {"message", "asctime", "taskName"}
+    logging.LogRecord("", 0, "", 0, "", None, None).__dict__.keys()
+    | {"message", "asctime", "taskName", "color_message"}
 )
 
 

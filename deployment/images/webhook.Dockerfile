@@ -18,6 +18,9 @@ FROM ${PYTHON_IMAGE}
 ENV PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
+# Owned by the runtime user so that a volume mounted here (docker compose: the certificate bootstrap's
+# --output-dir) is writable by it; in Kubernetes the certificates come from a Secret volume instead.
+RUN install -d -o 65532 -g 65532 /var/lib/gpu-timekeeper
 USER 65532:65532
 EXPOSE 8443
 CMD ["python", "-m", "webhook", "--port", "8443"]

@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # The reporting sidecar the webhook injects into GPU pods: the standard library, pynvml and gpuaccounting only.
-# Build from the repository root: docker build -f deployment/images/sidecar.Dockerfile -t gpu-timekeeper/sidecar:0.1.0 .
+# Build from the repository root: docker build -f deployment/images/sidecar.Dockerfile -t ghcr.io/gpu-timekeeper/sidecar:0.1.0 .
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build

@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # The timekeeper API (and, with `alembic upgrade head` as the command, its migrations).
-# Build from the repository root: docker build -f deployment/images/timekeeper.Dockerfile -t gpu-timekeeper/timekeeper:0.1.0 .
+# Build from the repository root: docker build -f deployment/images/timekeeper.Dockerfile -t ghcr.io/gpu-timekeeper/timekeeper:0.1.0 .
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build

@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # The admission webhooks (and, with `python -m webhook.certbootstrap`, the self-signed certificate bootstrap).
-# Build from the repository root: docker build -f deployment/images/webhook.Dockerfile -t gpu-timekeeper/webhook:0.1.0 .
+# Build from the repository root: docker build -f deployment/images/webhook.Dockerfile -t ghcr.io/gpu-timekeeper/webhook:0.1.0 .
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build

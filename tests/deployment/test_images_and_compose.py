@@ -104,11 +104,11 @@ def test_the_manifests_run_the_image_commands():
     objects = render("overlays/dev")
     for name, part in (("gpu-timekeeper", "timekeeper"), ("gpu-timekeeper-webhook", "webhook")):
         (container,) = one(objects, "Deployment", name)["spec"]["template"]["spec"]["containers"]
-        assert container["image"].startswith(f"gpu-timekeeper/{part}:")
+        assert container["image"].startswith(f"ghcr.io/gpu-timekeeper/{part}:")
         assert container["args"] == cmd(part)
     job = one(objects, "Job", "gpu-timekeeper-certbootstrap")["spec"]["template"]["spec"]["containers"][0]
     assert job["args"][:3] == ["python", "-m", "webhook.certbootstrap"]
-    assert job["image"].startswith("gpu-timekeeper/webhook:")
+    assert job["image"].startswith("ghcr.io/gpu-timekeeper/webhook:")
     assert importlib.util.find_spec("webhook.certbootstrap") is not None
 
 
@@ -136,7 +136,8 @@ def test_generated_tokens_are_kept_and_their_digests_written(tmp_path):
     )
     digest = {name: hashlib.sha256(token.encode()).hexdigest() for name, token in fresh.items()}
     assert env["TIMEKEEPER_ADMIN_TOKEN_SHA256"] == digest["admin"]
-    assert env["TIMEKEEPER_REPORTER_TOKEN_SHA256"].split(",") == [digest["reporter"], digest["webhook"]]
+    assert env["TIMEKEEPER_REPORTER_TOKEN_SHA256"] == digest["reporter"]
+    assert env["TIMEKEEPER_READER_TOKEN_SHA256"] == digest["webhook"]
     assert folder.stat().st_mode & 0o077 == 0
 
 
@@ -215,7 +216,7 @@ def test_compose_runs_the_image_commands_hardened_and_on_loopback_only(compose):
             assert port["host_ip"] == "127.0.0.1", name
         if "build" in service:
             part = Path(service["build"]["dockerfile"]).name.removesuffix(".Dockerfile")
-            assert image.startswith(f"gpu-timekeeper/{part}:")
+            assert image.startswith(f"ghcr.io/gpu-timekeeper/{part}:")
             assert service["user"] == "65532:65532" and service["read_only"] is True, name
             assert service["cap_drop"] == ["ALL"], name
 

@@ -16,7 +16,11 @@ from tests.deployment.conftest import BUILDS, OVERLAYS, ROOT, find, one, pod_spe
 # matchConditions are GA from 1.30: the oldest Kubernetes we support, and the newest schemas we have.
 KUBERNETES_VERSIONS = ["1.30.0", kubernetes_validate.utils.latest_version()]
 NAMESPACE = "gpu-timekeeper"
-OUR_IMAGES = ("gpu-timekeeper/timekeeper", "gpu-timekeeper/webhook", "gpu-timekeeper/sidecar")
+OUR_IMAGES = (
+    "ghcr.io/gpu-timekeeper/timekeeper",
+    "ghcr.io/gpu-timekeeper/webhook",
+    "ghcr.io/gpu-timekeeper/sidecar",
+)
 CERT_MANAGER_KINDS = {"Certificate", "Issuer"}
 WEBHOOK_TLS_SECRET = "gpu-timekeeper-webhook-tls"
 # Secrets an overlay may leave to the operator (docs/deployment.md says how to create them).
@@ -135,7 +139,7 @@ def test_images_are_pinned_and_ours_carry_the_project_version(build):
     webhook = one(render(build), "Deployment", "gpu-timekeeper-webhook")
     env = {e["name"]: e.get("value") for e in webhook["spec"]["template"]["spec"]["containers"][0]["env"]}
     sidecar_name, _, sidecar_tag = env["WEBHOOK_SIDECAR_IMAGE"].rpartition(":")
-    assert sidecar_name == "gpu-timekeeper/sidecar"
+    assert sidecar_name == "ghcr.io/gpu-timekeeper/sidecar"
     assert tags | {sidecar_tag} == {project_version()}
 
 
@@ -317,7 +321,7 @@ def test_the_migration_job_runs_alembic_against_the_configured_database(build):
     job = one(render(build), "Job", "gpu-timekeeper-migrate")
     (container,) = job["spec"]["template"]["spec"]["containers"]
     assert container["args"] == ["alembic", "upgrade", "head"]
-    assert re.fullmatch(r"gpu-timekeeper/timekeeper:.+", container["image"])
+    assert re.fullmatch(r"ghcr\.io/gpu-timekeeper/timekeeper:.+", container["image"])
     env = {e["name"]: e for e in container["env"]}
     assert env["TIMEKEEPER_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {
         "name": "gpu-timekeeper-database",
@@ -348,3 +352,18 @@ def test_the_webhook_authenticates_to_the_timekeeper_with_an_audience_bound_toke
     assert env["WEBHOOK_TLS_CERT_FILE"] == f"{mounts['tls']}/tls.crt"
     assert env["WEBHOOK_TLS_KEY_FILE"] == f"{mounts['tls']}/tls.key"
     assert volumes["tls"]["secret"]["secretName"] == WEBHOOK_TLS_SECRET
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_the_timekeeper_url_resolves_from_every_namespace_the_sidecar_is_injected_into(build):
+    objects = render(build)
+    timekeeper = one(objects, "Service", "gpu-timekeeper")
+    container = one(objects, "Deployment", "gpu-timekeeper-webhook")["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    service_port = timekeeper["spec"]["ports"][0]["port"]
+    expected = (
+        f"http://{timekeeper['metadata']['name']}.{timekeeper['metadata']['namespace']}.svc:{service_port}"
+    )
+    assert env["WEBHOOK_TIMEKEEPER_URL"] == expected

@@ -8,6 +8,11 @@ required names is left alone and nothing is written — so the same command serv
 daily renewal CronJob. A CA is renewed the same way; the old one stays in the bundle until it expires, so
 pods still serving a certificate of the old CA keep working until they restart. With `--output-dir` the
 same logic writes files instead (docker compose, local runs), with no cluster involved.
+
+The webhook reads its certificate once, at start. `--restart-deployment` therefore records the serving
+certificate's SHA-256 on the webhook Deployment's pod template and, when the Secret holds a different one,
+updates it — a rolling restart, as `kubectl rollout restart` does. With `--external-issuer` (cert-manager
+issues the certificate) that is all it does.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import argparse
 import base64
 import contextlib
 import datetime as dt
+import hashlib
+import ipaddress
 import json
 import os
 import sys
@@ -37,7 +44,7 @@ DEFAULT_WEBHOOK_CONFIGURATION = "gpu-timekeeper"
 DEFAULT_RENEW_BEFORE_DAYS = 30
 SERVING_CERT_DAYS = 365
 CA_COMMON_NAME = "gpu-timekeeper-webhook-ca"
-RESTARTED_AT_ANNOTATION = "gpu-timekeeper.io/certificate-renewed-at"
+SERVING_CERT_ANNOTATION = "gpu-timekeeper.io/serving-cert-sha256"
 SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 MAX_ATTEMPTS = 5
 
@@ -69,9 +76,17 @@ class Target:
     renew_before: dt.timedelta = dt.timedelta(days=DEFAULT_RENEW_BEFORE_DAYS)
 
     @property
-    def required_dns_names(self) -> frozenset[str]:
+    def required_names(self) -> frozenset[str]:
         """The name the API server dials (`<service>.<namespace>.svc`) plus any extra SANs asked for."""
-        return frozenset({f"{self.service}.{self.namespace}.svc", *self.extra_sans})
+        return frozenset({f"{self.service}.{self.namespace}.svc", *map(_normalise_san, self.extra_sans)})
+
+
+def _normalise_san(name: str) -> str:
+    """IP addresses in canonical form, so `::1` and `0:0::1` are the same SAN; DNS names as given."""
+    try:
+        return ipaddress.ip_address(name).compressed
+    except ValueError:
+        return name
 
 
 @dataclass(frozen=True)
@@ -166,7 +181,9 @@ def usable_serving_cert(
         sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except (ValueError, TypeError, x509.ExtensionNotFound, x509.InvalidSignature):
         return False
-    return target.required_dns_names <= set(sans.get_values_for_type(x509.DNSName))
+    present = {*sans.get_values_for_type(x509.DNSName)}
+    present |= {ip.compressed for ip in sans.get_values_for_type(x509.IPAddress)}
+    return target.required_names <= present
 
 
 def _split_pem_bundle(bundle: bytes) -> list[bytes]:
@@ -333,16 +350,26 @@ class KubernetesStore:
         else:
             self.admission.patch_validating_webhook_configuration(name, patch)
 
-    def restart_deployment(self, name: str, now: dt.datetime) -> bool:
-        """What `kubectl rollout restart` does; False when the Deployment does not exist (yet)."""
-        annotations = {RESTARTED_AT_ANNOTATION: now.isoformat()}
-        body = {"spec": {"template": {"metadata": {"annotations": annotations}}}}
+    def restart_if_changed(self, deployment: str, tls_secret: str) -> bool:
+        """Roll the Deployment when its pods were started with another certificate than the Secret holds.
+
+        False when nothing changed, the Secret is not there yet, or the Deployment does not exist (yet).
+        """
+        certificate = self.read_secret(tls_secret).data.get(TLS_CERT_KEY)
+        if certificate is None:
+            return False
+        fingerprint = hashlib.sha256(certificate).hexdigest()
         try:
-            self.apps.patch_namespaced_deployment(name, self.namespace, body)
+            current = self.apps.read_namespaced_deployment(deployment, self.namespace)
         except self._client.ApiException as error:
             if error.status == 404:
                 return False
             raise
+        if (current.spec.template.metadata.annotations or {}).get(SERVING_CERT_ANNOTATION) == fingerprint:
+            return False
+        annotations = {SERVING_CERT_ANNOTATION: fingerprint}
+        body = {"spec": {"template": {"metadata": {"annotations": annotations}}}}
+        self.apps.patch_namespaced_deployment(deployment, self.namespace, body)
         return True
 
 
@@ -378,6 +405,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--restart-deployment", help="Deployment to restart when the serving certificate changed"
     )
+    parser.add_argument(
+        "--external-issuer",
+        action="store_true",
+        help="another issuer (cert-manager) keeps the certificate: only --restart-deployment",
+    )
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, else ~/.kube/config)")
     parser.add_argument(
         "--output-dir", type=Path, help="write <dir>/<secret>/<key> files instead of talking to a cluster"
@@ -407,17 +439,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra_sans=tuple(args.extra_san),
         renew_before=dt.timedelta(days=args.renew_before_days),
     )
-    now = dt.datetime.now(dt.UTC)
     if args.output_dir:
-        result = ensure(DirectoryStore(args.output_dir), target, now)
-        print(json.dumps(result.as_dict()))
+        if args.external_issuer or args.restart_deployment:
+            print("certbootstrap: --output-dir has no issuer or Deployment to work with", file=sys.stderr)
+            return 2
+        print(json.dumps(ensure(DirectoryStore(args.output_dir), target).as_dict()))
         return 0
     with _api_client(args.kubeconfig) as api_client:
         store = KubernetesStore(api_client, args.namespace)
-        result = ensure(store, target, now)
-        summary = result.as_dict()
-        if args.restart_deployment and result.serving is not Change.UNCHANGED:
-            summary["restarted"] = store.restart_deployment(args.restart_deployment, now)
+        summary: dict[str, Any] = {"event": "webhook_certificates", "issuer": "external"}
+        if not args.external_issuer:
+            summary = ensure(store, target).as_dict()
+        if args.restart_deployment:
+            summary["restarted"] = store.restart_if_changed(args.restart_deployment, args.tls_secret)
     print(json.dumps(summary))
     return 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,9 +54,14 @@ def ca_bundles(fake: FakeCluster) -> list[bytes]:
     ]
 
 
-def restarted_at(fake: FakeCluster) -> str | None:
+def rolled_out_with(fake: FakeCluster) -> str | None:
+    """The serving certificate fingerprint the webhook pods were last restarted for."""
     template = fake.get("Deployment", NAMESPACE, "gpu-timekeeper-webhook")["spec"]["template"]
-    return template["metadata"].get("annotations", {}).get(certbootstrap.RESTARTED_AT_ANNOTATION)
+    return template["metadata"].get("annotations", {}).get(certbootstrap.SERVING_CERT_ANNOTATION)
+
+
+def fingerprint(fake: FakeCluster) -> str:
+    return hashlib.sha256(secret(fake, "gpu-timekeeper-webhook-tls")["tls.crt"]).hexdigest()
 
 
 def test_first_run_creates_a_ca_and_a_serving_cert_the_api_server_will_trust(cluster, capsys):
@@ -89,6 +95,7 @@ def test_second_run_changes_nothing(cluster, capsys):
         "ca": "unchanged",
         "serving": "unchanged",
         "patched_webhook_configurations": [],
+        "restarted": False,
     }
     assert fake.writes() == []
     assert fake.objects == before
@@ -128,11 +135,43 @@ def test_a_serving_cert_near_expiry_is_renewed_under_the_same_ca_and_the_webhook
 def test_cli_restarts_the_deployment_only_when_the_serving_cert_changed(cluster, capsys):
     fake, kubeconfig = cluster
     assert run(kubeconfig, capsys)["restarted"] is True
-    first = restarted_at(fake)
-    assert first is not None
+    first = fingerprint(fake)
+    assert rolled_out_with(fake) == first
 
-    assert "restarted" not in run(kubeconfig, capsys)
-    assert restarted_at(fake) == first
+    assert run(kubeconfig, capsys)["restarted"] is False
+    assert rolled_out_with(fake) == first
+
+    assert run(kubeconfig, capsys, "--extra-san", "other.example.internal")["restarted"] is True
+    assert rolled_out_with(fake) == fingerprint(fake) != first
+
+
+def test_with_an_external_issuer_it_only_restarts_the_webhook_when_the_certificate_changes(cluster, capsys):
+    """cert-manager renews the Secret; the webhook must be restarted to serve the new certificate."""
+    fake, kubeconfig = cluster
+    external = ["--external-issuer"]
+    assert run(kubeconfig, capsys, *external)["restarted"] is False  # no certificate issued yet
+
+    ca_cert, ca_key = certbootstrap.generate_ca("cert-manager")
+    for _ in range(2):
+        cert, key = certbootstrap.generate_serving_cert(ca_cert, ca_key, SERVICE, NAMESPACE)
+        tls = {"tls.crt": cert, "tls.key": key, "ca.crt": ca_cert}
+        fake.put(
+            {
+                "kind": "Secret",
+                "type": "kubernetes.io/tls",
+                "metadata": {"name": "gpu-timekeeper-webhook-tls", "namespace": NAMESPACE},
+                "data": {k: base64.b64encode(v).decode() for k, v in tls.items()},
+            }
+        )
+        fake.requests.clear()
+
+        assert run(kubeconfig, capsys, *external)["restarted"] is True
+        assert rolled_out_with(fake) == hashlib.sha256(cert).hexdigest()
+        assert run(kubeconfig, capsys, *external)["restarted"] is False
+
+        written = {path for _, path in fake.writes()}
+        assert written == {f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/gpu-timekeeper-webhook"}
+    assert ("Secret", NAMESPACE, "gpu-timekeeper-webhook-ca") not in fake.objects
 
 
 def test_a_ca_near_expiry_is_replaced_and_both_cas_are_trusted_until_the_old_one_expires(cluster):
@@ -208,6 +247,24 @@ def test_a_concurrent_writer_makes_the_bootstrap_start_over(cluster):
     x509.load_pem_x509_certificate(tls["tls.crt"]).verify_directly_issued_by(
         x509.load_pem_x509_certificate(ca["ca.crt"])
     )
+
+
+def test_ip_address_sans_are_kept_across_runs(tmp_path, capsys):
+    args = ["--namespace", NAMESPACE, "--output-dir", str(tmp_path), "--extra-san", "127.0.0.1"]
+    assert certbootstrap.main(args) == 0
+    assert certbootstrap.main(args) == 0
+
+    first, second = (json.loads(line) for line in capsys.readouterr().out.strip().splitlines())
+    assert (first["serving"], second["serving"]) == ("created", "unchanged")
+    cert = x509.load_pem_x509_certificate((tmp_path / "gpu-timekeeper-webhook-tls" / "tls.crt").read_bytes())
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+
+
+def test_output_dir_mode_refuses_cluster_only_options(tmp_path, capsys):
+    args = ["--namespace", NAMESPACE, "--output-dir", str(tmp_path), "--restart-deployment", "x"]
+    assert certbootstrap.main(args) == 2
+    assert "--output-dir" in capsys.readouterr().err
 
 
 def test_output_dir_mode_writes_files_once_without_a_cluster(tmp_path, capsys):

@@ -253,7 +253,8 @@ def _webhook_tls_sources(objects) -> list[str]:
     for owner, spec in pod_specs(objects):
         for container in containers(spec):
             args = container.get("args", [])
-            if "webhook.certbootstrap" in args and f"--tls-secret={WEBHOOK_TLS_SECRET}" in args:
+            issues = "webhook.certbootstrap" in args and "--external-issuer" not in args
+            if issues and f"--tls-secret={WEBHOOK_TLS_SECRET}" in args:
                 sources.append(owner)
     return sources
 
@@ -278,6 +279,32 @@ def test_each_overlay_has_one_source_for_the_webhook_certificate(overlay):
         assert sorted(sources) == ["CronJob/gpu-timekeeper-certbootstrap", "Job/gpu-timekeeper-certbootstrap"]
         cronjob = one(objects, "CronJob", "gpu-timekeeper-certbootstrap")
         assert cronjob["spec"]["concurrencyPolicy"] == "Forbid"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_overlay_restarts_the_webhook_when_its_certificate_changes(overlay):
+    """The webhook loads its certificate at start: something must roll it after every renewal."""
+    objects = render(f"overlays/{overlay}")
+    restarters = [
+        owner
+        for owner, spec in pod_specs(objects)
+        for container in containers(spec)
+        if owner.startswith("CronJob/")
+        and container.get("args", [])[:3] == ["python", "-m", "webhook.certbootstrap"]
+        and "--restart-deployment=gpu-timekeeper-webhook" in container["args"]
+        and f"--tls-secret={WEBHOOK_TLS_SECRET}" in container["args"]
+    ]
+    assert len(restarters) == 1
+    cronjob = one(objects, "CronJob", restarters[0].removeprefix("CronJob/"))
+    account = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["serviceAccountName"]
+    (binding,) = [b for b in find(objects, "RoleBinding") if any(s["name"] == account for s in b["subjects"])]
+    rules = one(objects, "Role", binding["roleRef"]["name"])["rules"]
+    assert {
+        "apiGroups": ["apps"],
+        "resources": ["deployments"],
+        "resourceNames": ["gpu-timekeeper-webhook"],
+        "verbs": ["get", "patch"],
+    } in rules
 
 
 def test_the_certificate_bootstrap_may_touch_only_its_own_objects():

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 
 from webhook.tls import generate_ca, generate_serving_cert
@@ -179,7 +180,7 @@ def usable_serving_cert(
     try:
         cert.verify_directly_issued_by(ca)
         sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except (ValueError, TypeError, x509.ExtensionNotFound, x509.InvalidSignature):
+    except (ValueError, TypeError, x509.ExtensionNotFound, InvalidSignature):
         return False
     present = {*sans.get_values_for_type(x509.DNSName)}
     present |= {ip.compressed for ip in sans.get_values_for_type(x509.IPAddress)}

@@ -224,6 +224,22 @@ def test_a_serving_cert_whose_key_does_not_match_is_replaced(cluster, capsys):
     assert run(kubeconfig, capsys)["serving"] == "renewed"
 
 
+def test_a_serving_cert_of_another_ca_with_the_same_name_is_replaced(cluster, capsys):
+    """Someone replaced the CA Secret: the old serving cert's signature no longer verifies against it."""
+    fake, kubeconfig = cluster
+    run(kubeconfig, capsys)
+    ca_cert, ca_key = certbootstrap.generate_ca(certbootstrap.CA_COMMON_NAME)
+    ca = fake.get("Secret", NAMESPACE, "gpu-timekeeper-webhook-ca")
+    ca["data"] = {"ca.crt": base64.b64encode(ca_cert).decode(), "ca.key": base64.b64encode(ca_key).decode()}
+    fake.put(ca)
+
+    summary = run(kubeconfig, capsys)
+
+    assert (summary["ca"], summary["serving"]) == ("unchanged", "renewed")
+    serving = x509.load_pem_x509_certificate(secret(fake, "gpu-timekeeper-webhook-tls")["tls.crt"])
+    serving.verify_directly_issued_by(x509.load_pem_x509_certificate(ca_cert))
+
+
 def test_a_concurrent_writer_makes_the_bootstrap_start_over(cluster):
     """Two Jobs racing: the loser's replace answers 409 Conflict and it re-reads what the winner wrote."""
     fake, kubeconfig = cluster

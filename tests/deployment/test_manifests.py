@@ -206,6 +206,19 @@ def test_priority_classes_rank_in_budget_pods_above_over_budget_ones(build):
     assert not in_budget.get("globalDefault") and not over_budget.get("globalDefault")
 
 
+def test_priority_classes_match_what_the_webhook_writes_into_pods():
+    """The webhook sets priority and preemptionPolicy beside the class; the API server refuses a mismatch."""
+    settings = pytest.importorskip(
+        "webhook.settings", reason="the webhook has not landed yet"
+    ).WebhookSettings
+    defaults = {name: field.default for name, field in settings.model_fields.items()}
+    objects = render("base")
+    for prefix in ("in_budget", "over_budget"):
+        priority_class = one(objects, "PriorityClass", defaults[f"{prefix}_priority_class"])
+        assert priority_class["value"] == defaults[f"{prefix}_priority"]
+        assert priority_class["preemptionPolicy"] == defaults[f"{prefix}_preemption_policy"]
+
+
 @pytest.mark.parametrize("build", BUILDS)
 def test_webhooks_are_bounded_and_never_see_system_or_their_own_namespace(build):
     objects = render(build)

@@ -240,14 +240,17 @@ def test_webhooks_are_bounded_and_never_see_system_or_their_own_namespace(build)
         target = webhook["clientConfig"]["service"]
         assert (target["name"], target["namespace"]) == (service["metadata"]["name"], webhook_namespace)
         assert target["port"] in [p["port"] for p in service["spec"]["ports"]]
-        (rule,) = webhook["rules"]
-        assert rule["resources"] == ["pods"] and "DELETE" not in rule["operations"]
+        operations = {
+            resource: rule["operations"] for rule in webhook["rules"] for resource in rule["resources"]
+        }
+        assert all(rule["apiGroups"] == [""] and rule["apiVersions"] == ["v1"] for rule in webhook["rules"])
         assert webhook["matchConditions"], "only GPU pods may reach the webhook"
         if kind == "MutatingWebhookConfiguration":
-            assert (target["path"], rule["operations"]) == ("/mutate", ["CREATE"])
+            assert (target["path"], operations) == ("/mutate", {"pods": ["CREATE"]})
             assert webhook["reinvocationPolicy"] == "IfNeeded"
         else:
-            assert (target["path"], rule["operations"]) == ("/validate", ["CREATE", "UPDATE"])
+            assert target["path"] == "/validate"
+            assert operations == {"pods": ["CREATE", "UPDATE"], "pods/ephemeralcontainers": ["UPDATE"]}
     (_, mutating), (_, validating) = sorted(configurations, key=lambda c: c[0])
     assert mutating["matchConditions"] == validating["matchConditions"]
 

@@ -10,8 +10,8 @@ import argparse
 
 import uvicorn
 
+from gpuaccounting.logs import configure_logging
 from webhook.app import create_app
-from webhook.logs import configure_logging
 from webhook.settings import WebhookSettings, get_settings
 
 

@@ -11,6 +11,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from gpuaccounting import names
+from gpuaccounting.logs import LogFormat
 from gpuaccounting.shares import DEFAULT_CLEARML_FRACTIONS, GpuHardware, Rule
 
 PreemptionPolicy = Literal["PreemptLowerPriority", "Never"]
@@ -26,7 +27,7 @@ class WebhookSettings(BaseSettings):
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     tls_reload_interval_seconds: float = Field(default=60.0, gt=0)  # how often to look for a rotated cert
-    log_format: Literal["json", "console"] = "json"
+    log_format: LogFormat = "auto"  # JSON unless stderr is a terminal
 
     # Budget state, polled from the timekeeper in the background.
     timekeeper_url: str = "http://gpu-timekeeper.gpu-timekeeper.svc:8080"

@@ -7,6 +7,7 @@ handed to the app, whose lifespan reloads a rotated certificate into it.
 from __future__ import annotations
 
 import argparse
+import logging
 
 import uvicorn
 
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as error:
         parser.error(str(error))
     configure_logging(settings.log_format)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per state poll is noise; failures are ours
     built.run()
 
 

@@ -120,7 +120,7 @@ class Answer:
 class Webhook:
     url: str
     client: httpx.Client
-    state: StateServer
+    state: StateServer | None
     settings: WebhookSettings
 
     def post(self, path: str, content: bytes | dict[str, Any]) -> Answer:
@@ -167,13 +167,16 @@ class Webhook:
 
 
 @contextmanager
-def serve_webhook(tls: Tls, state: StateServer, **overrides: Any) -> Iterator[Webhook]:
+def serve_webhook(tls: Tls, state: StateServer | None, **overrides: Any) -> Iterator[Webhook]:
+    """The webhook polling `state` (or the `timekeeper_url` in overrides) every 50 ms."""
     settings = WebhookSettings(
-        timekeeper_url=state.url,
-        state_poll_interval_seconds=0.05,
-        tls_cert_file=tls.cert_file,
-        tls_key_file=tls.key_file,
-        **overrides,
+        **{
+            "timekeeper_url": state.url if state else "",
+            "state_poll_interval_seconds": 0.05,
+            "tls_cert_file": tls.cert_file,
+            "tls_key_file": tls.key_file,
+            **overrides,
+        }
     )
     port = free_port()
     server = build_server(settings, "127.0.0.1", port, log_level="warning")

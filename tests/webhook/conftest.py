@@ -7,8 +7,11 @@ the timekeeper. Each server runs in a thread of the test process with its own se
 from __future__ import annotations
 
 import base64
+import os
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -195,6 +198,35 @@ def serve_webhook(tls: Tls, state: StateServer | None, **overrides: Any) -> Iter
         client.close()  # first, so the server has no keep-alive connection to wait for
         server.should_exit = True
         thread.join(timeout=10)
+
+
+@contextmanager
+def running_module(
+    module: str, port: int, env: dict[str, str], ready: Callable[[], bool], timeout: float = 60.0
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`python -m <module> --host 127.0.0.1 --port <port>` as a real process, until `ready()` is true."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(port)],
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if ready():
+                    break
+            except httpx.TransportError:
+                pass
+            if child.poll() is not None or time.monotonic() > deadline:
+                output = child.stderr.read().decode()[-2000:] if child.stderr else ""
+                raise RuntimeError(f"python -m {module} did not become ready: {output}")
+            time.sleep(0.1)
+        yield child
+    finally:
+        child.terminate()
+        child.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")

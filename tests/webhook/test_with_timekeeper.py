@@ -3,10 +3,6 @@ polls with its token decides the class, and the namespace's cap set through the 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -15,7 +11,7 @@ import pytest
 from tests.support.pods import container, pod
 from tests.support.postgres import url_string
 from tests.support.timekeeper import Tokens, bearer, migrated_database, ok, sha256
-from tests.webhook.conftest import Tls, free_port, serve_webhook
+from tests.webhook.conftest import Tls, free_port, running_module, serve_webhook
 
 pytestmark = pytest.mark.e2e
 
@@ -24,60 +20,39 @@ def test_budget_set_in_the_timekeeper_reaches_admission(tls: Tls, tmp_path: Path
     tokens = Tokens()
     port = free_port()
     api = f"http://127.0.0.1:{port}/api/v1"
-    with migrated_database("gtk_webhook") as url:
+    with migrated_database("gtk_webhook") as url, httpx.Client(base_url=api, timeout=10) as client:
         env = {
-            **os.environ,
             "TIMEKEEPER_DATABASE_URL": url_string(url),
             "TIMEKEEPER_AUTH_MODE": "static",
             "TIMEKEEPER_ADMIN_TOKEN_SHA256": sha256(tokens.admin),
             "TIMEKEEPER_READER_TOKEN_SHA256": sha256(tokens.reader),
             "TIMEKEEPER_REPORTER_TOKEN_SHA256": sha256(tokens.reporter),
         }
-        timekeeper = subprocess.Popen(
-            [sys.executable, "-m", "timekeeper", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        try:
-            with httpx.Client(base_url=api, timeout=10) as client:
-                deadline = time.monotonic() + 60
-                while True:
-                    try:
-                        if client.get("/admission-state", headers=bearer(tokens.reader)).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    assert timekeeper.poll() is None, (
-                        timekeeper.stderr.read().decode()[-2000:] if timekeeper.stderr else ""
-                    )
-                    assert time.monotonic() < deadline, "the timekeeper did not come up"
-                    time.sleep(0.1)
-                token_file = tmp_path / "token"
-                token_file.write_text(tokens.reader)
-                with serve_webhook(
-                    tls, None, timekeeper_url=f"http://127.0.0.1:{port}", timekeeper_token_file=token_file
-                ) as hook:
-                    hook.wait_until(lambda: hook.metric("webhook_state_polls_total", result="updated") >= 1)
-                    gpu_pod = pod(container("train", {"nvidia.com/gpu": 2}))
-                    before = hook.admit(gpu_pod)
-                    assert before["spec"]["priorityClassName"] == "gpu-in-budget"
 
-                    version = hook.metric("webhook_state_version")
-                    body = {"budget_gpu_minutes": 0, "period": "monthly", "max_gpu_share_per_pod": 1.5}
-                    ok(client.put("/namespaces/team-a/budget", json=body, headers=bearer(tokens.admin)))
-                    hook.wait_until(lambda: hook.metric("webhook_state_version") > version)
-                    after = hook.admit(gpu_pod)
-                    assert (after["spec"]["priorityClassName"], after["spec"]["priority"]) == (
-                        "gpu-over-budget",
-                        100,
-                    )
-                    denied = hook.validate(after)
-                    assert not denied.allowed and "per-pod cap of 1.5" in denied.message
-                    # An unchanged state is confirmed with a 304 (If-None-Match), not fetched again.
-                    hook.wait_until(
-                        lambda: hook.metric("webhook_state_polls_total", result="not_modified") >= 1
-                    )
-        finally:
-            timekeeper.terminate()
-            timekeeper.wait(timeout=10)
+        def serves_the_state() -> bool:
+            return client.get("/admission-state", headers=bearer(tokens.reader)).status_code == 200
+
+        with running_module("timekeeper", port, env, serves_the_state):
+            token_file = tmp_path / "token"
+            token_file.write_text(tokens.reader)
+            with serve_webhook(
+                tls, None, timekeeper_url=f"http://127.0.0.1:{port}", timekeeper_token_file=token_file
+            ) as hook:
+                hook.wait_until(lambda: hook.metric("webhook_state_polls_total", result="updated") >= 1)
+                gpu_pod = pod(container("train", {"nvidia.com/gpu": 2}))
+                before = hook.admit(gpu_pod)
+                assert before["spec"]["priorityClassName"] == "gpu-in-budget"
+
+                version = hook.metric("webhook_state_version")
+                body = {"budget_gpu_minutes": 0, "period": "monthly", "max_gpu_share_per_pod": 1.5}
+                ok(client.put("/namespaces/team-a/budget", json=body, headers=bearer(tokens.admin)))
+                hook.wait_until(lambda: hook.metric("webhook_state_version") > version)
+                after = hook.admit(gpu_pod)
+                assert (after["spec"]["priorityClassName"], after["spec"]["priority"]) == (
+                    "gpu-over-budget",
+                    100,
+                )
+                denied = hook.validate(after)
+                assert not denied.allowed and "per-pod cap of 1.5" in denied.message
+                # An unchanged state is confirmed with a 304 (If-None-Match), not fetched again.
+                hook.wait_until(lambda: hook.metric("webhook_state_polls_total", result="not_modified") >= 1)

@@ -161,7 +161,7 @@ class Webhook:
                 return float(value)
         return 0.0
 
-    def wait_until(self, condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    def wait_until(self, condition: Callable[[], bool], timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         while not condition():
             if time.monotonic() > deadline:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import StrEnum
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any, Final
 
 from gpuaccounting.quantity import QuantityError, parse_quantity
@@ -207,7 +208,7 @@ class _Reader:
 
     def number(self, resource: str, raw: object) -> Fraction | None:
         try:
-            return Fraction(parse_quantity(raw))
+            return _exact(raw)
         except QuantityError:
             self.flag(Rule.QUANTITY, "is not a Kubernetes quantity", resource, raw)
             return None
@@ -405,9 +406,21 @@ def _read_container(
     return ContainerShare(name=name, role=role, system=system, share=max(share, Fraction(0)))
 
 
+@lru_cache(maxsize=4096)
+def _exact_cached(raw: str | int | float) -> Fraction:
+    return Fraction(parse_quantity(raw))
+
+
+def _exact(raw: object) -> Fraction:
+    """A quantity as an exact Fraction; pods repeat a few values, so the parse is cached."""
+    if isinstance(raw, str | int | float) and not isinstance(raw, bool):
+        return _exact_cached(raw)
+    return Fraction(parse_quantity(raw))  # raises QuantityError with the reason
+
+
 def _is_zero(raw: object) -> bool:
     try:
-        return parse_quantity(raw) == 0
+        return _exact(raw) == 0
     except QuantityError:
         return False
 

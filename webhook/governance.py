@@ -169,9 +169,10 @@ def on_create(
 
 
 def on_update(request: AdmissionRequest, settings: WebhookSettings) -> list[Violation]:
-    """What an update may not change: our annotations, our sidecar, our volumes."""
+    """What an update may not change: our annotations and our sidecar. Without the old object (the API
+    server always sends it; a broken client may not) there is no change to judge."""
     found = token_mounts(request.object or {})
-    if request.username in settings.privileged_usernames:
+    if request.old_object is None or request.username in settings.privileged_usernames:
         return found
     old, new = _ours(request.old_object), _ours(request.object)
     for key in sorted(old.keys() | new.keys()):

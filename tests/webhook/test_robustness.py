@@ -94,9 +94,11 @@ def test_strange_but_valid_pod_shapes_are_answered(webhook: Webhook) -> None:
     assert webhook.post("/validate", empty).response["allowed"]
 
 
-def test_update_without_old_object_is_answered(webhook: Webhook) -> None:
-    answer = webhook.validate(pod(container("main", {"nvidia.com/gpu": 1})), operation="UPDATE")
-    assert answer.status_code == 200
+def test_update_without_old_object_judges_only_the_new_object(webhook: Webhook) -> None:
+    admitted = webhook.admit(pod(container("main", {"nvidia.com/gpu": 1})))
+    assert webhook.validate(admitted, operation="UPDATE").allowed
+    admitted["spec"]["containers"][0]["volumeMounts"] = [{"name": "gpu-timekeeper-token", "mountPath": "/t"}]
+    assert not webhook.validate(admitted, operation="UPDATE").allowed
 
 
 def _nodes(value: object, path: tuple[object, ...] = ()) -> list[tuple[object, ...]]:

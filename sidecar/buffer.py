@@ -68,6 +68,7 @@ class ReportBuffer:
         self._log = log
         self._lock = threading.Lock()
         self._pending: list[Pending] = []
+        directory.mkdir(parents=True, exist_ok=True)
 
     def _path(self, seq: int) -> Path:
         return self._dir / f"report-{seq:012d}{SUFFIX}"
@@ -75,7 +76,6 @@ class ReportBuffer:
     def load(self) -> list[Pending]:
         """Read what a previous run left behind; reports wholly inside another (a fold interrupted
         before it deleted its parts) are removed, since the other one covers their time."""
-        self._dir.mkdir(parents=True, exist_ok=True)
         found: list[Pending] = []
         for path in self._dir.glob(f"report-*{SUFFIX}"):
             try:

@@ -36,6 +36,9 @@ class GpuMonitor:
         self._devices: list[Device] = []
         self._known_uuids: tuple[str, ...] = ()
         self._lost: set[str] = set()
+        # What has been logged, kept across re-initialisations so each change is said once.
+        self._announced_lost: set[str] = set()
+        self._announced_unsupported: dict[str, set[str]] = {}
         self._retry_at = 0.0
         self._delay = FIRST_RETRY_SECONDS
         self._problem: str | None = None
@@ -86,15 +89,20 @@ class GpuMonitor:
     def _sample_one(self, device: Device, now: float) -> GpuSample:
         if device.uuid in self._lost:
             return GpuSample(uuid=device.uuid)
-        unsupported_before = set(device.unsupported)
         try:
             sample = self._backend.sample(device)
         except DeviceLost as error:
             self._lost.add(device.uuid)
-            self._log.warning("gpu_lost", gpu=device.uuid, reason=str(error))
+            if device.uuid not in self._announced_lost:
+                self._announced_lost.add(device.uuid)
+                self._log.warning("gpu_lost", gpu=device.uuid, reason=str(error))
             self._schedule_retry(now)
             return GpuSample(uuid=device.uuid)
-        if device.unsupported != unsupported_before:
+        if device.uuid in self._announced_lost:
+            self._announced_lost.discard(device.uuid)
+            self._log.info("gpu_recovered", gpu=device.uuid)
+        if device.unsupported and device.unsupported != self._announced_unsupported.get(device.uuid):
+            self._announced_unsupported[device.uuid] = set(device.unsupported)
             self._log.info("gpu_figures_not_supported", gpu=device.uuid, figures=sorted(device.unsupported))
         return sample
 

@@ -98,7 +98,7 @@ class PynvmlBackend:
     def _handles(self, selector: Selector) -> list[object]:
         nvml = self._module()
         if selector.kind == "uuid":
-            return [nvml.nvmlDeviceGetHandleByUUID(selector.value)]
+            return self._expand(nvml.nvmlDeviceGetHandleByUUID(selector.value))
         if selector.kind == "all":
             handles: list[object] = []
             for index in range(nvml.nvmlDeviceGetCount()):

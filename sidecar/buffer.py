@@ -68,6 +68,8 @@ class ReportBuffer:
         self._log = log
         self._lock = threading.Lock()
         self._pending: list[Pending] = []
+        # While the buffer stays full every new report causes a fold: say so once, not once per report.
+        self._folding_announced = False
         directory.mkdir(parents=True, exist_ok=True)
 
     def _path(self, seq: int) -> Path:
@@ -130,6 +132,8 @@ class ReportBuffer:
             if pending in self._pending:
                 self._pending.remove(pending)
                 pending.path.unlink(missing_ok=True)
+            if not self._pending:
+                self._folding_announced = False
 
     def replace(self, pending: Pending, report: Report) -> Pending | None:
         """Rewrite a pending report's body (same sequence number); None if a fold absorbed it meanwhile."""
@@ -197,7 +201,9 @@ class ReportBuffer:
         self._pending[index : index + 2] = [folded]
         first.path.unlink(missing_ok=True)
         second.path.unlink(missing_ok=True)
-        self._log.info(
+        announce = self._log.debug if self._folding_announced else self._log.info
+        self._folding_announced = True
+        announce(
             "buffer_folded",
             seqs=[first.seq, second.seq],
             into_seq=folded.seq,

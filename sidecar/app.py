@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 
-from gpuaccounting.wire import build_report
+from gpuaccounting.wire import GpuFigures, build_report
 from sidecar.aggregate import IntervalAggregate
 from sidecar.buffer import ReportBuffer
 from sidecar.config import Config
@@ -62,6 +62,7 @@ class Sidecar:
             max_reports=config.buffer_max_reports,
             max_bytes=config.buffer_max_bytes,
             max_age_us=int(config.buffer_max_age_seconds * 1e6),
+            max_interval_us=int(config.max_report_interval_seconds * 1e6),
             allocate_seq=self.store.allocate_seq,
             record_drop=self.store.record_drop,
             log=log,
@@ -79,9 +80,17 @@ class Sidecar:
             log=log,
         )
         self.interval_us = max(1, round(config.report_interval_seconds * 1e6))
+        self.max_interval_us = max(self.interval_us, int(config.max_report_interval_seconds * 1e6))
 
     def _cut(self, end_us: int, *, final: bool) -> None:
-        """Close the interval [covered_until, end_us): number it, store it, then let the sender see it."""
+        """Close the time [covered_until, end_us) in reports no longer than the timekeeper accepts (after a
+        long downtime there are several); the samples belong to the last one, the time while down had none."""
+        while end_us - self.store.state.covered_until_us > self.max_interval_us:
+            self._cut_one(self.store.state.covered_until_us + self.max_interval_us, final=False, gpus=[])
+        self._cut_one(end_us, final=final, gpus=self.aggregate.cut())
+
+    def _cut_one(self, end_us: int, *, final: bool, gpus: list[GpuFigures]) -> None:
+        """Number one interval from covered_until to `end_us`, store it, then let the sender see it."""
         start_us = self.store.state.covered_until_us
         seq = self.store.allocate_seq()
         report = build_report(
@@ -92,7 +101,7 @@ class Sidecar:
             interval_start=to_datetime(start_us),
             interval_end=to_datetime(end_us),
             gpu_share=self.config.gpu_share,
-            gpus=self.aggregate.cut(),
+            gpus=gpus,
             final=final,
         )
         pending = self.buffer.store(report)

@@ -1,9 +1,11 @@
 """Reports waiting for the timekeeper's acknowledgement: one JSON file each on the emptyDir volume.
 
-Bounded by count, bytes and age. Over a bound, the oldest contiguous reports are folded into one report
-covering their union (with a fresh sequence number, so a fold never collides with a report the timekeeper
-may already hold): the time still gets charged, only the figures get coarser. A report is dropped only
-when nothing can be folded, and every drop is counted in the state and logged with the minutes it held.
+Bounded by count, bytes and age. Over the count or bytes bound, the oldest contiguous reports are folded
+into one report covering their union (with a fresh sequence number, so a fold never collides with a report
+the timekeeper may already hold): the time still gets charged, only the figures get coarser. Reports older
+than the age bound are folded the same way. No fold makes an interval longer than the timekeeper accepts
+(SIDECAR_MAX_REPORT_INTERVAL_SECONDS). A report is dropped only when the buffer is over its count or bytes
+bound and nothing can be folded, and every drop is counted in the state and logged with the time it held.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class ReportBuffer:
         max_reports: int,
         max_bytes: int,
         max_age_us: int,
+        max_interval_us: int,
         allocate_seq: Callable[[], int],
         record_drop: Callable[[float], tuple[int, float]],
         log: EventLog,
@@ -63,6 +66,7 @@ class ReportBuffer:
         self._max_reports = max_reports
         self._max_bytes = max_bytes
         self._max_age_us = max_age_us
+        self._max_interval_us = max_interval_us
         self._allocate_seq = allocate_seq
         self._record_drop = record_drop
         self._log = log
@@ -152,23 +156,24 @@ class ReportBuffer:
         with self._lock:
             return sum(p.seconds for p in self._pending)
 
-    def _over_bounds(self, now_us: int) -> bool:
-        if len(self._pending) > self._max_reports:
-            return True
-        if sum(p.size for p in self._pending) > self._max_bytes:
-            return True
-        old = [p for p in self._pending if p.end_us < now_us - self._max_age_us]
-        return len(old) > 1
+    def _over_size(self) -> bool:
+        return len(self._pending) > self._max_reports or sum(p.size for p in self._pending) > self._max_bytes
 
-    def _fold_candidate(self) -> int | None:
-        """Index of the first of two neighbouring reports to fold: the oldest contiguous pair."""
+    def _fold_candidate(self, older_than_us: int | None = None) -> int | None:
+        """Index of the oldest pair of neighbours that may fold: contiguous, short enough together, and
+        (for the age bound) both ending before `older_than_us`."""
         for index in range(len(self._pending) - 1):
-            if self._pending[index].end_us == self._pending[index + 1].start_us:
+            first, second = self._pending[index], self._pending[index + 1]
+            if older_than_us is not None and second.end_us >= older_than_us:
+                return None
+            if first.end_us == second.start_us and second.end_us - first.start_us <= self._max_interval_us:
                 return index
         return None
 
     def _enforce_bounds(self, now_us: int) -> None:
-        while len(self._pending) > 1 and self._over_bounds(now_us):
+        while (index := self._fold_candidate(older_than_us=now_us - self._max_age_us)) is not None:
+            self._fold(index)
+        while len(self._pending) > 1 and self._over_size():
             index = self._fold_candidate()
             if index is None:
                 self._drop(self._pending[0])

@@ -96,6 +96,7 @@ class Config:
     buffer_dir: Path
     podinfo_dir: Path | None
     report_interval_seconds: float = 30.0
+    max_report_interval_seconds: float = 3600.0
     sample_interval_seconds: float = 1.0
     nvml_backend: Backend = "pynvml"
     nvml_library: Path | None = None
@@ -126,6 +127,11 @@ class Config:
         library = _raw(env, f"{PREFIX}NVML_LIBRARY")
         report_interval = _positive_seconds(env, f"{PREFIX}REPORT_INTERVAL_SECONDS", 30.0)
         sample_interval = _positive_seconds(env, f"{PREFIX}SAMPLE_INTERVAL_SECONDS", 1.0)
+        max_interval = _positive_seconds(env, f"{PREFIX}MAX_REPORT_INTERVAL_SECONDS", 3600.0)
+        if max_interval < report_interval:
+            raise ConfigError(
+                f"{PREFIX}MAX_REPORT_INTERVAL_SECONDS must not be below {PREFIX}REPORT_INTERVAL_SECONDS"
+            )
         retry_base = _positive_seconds(env, f"{PREFIX}RETRY_BASE_SECONDS", 1.0)
         retry_max = _positive_seconds(env, f"{PREFIX}RETRY_MAX_SECONDS", 60.0)
         if retry_max < retry_base:
@@ -140,6 +146,7 @@ class Config:
             buffer_dir=Path(_raw(env, f"{PREFIX}BUFFER_DIR") or "/var/lib/gpu-timekeeper"),
             podinfo_dir=Path(podinfo) if podinfo else None,
             report_interval_seconds=report_interval,
+            max_report_interval_seconds=max_interval,
             sample_interval_seconds=sample_interval,
             nvml_backend=cast(Backend, _choice(env, f"{PREFIX}NVML_BACKEND", "pynvml", ("pynvml", "fake"))),
             nvml_library=Path(library) if library else None,

@@ -4,6 +4,7 @@ SIGTERM, nothing lost or repeated across a kill -9 and restart or a timekeeper o
 from __future__ import annotations
 
 import itertools
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +47,13 @@ def test_intervals_are_contiguous_on_the_grid_and_sigterm_sends_a_final_one(
 def test_kill_and_restart_resume_the_numbering_and_report_the_downtime(
     tmp_path: Path, receiver: ReportReceiver, sidecar_env: dict[str, str]
 ) -> None:
+    sidecar_env = {**sidecar_env, "SIDECAR_MAX_REPORT_INTERVAL_SECONDS": "0.5"}
     first = SidecarProcess(sidecar_env, tmp_path / "first.log")
     wait_until(lambda: len(receiver.accepted()) >= 2, what="reports before the kill")
     first.kill()
     killed_at = persisted_state(Path(sidecar_env["SIDECAR_BUFFER_DIR"]))["covered_until_us"]
     seqs_before = {r["seq"] for r in receiver.accepted()}
+    time.sleep(1.5)  # down for longer than the longest interval the timekeeper takes
 
     second = SidecarProcess(sidecar_env, tmp_path / "second.log")
     wait_until(lambda: len(receiver.accepted()) >= len(seqs_before) + 2, what="reports after the restart")
@@ -61,6 +64,9 @@ def test_kill_and_restart_resume_the_numbering_and_report_the_downtime(
     after = [r for r in reports if r["seq"] not in seqs_before]
     assert min(r["seq"] for r in after) > max(seqs_before)
     assert min(bounds(r)[0] for r in after) <= killed_at
+    # The downtime went out in pieces the timekeeper accepts, without figures (nothing was sampled).
+    assert all(bounds(r)[1] - bounds(r)[0] <= 500_000 for r in reports)
+    assert any(r["gpus"] == [] for r in after)
     started = next(e for e in second.events() if e["event"] == "sidecar_started")
     assert started["resumed"] is True
 

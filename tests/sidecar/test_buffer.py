@@ -36,7 +36,13 @@ class Harness:
         self.store, _ = StateStore.open(directory / "state.json", "pod-uid", T0)
         self.dir = directory / "pending"
         self.log = log
-        self.bounds = {"max_reports": 100, "max_bytes": 1 << 20, "max_age_us": 10**12, **bounds}
+        self.bounds = {
+            "max_reports": 100,
+            "max_bytes": 1 << 20,
+            "max_age_us": 10**12,
+            "max_interval_us": 10**12,
+            **bounds,
+        }
         self.buffer = self.fresh_buffer()
 
     def fresh_buffer(self) -> ReportBuffer:
@@ -130,7 +136,7 @@ def test_without_contiguous_neighbours_the_oldest_is_dropped_and_counted(harness
 
 
 def test_reports_older_than_the_age_bound_fold_into_one(tmp_path: Path, event_log: EventLog) -> None:
-    harness = Harness(tmp_path, event_log, max_age_us=5 * STEP)
+    harness = Harness(tmp_path, event_log, max_age_us=5 * STEP, max_interval_us=100 * STEP)
     for k in range(8):
         harness.cut(T0 + k * STEP, T0 + (k + 1) * STEP, now=T0 + 10 * STEP)
 
@@ -139,6 +145,25 @@ def test_reports_older_than_the_age_bound_fold_into_one(tmp_path: Path, event_lo
     # Reports ending before now - 5 steps (the first four) became one; the rest are untouched.
     assert [(p.start_us - T0) // STEP for p in pending] == [0, 4, 5, 6, 7]
     assert pending[0].end_us == T0 + 4 * STEP
+
+
+def test_no_fold_makes_an_interval_longer_than_the_timekeeper_accepts(
+    tmp_path: Path, event_log: EventLog
+) -> None:
+    harness = Harness(tmp_path, event_log, max_reports=3, max_interval_us=2 * STEP)
+    for k in range(4):
+        harness.cut(T0 + k * STEP, T0 + (k + 1) * STEP)
+    lengths_after_fold = [(p.end_us - p.start_us) // STEP for p in harness.buffer.load()]
+    harness.cut(T0 + 4 * STEP, T0 + 5 * STEP)  # [2, 1, 1, 1]: the two single ones fold: [2, 2, 1]
+    harness.cut(T0 + 5 * STEP, T0 + 6 * STEP)  # [2, 2, 1, 1]: again: [2, 2, 2]
+    harness.cut(T0 + 6 * STEP, T0 + 7 * STEP)  # [2, 2, 2, 1]: nothing can fold, the oldest goes
+
+    pending = harness.buffer.load()
+
+    assert lengths_after_fold == [2, 1, 1]
+    assert all(p.end_us - p.start_us <= 2 * STEP for p in pending)
+    assert harness.store.state.dropped_reports == 1
+    assert pending[0].start_us == T0 + 2 * STEP
 
 
 def test_a_fold_interrupted_before_deleting_its_parts_is_resolved_on_load(harness: Harness) -> None:

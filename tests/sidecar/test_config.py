@@ -73,6 +73,10 @@ def test_false_reads_as_false() -> None:
         ({"SIDECAR_NVML_BACKEND": "dcgm"}, "SIDECAR_NVML_BACKEND='dcgm' must be one of pynvml, fake"),
         ({"SIDECAR_BUFFER_MAX_REPORTS": "1"}, "SIDECAR_BUFFER_MAX_REPORTS='1' must be at least 2"),
         (
+            {"SIDECAR_REPORT_INTERVAL_SECONDS": "60", "SIDECAR_MAX_REPORT_INTERVAL_SECONDS": "30"},
+            "SIDECAR_MAX_REPORT_INTERVAL_SECONDS must not be below",
+        ),
+        (
             {"SIDECAR_RETRY_BASE_SECONDS": "10", "SIDECAR_RETRY_MAX_SECONDS": "5"},
             "SIDECAR_RETRY_MAX_SECONDS must not be below",
         ),

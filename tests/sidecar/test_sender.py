@@ -60,6 +60,7 @@ class Rig:
             max_reports=100,
             max_bytes=1 << 20,
             max_age_us=10**12,
+            max_interval_us=10**12,
             allocate_seq=self.store.allocate_seq,
             record_drop=self.store.record_drop,
             log=log,

@@ -6,7 +6,7 @@ so two runs of the demo show the same figures. Behind the same `GpuBackend` boun
 
 from __future__ import annotations
 
-import hashlib
+import random
 from collections.abc import Sequence
 
 from sidecar.gpus import Device, GpuSample, Selector
@@ -17,8 +17,9 @@ _UTIL_PATTERN = (10.0, 35.0, 60.0, 85.0, 60.0, 35.0)
 
 def fake_uuid(seed: str, index: int) -> str:
     """A stable, GPU-shaped UUID for fake device `index` of `seed` (the pod)."""
-    digest = hashlib.sha256(f"{seed}/{index}".encode()).hexdigest()
-    return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+    # random.Random, not hashlib: hashlib would load OpenSSL's libcrypto into a process kept small.
+    digits = f"{random.Random(f'{seed}/{index}').getrandbits(128):032x}"
+    return f"GPU-{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}"
 
 
 class FakeBackend:

@@ -3,7 +3,10 @@ errors, a refused body resent without figures before anything is dropped, the to
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,7 @@ from sidecar.buffer import ReportBuffer
 from sidecar.logs import EventLog
 from sidecar.sender import Outcome, Sender, TimekeeperClient, backoff_delay, classify
 from sidecar.state import StateStore, to_datetime
+from tests.sidecar.processes import REPO_ROOT
 from tests.sidecar.receiver import ReportReceiver
 
 T0 = 1_790_000_000_000_000
@@ -205,3 +209,27 @@ def test_a_missing_token_or_closed_port_means_retry(tmp_path: Path, receiver: Re
     assert no_token.outcome is Outcome.RETRY and "token" in no_token.detail
     assert no_server.outcome is Outcome.RETRY
     assert receiver.requests == []
+
+
+@pytest.mark.parametrize(("url", "loads_openssl"), [("http://timekeeper:8080", False), ("https://tk", True)])
+def test_openssl_is_loaded_only_for_an_https_timekeeper(
+    url: str, loads_openssl: bool, tmp_path: Path
+) -> None:
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from sidecar.sender import TimekeeperClient\n"
+        "client = TimekeeperClient(sys.argv[1], Path('token'), 1.0)\n"
+        "print('ssl' in sys.modules, type(client._connection()).__name__)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, url],
+        env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO_ROOT)},
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+
+    expected = "HTTPSConnection" if loads_openssl else "HTTPConnection"
+    assert result.stdout.split() == [str(loads_openssl), expected]

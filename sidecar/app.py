@@ -87,9 +87,18 @@ class Sidecar:
         long downtime there are several); the samples belong to the last one, the time while down had none."""
         while end_us - self.store.state.covered_until_us > self.max_interval_us:
             self._cut_one(self.store.state.covered_until_us + self.max_interval_us, final=False, gpus=[])
-        self._cut_one(end_us, final=final, gpus=self.aggregate.cut())
+        # Per-process figures have no field in the v1 report; they go to the debug log with the cut.
+        processes = self.aggregate.processes_max()
+        self._cut_one(end_us, final=final, gpus=self.aggregate.cut(), processes=processes)
 
-    def _cut_one(self, end_us: int, *, final: bool, gpus: list[GpuFigures]) -> None:
+    def _cut_one(
+        self,
+        end_us: int,
+        *,
+        final: bool,
+        gpus: list[GpuFigures],
+        processes: dict[str, int | None] | None = None,
+    ) -> None:
         """Number one interval from covered_until to `end_us`, store it, then let the sender see it."""
         start_us = self.store.state.covered_until_us
         seq = self.store.allocate_seq()
@@ -108,7 +117,13 @@ class Sidecar:
         self.store.advance(end_us)
         self.buffer.admit(pending, now_us())
         self.sender.wake()
-        self.log.debug("interval_cut", seq=seq, seconds=(end_us - start_us) / 1e6, final=final)
+        self.log.debug(
+            "interval_cut",
+            seq=seq,
+            seconds=(end_us - start_us) / 1e6,
+            final=final,
+            max_compute_processes=processes or {},
+        )
 
     def _announce_start(self) -> None:
         leftovers = self.buffer.load()

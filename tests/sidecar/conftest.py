@@ -36,7 +36,7 @@ def receiver() -> Iterator[ReportReceiver]:
 
 @pytest.fixture
 def event_log() -> EventLog:
-    logger = logging.getLogger("sidecar.test")
+    logger = logging.getLogger("tests.sidecar.events")
     logger.setLevel(logging.DEBUG)
     return EventLog(logger)
 

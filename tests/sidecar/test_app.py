@@ -26,7 +26,7 @@ def assert_exact_cover(reports: list[dict[str, Any]], buffer_dir: Path) -> None:
 def test_intervals_are_contiguous_on_the_grid_and_sigterm_sends_a_final_one(
     tmp_path: Path, receiver: ReportReceiver, sidecar_env: dict[str, str]
 ) -> None:
-    sidecar = SidecarProcess(sidecar_env, tmp_path / "sidecar.log")
+    sidecar = SidecarProcess({**sidecar_env, "SIDECAR_LOG_DEBUG": "true"}, tmp_path / "sidecar.log")
     wait_until(lambda: len(receiver.accepted()) >= 3, what="three reports")
 
     assert sidecar.terminate() == 0
@@ -42,6 +42,10 @@ def test_intervals_are_contiguous_on_the_grid_and_sigterm_sends_a_final_one(
     assert {r["gpu_share"] for r in reports} == {0.5}
     assert all(r["gpus"] and r["gpus"][0]["sm_util_pct"] is not None for r in regular)
     assert sidecar.event_names()[-1] == "sidecar_stopped"
+    cuts = [e for e in sidecar.events() if e["event"] == "interval_cut"]
+    gpu = regular[0]["gpus"][0]["uuid"]
+    assert cuts[0]["max_compute_processes"] == {gpu: 1}
+    assert {e["namespace"] for e in sidecar.events()} == {"team-a"}
 
 
 def test_kill_and_restart_resume_the_numbering_and_report_the_downtime(

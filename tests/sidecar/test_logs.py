@@ -1,0 +1,41 @@
+"""Log lines: JSON for clusters, text locally, the pod bound to every line, debug only when asked."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from sidecar.logs import LOGGER_NAME, configure
+
+
+@pytest.fixture(autouse=True)
+def restore_logger() -> Iterator[None]:
+    logger = logging.getLogger(LOGGER_NAME)
+    saved = (list(logger.handlers), logger.propagate, logger.level)
+    yield
+    logger.handlers[:], logger.propagate, logger.level = saved[0], saved[1], saved[2]
+
+
+def test_json_lines_carry_the_event_the_pod_and_the_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    log = configure("json", False, namespace="team-a", pod="trainer-0")
+
+    log.warning("gpu_lost", gpu="GPU-1")
+    log.debug("interval_cut", seq=3)
+
+    (line,) = capsys.readouterr().err.splitlines()
+    record = json.loads(line)
+    assert record["event"] == "gpu_lost" and record["level"] == "warning"
+    assert (record["namespace"], record["pod"], record["gpu"]) == ("team-a", "trainer-0", "GPU-1")
+    assert record["ts"].endswith("Z")
+
+
+def test_text_lines_for_people(capsys: pytest.CaptureFixture[str]) -> None:
+    log = configure("text", True, namespace="team-a", pod="trainer-0")
+
+    log.debug("interval_cut", seq=3)
+
+    line = capsys.readouterr().err.strip()
+    assert "debug" in line and "interval_cut" in line and "seq=3" in line and "pod=trainer-0" in line

@@ -132,8 +132,8 @@ def run(seconds: float) -> Section:
     receiver.stop()
     for name, footprint in results.items():
         section.figures += [
-            Figure(f"RSS, {name}", footprint.rss_mb, "MB", f"< {RSS_TARGET_MB:g} MB"),
-            Figure(f"peak RSS, {name}", footprint.peak_rss_mb, "MB", f"< {RSS_TARGET_MB:g} MB"),
+            Figure(f"RSS, {name}", footprint.rss_mb, "MiB", f"< {RSS_TARGET_MB:g} MB"),
+            Figure(f"peak RSS, {name}", footprint.peak_rss_mb, "MiB", f"< {RSS_TARGET_MB:g} MB"),
             Figure(f"CPU, {name}", footprint.cpu_pct, "% of one core", f"< {CPU_TARGET_PCT:g} %"),
         ]
         section.notes.append(f"{name}: {footprint.reports} reports delivered during the run")

@@ -23,7 +23,7 @@ def main() -> int:
     try:
         config = Config.from_env()
     except ConfigError as error:
-        configure("json", False).error("config_invalid", detail=str(error))
+        configure("auto", False).error("config_invalid", detail=str(error))
         return 0
     log = configure(config.log_format, config.log_debug, namespace=config.namespace, pod=config.pod_name)
     try:

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeVar, cast
 
+from gpuaccounting.logs import LogFormat
 from gpuaccounting.names import TOKEN_AUDIENCE
 
 Backend = Literal["pynvml", "fake"]
-LogFormat = Literal["json", "text"]
 
 PREFIX = "SIDECAR_"
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -110,7 +110,7 @@ class Config:
     retry_max_seconds: float = 60.0
     request_timeout_seconds: float = 10.0
     shutdown_timeout_seconds: float = 20.0
-    log_format: LogFormat = "json"
+    log_format: LogFormat = "auto"
     log_debug: bool = False
 
     @classmethod
@@ -160,6 +160,6 @@ class Config:
             retry_max_seconds=retry_max,
             request_timeout_seconds=_positive_seconds(env, f"{PREFIX}REQUEST_TIMEOUT_SECONDS", 10.0),
             shutdown_timeout_seconds=_positive_seconds(env, f"{PREFIX}SHUTDOWN_TIMEOUT_SECONDS", 20.0),
-            log_format=cast(LogFormat, _choice(env, f"{PREFIX}LOG_FORMAT", "json", ("json", "text"))),
+            log_format=cast(LogFormat, _choice(env, f"{PREFIX}LOG_FORMAT", "auto", ("auto", "json", "text"))),
             log_debug=_boolean(env, f"{PREFIX}LOG_DEBUG", False),
         )

@@ -28,6 +28,7 @@ def test_minimal_environment_gets_documented_defaults() -> None:
     assert config.token_file == Path("/var/run/secrets/gpu-timekeeper/token")
     assert config.podinfo_dir is None
     assert config.log_debug is False
+    assert config.log_format == "auto"
 
 
 def test_every_setting_is_read_and_typed() -> None:

@@ -220,7 +220,7 @@ def test_a_driver_that_will_not_load_is_retried_with_backoff(
     messages = [r.getMessage() for r in caplog.records]
     assert messages.count("nvml_unavailable") == 1
     assert "Driver Not Loaded" in next(
-        r.fields["reason"] for r in caplog.records if r.getMessage() == "nvml_unavailable"
+        r.reason for r in caplog.records if r.getMessage() == "nvml_unavailable"
     )  # type: ignore[attr-defined]
 
 

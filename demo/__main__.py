@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"demo failed: {error}", markup=False, highlight=False)
         return 1
     finally:
+        # The cleanup is bounded by its own timeouts; a second Ctrl-C must not cut it short.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         view.close()
         if story is not None:
             story.close()

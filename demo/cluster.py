@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -49,17 +49,21 @@ def base_env() -> dict[str, str]:
     return env
 
 
-def sha256(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-@dataclass(frozen=True)
 class Tokens:
-    """Bearer tokens made for this run; the timekeeper is given only their SHA-256 digests."""
+    """Bearer tokens made for this run, one per static role; the timekeeper is given only their digests."""
 
-    admin: str = field(default_factory=lambda: secrets.token_urlsafe(24))
-    reporter: str = field(default_factory=lambda: secrets.token_urlsafe(24))
-    reader: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    ROLES = ("admin", "reporter", "reader")
+
+    def __init__(self) -> None:
+        self.by_role = {role: secrets.token_urlsafe(24) for role in self.ROLES}
+        self.admin, self.reporter, self.reader = (self.by_role[role] for role in self.ROLES)
+
+    def digest_env(self) -> dict[str, str]:
+        """TIMEKEEPER_<ROLE>_TOKEN_SHA256 for every role."""
+        return {
+            f"TIMEKEEPER_{role.upper()}_TOKEN_SHA256": hashlib.sha256(token.encode()).hexdigest()
+            for role, token in self.by_role.items()
+        }
 
 
 def tail(path: Path, lines: int = 20) -> str:
@@ -182,9 +186,7 @@ class LocalCluster:
             # TIMEKEEPER_DATABASE_URL stays unset: the timekeeper starts (or joins) its embedded PostgreSQL.
             "TIMEKEEPER_DATA_DIR": str(self.pg_data),
             "TIMEKEEPER_AUTH_MODE": "static",
-            "TIMEKEEPER_ADMIN_TOKEN_SHA256": sha256(self.tokens.admin),
-            "TIMEKEEPER_REPORTER_TOKEN_SHA256": sha256(self.tokens.reporter),
-            "TIMEKEEPER_READER_TOKEN_SHA256": sha256(self.tokens.reader),
+            **self.tokens.digest_env(),
         }
 
     def start(self, on_step: Callable[[str], None]) -> None:

@@ -8,6 +8,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
@@ -17,7 +18,7 @@ from rich.text import Text
 from demo.pods import Admitted
 
 STATE_STYLE = {"in_budget": "green", "warning": "yellow", "exhausted": "bold red", "unlimited": "cyan"}
-EVENT_LOG_LINES = 14
+EVENT_LOG_LINES = 10
 
 
 def minutes(value: Any) -> str:
@@ -52,7 +53,7 @@ def namespace_table(name: str, status: dict[str, Any] | None, pods: list[Admitte
             f" | remaining {minutes(status['remaining_gpu_minutes'])} GPU-min  "
         )
     title.append(state.upper(), style=STATE_STYLE.get(state, ""))
-    table = Table(title=title, title_justify="left", expand=True)
+    table = Table(title=title, title_justify="left", expand=True, box=box.SIMPLE_HEAD)
     table.add_column("pod")
     table.add_column("sharing system")
     table.add_column("GPU share", justify="right")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import shutil
 import signal
 import sys
@@ -11,6 +12,7 @@ import tempfile
 from pathlib import Path
 from types import FrameType
 
+import httpx
 from rich.console import Console
 
 from demo.cluster import DemoError, LocalCluster, Ports, free_port
@@ -18,6 +20,7 @@ from demo.story import Story, working_folder_note
 from demo.view import Board, LiveView, PlainView, View
 
 WEBHOOK_POLL_INTERVAL_SECONDS = 0.5
+PLAIN_WIDTH = 120
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -41,6 +44,9 @@ def _interrupt(signum: int, _frame: FrameType | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        # Logs are read in wide windows; rich's 80-column fallback would wrap the tables.
+        console = Console(width=PLAIN_WIDTH)
     if importlib.util.find_spec("sidecar") is None:
         console.print("The sidecar package is not installed here; `make venv` sets everything up.")
         return 1
@@ -63,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt:
         return 0
-    except DemoError as error:
+    except (DemoError, httpx.HTTPError) as error:
         view.close()
         console.print(f"demo failed: {error}", markup=False, highlight=False)
         return 1

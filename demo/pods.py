@@ -66,6 +66,10 @@ class Admitted:
         return str(self.pod["spec"].get("priorityClassName", "-"))
 
     @property
+    def over_budget(self) -> bool:
+        return self.priority_class == names.DEFAULT_OVER_BUDGET_PRIORITY_CLASS
+
+    @property
     def decision(self) -> str:
         return self.annotations.get(names.ANNOTATION_PRIORITY_DECISION, "")
 

@@ -137,18 +137,17 @@ class Story:
 
     # --- acting --------------------------------------------------------------------------------------
 
-    def create(self, spec: PodSpec) -> Admitted | None:
+    def create(self, spec: PodSpec) -> None:
         """Admit a pod through the webhook; when it is let in, start its sidecar as a kubelet would."""
         result = admit(self.webhook, spec)
         where = f"{spec.namespace}/{spec.name} ({spec.system})"
         if not isinstance(result, Admitted):
             self.say(f"denied {where}: {result.message}", "magenta")
-            return None
-        over = result.priority_class.endswith("over-budget")
+            return
         self.say(
             f"admitted {where}, GPU share {result.share}, priority class {result.priority_class}"
             f" ({result.decision})",
-            "bold red" if over else "green",
+            "bold red" if result.over_budget else "green",
         )
         self.board.add_pod(result)
         argv, env = sidecar_command(
@@ -160,7 +159,6 @@ class Story:
         self.running.append(
             Running(result, self.cluster.spawn(f"sidecar-{spec.namespace}-{spec.name}", argv, env))
         )
-        return result
 
     def put_budgets(self) -> None:
         for namespace, body in BUDGETS.items():
@@ -185,7 +183,7 @@ class Story:
             run.sidecar.signal_stop()
         for run in self.running:
             run.sidecar.wait_stopped()
-        self.say(f"stopped {len(self.running)} pods; their sidecars sent their final reports")
+        self.say(f"stopped {len(self.running)} pods (SIGTERM: each sidecar flushes a final report)")
         self.running.clear()
 
     # --- the script ----------------------------------------------------------------------------------

@@ -60,12 +60,11 @@ def namespace_table(name: str, status: dict[str, Any] | None, pods: list[Admitte
     table.add_column("priority class")
     table.add_column("decision")
     for admitted in pods:
-        over = admitted.priority_class.endswith("over-budget")
         table.add_row(
             admitted.spec.name,
             admitted.spec.system,
             admitted.share,
-            Text(admitted.priority_class, style="bold red" if over else "green"),
+            Text(admitted.priority_class, style="bold red" if admitted.over_budget else "green"),
             admitted.decision,
         )
     return table

@@ -286,7 +286,9 @@ class KubeApiServer:
         handler = type("Handler", (_Handler,), {"server_state": self})
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="kube-apiserver", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, args=(0.05,), name="kube-apiserver", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -501,7 +503,7 @@ class KubeApiServer:
 
     def remove(self, api_version: str, kind: str, namespace: str | None, name: str) -> None:
         with self._cond:
-            self._delete(_KINDS[api_version.rpartition("/")[0], kind], namespace, name)
+            self._delete(_KINDS[api_version.rpartition("/")[0], kind], namespace, name, graceful=False)
 
     def finish_pod_deletion(self, namespace: str, name: str) -> None:
         """What the kubelet does once a gracefully deleted pod's containers have stopped."""
@@ -571,11 +573,11 @@ class KubeApiServer:
         self._bump(rtype, namespace, "MODIFIED", obj)
         return copy.deepcopy(obj)
 
-    def _delete(self, rtype: ResourceType, namespace: str | None, name: str) -> JSON:
+    def _delete(self, rtype: ResourceType, namespace: str | None, name: str, graceful: bool = True) -> JSON:
         obj = self._objects.get((rtype, namespace, name))
         if obj is None:
             raise ApiError.not_found(rtype.plural, name)
-        if rtype.plural == "pods" and self._deletes_gracefully(obj):
+        if graceful and rtype.plural == "pods" and self._deletes_gracefully(obj):
             if "deletionTimestamp" not in obj["metadata"]:
                 obj["metadata"]["deletionTimestamp"] = _now()
                 obj["metadata"]["deletionGracePeriodSeconds"] = 30

@@ -1,0 +1,1 @@
+"""Benchmarks: real processes, a real PostgreSQL, figures beside same-run baselines (`make bench`)."""

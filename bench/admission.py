@@ -1,0 +1,284 @@
+"""Webhook admission benchmark: server-side latency per request kind, and admissions/s over real HTTPS.
+
+Server-side latency is timed inside the server process: the ASGI app (routing, body, parse, decision,
+patch, encoding) called directly, one request at a time, for a GPU pod and a non-GPU pod. Throughput is
+`python -m webhook` (one uvicorn worker, TLS) driven by wrk over keep-alive connections on this machine,
+beside the bare ASGI baseline served by the same uvicorn with the same TLS.
+
+Run: `.venv/bin/python -m bench.admission [--seconds 10]`; it prints a table and writes bench/out/webhook.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import copy
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import orjson
+
+from bench.common import PYTHON, REPO_ROOT, Figure, Section, free_port, percentile, process, write_results
+from bench.wrk import run_wrk
+from gpuaccounting.admission_state import AdmissionState
+from webhook.app import create_app
+from webhook.review import AdmissionRequest, parse_review
+from webhook.settings import WebhookSettings
+from webhook.tls import generate_ca, generate_serving_cert
+
+OUT = REPO_ROOT / "bench" / "out" / "webhook.md"
+
+
+def _pod(gpu: bool) -> dict[str, Any]:
+    """A realistic pod: a few containers with env, probes and volumes, one of them asking for a GPU share."""
+    main: dict[str, Any] = {
+        "name": "trainer",
+        "image": "registry.example/team-a/trainer:2.4.1",
+        "command": ["python", "-m", "train"],
+        "args": ["--epochs", "10"],
+        "env": [{"name": f"VAR_{i}", "value": str(i)} for i in range(12)],
+        "ports": [{"containerPort": 8080, "name": "http"}],
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}, "periodSeconds": 5},
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+        "resources": {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"memory": "16Gi"}},
+    }
+    if gpu:
+        main["resources"]["requests"] |= {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "50"}
+        main["resources"]["limits"] |= {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "50"}
+    logger = {"name": "logger", "image": "fluent/fluent-bit:3.1", "resources": {"requests": {"cpu": "50m"}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": "trainer-",
+            "namespace": "team-a",
+            "labels": {"app": "trainer", "team": "a", "job-name": "trainer-1"},
+            "annotations": {"team.example/owner": "alice", "prometheus.io/scrape": "true"},
+            "ownerReferences": [
+                {"apiVersion": "batch/v1", "kind": "Job", "name": "trainer-1", "uid": str(uuid.uuid4())}
+            ],
+        },
+        "spec": {
+            "containers": [main, logger],
+            "initContainers": [{"name": "fetch", "image": "busybox:1.36", "command": ["true"]}],
+            "volumes": [{"name": "data", "emptyDir": {}}],
+            "restartPolicy": "Never",
+            "serviceAccountName": "default",
+            "priority": 0,
+            "preemptionPolicy": "PreemptLowerPriority",
+        },
+    }
+
+
+def _review(path: str, gpu: bool) -> bytes:
+    pod = _pod(gpu)
+    if path == "/validate" and gpu:  # /validate sees the final object, after our mutation
+        pod = _mutated(pod)
+    return orjson.dumps(
+        {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": str(uuid.uuid4()),
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "namespace": "team-a",
+                "operation": "CREATE",
+                "userInfo": {"username": "system:serviceaccount:kube-system:job-controller"},
+                "object": pod,
+                "oldObject": None,
+                "dryRun": False,
+            },
+        }
+    )
+
+
+def _snapshot(namespaces: int) -> AdmissionState:
+    return {
+        "version": 1,
+        "generated_at": "2026-11-22T00:00:00Z",
+        "priority_classes": {"in_budget": "gpu-in-budget", "over_budget": "gpu-over-budget"},
+        "default": {"state": "in_budget", "max_gpu_share_per_pod": None},
+        "namespaces": {
+            f"team-{i}": {"state": "in_budget", "max_gpu_share_per_pod": 4.0} for i in range(namespaces)
+        },
+    }
+
+
+def _mutated(pod: dict[str, Any]) -> dict[str, Any]:
+    app = create_app(WebhookSettings())
+    app.state.cache.store(_snapshot(10), '"1"')
+    answer = orjson.loads(app.state.admission.mutate(_parse(pod))[0])
+    return jsonpatch.apply_patch(pod, orjson.loads(base64.b64decode(answer["response"]["patch"])))
+
+
+def _parse(pod: dict[str, Any]) -> AdmissionRequest:
+    return parse_review(
+        orjson.dumps(
+            {
+                "apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview",
+                "request": {
+                    "uid": "u",
+                    "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "namespace": "team-a",
+                    "operation": "CREATE",
+                    "object": copy.deepcopy(pod),
+                },
+            }
+        )
+    )
+
+
+def _asgi_caller(app: Any, path: str, body: bytes) -> Callable[[], Any]:
+    """One request through the whole ASGI app, with the cheapest possible receive/send."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "https",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        "server": ("127.0.0.1", 8443),
+        "client": ("127.0.0.1", 50000),
+    }
+    message = {"type": "http.request", "body": body, "more_body": False}
+
+    async def receive() -> dict[str, Any]:
+        return message
+
+    async def send(reply: dict[str, Any]) -> None:
+        if reply["type"] == "http.response.start" and reply["status"] != 200:
+            raise RuntimeError(f"status {reply['status']}")
+
+    async def call() -> None:
+        await app(dict(scope), receive, send)
+
+    return call
+
+
+async def _server_side(samples: int) -> dict[str, list[float]]:
+    app = create_app(WebhookSettings())
+    app.state.cache.store(_snapshot(10_000), '"1"')
+    timings: dict[str, list[float]] = {}
+    for path in ("/mutate", "/validate"):
+        for gpu in (True, False):
+            call = _asgi_caller(app, path, _review(path, gpu))
+            for _ in range(500):  # warm up
+                await call()
+            measured = []
+            for _ in range(samples):
+                started = time.perf_counter_ns()
+                await call()
+                measured.append((time.perf_counter_ns() - started) / 1000)
+            timings[f"{path[1:]} {'GPU' if gpu else 'non-GPU'} pod"] = measured
+    return timings
+
+
+def _throughput(seconds: int, connections: int, directory: Path) -> dict[str, Any]:
+    ca_cert, ca_key = generate_ca("bench CA")
+    cert, key = generate_serving_cert(ca_cert, ca_key, "webhook", "bench", extra_sans=("127.0.0.1",))
+    (directory / "tls.crt").write_bytes(cert)
+    (directory / "tls.key").write_bytes(key)
+    bodies = {}
+    for path in ("/mutate", "/validate"):
+        for gpu in (True, False):
+            name = f"{path[1:]}-{'gpu' if gpu else 'plain'}.json"
+            (directory / name).write_bytes(_review(path, gpu))
+            bodies[(path, gpu)] = directory / name
+    tls_env = {
+        "WEBHOOK_TLS_CERT_FILE": str(directory / "tls.crt"),
+        "WEBHOOK_TLS_KEY_FILE": str(directory / "tls.key"),
+    }
+    results: dict[str, Any] = {}
+    port = free_port()
+    # No timekeeper: the webhook answers on its documented missing-state policy, exactly as fast.
+    env = {**tls_env, "WEBHOOK_TIMEKEEPER_URL": "http://127.0.0.1:9", "WEBHOOK_LOG_FORMAT": "json"}
+    with process([PYTHON, "-m", "webhook", "--host", "127.0.0.1", "--port", str(port)], env=env, port=port):
+        for (path, gpu), body in bodies.items():
+            label = f"{path[1:]} {'GPU' if gpu else 'non-GPU'} pod"
+            results[label] = run_wrk(
+                f"https://127.0.0.1:{port}{path}",
+                "admission.lua",
+                [str(body)],
+                seconds=seconds,
+                connections=connections,
+            )
+    port = free_port()
+    uvicorn_args = [
+        PYTHON, "-m", "uvicorn", "bench.bare_asgi:app", "--host", "127.0.0.1", "--port", str(port),
+        "--ssl-certfile", tls_env["WEBHOOK_TLS_CERT_FILE"], "--ssl-keyfile", tls_env["WEBHOOK_TLS_KEY_FILE"],
+        "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning",
+    ]  # fmt: skip
+    with process(uvicorn_args, port=port):
+        results["bare ASGI"] = run_wrk(
+            f"https://127.0.0.1:{port}/",
+            "admission.lua",
+            [str(bodies[("/mutate", True)])],
+            seconds=seconds,
+            connections=connections,
+        )
+    return results
+
+
+def run(seconds: int = 10, connections: int = 16, samples: int = 20_000) -> Section:
+    section = Section("Webhook admission")
+    for label, measured in asyncio.run(_server_side(samples)).items():
+        section.figures.append(
+            Figure(f"server-side p50, {label}", percentile(measured, 0.50), "µs", target="")
+        )
+        section.figures.append(
+            Figure(f"server-side p99, {label}", percentile(measured, 0.99), "µs", target="< 2,000 µs")
+        )
+    with tempfile.TemporaryDirectory() as scratch:
+        loads = _throughput(seconds, connections, Path(scratch))
+    baseline = loads.pop("bare ASGI")
+    for label, result in loads.items():
+        if result.errors:
+            section.notes.append(f"{label}: {result.errors} errors under load")
+        section.figures.append(
+            Figure(
+                f"admissions/s over HTTPS, {label}",
+                result.rate,
+                "req/s",
+                target="≥ 2,000 req/s",
+                baseline=baseline.rate,
+                baseline_name="bare ASGI, same uvicorn + TLS",
+            )
+        )
+        section.figures.append(Figure(f"client-observed p99 under load, {label}", result.p99_ms, "ms"))
+    section.notes.append(
+        f"server-side: {samples:,} sequential requests per kind through the ASGI app in-process, 10,000"
+        " namespaces in the cached state; a realistic 2-container Job pod (HAMi request for GPU pods)"
+    )
+    section.notes.append(
+        f"throughput: wrk, {connections} keep-alive TLS connections, {seconds}s per kind, against"
+        " `python -m webhook` (1 uvicorn worker); wrk and the server share this machine's cores"
+    )
+    return section
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=20_000)
+    args = parser.parse_args()
+    section = run(args.seconds, args.connections, args.samples)
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    write_results([section], OUT)
+    print(OUT.read_text())
+
+
+if __name__ == "__main__":
+    main()

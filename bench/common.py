@@ -1,0 +1,145 @@
+"""What every benchmark shares: the machine's description, percentiles, results and the report file."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULTS_FILE = REPO_ROOT / "bench" / "RESULTS.md"
+
+
+@dataclass
+class Figure:
+    """One measured figure, with the target it is held to and the same-run baseline it is compared with."""
+
+    name: str
+    value: float
+    unit: str
+    target: str = ""
+    baseline: float | None = None
+    baseline_name: str = ""
+    note: str = ""
+
+    @property
+    def ratio(self) -> str:
+        if not self.baseline:
+            return ""
+        return f"{self.value / self.baseline:.2f}x of {self.baseline:,.1f} {self.unit} ({self.baseline_name})"
+
+
+@dataclass
+class Section:
+    title: str
+    figures: list[Figure] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def percentile(samples: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile; fraction in [0, 1]."""
+    if not samples:
+        raise ValueError("no samples")
+    ordered = sorted(samples)
+    rank = max(0, min(len(ordered) - 1, round(fraction * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+def machine_description() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (
+        f"{os.cpu_count()} cores ({cpu}), {memory_gib:.0f} GiB, {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}"
+    )
+
+
+def write_results(sections: Sequence[Section], path: Path = RESULTS_FILE) -> None:
+    """Rewrite RESULTS.md with this run's figures; the file is the benchmarks' written record."""
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M UTC} by `make bench` on: {machine_description()}.",
+        "Every figure runs against real processes and a real PostgreSQL on this one machine; the baseline",
+        "beside it was measured in the same run on the same machine.",
+        "",
+    ]
+    for section in sections:
+        lines += [
+            f"## {section.title}",
+            "",
+            "| figure | value | target | vs. baseline |",
+            "|---|---|---|---|",
+        ]
+        for figure in section.figures:
+            lines.append(
+                f"| {figure.name} | {figure.value:,.2f} {figure.unit} | {figure.target} | {figure.ratio} |"
+            )
+        lines.append("")
+        lines += [f"- {note}" for note in section.notes]
+        if section.notes:
+            lines.append("")
+    path.write_text("\n".join(lines))
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
+
+
+@contextmanager
+def process(
+    args: Sequence[str], env: dict[str, str] | None = None, port: int | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run a child process for the duration of a benchmark, waiting for its port when given."""
+    child = subprocess.Popen(
+        list(args),
+        cwd=REPO_ROOT,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        if port is not None:
+            try:
+                wait_for_port(port)
+            except TimeoutError:
+                child.kill()
+                raise RuntimeError(f"{args} did not start: {child.stderr.read().decode()[-2000:]}") from None
+        yield child
+    finally:
+        child.terminate()
+        try:
+            child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+
+
+PYTHON = sys.executable

@@ -1,0 +1,43 @@
+-- wrk script: every request is a distinct sidecar report (unique pod_uid and seq, contiguous intervals).
+-- args: <base epoch seconds> <pods per thread> <bearer token> <namespaces>
+local thread_count = 0
+local counter, tid, base, pods, namespaces = 0, 0, 0, 1000, 100
+
+function setup(thread)
+  thread:set("tid", thread_count)
+  thread_count = thread_count + 1
+end
+
+function init(args)
+  base = tonumber(args[1])
+  pods = tonumber(args[2])
+  namespaces = tonumber(args[4])
+  wrk.method = "POST"
+  wrk.path = "/api/v1/reports"
+  wrk.headers["Content-Type"] = "application/json"
+  wrk.headers["Authorization"] = "Bearer " .. args[3]
+end
+
+local template = '{"namespace":"bench-%d","pod":"pod-%d-%d","pod_uid":"%08x-0000-4000-8000-%012x",'
+  .. '"seq":%d,"interval_start":"%s","interval_end":"%s","gpu_share":0.5,'
+  .. '"gpus":[{"uuid":"GPU-00000000-0000-0000-0000-000000000000","sm_util_pct":50.0,'
+  .. '"mem_used_bytes":1073741824,"mem_total_bytes":85899345920}],"final":false}'
+
+function request()
+  local pod = counter % pods
+  local seq = math.floor(counter / pods)
+  counter = counter + 1
+  local start = base + seq * 30
+  local body = string.format(template, pod % namespaces, tid, pod, tid, pod, seq,
+    os.date("!%Y-%m-%dT%H:%M:%SZ", start), os.date("!%Y-%m-%dT%H:%M:%SZ", start + 30))
+  return wrk.format(nil, nil, nil, body)
+end
+
+function done(summary, latency, requests)
+  io.write(string.format(
+    'WRK_RESULT {"requests":%d,"duration_us":%d,"status_errors":%d,"connect_errors":%d,' ..
+    '"read_errors":%d,"write_errors":%d,"timeouts":%d,"p50_us":%d,"p90_us":%d,"p99_us":%d,"max_us":%d}\n',
+    summary.requests, summary.duration, summary.errors.status, summary.errors.connect,
+    summary.errors.read, summary.errors.write, summary.errors.timeout,
+    latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max))
+end

@@ -1,0 +1,73 @@
+"""Drive HTTP load with wrk (C, event-driven), so the load generator is not what limits the figures."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class WrkResult:
+    requests: int
+    seconds: float
+    errors: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    max_ms: float
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.seconds
+
+
+def require_wrk() -> str:
+    path = shutil.which("wrk")
+    if path is None:
+        raise SystemExit("wrk is not installed: `apt-get install wrk` (make bench does it when run as root)")
+    return path
+
+
+def run_wrk(
+    url: str,
+    script: str,
+    script_args: list[str],
+    *,
+    seconds: int,
+    connections: int,
+    threads: int = 1,
+    rate: int | None = None,
+) -> WrkResult:
+    """Run wrk against url; `rate` is not supported by plain wrk, so it is left to the caller's design."""
+    del rate
+    command = [
+        require_wrk(),
+        f"--threads={threads}",
+        f"--connections={connections}",
+        f"--duration={seconds}s",
+        "--timeout=10s",
+        f"--script={SCRIPTS / script}",
+        url,
+        "--",
+        *script_args,
+    ]
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    line = next(line for line in output.splitlines() if line.startswith("WRK_RESULT "))
+    raw = json.loads(line.removeprefix("WRK_RESULT "))
+    errors = sum(
+        raw[key] for key in ("status_errors", "connect_errors", "read_errors", "write_errors", "timeouts")
+    )
+    return WrkResult(
+        requests=raw["requests"],
+        seconds=raw["duration_us"] / 1e6,
+        errors=errors,
+        p50_ms=raw["p50_us"] / 1000,
+        p90_ms=raw["p90_us"] / 1000,
+        p99_ms=raw["p99_us"] / 1000,
+        max_ms=raw["max_us"] / 1000,
+    )

@@ -1,0 +1,63 @@
+"""Kubernetes resource quantities ("1", "500m", "16Gi", "1e3") parsed exactly, with the standard library.
+
+The grammar is Kubernetes' own (k8s.io/apimachinery/pkg/api/resource): a signed decimal number followed by
+a binary suffix (Ki..Ei), a decimal suffix (n, u, m, k, M..E) or a decimal exponent (e3, E-2). JSON numbers
+are accepted too, because the API server decodes a quantity from either form.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from typing import Final
+
+_QUANTITY: Final = re.compile(
+    r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+    r"(?:[eE]([+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?$"
+)
+
+_SUFFIX_MULTIPLIERS: Final[dict[str, Decimal]] = {
+    "Ki": Decimal(2**10),
+    "Mi": Decimal(2**20),
+    "Gi": Decimal(2**30),
+    "Ti": Decimal(2**40),
+    "Pi": Decimal(2**50),
+    "Ei": Decimal(2**60),
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "k": Decimal("1e3"),
+    "M": Decimal("1e6"),
+    "G": Decimal("1e9"),
+    "T": Decimal("1e12"),
+    "P": Decimal("1e15"),
+    "E": Decimal("1e18"),
+}
+
+
+class QuantityError(ValueError):
+    """The value is not a Kubernetes quantity."""
+
+
+def parse_quantity(value: object) -> Decimal:
+    """Return the exact value of a quantity given as a string or a JSON number."""
+    if isinstance(value, bool):
+        raise QuantityError(f"{value!r} is a boolean, not a quantity")
+    if isinstance(value, int):
+        return Decimal(value)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise QuantityError(f"{value!r} is not a finite quantity")
+        return Decimal(repr(value))
+    if not isinstance(value, str):
+        raise QuantityError(f"{value!r} is neither a string nor a number")
+    match = _QUANTITY.match(value)
+    if match is None:
+        raise QuantityError(f"{value!r} is not a Kubernetes quantity")
+    number, exponent, suffix = match.groups()
+    amount = Decimal(number)
+    if exponent is not None:
+        return amount.scaleb(int(exponent))
+    if suffix is not None:
+        return amount * _SUFFIX_MULTIPLIERS[suffix]
+    return amount

@@ -1,0 +1,549 @@
+"""Which GPU-sharing system a pod uses and what share of a GPU it holds, read from the pod alone.
+
+The webhook computes the share at admission (and records it on the pod); the timekeeper reuses the same
+arithmetic, so this module is pure and imports nothing beyond the standard library.
+
+A pod's share follows Kubernetes' effective-request rule: the larger of (a) the largest init container,
+counting the restartable (sidecar) init containers started before it, and (b) the app containers plus
+every restartable init container. Systems that ask at pod level (a ClearML label, a KAI/Run:ai
+annotation) give the pod's share directly.
+
+Reading a pod also finds what is malformed or disallowed (a `Violation` per problem, each naming its
+rule, container, resource and value); whether a rule is enforced is the caller's decision.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from enum import StrEnum
+from fractions import Fraction
+from typing import Any, Final
+
+from gpuaccounting.quantity import QuantityError, parse_quantity
+
+
+class SharingSystem(StrEnum):
+    NVIDIA = "nvidia"  # whole GPUs, or time-sliced replicas
+    MIG = "nvidia-mig"
+    VCUDA = "gpu-manager"
+    METAGPU = "metagpu"
+    GPUSHARE = "aliyun-gpushare"
+    HAMI = "hami"
+    CLEARML = "clearml"
+    KAI = "kai"
+    VOLCANO = "volcano-vgpu"
+
+
+class Rule(StrEnum):
+    """Governance rules a pod can break; the webhook enforces a configurable subset."""
+
+    QUANTITY = "quantity"  # not a Kubernetes quantity at all
+    POSITIVE_INTEGER = "positive-integer"
+    VCUDA_CORE_RANGE = "vcuda-core-range"
+    VCUDA_PAIRING = "vcuda-pairing"
+    PERCENTAGE_RANGE = "percentage-range"
+    DEVICE_COUNT_REQUIRED = "device-count-required"
+    MEMORY_WITHIN_GPU = "memory-within-gpu"
+    MIG_PROFILE = "mig-profile"
+    CLEARML_FRACTION = "clearml-fraction"
+    KAI_FRACTION = "kai-fraction"
+    KAI_CONTAINER = "kai-container"
+    SINGLE_SYSTEM = "single-system"
+    # Rules only the webhook can check: they need the namespace's state or the object's previous version.
+    NAMESPACE_CAP = "namespace-cap"
+    PROTECTED_ANNOTATIONS = "protected-annotations"
+    PROTECTED_SIDECAR = "protected-sidecar"
+    TOKEN_VOLUME_MOUNT = "token-volume-mount"
+    SIDECAR_REQUIRED = "sidecar-required"
+
+
+# Resource and metadata keys, by system.
+NVIDIA_GPU: Final = "nvidia.com/gpu"
+NVIDIA_GPU_SHARED: Final = "nvidia.com/gpu.shared"  # time-slicing with renameByDefault
+MIG_PREFIX: Final = "nvidia.com/mig-"
+HAMI_CORES: Final = "nvidia.com/gpucores"
+HAMI_MEMORY: Final = "nvidia.com/gpumem"
+HAMI_MEMORY_PERCENTAGE: Final = "nvidia.com/gpumem-percentage"
+VCUDA_CORE: Final = "tencent.com/vcuda-core"
+VCUDA_MEMORY: Final = "tencent.com/vcuda-memory"
+METAGPU: Final = "cnvrg.io/metagpu"
+GPUSHARE_MEMORY: Final = "aliyun.com/gpu-mem"
+GPUSHARE_COUNT: Final = "aliyun.com/gpu-count"
+VOLCANO_NUMBER: Final = "volcano.sh/vgpu-number"
+VOLCANO_CORES: Final = "volcano.sh/vgpu-cores"
+VOLCANO_MEMORY: Final = "volcano.sh/vgpu-memory"
+CLEARML_FRACTION_LABEL: Final = "clearml-injector/fraction"
+KAI_FRACTION_ANNOTATION: Final = "gpu-fraction"
+KAI_CONTAINER_ANNOTATION: Final = "gpu-fraction-container-name"
+KAI_MEMORY_ANNOTATION: Final = "gpu-memory"
+KAI_DEVICES_ANNOTATION: Final = "gpu-fraction-num-devices"
+
+_MIG_RESOURCE: Final = re.compile(r"^nvidia\.com/mig-([0-9]+)g\.([0-9]+)gb(?:\+me)?$")
+
+_SYSTEM_OF_RESOURCE: Final[dict[str, SharingSystem]] = {
+    NVIDIA_GPU: SharingSystem.NVIDIA,
+    NVIDIA_GPU_SHARED: SharingSystem.NVIDIA,
+    HAMI_CORES: SharingSystem.HAMI,
+    HAMI_MEMORY: SharingSystem.HAMI,
+    HAMI_MEMORY_PERCENTAGE: SharingSystem.HAMI,
+    VCUDA_CORE: SharingSystem.VCUDA,
+    VCUDA_MEMORY: SharingSystem.VCUDA,
+    METAGPU: SharingSystem.METAGPU,
+    GPUSHARE_MEMORY: SharingSystem.GPUSHARE,
+    GPUSHARE_COUNT: SharingSystem.GPUSHARE,
+    VOLCANO_NUMBER: SharingSystem.VOLCANO,
+    VOLCANO_CORES: SharingSystem.VOLCANO,
+    VOLCANO_MEMORY: SharingSystem.VOLCANO,
+}
+
+# Plain `nvidia.com/gpu` is the device count that HAMi and MIG pods use too, so it joins either system.
+_JOINS_PLAIN_NVIDIA: Final = frozenset({SharingSystem.HAMI, SharingSystem.MIG})
+
+DEFAULT_CLEARML_FRACTIONS: Final = frozenset(
+    Fraction(n, d) for n, d in ((1, 16), (1, 8), (1, 4), (3, 8), (1, 2), (5, 8), (3, 4), (7, 8))
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHardware:
+    """Sizes that depend on the cluster's hardware and device-plugin configuration."""
+
+    gpu_memory_mib: int = 81920  # an 80 GB A100/H100
+    mig_slices_per_gpu: int = 7
+    time_slicing_replicas: int = 1
+    time_slicing_renamed: bool = False  # renameByDefault: only nvidia.com/gpu.shared is time-sliced
+    metagpu_units_per_gpu: int = 100
+    gpushare_memory_unit_mib: int = 1024  # gpushare counts GiB unless its plugin says MiB
+    clearml_fractions: frozenset[Fraction] = DEFAULT_CLEARML_FRACTIONS
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One malformed or disallowed request, worded so a user knows what to change."""
+
+    rule: Rule
+    message: str
+    container: str | None = None
+    resource: str | None = None
+    value: str | None = None
+
+    def describe(self) -> str:
+        where = f'container "{self.container}": ' if self.container else ""
+        what = f"{self.resource}={self.value}: " if self.resource else ""
+        return f"{where}{what}{self.message} (rule {self.rule})"
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerShare:
+    name: str
+    role: str  # "container", "init" or "sidecar" (a restartable init container)
+    system: SharingSystem | None
+    share: Fraction
+
+
+@dataclass(frozen=True, slots=True)
+class PodShare:
+    """What a pod asks for: its sharing system (None for a non-GPU pod), its GPU share, what is wrong."""
+
+    system: SharingSystem | None
+    share: Fraction
+    systems: tuple[SharingSystem, ...] = ()
+    containers: tuple[ContainerShare, ...] = ()
+    violations: tuple[Violation, ...] = field(default=())
+
+    @property
+    def uses_gpu(self) -> bool:
+        return self.system is not None
+
+
+NO_GPU: Final = PodShare(system=None, share=Fraction(0))
+
+
+def format_share(share: Fraction) -> str:
+    """The share as a short decimal string (at most six places), as annotations and env carry it."""
+    text = f"{float(share):.6f}".rstrip("0").rstrip(".")
+    return text or "0"
+
+
+def _is_gpu_resource(name: str) -> bool:
+    return name in _SYSTEM_OF_RESOURCE or name.startswith(MIG_PREFIX)
+
+
+def _system_of_resource(name: str) -> SharingSystem:
+    return _SYSTEM_OF_RESOURCE.get(name, SharingSystem.MIG)
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _gpu_requests(container: Mapping[str, Any]) -> dict[str, object]:
+    """The container's GPU requests; an extended resource given only as a limit is requested at the limit."""
+    resources = _mapping(container.get("resources"))
+    requests = _mapping(resources.get("requests"))
+    limits = _mapping(resources.get("limits"))
+    wanted: dict[str, object] = {}
+    for source in (limits, requests):  # requests win where both are given
+        for name, value in source.items():
+            if _is_gpu_resource(name):
+                wanted[name] = value
+    return wanted
+
+
+class _Reader:
+    """Collects violations while reading one container or one pod's metadata."""
+
+    def __init__(self, hardware: GpuHardware, container: str | None) -> None:
+        self.hardware = hardware
+        self.container = container
+        self.violations: list[Violation] = []
+
+    def flag(self, rule: Rule, message: str, resource: str | None = None, value: object = None) -> None:
+        shown = None if value is None else str(value)
+        self.violations.append(Violation(rule, message, self.container, resource, shown))
+
+    def number(self, resource: str, raw: object) -> Fraction | None:
+        try:
+            return Fraction(parse_quantity(raw))
+        except QuantityError:
+            self.flag(Rule.QUANTITY, "is not a Kubernetes quantity", resource, raw)
+            return None
+
+    def count(self, resource: str, raw: object) -> Fraction | None:
+        """A quantity the system wants as a positive whole number."""
+        value = self.number(resource, raw)
+        if value is not None and (value.denominator != 1 or value <= 0):
+            self.flag(Rule.POSITIVE_INTEGER, "must be a positive whole number", resource, raw)
+        return value
+
+    def percentage(self, resource: str, raw: object) -> Fraction | None:
+        value = self.count(resource, raw)
+        if value is not None and value > 100:
+            self.flag(Rule.PERCENTAGE_RANGE, "is a percentage and must be 1-100", resource, raw)
+        return value
+
+    def memory_fraction(self, resource: str, raw: object, unit_mib: int = 1) -> Fraction | None:
+        """Memory asked of one GPU as a fraction of the configured GPU memory (at most one GPU)."""
+        value = self.count(resource, raw)
+        if value is None:
+            return None
+        fraction = value * unit_mib / self.hardware.gpu_memory_mib
+        if fraction > 1:
+            self.flag(
+                Rule.MEMORY_WITHIN_GPU,
+                f"is more memory than one GPU has (configured {self.hardware.gpu_memory_mib} MiB)",
+                resource,
+                raw,
+            )
+            return Fraction(1)
+        return fraction
+
+
+def _nvidia_share(reader: _Reader, requests: Mapping[str, object]) -> Fraction:
+    hardware = reader.hardware
+    share = Fraction(0)
+    for name in (NVIDIA_GPU, NVIDIA_GPU_SHARED):
+        if name in requests and (count := reader.count(name, requests[name])) is not None:
+            sliced = name == NVIDIA_GPU_SHARED or not hardware.time_slicing_renamed
+            share += count / hardware.time_slicing_replicas if sliced else count
+    return share
+
+
+def _mig_share(reader: _Reader, requests: Mapping[str, object]) -> Fraction:
+    slices = reader.hardware.mig_slices_per_gpu
+    share = Fraction(0)
+    for name, raw in requests.items():
+        if not name.startswith(MIG_PREFIX):
+            continue
+        profile = _MIG_RESOURCE.match(name)
+        if profile is None or not 1 <= int(profile.group(1)) <= slices:
+            reader.flag(
+                Rule.MIG_PROFILE,
+                f"is not a MIG profile of a GPU with {slices} compute slices",
+                name,
+                raw,
+            )
+            continue
+        if (count := reader.count(name, raw)) is not None:
+            share += count * int(profile.group(1)) / slices
+    return share
+
+
+def _vgpu_share(
+    reader: _Reader,
+    requests: Mapping[str, object],
+    number: str,
+    cores: str,
+    memory: str,
+    memory_percentage: str | None,
+) -> Fraction:
+    """HAMi and Volcano vGPU: N devices, each a core percentage, else a memory fraction, else whole."""
+    if number in requests:
+        devices = reader.count(number, requests[number]) or Fraction(0)
+    else:
+        devices = Fraction(1)
+        given = next(name for name in (cores, memory, memory_percentage) if name and name in requests)
+        reader.flag(
+            Rule.DEVICE_COUNT_REQUIRED,
+            f"needs {number} (the number of vGPUs) beside it",
+            given,
+            requests[given],
+        )
+    per_device: Fraction | None = None
+    if cores in requests:
+        per_device = reader.percentage(cores, requests[cores])
+        per_device = None if per_device is None else per_device / 100
+    elif memory in requests:
+        per_device = reader.memory_fraction(memory, requests[memory])
+    elif memory_percentage is not None and memory_percentage in requests:
+        per_device = reader.percentage(memory_percentage, requests[memory_percentage])
+        per_device = None if per_device is None else per_device / 100
+    if per_device is None:
+        per_device = Fraction(1)
+    return devices * per_device
+
+
+def _vcuda_share(reader: _Reader, requests: Mapping[str, object]) -> Fraction:
+    core_raw = requests.get(VCUDA_CORE)
+    memory_raw = requests.get(VCUDA_MEMORY)
+    if core_raw is None or memory_raw is None:
+        given, missing = (VCUDA_CORE, VCUDA_MEMORY) if memory_raw is None else (VCUDA_MEMORY, VCUDA_CORE)
+        reader.flag(
+            Rule.VCUDA_PAIRING,
+            f"gpu-manager needs both {VCUDA_CORE} and {VCUDA_MEMORY}; {missing} is missing",
+            given,
+            requests[given],
+        )
+    if memory_raw is not None:
+        reader.count(VCUDA_MEMORY, memory_raw)
+    if core_raw is None:
+        return Fraction(0)
+    core = reader.count(VCUDA_CORE, core_raw)
+    if core is None:
+        return Fraction(0)
+    if core.denominator == 1 and core > 0 and not (core < 100 or core % 100 == 0):
+        reader.flag(
+            Rule.VCUDA_CORE_RANGE,
+            "must be 1-99 (a fraction of one GPU) or a multiple of 100 (whole GPUs)",
+            VCUDA_CORE,
+            core_raw,
+        )
+    return core / 100
+
+
+def _gpushare_share(reader: _Reader, requests: Mapping[str, object]) -> Fraction:
+    """gpushare's memory is the pod's total, spread over gpu-count GPUs (one unless given)."""
+    devices = Fraction(1)
+    if GPUSHARE_COUNT in requests:
+        devices = reader.count(GPUSHARE_COUNT, requests[GPUSHARE_COUNT]) or Fraction(1)
+        if GPUSHARE_MEMORY not in requests:
+            reader.flag(
+                Rule.DEVICE_COUNT_REQUIRED,
+                f"needs {GPUSHARE_MEMORY} beside it",
+                GPUSHARE_COUNT,
+                requests[GPUSHARE_COUNT],
+            )
+    if GPUSHARE_MEMORY not in requests:
+        return Fraction(0)
+    raw = requests[GPUSHARE_MEMORY]
+    memory = reader.count(GPUSHARE_MEMORY, raw)
+    if memory is None:
+        return Fraction(0)
+    share = memory * reader.hardware.gpushare_memory_unit_mib / reader.hardware.gpu_memory_mib
+    if share > devices:
+        reader.flag(
+            Rule.MEMORY_WITHIN_GPU,
+            f"is more memory than {devices} GPU(s) have"
+            f" (configured {reader.hardware.gpu_memory_mib} MiB each)",
+            GPUSHARE_MEMORY,
+            raw,
+        )
+    return share
+
+
+def _read_container(
+    container: Mapping[str, Any], role: str, hardware: GpuHardware, violations: list[Violation]
+) -> ContainerShare | None:
+    requests = {
+        name: raw for name, raw in _gpu_requests(container).items() if not _is_zero(raw)
+    }  # a zero request (common in templates) asks for nothing
+    if not requests:
+        return None
+    name = str(container.get("name", "?"))
+    reader = _Reader(hardware, name)
+    systems = {_system_of_resource(resource) for resource in requests}
+    if len(systems) > 1 and systems & _JOINS_PLAIN_NVIDIA:
+        systems.discard(SharingSystem.NVIDIA)
+    share = Fraction(0)
+    if len(systems) > 1:
+        reader.flag(
+            Rule.SINGLE_SYSTEM,
+            "uses more than one GPU-sharing system: " + ", ".join(sorted(systems)),
+            ", ".join(sorted(requests)),
+            ", ".join(str(requests[resource]) for resource in sorted(requests)),
+        )
+    system = min(systems)
+    if system is SharingSystem.NVIDIA:
+        share = _nvidia_share(reader, requests)
+    elif system is SharingSystem.MIG:
+        share = _mig_share(reader, requests) + _nvidia_share(reader, requests)
+    elif system is SharingSystem.HAMI:
+        share = _vgpu_share(reader, requests, NVIDIA_GPU, HAMI_CORES, HAMI_MEMORY, HAMI_MEMORY_PERCENTAGE)
+    elif system is SharingSystem.VOLCANO:
+        share = _vgpu_share(reader, requests, VOLCANO_NUMBER, VOLCANO_CORES, VOLCANO_MEMORY, None)
+    elif system is SharingSystem.VCUDA:
+        share = _vcuda_share(reader, requests)
+    elif system is SharingSystem.METAGPU:
+        units = reader.count(METAGPU, requests[METAGPU])
+        share = Fraction(0) if units is None else units / hardware.metagpu_units_per_gpu
+    elif system is SharingSystem.GPUSHARE:
+        share = _gpushare_share(reader, requests)
+    violations.extend(reader.violations)
+    return ContainerShare(name=name, role=role, system=system, share=max(share, Fraction(0)))
+
+
+def _is_zero(raw: object) -> bool:
+    try:
+        return parse_quantity(raw) == 0
+    except QuantityError:
+        return False
+
+
+def effective_share(
+    init_containers: Iterable[ContainerShare], containers: Iterable[ContainerShare]
+) -> Fraction:
+    """Kubernetes' effective request, applied to shares (init containers in their spec order)."""
+    sidecars = Fraction(0)
+    largest_init = Fraction(0)
+    for init in init_containers:
+        if init.role == "sidecar":
+            sidecars += init.share
+            largest_init = max(largest_init, sidecars)
+        else:
+            largest_init = max(largest_init, sidecars + init.share)
+    return max(largest_init, sidecars + sum((c.share for c in containers), Fraction(0)))
+
+
+def _clearml_share(labels: Mapping[str, Any], hardware: GpuHardware, reader: _Reader) -> Fraction:
+    raw = labels[CLEARML_FRACTION_LABEL]
+    try:
+        fraction = Fraction(Decimal(str(raw).strip()))
+    except (ArithmeticError, ValueError):
+        fraction = None
+    if (
+        fraction is None
+        or fraction <= 0
+        or (fraction.denominator != 1 and fraction not in hardware.clearml_fractions)
+    ):
+        allowed = ", ".join(str(f) for f in sorted(hardware.clearml_fractions))
+        reader.flag(
+            Rule.CLEARML_FRACTION,
+            f"must be one of {allowed} or a whole number of GPUs",
+            f"label {CLEARML_FRACTION_LABEL}",
+            raw,
+        )
+        return Fraction(0) if fraction is None or fraction < 0 else fraction
+    return fraction
+
+
+def _kai_share(
+    annotations: Mapping[str, Any], container_names: set[str], hardware: GpuHardware, reader: _Reader
+) -> Fraction:
+    devices = Fraction(1)
+    if KAI_DEVICES_ANNOTATION in annotations:
+        raw_devices = annotations[KAI_DEVICES_ANNOTATION]
+        devices = reader.count(f"annotation {KAI_DEVICES_ANNOTATION}", raw_devices) or Fraction(0)
+    if (target := annotations.get(KAI_CONTAINER_ANNOTATION)) is not None and target not in container_names:
+        reader.flag(
+            Rule.KAI_CONTAINER,
+            "names no container of this pod",
+            f"annotation {KAI_CONTAINER_ANNOTATION}",
+            target,
+        )
+    if KAI_FRACTION_ANNOTATION in annotations:
+        raw = annotations[KAI_FRACTION_ANNOTATION]
+        if KAI_MEMORY_ANNOTATION in annotations:
+            reader.flag(
+                Rule.KAI_FRACTION,
+                f"cannot be given together with annotation {KAI_MEMORY_ANNOTATION}",
+                f"annotation {KAI_FRACTION_ANNOTATION}",
+                raw,
+            )
+        try:
+            fraction = Fraction(Decimal(str(raw).strip()))
+        except (ArithmeticError, ValueError):
+            fraction = Fraction(-1)
+        if not 0 < fraction <= 1:
+            reader.flag(
+                Rule.KAI_FRACTION,
+                "must be a fraction of one GPU, above 0 and at most 1",
+                f"annotation {KAI_FRACTION_ANNOTATION}",
+                raw,
+            )
+            return Fraction(0)
+        return devices * fraction
+    per_device = reader.memory_fraction(
+        f"annotation {KAI_MEMORY_ANNOTATION}", annotations[KAI_MEMORY_ANNOTATION]
+    )
+    return devices * (per_device or Fraction(0))
+
+
+def read_pod(
+    pod: Mapping[str, Any], hardware: GpuHardware | None = None, *, skip_container: str = ""
+) -> PodShare:
+    """Read a pod's sharing system and GPU share; `skip_container` leaves out an injected sidecar."""
+    hardware = hardware or GpuHardware()
+    spec = _mapping(pod.get("spec"))
+    metadata = _mapping(pod.get("metadata"))
+    labels = _mapping(metadata.get("labels"))
+    annotations = _mapping(metadata.get("annotations"))
+    violations: list[Violation] = []
+    init_shares: list[ContainerShare] = []
+    app_shares: list[ContainerShare] = []
+    names: set[str] = set()
+    for key, target, default_role in (
+        ("initContainers", init_shares, "init"),
+        ("containers", app_shares, "container"),
+    ):
+        for container in spec.get(key) or ():
+            if not isinstance(container, dict) or container.get("name") == skip_container:
+                continue
+            names.add(str(container.get("name")))
+            role = (
+                "sidecar"
+                if default_role == "init" and container.get("restartPolicy") == "Always"
+                else default_role
+            )
+            read = _read_container(container, role, hardware, violations)
+            if read is not None:
+                target.append(read)
+    pod_level: list[tuple[SharingSystem, Fraction]] = []
+    reader = _Reader(hardware, None)
+    if CLEARML_FRACTION_LABEL in labels:
+        pod_level.append((SharingSystem.CLEARML, _clearml_share(labels, hardware, reader)))
+    if KAI_FRACTION_ANNOTATION in annotations or KAI_MEMORY_ANNOTATION in annotations:
+        pod_level.append((SharingSystem.KAI, _kai_share(annotations, names, hardware, reader)))
+    violations.extend(reader.violations)
+    if not init_shares and not app_shares and not pod_level:
+        return NO_GPU if not violations else PodShare(None, Fraction(0), violations=tuple(violations))
+    systems = sorted({c.system for c in (*init_shares, *app_shares) if c.system} | {s for s, _ in pod_level})
+    if len(systems) > 1 and set(systems) & _JOINS_PLAIN_NVIDIA:
+        systems = [s for s in systems if s is not SharingSystem.NVIDIA]
+    if len(systems) > 1:
+        violations.append(
+            Violation(
+                Rule.SINGLE_SYSTEM,
+                "a pod may use one GPU-sharing system, this one uses " + ", ".join(systems),
+            )
+        )
+    share = pod_level[0][1] if pod_level else effective_share(init_shares, app_shares)
+    return PodShare(
+        system=pod_level[0][0] if pod_level else systems[0],
+        share=share,
+        systems=tuple(systems),
+        containers=(*init_shares, *app_shares),
+        violations=tuple(violations),
+    )

@@ -1,0 +1,48 @@
+"""Alembic environment: the URL comes from the caller (config.attributes["database_url"]), else from
+TIMEKEEPER_DATABASE_URL, else the embedded PostgreSQL the timekeeper itself would use."""
+
+from __future__ import annotations
+
+from logging.config import fileConfig
+
+import sqlalchemy as sa
+from alembic import context
+
+from timekeeper.db.embedded import embedded_database_url
+from timekeeper.db.models import Base
+from timekeeper.settings import Settings, normalise_database_url
+
+config = context.config
+if config.config_file_name is not None and config.attributes.get("configure_logging", True):
+    fileConfig(config.config_file_name, disable_existing_loggers=False)
+
+target_metadata = Base.metadata
+
+
+def database_url() -> str:
+    given = config.attributes.get("database_url")
+    if given:
+        return normalise_database_url(str(given))
+    settings = Settings()
+    return settings.database_url or embedded_database_url(settings.data_dir)
+
+
+def run_migrations_offline() -> None:
+    context.configure(url=database_url(), target_metadata=target_metadata, literal_binds=True)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    engine = sa.create_engine(database_url(), poolclass=sa.NullPool)
+    with engine.connect() as connection:
+        context.configure(connection=connection, target_metadata=target_metadata, compare_type=True)
+        with context.begin_transaction():
+            context.run_migrations()
+    engine.dispose()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()

@@ -1,0 +1,77 @@
+"""One migrated database per run (alembic upgrade head, once); each test inside a transaction that is
+rolled back at the end; the app called in-process through httpx.ASGITransport."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncConnection, async_sessionmaker
+
+from tests.support.postgres import url_string
+from tests.support.timekeeper import Api, Tokens, migrated_database
+from timekeeper.app import create_app
+from timekeeper.clock import ManualClock
+from timekeeper.db.session import build_engine
+from timekeeper.settings import Settings
+
+# Mid-month, mid-week, midday: far from every period boundary unless a test moves there.
+START = datetime(2026, 3, 18, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[URL]:
+    with migrated_database("gtk_timekeeper") as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def tokens() -> Tokens:
+    return Tokens()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(START)
+
+
+@pytest.fixture
+def settings(database_url: URL, tokens: Tokens) -> Settings:
+    return Settings(database_url=url_string(database_url), **tokens.settings())
+
+
+@pytest.fixture
+async def connection(database_url: URL) -> AsyncIterator[AsyncConnection]:
+    engine = build_engine(url_string(database_url), pool_size=1)
+    async with engine.connect() as connection:
+        transaction = await connection.begin()
+        yield connection
+        await transaction.rollback()
+    await engine.dispose()
+
+
+@pytest.fixture
+async def app(settings: Settings, clock: ManualClock, connection: AsyncConnection) -> AsyncIterator[FastAPI]:
+    app = create_app(settings, clock)
+    async with app.router.lifespan_context(app):
+        # Every request's session joins the test's transaction; its commit only releases a savepoint.
+        app.state.sessionmaker = async_sessionmaker(
+            bind=connection, expire_on_commit=False, join_transaction_mode="create_savepoint"
+        )
+        yield app
+
+
+@pytest.fixture
+async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://timekeeper/api/v1") as client:
+        yield client
+
+
+@pytest.fixture
+def api(client: httpx.AsyncClient, tokens: Tokens) -> Api:
+    return Api(client, tokens)

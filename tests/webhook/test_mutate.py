@@ -1,0 +1,237 @@
+"""`/mutate` over real HTTPS: each sharing system's pod gets its share, priority and sidecar, the patched
+pod is a valid Kubernetes Pod, and a second invocation changes nothing."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from gpuaccounting import names
+from tests.support.pods import container, pod
+from tests.webhook.conftest import Publish, Tls, Webhook, serve_webhook
+
+# The oldest and newest Kubernetes schemas this kubernetes-validate ships at or after native sidecars (1.29).
+SCHEMA_VERSIONS = ("1.33", kubernetes_validate.utils.latest_version())
+
+VALID_PODS: dict[str, tuple[dict[str, Any], str]] = {
+    "nvidia": (pod(container("main", {"nvidia.com/gpu": 2})), "2"),
+    "nvidia-mig": (pod(container("main", {"nvidia.com/mig-3g.40gb": "1"})), "0.428571"),
+    "gpu-manager": (
+        pod(container("main", {"tencent.com/vcuda-core": 50, "tencent.com/vcuda-memory": 8})),
+        "0.5",
+    ),
+    "metagpu": (pod(container("main", {"cnvrg.io/metagpu": "25"})), "0.25"),
+    "aliyun-gpushare": (pod(container("main", {"aliyun.com/gpu-mem": 20})), "0.25"),
+    "hami": (pod(container("main", {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 30})), "0.3"),
+    "clearml": (pod(container("main"), labels={"clearml-injector/fraction": "0.125"}), "0.125"),
+    "kai": (pod(container("main"), annotations={"gpu-fraction": "0.5"}), "0.5"),
+    "volcano-vgpu": (
+        pod(container("main", {"volcano.sh/vgpu-number": 1, "volcano.sh/vgpu-memory": "40960"})),
+        "0.5",
+    ),
+}
+
+
+def sidecar_of(patched: dict[str, Any]) -> dict[str, Any]:
+    spec = patched["spec"]
+    found = [
+        c
+        for c in (*spec.get("initContainers", ()), *spec["containers"])
+        if c["name"] == "gpu-timekeeper-sidecar"
+    ]
+    assert len(found) == 1
+    return found[0]
+
+
+def env_of(sidecar: dict[str, Any]) -> dict[str, Any]:
+    return {item["name"]: item.get("value", item.get("valueFrom")) for item in sidecar["env"]}
+
+
+@pytest.mark.parametrize("system", sorted(VALID_PODS))
+def test_gpu_pod_gets_share_priority_and_a_native_sidecar(webhook: Webhook, system: str) -> None:
+    original, share = VALID_PODS[system]
+    patched = webhook.admit(copy.deepcopy(original))
+    for version in SCHEMA_VERSIONS:
+        kubernetes_validate.validate(patched, version, strict=True)
+    annotations = patched["metadata"]["annotations"]
+    assert annotations[names.ANNOTATION_GPU_SHARE] == share
+    assert annotations[names.ANNOTATION_SHARING_SYSTEM] == system
+    assert annotations[names.ANNOTATION_BUDGET_STATE] == "in_budget"
+    assert (patched["spec"]["priorityClassName"], patched["spec"]["priority"]) == ("gpu-in-budget", 1000)
+    assert patched["spec"]["preemptionPolicy"] == "PreemptLowerPriority"
+    sidecar = patched["spec"]["initContainers"][0]
+    assert sidecar["name"] == "gpu-timekeeper-sidecar" and sidecar["restartPolicy"] == "Always"
+    assert env_of(sidecar)["SIDECAR_GPU_SHARE"] == share
+    # The user's own containers and labels are untouched.
+    assert patched["spec"]["containers"] == original["spec"]["containers"]
+    assert patched["metadata"].get("labels") == original["metadata"].get("labels")
+    # Re-invocation (reinvocationPolicy: IfNeeded) changes nothing, and the final object validates.
+    assert webhook.mutate(patched).patch == []
+    assert webhook.validate(patched).allowed
+
+
+def test_sidecar_env_and_volumes_follow_the_contract(webhook: Webhook) -> None:
+    patched = webhook.admit(pod(container("main", {"nvidia.com/gpu": 1})))
+    sidecar = sidecar_of(patched)
+    env = env_of(sidecar)
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert env["SIDECAR_TIMEKEEPER_URL"] == webhook.settings.timekeeper_url
+    assert env["SIDECAR_TOKEN_FILE"] == "/var/run/secrets/gpu-timekeeper/token"
+    assert env["SIDECAR_REPORT_INTERVAL_SECONDS"] == "30"
+    assert env["SIDECAR_NVML_BACKEND"] == "pynvml"
+    mounts = {mount["name"]: mount["mountPath"] for mount in sidecar["volumeMounts"]}
+    assert env["SIDECAR_BUFFER_DIR"] == mounts[names.SIDECAR_BUFFER_VOLUME]
+    assert env["SIDECAR_PODINFO_DIR"] == mounts[names.SIDECAR_PODINFO_VOLUME]
+    assert env["SIDECAR_TOKEN_FILE"].startswith(mounts[names.SIDECAR_TOKEN_VOLUME] + "/")
+    assert not sidecar["image"].endswith(":latest") and ":" in sidecar["image"]
+    assert sidecar["resources"]["requests"] == {"cpu": "10m", "memory": "32Mi"}
+    volumes = {volume["name"]: volume for volume in patched["spec"]["volumes"]}
+    token = volumes[names.SIDECAR_TOKEN_VOLUME]["projected"]["sources"][0]["serviceAccountToken"]
+    assert token["audience"] == "gpu-timekeeper"
+    assert "emptyDir" in volumes[names.SIDECAR_BUFFER_VOLUME]
+    files = {
+        item["path"]: item["fieldRef"]["fieldPath"]
+        for item in volumes[names.SIDECAR_PODINFO_VOLUME]["downwardAPI"]["items"]
+    }
+    assert files == {"annotations": "metadata.annotations", "labels": "metadata.labels"}
+
+
+def test_sidecar_goes_before_existing_init_containers_and_user_volumes_stay(webhook: Webhook) -> None:
+    original = pod(
+        container("main", {"nvidia.com/gpu": 1}),
+        init=(container("fetch"),),
+        volumes=[{"name": "data", "emptyDir": {}}],
+    )
+    patched = webhook.admit(original)
+    assert [c["name"] for c in patched["spec"]["initContainers"]] == ["gpu-timekeeper-sidecar", "fetch"]
+    assert patched["spec"]["volumes"][0] == {"name": "data", "emptyDir": {}}
+    assert webhook.mutate(patched).patch == []
+
+
+def test_pod_with_only_generate_name_is_admitted(webhook: Webhook) -> None:
+    patched = webhook.admit(pod(container("main", {"nvidia.com/gpu": 1}), name=None))
+    kubernetes_validate.validate(patched, SCHEMA_VERSIONS[-1], strict=True)
+    assert patched["metadata"]["generateName"] == "work-"
+    assert patched["metadata"]["annotations"][names.ANNOTATION_GPU_SHARE] == "1"
+
+
+def test_annotation_keys_are_escaped_in_patch_paths(webhook: Webhook) -> None:
+    patch = webhook.mutate(pod(container("main", {"nvidia.com/gpu": 1}), annotations={"team": "a"})).patch
+    paths = {operation["path"] for operation in patch}
+    assert "/metadata/annotations/gpu-timekeeper.io~1gpu-share" in paths
+
+
+def test_non_gpu_pod_is_answered_unchanged(webhook: Webhook) -> None:
+    answer = webhook.mutate(pod(container("web", {"cpu": "100m", "memory": "64Mi"})))
+    assert answer.allowed and answer.patch == [] and "patchType" not in answer.response
+
+
+def test_user_supplied_share_annotation_is_overwritten(webhook: Webhook) -> None:
+    patched = webhook.admit(
+        pod(container("main", {"nvidia.com/gpu": 1}), annotations={names.ANNOTATION_GPU_SHARE: "0.01"})
+    )
+    assert patched["metadata"]["annotations"][names.ANNOTATION_GPU_SHARE] == "1"
+
+
+def test_exhausted_namespace_gets_the_reduced_class(webhook: Webhook, publish: Publish) -> None:
+    publish(namespaces={"team-a": {"state": "exhausted", "max_gpu_share_per_pod": None}})
+    patched = webhook.admit(pod(container("main", {"nvidia.com/gpu": 1})))
+    spec = patched["spec"]
+    assert (spec["priorityClassName"], spec["priority"], spec["preemptionPolicy"]) == (
+        "gpu-over-budget",
+        100,
+        "Never",
+    )
+    annotations = patched["metadata"]["annotations"]
+    assert annotations[names.ANNOTATION_BUDGET_STATE] == "exhausted"
+    assert annotations[names.ANNOTATION_PRIORITY_DECISION] == "namespace exhausted"
+    other = webhook.admit(pod(container("main", {"nvidia.com/gpu": 1}), namespace="team-b"))
+    assert other["spec"]["priorityClassName"] == "gpu-in-budget"
+
+
+def test_priority_set_by_the_priority_plugin_is_replaced_consistently(webhook: Webhook) -> None:
+    original = pod(
+        container("main", {"nvidia.com/gpu": 1}), priority=0, preemptionPolicy="PreemptLowerPriority"
+    )
+    patched = webhook.admit(original)
+    assert (patched["spec"]["priorityClassName"], patched["spec"]["priority"]) == ("gpu-in-budget", 1000)
+
+
+def test_user_chosen_foreign_class_is_kept_and_the_reason_recorded(webhook: Webhook) -> None:
+    original = pod(container("main", {"nvidia.com/gpu": 1}), priorityClassName="research-high", priority=5000)
+    patched = webhook.admit(original)
+    assert (patched["spec"]["priorityClassName"], patched["spec"]["priority"]) == ("research-high", 5000)
+    assert (
+        patched["metadata"]["annotations"][names.ANNOTATION_PRIORITY_DECISION]
+        == "kept user-chosen class research-high"
+    )
+    assert sidecar_of(patched)  # still accounted for
+
+
+def test_foreign_class_is_overridden_when_configured(tls: Tls, state: Any) -> None:
+    with serve_webhook(tls, state, override_foreign_priority_class=True) as overriding:
+        patched = overriding.admit(
+            pod(container("main", {"nvidia.com/gpu": 1}), priorityClassName="research-high", priority=5000)
+        )
+    assert (patched["spec"]["priorityClassName"], patched["spec"]["priority"]) == ("gpu-in-budget", 1000)
+
+
+def test_replaceable_global_default_class_is_replaced(tls: Tls, state: Any) -> None:
+    with serve_webhook(tls, state, replaceable_priority_classes="cluster-default") as served:
+        patched = served.admit(
+            pod(container("main", {"nvidia.com/gpu": 1}), priorityClassName="cluster-default", priority=10)
+        )
+    assert patched["spec"]["priorityClassName"] == "gpu-in-budget"
+
+
+def test_container_mode_injects_a_plain_container_for_older_clusters(tls: Tls, state: Any) -> None:
+    with serve_webhook(tls, state, sidecar_mode="container") as legacy:
+        original = pod(container("main", {"nvidia.com/gpu": 1}))
+        patched = legacy.admit(original)
+        assert legacy.mutate(patched).patch == []
+    kubernetes_validate.validate(patched, SCHEMA_VERSIONS[0], strict=True)
+    assert "initContainers" not in patched["spec"]
+    assert [c["name"] for c in patched["spec"]["containers"]] == ["main", "gpu-timekeeper-sidecar"]
+    assert "restartPolicy" not in patched["spec"]["containers"][1]
+
+
+def test_dry_run_answers_alike_and_leaves_no_trace(tls: Tls) -> None:
+    from tests.support.admission_state_server import run_state_server
+
+    with run_state_server(None) as never_loaded, serve_webhook(tls, never_loaded) as served:
+        gpu_pod = pod(container("main", {"nvidia.com/gpu": 1}))
+        dry = served.mutate(gpu_pod, dry_run=True)
+        assert served.metric("webhook_state_missing_decisions_total") == 0
+        real = served.mutate(gpu_pod)
+        assert served.metric("webhook_state_missing_decisions_total") == 1
+    assert dry.patch == real.patch != []
+
+
+def test_updates_deletes_and_subresources_are_not_mutated(webhook: Webhook) -> None:
+    gpu_pod = pod(container("main", {"nvidia.com/gpu": 1}))
+    assert webhook.mutate(gpu_pod, operation="UPDATE", old=gpu_pod).patch == []
+    assert webhook.mutate(None, operation="DELETE", old=gpu_pod).allowed
+    assert webhook.mutate(gpu_pod, operation="UPDATE", old=gpu_pod, subresource="status").patch == []
+    assert (
+        webhook.mutate(gpu_pod, operation="UPDATE", old=gpu_pod, subresource="ephemeralcontainers").patch
+        == []
+    )
+
+
+def test_other_kinds_and_v1beta1_reviews_are_answered(webhook: Webhook) -> None:
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "d", "namespace": "team-a"},
+    }
+    answer = webhook.mutate(deployment, kind=("apps", "v1", "Deployment"))
+    assert answer.allowed and answer.patch == []
+    beta = webhook.mutate(
+        pod(container("main", {"nvidia.com/gpu": 1})), api_version="admission.k8s.io/v1beta1"
+    )
+    assert beta.body["apiVersion"] == "admission.k8s.io/v1beta1" and beta.patch != []

@@ -1,0 +1,33 @@
+"""Settings from the environment: typed, comma-separated lists, unknown rules refused."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+from pydantic import ValidationError
+
+from webhook.settings import WebhookSettings
+
+
+def test_environment_is_read_with_types(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WEBHOOK_DISABLED_RULES", "namespace-cap, vcuda-core-range")
+    monkeypatch.setenv("WEBHOOK_OVERRIDE_FOREIGN_PRIORITY_CLASS", "false")
+    monkeypatch.setenv("WEBHOOK_CLEARML_ALLOWED_FRACTIONS", "0.5,0.25")
+    monkeypatch.setenv("WEBHOOK_TIME_SLICING_REPLICAS", "4")
+    settings = WebhookSettings()
+    assert settings.disabled_rules == {"namespace-cap", "vcuda-core-range"}
+    assert settings.override_foreign_priority_class is False
+    assert settings.hardware.clearml_fractions == {Fraction(1, 2), Fraction(1, 4)}
+    assert settings.hardware.time_slicing_replicas == 4
+    assert not settings.enforces("namespace-cap") and settings.enforces("single-system")
+
+
+def test_unknown_rule_is_refused() -> None:
+    with pytest.raises(ValidationError, match="unknown rules"):
+        WebhookSettings(disabled_rules="no-such-rule")
+
+
+def test_default_sidecar_image_is_versioned() -> None:
+    image = WebhookSettings().sidecar_image
+    assert ":" in image and not image.endswith(":latest")

@@ -1,0 +1,113 @@
+"""Budget state: polled in the background with ETags; the documented policy when stale or missing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gpuaccounting import names
+from tests.support.admission_state_server import run_state_server, snapshot
+from tests.support.pods import container, pod
+from tests.webhook.conftest import Tls, Webhook, serve_webhook
+
+EXHAUSTED = {"team-a": {"state": "exhausted", "max_gpu_share_per_pod": None}}
+
+
+def decision(webhook: Webhook) -> tuple[str, str, str]:
+    patched = webhook.admit(pod(container("main", {"nvidia.com/gpu": 1})))
+    annotations = patched["metadata"]["annotations"]
+    return (
+        patched["spec"]["priorityClassName"],
+        annotations[names.ANNOTATION_BUDGET_STATE],
+        annotations[names.ANNOTATION_PRIORITY_DECISION],
+    )
+
+
+def test_polls_send_the_last_etag_and_a_fresh_token_each_time(tls: Tls, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("first-token\n")
+    with (
+        run_state_server(snapshot(version=3)) as state,
+        serve_webhook(tls, state, timekeeper_token_file=token) as hook,
+    ):
+        hook.wait_until(lambda: hook.metric("webhook_state_polls_total", result="not_modified") >= 1)
+        token.write_text("rotated-token\n")
+        hook.wait_until(lambda: state.seen[-1].get("Authorization") == "Bearer rotated-token")
+        assert state.seen[0].get("If-None-Match") is None
+        assert state.seen[-1].get("If-None-Match") == '"3"'
+        assert state.seen[0]["Authorization"] == "Bearer first-token"
+        assert hook.metric("webhook_state_polls_total", result="updated") == 1
+
+
+def test_state_never_loaded_is_treated_as_in_budget_and_counted(tls: Tls) -> None:
+    with run_state_server(None) as state, serve_webhook(tls, state) as hook:
+        assert decision(hook) == ("gpu-in-budget", "unknown", "state never loaded, policy in_budget")
+        assert hook.metric("webhook_state_missing_decisions_total") == 1
+        assert hook.metric("webhook_state_age_seconds") == -1
+        hook.wait_until(lambda: hook.metric("webhook_state_polls_total", result="error") >= 1)
+        # Once the timekeeper answers, decisions follow its state.
+        state.publish(snapshot(version=1, namespaces=EXHAUSTED))
+        hook.wait_until(lambda: hook.metric("webhook_state_version") == 1)
+        assert decision(hook) == ("gpu-over-budget", "exhausted", "namespace exhausted")
+
+
+def test_missing_state_policy_is_configurable(tls: Tls) -> None:
+    with (
+        run_state_server(None) as state,
+        serve_webhook(tls, state, missing_state_policy="over_budget") as hook,
+    ):
+        assert decision(hook)[0] == "gpu-over-budget"
+
+
+def wait_until_stale(hook: Webhook, state: Any) -> None:
+    hook.wait_until(lambda: hook.metric("webhook_state_version") == state.state["version"])
+    state.failing = True
+    hook.wait_until(lambda: hook.metric("webhook_state_age_seconds") > hook.settings.state_max_age_seconds)
+
+
+def test_stale_state_is_treated_as_in_budget_by_default(tls: Tls) -> None:
+    with (
+        run_state_server(snapshot(namespaces=EXHAUSTED)) as state,
+        serve_webhook(tls, state, state_max_age_seconds=0.3) as hook,
+    ):
+        wait_until_stale(hook, state)
+        assert decision(hook) == ("gpu-in-budget", "exhausted", "state older than 0.3s, policy in_budget")
+        assert hook.metric("webhook_state_stale_decisions_total") == 1
+        # The answer is the same on re-invocation: the reason carries no clock.
+        patched = hook.admit(pod(container("main", {"nvidia.com/gpu": 1})))
+        assert hook.mutate(patched).patch == []
+
+
+def test_stale_state_can_use_the_last_known_state(tls: Tls) -> None:
+    with (
+        run_state_server(snapshot(namespaces=EXHAUSTED)) as state,
+        serve_webhook(tls, state, state_max_age_seconds=0.3, stale_state_policy="last_known") as hook,
+    ):
+        wait_until_stale(hook, state)
+        assert decision(hook) == (
+            "gpu-over-budget",
+            "exhausted",
+            "state older than 0.3s, last known exhausted",
+        )
+
+
+def test_a_malformed_snapshot_keeps_the_last_good_one(tls: Tls) -> None:
+    with (
+        run_state_server(snapshot(version=1, namespaces=EXHAUSTED)) as state,
+        serve_webhook(tls, state) as hook,
+    ):
+        hook.wait_until(lambda: hook.metric("webhook_state_version") == 1)
+        state.body_override = b'{"version": "two", "namespaces": []}'
+        state.publish(snapshot(version=2))
+        hook.wait_until(lambda: hook.metric("webhook_state_polls_total", result="error") >= 2)
+        assert hook.metric("webhook_state_version") == 1
+        assert decision(hook)[0] == "gpu-over-budget"
+
+
+def test_health_and_metrics_endpoints(webhook: Webhook) -> None:
+    assert webhook.client.get(f"{webhook.url}/healthz").json() == {"status": "ok"}
+    webhook.mutate(pod(container("web")))
+    assert (
+        webhook.metric("webhook_admissions_total", endpoint="mutate", operation="CREATE", result="non_gpu")
+        >= 1
+    )

@@ -1,0 +1,1 @@
+"""Namespace states and the admission snapshot webhooks cache."""

@@ -1,0 +1,74 @@
+"""Namespace states and the admission snapshot the webhooks cache."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpuaccounting.admission_state import NamespaceAdmission
+from gpuaccounting.wire import BudgetState, format_timestamp
+from timekeeper.admission.repository import AdmissionRepository
+from timekeeper.budgets.periods import PeriodKind, budget_state, period_containing
+from timekeeper.budgets.repository import BudgetRepository, NamespaceFigures
+from timekeeper.settings import Settings
+
+
+def figures_state(figures: NamespaceFigures) -> BudgetState:
+    config = figures.config
+    return budget_state(
+        config.budget_gpu_minutes,
+        figures.granted_gpu_minutes,
+        figures.used_gpu_minutes,
+        config.warn_at_fraction,
+    )
+
+
+class AdmissionService:
+    def __init__(self, session: AsyncSession, settings: Settings) -> None:
+        self.repository = AdmissionRepository(session)
+        self.budgets = BudgetRepository(session)
+        self.settings = settings
+
+    async def restate(self, now: datetime, namespaces: list[str] | None, *, config_changed: bool) -> None:
+        """Recompute the namespaces' stored states (all known ones when None); bump the snapshot version
+        when a state changed, or always when a budget's configuration did."""
+        figures = await self.budgets.figures(now, namespaces)
+        changed = await self.repository.set_states({f.namespace: figures_state(f) for f in figures})
+        if changed or config_changed:
+            await self.repository.bump_version()
+
+    async def version(self, now: datetime) -> int:
+        """The snapshot's version. Periods all begin at midnight UTC: the first reader after one
+        recomputes every state first, so an exhausted namespace returns to in_budget at its roll-over
+        without waiting for a report. (Two replicas racing here both recompute; the result is the same.)"""
+        version, refreshed_for = await self.repository.version()
+        day = period_containing(PeriodKind.DAILY, now).start
+        if refreshed_for < day:
+            await self.restate(now, None, config_changed=False)
+            await self.repository.mark_refreshed(day)
+            version, _ = await self.repository.version()
+        return version
+
+    async def snapshot_json(self, now: datetime, version: int) -> str:
+        """The gpuaccounting.admission_state.AdmissionState document under `version`, built by the
+        database in one statement (cheap for 10,000 namespaces). Read after the version, so a change
+        racing this read shows up under the next version rather than hiding under this one."""
+        default = await self.budgets.default()
+        return await self.repository.snapshot_json(
+            version=version,
+            generated_at=format_timestamp(now),
+            priority_classes={
+                "in_budget": self.settings.in_budget_priority_class,
+                "over_budget": self.settings.over_budget_priority_class,
+            },
+            default=NamespaceAdmission(
+                state=budget_state(
+                    default.budget_gpu_minutes, Decimal(0), Decimal(0), default.warn_at_fraction
+                ),
+                max_gpu_share_per_pod=None
+                if default.max_gpu_share_per_pod is None
+                else float(default.max_gpu_share_per_pod),
+            ),
+        )

@@ -1,0 +1,98 @@
+"""The application factory. Everything with I/O (engine, embedded database, access control) is built in
+the lifespan; the factory itself only wires objects together."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, FastAPI
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gpuaccounting.names import API_PREFIX
+from timekeeper.admission.router import router as admission_router
+from timekeeper.audit.router import router as audit_router
+from timekeeper.auth.factory import build_access_control
+from timekeeper.budgets.router import router as budgets_router
+from timekeeper.clock import AcceleratedClock, Clock, SystemClock
+from timekeeper.db.session import build_engine, build_sessionmaker, resolve_database_url
+from timekeeper.errors import install_error_handler
+from timekeeper.health.router import router as health_router
+from timekeeper.metrics import Metrics
+from timekeeper.settings import Settings, get_settings
+from timekeeper.usage.router import router as usage_router
+
+
+class BodySizeLimit:
+    """Refuses bodies above the limit with 413: by Content-Length before reading, or while streaming
+    (chunked uploads), by failing the read (FastAPI passes that HTTPException through to its handler)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_large = HTTPException(413, f"request body larger than {self.max_bytes} bytes")
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+                await JSONResponse({"detail": too_large.detail}, status_code=413)(scope, receive, send)
+                return
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise too_large
+            return message
+
+        await self.app(scope, limited, send)
+
+
+def default_clock(settings: Settings) -> Clock:
+    if settings.clock_start is not None:
+        return AcceleratedClock(settings.clock_start, settings.clock_speed)
+    return SystemClock()
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: Settings = app.state.settings
+    engine = build_engine(await resolve_database_url(settings), settings.database_pool_size)
+    app.state.engine = engine
+    app.state.sessionmaker = build_sessionmaker(engine)
+    app.state.access = await build_access_control(settings)
+    try:
+        yield
+    finally:
+        await app.state.access.aclose()
+        await engine.dispose()
+
+
+def create_app(settings: Settings | None = None, clock: Clock | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    app = FastAPI(
+        title="GPU Timekeeper",
+        version="1",
+        summary="Per-namespace GPU-minute budgets, the usage ledger and the admission snapshot.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.clock = clock or default_clock(settings)
+    app.state.metrics = Metrics()
+    install_error_handler(app)
+    api = APIRouter(prefix=API_PREFIX)
+    for router in (usage_router, budgets_router, audit_router, admission_router, health_router):
+        api.include_router(router)
+    app.include_router(api)
+    # Probes and scrapers expect these at the root as well.
+    app.include_router(health_router, include_in_schema=False)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    return app

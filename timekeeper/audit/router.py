@@ -1,0 +1,29 @@
+"""GET /audit: who changed what, when, old and new value (admin only)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from pydantic import AwareDatetime
+
+from timekeeper.audit.repository import AuditRepository
+from timekeeper.audit.schemas import AuditEntryOut
+from timekeeper.auth.dependencies import Admin
+from timekeeper.db.session import SessionDep
+from timekeeper.schemas import DNS_LABEL
+
+router = APIRouter(tags=["audit"])
+
+
+@router.get("/audit", response_model=list[AuditEntryOut])
+async def list_audit(
+    session: SessionDep,
+    _: Admin,
+    namespace: Annotated[str | None, Query(max_length=63, pattern=DNS_LABEL)] = None,
+    since: AwareDatetime | None = None,
+    before_id: Annotated[int | None, Query(ge=1)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[AuditEntryOut]:
+    rows = await AuditRepository(session).entries(namespace, since, limit, before_id)
+    return [AuditEntryOut.model_validate(row, from_attributes=True) for row in rows]

@@ -1,0 +1,80 @@
+"""Budgets (one per namespace, and the cluster-wide default), grants and the per-period running totals."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+
+from sqlalchemy import BigInteger, Boolean, CheckConstraint, DateTime, Index, Numeric, Text, func, text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from timekeeper.db.base import Base
+
+GPU_MINUTES = Numeric(24, 9)  # exact, to the nano-GPU-minute
+PERIOD_KINDS_SQL = "period IN ('daily', 'weekly', 'monthly', 'none')"
+
+
+class _BudgetColumns:
+    budget_gpu_minutes: Mapped[Decimal | None] = mapped_column(GPU_MINUTES)
+    period: Mapped[str] = mapped_column(Text)
+    warn_at_fraction: Mapped[Decimal] = mapped_column(Numeric(5, 4))
+    max_gpu_share_per_pod: Mapped[Decimal | None] = mapped_column(Numeric)
+    concurrent_gpu_limit: Mapped[Decimal | None] = mapped_column(Numeric)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_by: Mapped[str] = mapped_column(Text, server_default="system")
+
+
+class NamespaceBudget(_BudgetColumns, Base):
+    __tablename__ = "namespace_budgets"
+    __table_args__ = (
+        CheckConstraint(PERIOD_KINDS_SQL, name="period_kind"),
+        CheckConstraint("warn_at_fraction > 0 AND warn_at_fraction <= 1", name="warn_fraction"),
+    )
+
+    namespace: Mapped[str] = mapped_column(Text, primary_key=True)
+
+
+class DefaultBudget(_BudgetColumns, Base):
+    """Exactly one row (id = true): the budget of every namespace without its own."""
+
+    __tablename__ = "default_budget"
+    __table_args__ = (
+        CheckConstraint("id", name="singleton"),
+        CheckConstraint(PERIOD_KINDS_SQL, name="period_kind"),
+        CheckConstraint("warn_at_fraction > 0 AND warn_at_fraction <= 1", name="warn_fraction"),
+    )
+
+    id: Mapped[bool] = mapped_column(Boolean, primary_key=True, server_default=text("true"))
+
+
+class Grant(Base):
+    """A one-off top-up; it counts for the period (of the namespace's budget) in which it was granted."""
+
+    __tablename__ = "grants"
+    __table_args__ = (
+        CheckConstraint("gpu_minutes > 0", name="positive"),
+        Index("ix_grants_namespace_granted_at", "namespace", "granted_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    namespace: Mapped[str] = mapped_column(Text)
+    gpu_minutes: Mapped[Decimal] = mapped_column(GPU_MINUTES)
+    reason: Mapped[str] = mapped_column(Text)
+    granted_by: Mapped[str] = mapped_column(Text)
+    granted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class UsageTotal(Base):
+    """Running totals per namespace and period, updated in the same transaction as the ledger row.
+
+    Keyed by the period kind as well, so a namespace whose period changes gets a fresh row for the new
+    kind, rebuilt from the ledger at that moment.
+    """
+
+    __tablename__ = "usage_totals"
+
+    namespace: Mapped[str] = mapped_column(Text, primary_key=True)
+    period_kind: Mapped[str] = mapped_column(Text, primary_key=True)
+    period_start: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    used_gpu_minutes: Mapped[Decimal] = mapped_column(GPU_MINUTES, server_default="0")
+    granted_gpu_minutes: Mapped[Decimal] = mapped_column(GPU_MINUTES, server_default="0")

@@ -1,0 +1,74 @@
+"""Budget periods, anchored in UTC: days from midnight, ISO weeks from Monday, calendar months; `none`
+is one open-ended period."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from enum import StrEnum
+
+from gpuaccounting.wire import BudgetState
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class PeriodKind(StrEnum):
+    DAILY = "daily"
+    WEEKLY = "weekly"
+    MONTHLY = "monthly"
+    NONE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class Period:
+    kind: PeriodKind
+    start: datetime
+    end: datetime | None  # None: open-ended (`none`)
+
+
+def period_containing(kind: PeriodKind, moment: datetime) -> Period:
+    moment = moment.astimezone(UTC)
+    midnight = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+    if kind is PeriodKind.DAILY:
+        return Period(kind, midnight, midnight + timedelta(days=1))
+    if kind is PeriodKind.WEEKLY:
+        monday = midnight - timedelta(days=midnight.weekday())
+        return Period(kind, monday, monday + timedelta(days=7))
+    if kind is PeriodKind.MONTHLY:
+        first = midnight.replace(day=1)
+        following = (
+            first.replace(year=first.year + 1, month=1)
+            if first.month == 12
+            else first.replace(month=first.month + 1)
+        )
+        return Period(kind, first, following)
+    return Period(kind, EPOCH, None)
+
+
+def periods_overlapping(kind: PeriodKind, start: datetime, end: datetime) -> list[Period]:
+    """The periods that [start, end) touches, in order."""
+    periods = [period_containing(kind, start)]
+    while periods[-1].end is not None and periods[-1].end < end:
+        periods.append(period_containing(kind, periods[-1].end))
+    return periods
+
+
+def current_period_starts(moment: datetime) -> dict[PeriodKind, datetime]:
+    """The start of the current period of every kind, for queries over many namespaces at once."""
+    return {kind: period_containing(kind, moment).start for kind in PeriodKind}
+
+
+def budget_state(
+    budget: Decimal | None, granted: Decimal, used: Decimal, warn_at_fraction: Decimal
+) -> BudgetState:
+    """Exhausted when nothing remains, warning from warn_at_fraction of budget + grants, unlimited
+    without a budget."""
+    if budget is None:
+        return "unlimited"
+    available = budget + granted
+    if available - used <= 0:
+        return "exhausted"
+    if used >= warn_at_fraction * available:
+        return "warning"
+    return "in_budget"

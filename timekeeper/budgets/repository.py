@@ -1,0 +1,216 @@
+"""SQL for budgets, defaults, grants and the per-period running totals."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from timekeeper.budgets.periods import PeriodKind, current_period_starts
+
+BUDGET_FIELDS = (
+    "budget_gpu_minutes",
+    "period",
+    "warn_at_fraction",
+    "max_gpu_share_per_pod",
+    "concurrent_gpu_limit",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetConfig:
+    budget_gpu_minutes: Decimal | None
+    period: PeriodKind
+    warn_at_fraction: Decimal
+    max_gpu_share_per_pod: Decimal | None
+    concurrent_gpu_limit: Decimal | None
+    explicit: bool  # the namespace's own budget rather than the default
+
+    def as_json(self) -> dict[str, Any]:
+        """The audit log's view of a budget."""
+
+        def number(value: Decimal | None) -> str | None:
+            return None if value is None else format(value.normalize(), "f")
+
+        return {
+            "budget_gpu_minutes": number(self.budget_gpu_minutes),
+            "period": self.period.value,
+            "warn_at_fraction": number(self.warn_at_fraction),
+            "max_gpu_share_per_pod": number(self.max_gpu_share_per_pod),
+            "concurrent_gpu_limit": number(self.concurrent_gpu_limit),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceFigures:
+    namespace: str
+    config: BudgetConfig
+    used_gpu_minutes: Decimal
+    granted_gpu_minutes: Decimal
+
+
+def _config(row: Any) -> BudgetConfig:
+    return BudgetConfig(
+        budget_gpu_minutes=row.budget_gpu_minutes,
+        period=PeriodKind(row.period),
+        warn_at_fraction=row.warn_at_fraction,
+        max_gpu_share_per_pod=row.max_gpu_share_per_pod,
+        concurrent_gpu_limit=row.concurrent_gpu_limit,
+        explicit=row.explicit,
+    )
+
+
+_COLUMNS = ", ".join(BUDGET_FIELDS)
+_F = BUDGET_FIELDS
+_EFFECTIVE = sa.text(
+    f"SELECT {_COLUMNS}, true AS explicit FROM namespace_budgets WHERE namespace = :namespace "
+    f"UNION ALL SELECT {_COLUMNS}, false FROM default_budget ORDER BY explicit DESC LIMIT 1"
+)
+_DEFAULT = sa.text(f"SELECT {_COLUMNS}, false AS explicit FROM default_budget")
+_OWN = sa.text(f"SELECT {_COLUMNS}, true AS explicit FROM namespace_budgets WHERE namespace = :namespace")
+_UPSERT_OWN = sa.text(
+    f"INSERT INTO namespace_budgets (namespace, {_COLUMNS}, updated_at, updated_by) "
+    "VALUES (:namespace, :budget_gpu_minutes, :period, :warn_at_fraction, :max_gpu_share_per_pod, "
+    ":concurrent_gpu_limit, :now, :actor) ON CONFLICT (namespace) DO UPDATE SET "
+    + ", ".join(f"{field} = excluded.{field}" for field in (*BUDGET_FIELDS, "updated_at", "updated_by"))
+)
+_UPDATE_DEFAULT = sa.text(
+    "UPDATE default_budget SET "
+    + ", ".join(f"{field} = :{field}" for field in BUDGET_FIELDS)
+    + ", updated_at = :now, updated_by = :actor"
+)
+# Known namespaces (or exactly the listed ones, known or not) with their effective budget and the totals
+# of the period they are in now.
+_FIGURES = sa.text(
+    f"""
+    WITH wanted AS (
+        SELECT namespace FROM namespace_status WHERE CAST(:namespaces AS text[]) IS NULL
+        UNION SELECT unnest(CAST(:namespaces AS text[]))
+    ), effective AS (
+        SELECT w.namespace, b.namespace IS NOT NULL AS explicit,
+               {", ".join(f"CASE WHEN b.namespace IS NULL THEN d.{f} ELSE b.{f} END AS {f}" for f in _F)}
+        FROM wanted w
+        CROSS JOIN default_budget d
+        LEFT JOIN namespace_budgets b ON b.namespace = w.namespace
+    )
+    SELECT e.*, coalesce(t.used_gpu_minutes, 0) AS used, coalesce(t.granted_gpu_minutes, 0) AS granted
+    FROM effective e
+    LEFT JOIN usage_totals t ON t.namespace = e.namespace AND t.period_kind = e.period
+        AND t.period_start = CASE e.period WHEN 'daily' THEN :daily WHEN 'weekly' THEN :weekly
+                                           WHEN 'monthly' THEN :monthly ELSE :none END
+    ORDER BY e.namespace
+    """
+)
+_TOTALS = sa.text(
+    "SELECT used_gpu_minutes, granted_gpu_minutes FROM usage_totals "
+    "WHERE namespace = :namespace AND period_kind = :kind AND period_start = :start"
+)
+_ADD_GRANTED = sa.text(
+    "INSERT INTO usage_totals (namespace, period_kind, period_start, granted_gpu_minutes) "
+    "VALUES (:namespace, :kind, :start, :amount) ON CONFLICT (namespace, period_kind, period_start) "
+    "DO UPDATE SET granted_gpu_minutes = usage_totals.granted_gpu_minutes + excluded.granted_gpu_minutes"
+)
+# Recompute a period's totals from the ledger's charged time and the grants, for namespaces whose period
+# kind just changed (their running total for the new kind may have missed charges made under the old one).
+_REBUILD = sa.text(
+    """
+    INSERT INTO usage_totals (namespace, period_kind, period_start, used_gpu_minutes, granted_gpu_minutes)
+    SELECT n.namespace, :kind, :start,
+        coalesce((
+            SELECT sum(round(l.gpu_share * (
+                SELECT coalesce(sum(extract(epoch FROM upper(r) - lower(r))), 0)
+                FROM unnest(l.charged * tstzmultirange(tstzrange(:start, :end))) AS r) / 60, 9))
+            FROM usage_ledger l
+            WHERE l.namespace = n.namespace AND l.interval_end > :start
+              AND (CAST(:end AS timestamptz) IS NULL OR l.interval_start < :end)
+        ), 0),
+        coalesce((
+            SELECT sum(g.gpu_minutes) FROM grants g
+            WHERE g.namespace = n.namespace AND g.granted_at >= :start
+              AND (CAST(:end AS timestamptz) IS NULL OR g.granted_at < :end)
+        ), 0)
+    FROM unnest(CAST(:namespaces AS text[])) AS n(namespace)
+    ON CONFLICT (namespace, period_kind, period_start) DO UPDATE
+        SET used_gpu_minutes = excluded.used_gpu_minutes, granted_gpu_minutes = excluded.granted_gpu_minutes
+    """
+)
+
+
+class BudgetRepository:
+    def __init__(self, session: AsyncSession) -> None:
+        self.session = session
+
+    async def effective(self, namespace: str) -> BudgetConfig:
+        return _config((await self.session.execute(_EFFECTIVE, {"namespace": namespace})).one())
+
+    async def own(self, namespace: str) -> BudgetConfig | None:
+        row = (await self.session.execute(_OWN, {"namespace": namespace})).one_or_none()
+        return None if row is None else _config(row)
+
+    async def default(self) -> BudgetConfig:
+        return _config((await self.session.execute(_DEFAULT)).one())
+
+    async def put_own(self, namespace: str, values: dict[str, Any], actor: str, now: datetime) -> None:
+        await self.session.execute(
+            _UPSERT_OWN, {**values, "namespace": namespace, "actor": actor, "now": now}
+        )
+
+    async def delete_own(self, namespace: str) -> None:
+        await self.session.execute(
+            sa.text("DELETE FROM namespace_budgets WHERE namespace = :namespace"), {"namespace": namespace}
+        )
+
+    async def put_default(self, values: dict[str, Any], actor: str, now: datetime) -> None:
+        await self.session.execute(_UPDATE_DEFAULT, {**values, "actor": actor, "now": now})
+
+    async def namespaces_following_default(self) -> list[str]:
+        result = await self.session.execute(
+            sa.text(
+                "SELECT s.namespace FROM namespace_status s WHERE NOT EXISTS "
+                "(SELECT 1 FROM namespace_budgets b WHERE b.namespace = s.namespace) ORDER BY s.namespace"
+            )
+        )
+        return list(result.scalars())
+
+    async def figures(self, now: datetime, namespaces: list[str] | None = None) -> list[NamespaceFigures]:
+        """Every known namespace's (or exactly the listed ones') budget and current-period totals."""
+        starts = current_period_starts(now)
+        params = {kind.value: start for kind, start in starts.items()}
+        result = await self.session.execute(_FIGURES, {**params, "namespaces": namespaces})
+        return [NamespaceFigures(row.namespace, _config(row), row.used, row.granted) for row in result]
+
+    async def totals(self, namespace: str, kind: PeriodKind, start: datetime) -> tuple[Decimal, Decimal]:
+        """(used, granted) of one namespace's period."""
+        row = (
+            await self.session.execute(_TOTALS, {"namespace": namespace, "kind": kind.value, "start": start})
+        ).one_or_none()
+        return (Decimal(0), Decimal(0)) if row is None else (row.used_gpu_minutes, row.granted_gpu_minutes)
+
+    async def insert_grant(
+        self, namespace: str, amount: Decimal, reason: str, actor: str, now: datetime
+    ) -> int:
+        result = await self.session.execute(
+            sa.text(
+                "INSERT INTO grants (namespace, gpu_minutes, reason, granted_by, granted_at) "
+                "VALUES (:namespace, :amount, :reason, :actor, :now) RETURNING id"
+            ),
+            {"namespace": namespace, "amount": amount, "reason": reason, "actor": actor, "now": now},
+        )
+        return int(result.scalar_one())
+
+    async def add_granted(self, namespace: str, kind: PeriodKind, start: datetime, amount: Decimal) -> None:
+        await self.session.execute(
+            _ADD_GRANTED, {"namespace": namespace, "kind": kind.value, "start": start, "amount": amount}
+        )
+
+    async def rebuild_totals(
+        self, namespaces: list[str], kind: PeriodKind, start: datetime, end: datetime | None
+    ) -> None:
+        if namespaces:
+            await self.session.execute(
+                _REBUILD, {"namespaces": namespaces, "kind": kind.value, "start": start, "end": end}
+            )

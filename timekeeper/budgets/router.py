@@ -1,0 +1,59 @@
+"""Budget status for readers; budgets, defaults and grants for admins."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+
+from timekeeper.auth.dependencies import Admin, Reader
+from timekeeper.budgets.schemas import BudgetConfigOut, BudgetIn, GrantIn, GrantOut, NamespaceBudgetOut
+from timekeeper.budgets.service import BudgetService
+from timekeeper.db.session import SessionDep
+from timekeeper.schemas import NamespacePath
+
+router = APIRouter(tags=["budgets"])
+
+
+def _service(request: Request, session: SessionDep) -> BudgetService:
+    return BudgetService(session, request.app.state.settings, request.app.state.clock)
+
+
+Service = Annotated[BudgetService, Depends(_service)]
+
+
+@router.get("/namespaces", response_model=list[NamespaceBudgetOut])
+async def list_namespaces(service: Service, _: Reader) -> list[NamespaceBudgetOut]:
+    return await service.all()
+
+
+@router.get("/namespaces/{namespace}/budget", response_model=NamespaceBudgetOut)
+async def get_budget(namespace: NamespacePath, service: Service, _: Reader) -> NamespaceBudgetOut:
+    return await service.status(namespace)
+
+
+@router.put("/namespaces/{namespace}/budget", response_model=NamespaceBudgetOut)
+async def put_budget(
+    namespace: NamespacePath, body: BudgetIn, service: Service, admin: Admin
+) -> NamespaceBudgetOut:
+    return await service.put(namespace, body, admin)
+
+
+@router.delete("/namespaces/{namespace}/budget", response_model=NamespaceBudgetOut)
+async def delete_budget(namespace: NamespacePath, service: Service, admin: Admin) -> NamespaceBudgetOut:
+    return await service.delete(namespace, admin)
+
+
+@router.get("/defaults", response_model=BudgetConfigOut)
+async def get_defaults(service: Service, _: Admin) -> BudgetConfigOut:
+    return await service.default()
+
+
+@router.put("/defaults", response_model=BudgetConfigOut)
+async def put_defaults(body: BudgetIn, service: Service, admin: Admin) -> BudgetConfigOut:
+    return await service.put_default(body, admin)
+
+
+@router.post("/namespaces/{namespace}/grants", response_model=GrantOut, status_code=201)
+async def create_grant(namespace: NamespacePath, body: GrantIn, service: Service, admin: Admin) -> GrantOut:
+    return await service.grant(namespace, body, admin)

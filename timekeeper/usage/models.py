@@ -1,0 +1,57 @@
+"""The append-only usage ledger and, per pod, the time already charged."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import BigInteger, Boolean, DateTime, Index, Integer, Numeric, Text, UniqueConstraint, func
+from sqlalchemy.dialects.postgresql import JSONB, TSTZMULTIRANGE
+from sqlalchemy.orm import Mapped, mapped_column
+
+from timekeeper.budgets.models import GPU_MINUTES
+from timekeeper.db.base import Base
+
+
+class LedgerEntry(Base):
+    """One accepted report interval: what was charged (and exactly which time) beside what was measured."""
+
+    __tablename__ = "usage_ledger"
+    __table_args__ = (
+        # Same seq and same interval is a retry; a re-used seq with another interval is new data.
+        UniqueConstraint("pod_uid", "seq", "interval_start", "interval_end", name="uq_usage_ledger_report"),
+        Index("ix_usage_ledger_namespace_interval_start", "namespace", "interval_start"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    namespace: Mapped[str] = mapped_column(Text)
+    pod: Mapped[str] = mapped_column(Text)
+    pod_uid: Mapped[str] = mapped_column(Text)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    interval_start: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    interval_end: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    gpu_share: Mapped[Decimal] = mapped_column(Numeric)
+    charged: Mapped[Any] = mapped_column(TSTZMULTIRANGE)
+    gpu_minutes: Mapped[Decimal] = mapped_column(GPU_MINUTES)
+    final: Mapped[bool] = mapped_column(Boolean)
+    received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    gpu_count: Mapped[int] = mapped_column(Integer)
+    mean_sm_util_pct: Mapped[Decimal | None] = mapped_column(Numeric(6, 3))
+    max_mem_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    gpus: Mapped[Any] = mapped_column(JSONB)
+
+
+class PodCoverage(Base):
+    """The time of each pod already charged; its row lock serialises one pod's reports."""
+
+    __tablename__ = "pod_coverage"
+    __table_args__ = (Index("ix_pod_coverage_namespace", "namespace"),)
+
+    pod_uid: Mapped[str] = mapped_column(Text, primary_key=True)
+    namespace: Mapped[str] = mapped_column(Text)
+    pod: Mapped[str] = mapped_column(Text)
+    covered: Mapped[Any] = mapped_column(TSTZMULTIRANGE)
+    last_seq: Mapped[int] = mapped_column(BigInteger)
+    last_report_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    final: Mapped[bool] = mapped_column(Boolean)

@@ -1,0 +1,50 @@
+"""POST /reports (sidecars) and GET /namespaces/{ns}/usage (readers)."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from pydantic import AwareDatetime
+
+from timekeeper.auth.base import Action
+from timekeeper.auth.dependencies import AuthenticatedPrincipal, Reader, authorize, check_pod_identity
+from timekeeper.db.session import SessionDep
+from timekeeper.metrics import Metrics
+from timekeeper.schemas import NamespacePath
+from timekeeper.usage.repository import GroupBy
+from timekeeper.usage.schemas import ReportAck, ReportIn, UsageOut
+from timekeeper.usage.service import UsageService
+
+router = APIRouter(tags=["usage"])
+
+
+@router.post("/reports", response_model=ReportAck)
+async def post_report(
+    request: Request, report: ReportIn, session: SessionDep, principal: AuthenticatedPrincipal
+) -> ReportAck:
+    """Charge one interval of a pod's GPU use. A retry of the same (pod_uid, seq, interval) answers
+    `duplicate: true` and charges nothing; time already charged is never charged again."""
+    started = time.perf_counter()
+    await authorize(request, principal, Action.REPORT, report.namespace)
+    check_pod_identity(principal, report.namespace, report.pod, report.pod_uid)
+    outcome = await UsageService(session, request.app.state.settings, request.app.state.clock).ingest(report)
+    metrics: Metrics = request.app.state.metrics
+    metrics.reports.labels(result="duplicate" if outcome.duplicate else "charged").inc()
+    metrics.ingest_seconds.observe(time.perf_counter() - started)
+    return ReportAck(duplicate=outcome.duplicate, gpu_minutes=outcome.gpu_minutes, state=outcome.state)
+
+
+@router.get("/namespaces/{namespace}/usage", response_model=UsageOut)
+async def get_usage(
+    request: Request,
+    namespace: NamespacePath,
+    session: SessionDep,
+    _: Reader,
+    since: AwareDatetime | None = None,
+    until: AwareDatetime | None = None,
+    group_by: Annotated[GroupBy, Query()] = "pod",
+) -> UsageOut:
+    service = UsageService(session, request.app.state.settings, request.app.state.clock)
+    return await service.usage(namespace, since, until, group_by)

@@ -1,0 +1,93 @@
+"""The ASGI app: `/mutate`, `/validate`, `/healthz`, `/metrics`; the state poller runs in its lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from webhook.admission import Admission
+from webhook.metrics import WebhookMetrics
+from webhook.review import AdmissionRequest, MalformedReview, parse_review
+from webhook.settings import WebhookSettings, get_settings
+from webhook.state import BudgetStateCache, StatePoller
+
+log = logging.getLogger("webhook")
+
+JSON = "application/json"
+
+
+def _endpoint(
+    name: str, decide: Callable[[AdmissionRequest], tuple[bytes, str]], metrics: WebhookMetrics
+) -> Callable[[Request], Any]:
+    admissions = metrics.admissions
+    latency = metrics.latency.labels(endpoint=name)
+    malformed = metrics.malformed.labels(endpoint=name)
+
+    async def handle(request: Request) -> Response:
+        body = await request.body()
+        started = time.perf_counter()
+        try:
+            review = parse_review(body)
+        except MalformedReview as error:
+            malformed.inc()
+            return Response(
+                orjson.dumps({"detail": error.message}), status_code=error.status_code, media_type=JSON
+            )
+        answer, result = decide(review)
+        latency.observe(time.perf_counter() - started)
+        admissions.labels(endpoint=name, operation=review.operation, result=result).inc()
+        return Response(answer, media_type=JSON)
+
+    return handle
+
+
+def create_app(settings: WebhookSettings | None = None) -> Starlette:
+    """Build the app; the cache, metrics and admission logic are per app, the poller starts in lifespan."""
+    settings = settings or get_settings()
+    cache = BudgetStateCache(settings.state_max_age_seconds)
+    metrics = WebhookMetrics(cache.age_seconds)
+    admission = Admission(settings, cache, metrics)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with httpx.AsyncClient() as client:
+            poller = StatePoller(settings, cache, metrics, client)
+            task = asyncio.create_task(poller.run(), name="admission-state-poller")
+            try:
+                yield
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def healthz(request: Request) -> Response:
+        return Response(b'{"status":"ok"}', media_type=JSON)
+
+    async def metrics_endpoint(request: Request) -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    app = Starlette(
+        routes=[
+            Route("/mutate", _endpoint("mutate", admission.mutate, metrics), methods=["POST"]),
+            Route("/validate", _endpoint("validate", admission.validate, metrics), methods=["POST"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", metrics_endpoint, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.admission = admission
+    app.state.cache = cache
+    app.state.metrics = metrics
+    return app

@@ -1,0 +1,158 @@
+"""Fractional-request governance, run by `/validate` on the final object after every mutator.
+
+Rules about the requests themselves come from `gpuaccounting.shares`; here are the rules that need the
+namespace's cap or the object's previous version. A pod's own requests are judged on CREATE only, so a
+later change of the rules never blocks a metadata update of a pod that is already running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from fractions import Fraction
+from typing import Any
+
+from gpuaccounting import names
+from gpuaccounting.shares import PodShare, Rule, Violation, format_share
+from webhook.review import AdmissionRequest
+from webhook.settings import WebhookSettings
+from webhook.state import NamespaceView
+
+
+def _containers(spec: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    for key in ("initContainers", "containers", "ephemeralContainers"):
+        for container in spec.get(key) or ():
+            if isinstance(container, dict):
+                yield key, container
+
+
+def _spec(pod: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    spec = pod.get("spec") if pod else None
+    return spec if isinstance(spec, dict) else {}
+
+
+def _ours(pod: Mapping[str, Any] | None) -> dict[str, Any]:
+    metadata = pod.get("metadata") if pod else None
+    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+    if not isinstance(annotations, dict):
+        return {}
+    return {key: value for key, value in annotations.items() if key.startswith(names.ANNOTATION_PREFIX)}
+
+
+def _sidecar(spec: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    return next((c for _, c in _containers(spec) if c.get("name") == names.SIDECAR_CONTAINER_NAME), None)
+
+
+def token_mounts(pod: Mapping[str, Any]) -> list[Violation]:
+    """No container but ours may mount the token volume: the token speaks for the pod to the timekeeper."""
+    found = []
+    for key, container in _containers(_spec(pod)):
+        if key != "ephemeralContainers" and container.get("name") == names.SIDECAR_CONTAINER_NAME:
+            continue
+        for mount in container.get("volumeMounts") or ():
+            if isinstance(mount, dict) and mount.get("name") == names.SIDECAR_TOKEN_VOLUME:
+                found.append(
+                    Violation(
+                        Rule.TOKEN_VOLUME_MOUNT,
+                        "only the injected gpu-timekeeper-sidecar may mount this volume",
+                        str(container.get("name")),
+                        "volumeMount",
+                        names.SIDECAR_TOKEN_VOLUME,
+                    )
+                )
+    return found
+
+
+def _env_value(container: Mapping[str, Any], name: str) -> object:
+    for variable in container.get("env") or ():
+        if isinstance(variable, dict) and variable.get("name") == name:
+            return variable.get("value")
+    return None
+
+
+def on_create(
+    pod: Mapping[str, Any], share: PodShare, view: NamespaceView, settings: WebhookSettings
+) -> list[Violation]:
+    found = list(share.violations)
+    cap = view.admission["max_gpu_share_per_pod"] if view.admission is not None else None
+    if cap is not None and share.share > Fraction(str(cap)):
+        found.append(
+            Violation(
+                Rule.NAMESPACE_CAP,
+                f"the pod's GPU share {format_share(share.share)} is above"
+                f" this namespace's per-pod cap of {cap}",
+            )
+        )
+    annotations = _ours(pod)
+    expected = {
+        names.ANNOTATION_GPU_SHARE: format_share(share.share) if share.uses_gpu else None,
+        names.ANNOTATION_SHARING_SYSTEM: share.system.value if share.system else None,
+    }
+    for key, value in expected.items():
+        if key in annotations and annotations[key] != value:
+            found.append(
+                Violation(
+                    Rule.PROTECTED_ANNOTATIONS,
+                    "is written by gpu-timekeeper from the pod's requests and may not be set by users"
+                    + (f" (the requests give {value})" if value else " (this pod requests no GPU)"),
+                    resource=f"annotation {key}",
+                    value=str(annotations[key]),
+                )
+            )
+    sidecar = _sidecar(_spec(pod))
+    if sidecar is None and share.uses_gpu:
+        found.append(
+            Violation(
+                Rule.SIDECAR_REQUIRED,
+                "this GPU pod has no gpu-timekeeper-sidecar: the mutating webhook did not run for it"
+                " (its use could not be accounted); create the pod again",
+            )
+        )
+    if sidecar is not None:
+        problems = []
+        if sidecar.get("image") != settings.sidecar_image:
+            problems.append(f"image {sidecar.get('image')} is not {settings.sidecar_image}")
+        if share.uses_gpu and _env_value(sidecar, "SIDECAR_GPU_SHARE") != format_share(share.share):
+            problems.append(
+                f"SIDECAR_GPU_SHARE {_env_value(sidecar, 'SIDECAR_GPU_SHARE')} is not the pod's share"
+            )
+        if not share.uses_gpu:
+            problems.append("this pod requests no GPU")
+        if problems:
+            found.append(
+                Violation(
+                    Rule.PROTECTED_SIDECAR,
+                    "is injected by gpu-timekeeper and may not be supplied or altered: "
+                    + "; ".join(problems),
+                    names.SIDECAR_CONTAINER_NAME,
+                )
+            )
+    found.extend(token_mounts(pod))
+    return found
+
+
+def on_update(request: AdmissionRequest, settings: WebhookSettings) -> list[Violation]:
+    """What an update may not change: our annotations, our sidecar, our volumes."""
+    found = token_mounts(request.object or {})
+    if request.username in settings.privileged_usernames:
+        return found
+    old, new = _ours(request.old_object), _ours(request.object)
+    for key in sorted(old.keys() | new.keys()):
+        if old.get(key) != new.get(key):
+            found.append(
+                Violation(
+                    Rule.PROTECTED_ANNOTATIONS,
+                    f"is written by gpu-timekeeper and may not be changed (was {old.get(key)!r})",
+                    resource=f"annotation {key}",
+                    value=repr(new.get(key)),
+                )
+            )
+    old_spec, new_spec = _spec(request.old_object), _spec(request.object)
+    if _sidecar(old_spec) != _sidecar(new_spec):
+        found.append(
+            Violation(
+                Rule.PROTECTED_SIDECAR,
+                "is injected by gpu-timekeeper and may not be added, removed or changed",
+                names.SIDECAR_CONTAINER_NAME,
+            )
+        )
+    return found

@@ -1,0 +1,121 @@
+"""The sidecar the webhook injects into every GPU pod: container, volumes, and the env contract.
+
+A native sidecar (an init container with `restartPolicy: Always`, Kubernetes 1.29+) is placed first among
+the init containers, so it runs beside every later init container and Jobs still complete; on older
+clusters (`sidecar_mode=container`) it is a plain container. Injection is idempotent: a pod that already
+has the sidecar or our volumes keeps them as they are (the API server may have defaulted their fields).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuaccounting import names
+from webhook.settings import WebhookSettings
+
+TOKEN_FILE_NAME = "token"
+
+
+def _field_env(name: str, field_path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}
+
+
+class SidecarTemplate:
+    """Builds the sidecar container and its volumes from settings (all but the share precomputed)."""
+
+    def __init__(self, settings: WebhookSettings) -> None:
+        self.settings = settings
+        self.native = settings.sidecar_mode == "native"
+        self.token_file = f"{settings.sidecar_token_dir.rstrip('/')}/{TOKEN_FILE_NAME}"
+        self._env_tail = [
+            {
+                "name": "SIDECAR_TIMEKEEPER_URL",
+                "value": settings.sidecar_timekeeper_url or settings.timekeeper_url,
+            },
+            {"name": "SIDECAR_TOKEN_FILE", "value": self.token_file},
+            {
+                "name": "SIDECAR_REPORT_INTERVAL_SECONDS",
+                "value": str(settings.sidecar_report_interval_seconds),
+            },
+            {"name": "SIDECAR_BUFFER_DIR", "value": settings.sidecar_buffer_dir},
+            {"name": "SIDECAR_PODINFO_DIR", "value": settings.sidecar_podinfo_dir},
+            {"name": "SIDECAR_NVML_BACKEND", "value": "pynvml"},
+        ]
+        self.volumes = [
+            {
+                "name": names.SIDECAR_TOKEN_VOLUME,
+                "projected": {
+                    "sources": [
+                        {
+                            "serviceAccountToken": {
+                                "audience": names.TOKEN_AUDIENCE,
+                                "expirationSeconds": settings.sidecar_token_expiration_seconds,
+                                "path": TOKEN_FILE_NAME,
+                            }
+                        }
+                    ]
+                },
+            },
+            {
+                "name": names.SIDECAR_BUFFER_VOLUME,
+                "emptyDir": {"sizeLimit": settings.sidecar_buffer_size_limit},
+            },
+            {
+                "name": names.SIDECAR_PODINFO_VOLUME,
+                "downwardAPI": {
+                    "items": [
+                        {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}},
+                        {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}},
+                    ]
+                },
+            },
+        ]
+        self.volume_names = frozenset(volume["name"] for volume in self.volumes)
+
+    def container(self, share: str) -> dict[str, Any]:
+        s = self.settings
+        built: dict[str, Any] = {
+            "name": names.SIDECAR_CONTAINER_NAME,
+            "image": s.sidecar_image,
+            "imagePullPolicy": s.sidecar_image_pull_policy,
+            "env": [
+                _field_env("POD_NAMESPACE", "metadata.namespace"),
+                _field_env("POD_NAME", "metadata.name"),
+                _field_env("POD_UID", "metadata.uid"),
+                {"name": "SIDECAR_GPU_SHARE", "value": share},
+                *self._env_tail,
+            ],
+            "resources": {
+                "requests": {"cpu": s.sidecar_cpu_request, "memory": s.sidecar_memory_request},
+                "limits": {"memory": s.sidecar_memory_limit},
+            },
+            "volumeMounts": [
+                {"name": names.SIDECAR_TOKEN_VOLUME, "mountPath": s.sidecar_token_dir, "readOnly": True},
+                {"name": names.SIDECAR_BUFFER_VOLUME, "mountPath": s.sidecar_buffer_dir},
+                {"name": names.SIDECAR_PODINFO_VOLUME, "mountPath": s.sidecar_podinfo_dir, "readOnly": True},
+            ],
+            "securityContext": {
+                "allowPrivilegeEscalation": False,
+                "readOnlyRootFilesystem": True,
+                "capabilities": {"drop": ["ALL"]},
+            },
+        }
+        if self.native:
+            built["restartPolicy"] = "Always"
+        return built
+
+    def inject(self, spec: dict[str, Any], share: str) -> None:
+        """Add the sidecar and its volumes to a (copied) pod spec unless they are there already."""
+        containers = spec.get("containers") or []
+        init_containers = spec.get("initContainers") or []
+        present = any(c.get("name") == names.SIDECAR_CONTAINER_NAME for c in (*containers, *init_containers))
+        if not present:
+            if self.native:
+                spec["initContainers"] = [self.container(share), *init_containers]
+            else:
+                spec["containers"] = [*containers, self.container(share)]
+        volumes = spec.get("volumes") or []
+        have = {volume.get("name") for volume in volumes}
+        missing = [volume for volume in self.volumes if volume["name"] not in have]
+        if missing:
+            spec["volumes"] = [*volumes, *missing]

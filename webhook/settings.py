@@ -1,0 +1,122 @@
+"""The webhook's settings: one typed class read from `WEBHOOK_*` variables, through a cached getter."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from gpuaccounting import names
+from gpuaccounting.shares import DEFAULT_CLEARML_FRACTIONS, GpuHardware, Rule
+
+PreemptionPolicy = Literal["PreemptLowerPriority", "Never"]
+
+ALL_RULES = frozenset(rule.value for rule in Rule)
+
+
+class WebhookSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="WEBHOOK_", extra="ignore")
+
+    host: str = "0.0.0.0"
+    port: int = 8443
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    log_format: Literal["json", "console"] = "json"
+
+    # Budget state, polled from the timekeeper in the background.
+    timekeeper_url: str = "http://gpu-timekeeper.gpu-timekeeper.svc:8080"
+    timekeeper_token_file: Path | None = None  # re-read on every poll: projected tokens rotate
+    state_poll_interval_seconds: float = Field(default=10.0, gt=0)
+    state_poll_timeout_seconds: float = Field(default=5.0, gt=0)
+    state_max_age_seconds: float = Field(default=120.0, gt=0)
+    # What a decision assumes when the state is older than state_max_age_seconds, or was never loaded.
+    stale_state_policy: Literal["in_budget", "over_budget", "last_known"] = "in_budget"
+    missing_state_policy: Literal["in_budget", "over_budget"] = "in_budget"
+
+    # Priority.
+    in_budget_priority_class: str = names.DEFAULT_IN_BUDGET_PRIORITY_CLASS
+    in_budget_priority: int = 1000
+    in_budget_preemption_policy: PreemptionPolicy = "PreemptLowerPriority"
+    over_budget_priority_class: str = names.DEFAULT_OVER_BUDGET_PRIORITY_CLASS
+    over_budget_priority: int = 100
+    over_budget_preemption_policy: PreemptionPolicy = "Never"
+    override_foreign_priority_class: bool = False
+    # Classes we replace as if none were chosen, e.g. the cluster's globalDefault class, which the
+    # Priority plugin has already written into every pod that named none.
+    replaceable_priority_classes: Annotated[frozenset[str], NoDecode] = frozenset()
+
+    # Injection.
+    sidecar_mode: Literal["native", "container"] = "native"  # "container" for clusters before 1.29
+    sidecar_image: str = "ghcr.io/gpu-timekeeper/sidecar:0.1.0"
+    sidecar_image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    sidecar_timekeeper_url: str | None = None  # defaults to timekeeper_url
+    sidecar_report_interval_seconds: int = Field(default=30, gt=0)
+    sidecar_cpu_request: str = "10m"
+    sidecar_memory_request: str = "32Mi"
+    sidecar_memory_limit: str = "64Mi"
+    sidecar_token_expiration_seconds: int = Field(default=3600, ge=600)
+    sidecar_token_dir: str = "/var/run/secrets/gpu-timekeeper"
+    sidecar_buffer_dir: str = "/var/lib/gpu-timekeeper/buffer"
+    sidecar_buffer_size_limit: str = "64Mi"
+    sidecar_podinfo_dir: str = "/etc/gpu-timekeeper/podinfo"
+
+    # Hardware sizes the shares depend on.
+    gpu_memory_mib: int = Field(default=81920, gt=0)
+    mig_slices_per_gpu: int = Field(default=7, gt=0)
+    time_slicing_replicas: int = Field(default=1, gt=0)
+    time_slicing_renamed: bool = False
+    metagpu_units_per_gpu: int = Field(default=100, gt=0)
+    gpushare_memory_unit_mib: int = Field(default=1024, gt=0)
+    clearml_allowed_fractions: Annotated[frozenset[Fraction], NoDecode] = DEFAULT_CLEARML_FRACTIONS
+
+    # Governance: every rule is enforced unless listed here (comma-separated).
+    disabled_rules: Annotated[frozenset[str], NoDecode] = frozenset()
+    # Users (e.g. the timekeeper's ServiceAccount) allowed to change our annotations on running pods.
+    privileged_usernames: Annotated[frozenset[str], NoDecode] = frozenset()
+
+    @field_validator("disabled_rules", "privileged_usernames", "replaceable_priority_classes", mode="before")
+    @classmethod
+    def _split_names(cls, value: object) -> object:
+        if isinstance(value, str):
+            return frozenset(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("disabled_rules")
+    @classmethod
+    def _known_rules(cls, value: frozenset[str]) -> frozenset[str]:
+        unknown = value - ALL_RULES
+        if unknown:
+            raise ValueError(f"unknown rules {sorted(unknown)}; known: {sorted(ALL_RULES)}")
+        return value
+
+    @field_validator("clearml_allowed_fractions", mode="before")
+    @classmethod
+    def _split_fractions(cls, value: object) -> object:
+        if isinstance(value, str):
+            return frozenset(Fraction(part.strip()) for part in value.split(",") if part.strip())
+        return value
+
+    @property
+    def hardware(self) -> GpuHardware:
+        return GpuHardware(
+            gpu_memory_mib=self.gpu_memory_mib,
+            mig_slices_per_gpu=self.mig_slices_per_gpu,
+            time_slicing_replicas=self.time_slicing_replicas,
+            time_slicing_renamed=self.time_slicing_renamed,
+            metagpu_units_per_gpu=self.metagpu_units_per_gpu,
+            gpushare_memory_unit_mib=self.gpushare_memory_unit_mib,
+            clearml_fractions=self.clearml_allowed_fractions,
+        )
+
+    def enforces(self, rule: str) -> bool:
+        return rule not in self.disabled_rules
+
+
+@lru_cache
+def get_settings() -> WebhookSettings:
+    """The process's settings; tests build their own WebhookSettings and pass it to create_app."""
+    return WebhookSettings()

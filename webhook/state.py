@@ -1,0 +1,143 @@
+"""The namespaces' budget state, held in memory and refreshed from the timekeeper in the background.
+
+The admission path only reads the cache (a dictionary lookup); the poller is the one thing that waits on
+the network. A poll sends `If-None-Match` with the last ETag, so an unchanged snapshot costs a 304.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from gpuaccounting.admission_state import AdmissionState, NamespaceAdmission
+from gpuaccounting.names import ADMISSION_STATE_PATH
+from gpuaccounting.wire import BudgetState
+from webhook.metrics import WebhookMetrics
+from webhook.settings import WebhookSettings
+
+log = logging.getLogger("webhook.state")
+
+Freshness = Literal["fresh", "stale", "missing"]
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceView:
+    """What the cache knows about one namespace, and how much to trust it."""
+
+    admission: NamespaceAdmission | None
+    freshness: Freshness
+    age_seconds: float | None
+
+
+class BudgetStateCache:
+    """The last snapshot and when it was last confirmed (a 200 or a 304)."""
+
+    def __init__(self, max_age_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_age_seconds = max_age_seconds
+        self._clock = clock
+        self.snapshot: AdmissionState | None = None
+        self.etag: str | None = None
+        self.confirmed_at: float | None = None
+
+    def store(self, snapshot: AdmissionState, etag: str | None) -> None:
+        self.snapshot = snapshot
+        self.etag = etag
+        self.confirmed_at = self._clock()
+
+    def confirm(self) -> None:
+        self.confirmed_at = self._clock()
+
+    def age_seconds(self) -> float | None:
+        return None if self.confirmed_at is None else self._clock() - self.confirmed_at
+
+    def view(self, namespace: str) -> NamespaceView:
+        snapshot = self.snapshot
+        if snapshot is None:
+            return NamespaceView(None, "missing", None)
+        age = self.age_seconds() or 0.0
+        admission = snapshot["namespaces"].get(namespace) or snapshot["default"]
+        return NamespaceView(admission, "stale" if age > self.max_age_seconds else "fresh", age)
+
+
+PollResult = Literal["updated", "not_modified", "error"]
+
+
+# The snapshot's shape (gpuaccounting.admission_state) as pydantic models: pydantic cannot check a
+# typing.TypedDict on Python 3.11, and the shared module stays stdlib-only.
+class _NamespaceModel(BaseModel):
+    state: BudgetState
+    max_gpu_share_per_pod: float | None = None
+
+
+class _SnapshotModel(BaseModel):
+    version: int
+    generated_at: str
+    priority_classes: dict[str, str]
+    default: _NamespaceModel
+    namespaces: dict[str, _NamespaceModel]
+
+
+class StatePoller:
+    """Polls `GET /api/v1/admission-state`; a failure keeps the last snapshot and is counted and logged."""
+
+    def __init__(
+        self,
+        settings: WebhookSettings,
+        cache: BudgetStateCache,
+        metrics: WebhookMetrics,
+        client: httpx.AsyncClient,
+    ) -> None:
+        self.settings = settings
+        self.cache = cache
+        self.metrics = metrics
+        self.client = client
+        self.url = settings.timekeeper_url.rstrip("/") + ADMISSION_STATE_PATH
+        self._failing = False
+
+    async def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if self.cache.etag:
+            headers["If-None-Match"] = self.cache.etag
+        token_file = self.settings.timekeeper_token_file
+        if token_file is not None:
+            token = (await asyncio.to_thread(token_file.read_text)).strip()
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    async def poll_once(self) -> PollResult:
+        try:
+            response = await self.client.get(
+                self.url, headers=await self._headers(), timeout=self.settings.state_poll_timeout_seconds
+            )
+            if response.status_code == 304:
+                self.cache.confirm()
+                result: PollResult = "not_modified"
+            else:
+                response.raise_for_status()
+                snapshot: AdmissionState = _SnapshotModel.model_validate_json(response.content).model_dump()  # type: ignore[assignment]
+                self.cache.store(snapshot, response.headers.get("etag"))
+                self.metrics.state_version.set(snapshot["version"])
+                result = "updated"
+        except (httpx.HTTPError, OSError, ValidationError) as error:
+            self.metrics.state_polls.labels(result="error").inc()
+            if not self._failing:  # log the first failure of a run of failures, not every poll
+                log.warning("admission_state_poll_failed", extra={"url": self.url, "error": str(error)[:500]})
+            self._failing = True
+            return "error"
+        if self._failing:
+            log.info("admission_state_poll_recovered", extra={"url": self.url})
+        self._failing = False
+        self.metrics.state_polls.labels(result=result).inc()
+        return result
+
+    async def run(self) -> None:
+        while True:
+            await self.poll_once()
+            await asyncio.sleep(self.settings.state_poll_interval_seconds)

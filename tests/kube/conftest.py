@@ -3,13 +3,18 @@ timekeeper's own ServiceAccount (so every call also proves the RBAC rules we shi
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from sqlalchemy.engine import URL
 
 from tests.support.kube_apiserver import KubeApiServer
 from tests.support.kube_rbac import TIMEKEEPER_NAMESPACE, TIMEKEEPER_SERVICE_ACCOUNT, install_cluster_roles
+from tests.support.postgres import url_string
 from timekeeper.kube import KubeClient
+from timekeeper.settings import Settings
 
 
 @pytest.fixture
@@ -23,6 +28,37 @@ def apiserver() -> Iterator[KubeApiServer]:
 @pytest.fixture
 def kube(apiserver: KubeApiServer) -> Iterator[KubeClient]:
     token = apiserver.add_service_account_token(TIMEKEEPER_NAMESPACE, TIMEKEEPER_SERVICE_ACCOUNT)
-    client = KubeClient(apiserver.client_configuration(token), request_timeout_seconds=5)
-    yield client
-    client.close()
+    kube_client = KubeClient(apiserver.client_configuration(token), request_timeout_seconds=5)
+    yield kube_client
+    kube_client.close()
+
+
+# The app in Kubernetes auth mode: the timekeeper suite's database and app fixtures, with these settings.
+from tests.timekeeper.conftest import app, client, clock, connection, database_url  # noqa: E402, F401
+
+
+@pytest.fixture
+def kubeconfig(apiserver: KubeApiServer, tmp_path: Path) -> Path:
+    """A kubeconfig for the stand-in, with the timekeeper's ServiceAccount token, as `kubectl` writes them."""
+    token = apiserver.add_service_account_token(TIMEKEEPER_NAMESPACE, TIMEKEEPER_SERVICE_ACCOUNT)
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "stand-in", "cluster": {"server": apiserver.url}}],
+        "users": [{"name": "timekeeper", "user": {"token": token}}],
+        "contexts": [{"name": "stand-in", "context": {"cluster": "stand-in", "user": "timekeeper"}}],
+        "current-context": "stand-in",
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    return path
+
+
+@pytest.fixture
+def settings(database_url: URL, kubeconfig: Path) -> Settings:  # noqa: F811 (the imported fixture)
+    return Settings(
+        database_url=url_string(database_url),
+        auth_mode="kubernetes",
+        kube_in_cluster=False,
+        kubeconfig=kubeconfig,
+    )

@@ -32,8 +32,9 @@ from cachetools import TTLCache
 
 from gpuaccounting.names import DOMAIN, TOKEN_AUDIENCE
 from timekeeper.auth.base import Action, PodIdentity, Principal
-from timekeeper.kube.client import KubeClient
+from timekeeper.kube.client import KubeClient, KubeConfig
 from timekeeper.kube.types import POD_NAME_EXTRA, POD_UID_EXTRA, TokenReviewResult
+from timekeeper.settings import Settings
 
 BUDGET_RESOURCE = "gpubudgets"
 BUDGET_GROUP = DOMAIN
@@ -68,8 +69,10 @@ class KubernetesAccessControl:
         decision_ttl_seconds: float = 10.0,
         max_entries: int = 50_000,
         timer: Callable[[], float] = time.monotonic,
+        owns_client: bool = False,
     ) -> None:
         self._kube = kube
+        self._owns_client = owns_client
         self._audiences = (audience,)
         self._accept_api_tokens = accept_api_tokens
         # Rejections are kept for less time: a pod's token is rejected until the pod exists.
@@ -121,7 +124,15 @@ class KubernetesAccessControl:
         return decision
 
     async def aclose(self) -> None:
-        """Drop the caches; the KubeClient belongs to the lifespan, which closes it."""
+        """Drop the caches, and the client when it was built for this access control."""
         self._accepted.clear()
         self._rejected.clear()
         self._decisions.clear()
+        if self._owns_client:
+            await asyncio.to_thread(self._kube.close)
+
+
+def build_access_control(settings: Settings) -> KubernetesAccessControl:
+    """The factory's entry for `TIMEKEEPER_AUTH_MODE=kubernetes` (called in the lifespan)."""
+    kube = KubeClient.from_config(KubeConfig.from_settings(settings))
+    return KubernetesAccessControl(kube, owns_client=True)

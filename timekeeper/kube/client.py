@@ -43,6 +43,7 @@ from timekeeper.kube.types import (
     QuotaChange,
     TokenReviewResult,
 )
+from timekeeper.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,15 @@ class KubeConfig:
     kubeconfig: Path | None = None
     context: str | None = None
     request_timeout_seconds: float = 10.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> KubeConfig:
+        return cls(
+            settings.kube_in_cluster,
+            settings.kubeconfig,
+            settings.kube_context,
+            settings.kube_request_timeout_seconds,
+        )
 
 
 def load_configuration(config: KubeConfig) -> Configuration:

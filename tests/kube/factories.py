@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuaccounting.names import ANNOTATION_GPU_SHARE
+from gpuaccounting.names import ANNOTATION_GPU_SHARE, DEFAULT_IN_BUDGET_PRIORITY_CLASS
 from tests.support.kube_apiserver import KubeApiServer
 
 
@@ -20,6 +20,7 @@ def gpu_pod(
     controlled: bool = True,
     started_at: str | None = "2026-11-22T00:00:00Z",
     finished_at: str | None = None,
+    priority_class: str = DEFAULT_IN_BUDGET_PRIORITY_CLASS,
 ) -> dict[str, Any]:
     """A GPU pod as the webhook leaves it (share annotation) and the kubelet reports it (phase, times)."""
     metadata: dict[str, Any] = {
@@ -52,6 +53,7 @@ def gpu_pod(
             "metadata": metadata,
             "spec": {
                 "nodeName": "gpu-node-1",
+                "priorityClassName": priority_class,
                 "containers": [
                     {"name": "main", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
                 ],

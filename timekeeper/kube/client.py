@@ -9,6 +9,7 @@ computation takes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -155,12 +156,22 @@ class KubeClient:
         self._authz = kubernetes.client.AuthorizationV1Api(self._api)
         self._timeout = request_timeout_seconds
         self._instance = os.environ.get("HOSTNAME", COMPONENT)
+        self._watches: set[urllib3.BaseHTTPResponse] = set()
+        self._watches_lock = threading.Lock()
+        self._closed = False
 
     @classmethod
     def from_config(cls, config: KubeConfig) -> KubeClient:
         return cls(load_configuration(config), config.request_timeout_seconds)
 
     def close(self) -> None:
+        """Close the connections, ending open watches at once (their threads see the stream end)."""
+        with self._watches_lock:
+            self._closed = True
+            watches = list(self._watches)
+        for response in watches:
+            with contextlib.suppress(ValueError, OSError):
+                response.shutdown()
         self._api.close()
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -299,7 +310,12 @@ class KubeClient:
             )
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise KubeUnavailableError(f"kubernetes API unreachable: {exc}") from exc
+        with self._watches_lock:
+            closing = self._closed
+            self._watches.add(response)
         try:
+            if closing:  # closed while this request was on its way: end it rather than block
+                return
             for line in iter_resp_lines(response):
                 if stop.is_set():
                     return
@@ -318,6 +334,8 @@ class KubeClient:
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise KubeUnavailableError(f"pod watch interrupted: {exc}") from exc
         finally:
+            with self._watches_lock:
+                self._watches.discard(response)
             response.close()
             response.release_conn()
 
@@ -335,6 +353,16 @@ class KubeClient:
                 return EvictionResult.GONE
             raise KubeError(f"eviction of {namespace}/{name} refused: {exc.status} {exc.reason}") from exc
         return EvictionResult.EVICTED
+
+    def namespace_annotations(self, namespace: str) -> dict[str, str]:
+        """A namespace's annotations (where its owners state policy); empty when it does not exist."""
+        try:
+            found = self._call(self._core.read_namespace, namespace)
+        except ApiException as exc:
+            if exc.status == HTTP_NOT_FOUND:
+                return {}
+            raise KubeError(f"namespace {namespace}: {exc.status} {exc.reason}") from exc
+        return dict(found.metadata.annotations or {})
 
     # ---- quotas ----------------------------------------------------------------------------------------
 

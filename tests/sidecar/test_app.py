@@ -10,8 +10,8 @@ from typing import Any
 
 from sidecar.app import grid_floor
 from tests.sidecar.coverage import bounds, persisted_state, union
-from tests.sidecar.processes import SidecarProcess, wait_until
 from tests.sidecar.receiver import ReportReceiver
+from tests.support.processes import SidecarProcess, wait_until
 
 
 def assert_exact_cover(reports: list[dict[str, Any]], buffer_dir: Path) -> None:

@@ -5,10 +5,6 @@ nothing twice."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,9 +17,8 @@ import pytest
 from sqlalchemy.engine import URL
 
 from tests.sidecar.coverage import persisted_state
-from tests.sidecar.processes import REPO_ROOT, SidecarProcess, wait_until
-from tests.support.postgres import url_string
-from tests.support.timekeeper import Tokens, bearer, migrated_database, sha256
+from tests.support.processes import SidecarProcess, TimekeeperProcess, free_port, wait_until
+from tests.support.timekeeper import Tokens, bearer, migrated_database
 
 pytestmark = pytest.mark.e2e
 
@@ -31,58 +26,6 @@ NAMESPACE = "team-e2e"
 SHARE = Decimal("0.375")
 # The ledger keeps nano-GPU-minutes, each report rounded half-up: at most half a nano-minute per report.
 NANO = Decimal("0.000000001")
-
-
-class Timekeeper:
-    """`python -m timekeeper` on a fixed port, stoppable and restartable against the same database."""
-
-    def __init__(self, database: URL, tokens: Tokens, port: int, log_path: Path) -> None:
-        self.port = port
-        self.log_path = log_path
-        self.env = {
-            **os.environ,
-            "PYTHONPATH": str(REPO_ROOT),
-            "TIMEKEEPER_DATABASE_URL": url_string(database),
-            "TIMEKEEPER_AUTH_MODE": "static",
-            "TIMEKEEPER_ADMIN_TOKEN_SHA256": sha256(tokens.admin),
-            "TIMEKEEPER_REPORTER_TOKEN_SHA256": sha256(tokens.reporter),
-            "TIMEKEEPER_READER_TOKEN_SHA256": sha256(tokens.reader),
-        }
-        self.process: subprocess.Popen[bytes] | None = None
-        self.url = f"http://127.0.0.1:{port}"
-
-    def start(self) -> None:
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "timekeeper", "--port", str(self.port), "--log-level", "warning"],
-                cwd=REPO_ROOT,
-                env=self.env,
-                stdout=log,
-                stderr=log,
-            )
-        wait_until(self.healthy, timeout=60, what=f"the timekeeper on port {self.port}")
-
-    def healthy(self) -> bool:
-        assert self.process is not None
-        if self.process.poll() is not None:
-            raise AssertionError(f"timekeeper exited: {self.log_path.read_text()[-3000:]}")
-        try:
-            return httpx.get(f"{self.url}/api/v1/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            self.process.wait(timeout=30)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture
@@ -97,14 +40,14 @@ def tokens() -> Tokens:
 
 
 @pytest.fixture
-def timekeeper(database: URL, tokens: Tokens, tmp_path: Path) -> Iterator[Timekeeper]:
-    running = Timekeeper(database, tokens, free_port(), tmp_path / "timekeeper.log")
+def timekeeper(database: URL, tokens: Tokens, tmp_path: Path) -> Iterator[TimekeeperProcess]:
+    running = TimekeeperProcess(database, tokens.env(), free_port(), tmp_path / "timekeeper.log")
     running.start()
     yield running
     running.stop()
 
 
-def budget(timekeeper: Timekeeper, tokens: Tokens) -> dict[str, Any]:
+def budget(timekeeper: TimekeeperProcess, tokens: Tokens) -> dict[str, Any]:
     response = httpx.get(
         f"{timekeeper.url}/api/v1/namespaces/{NAMESPACE}/budget", headers=bearer(tokens.reader), timeout=5
     )
@@ -113,7 +56,7 @@ def budget(timekeeper: Timekeeper, tokens: Tokens) -> dict[str, Any]:
 
 
 def test_the_namespace_is_charged_exactly_share_times_wall_time(
-    timekeeper: Timekeeper, tokens: Tokens, tmp_path: Path
+    timekeeper: TimekeeperProcess, tokens: Tokens, tmp_path: Path
 ) -> None:
     put = httpx.put(
         f"{timekeeper.url}/api/v1/namespaces/{NAMESPACE}/budget",

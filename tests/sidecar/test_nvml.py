@@ -17,8 +17,8 @@ from sidecar.gpus import GpuSample, Selector
 from sidecar.logs import EventLog
 from sidecar.monitor import GpuMonitor
 from sidecar.nvml import PynvmlBackend
-from tests.sidecar.processes import REPO_ROOT, SidecarProcess, wait_until
 from tests.sidecar.receiver import ReportReceiver
+from tests.support.processes import REPO_ROOT, SidecarProcess, wait_until
 
 GPU_A = "GPU-11111111-2222-3333-4444-555555555555"
 GPU_B = "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"

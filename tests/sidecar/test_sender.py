@@ -17,8 +17,8 @@ from sidecar.buffer import ReportBuffer
 from sidecar.logs import EventLog
 from sidecar.sender import Outcome, Sender, TimekeeperClient, backoff_delay, classify
 from sidecar.state import StateStore, to_datetime
-from tests.sidecar.processes import REPO_ROOT
 from tests.sidecar.receiver import ReportReceiver
+from tests.support.processes import REPO_ROOT
 
 T0 = 1_790_000_000_000_000
 STEP = 1_000_000

@@ -111,3 +111,15 @@ async def test_a_budget_admin_edits_and_is_audited_by_name(
 
     assert response.status_code == 200, response.text
     assert audit.json()[0]["actor"] == "carol"
+
+
+async def test_an_unreachable_api_server_is_a_503_not_a_refusal(
+    apiserver: KubeApiServer, client: httpx.AsyncClient
+):
+    token, pod = _pod_token(apiserver, "team-a", "pod-a")
+    apiserver.stop()
+
+    response = await client.post("/reports", json=_report(pod), headers=bearer(token))
+
+    assert response.status_code == 503
+    assert "retry" in response.json()["detail"]

@@ -1,18 +1,23 @@
 """RBAC objects for the stand-in API server: the rules the timekeeper ships, and a cluster's usual roles.
 
 `timekeeper_rules()` is exactly what the timekeeper's own ServiceAccount needs (docs/kubernetes.md lists the
-same rules for deployment/); the tests run the KubeClient with that identity, so a missing rule fails them.
+same rules); the tests run the KubeClient with that identity, so a missing rule fails them, and
+tests/kube/test_rbac.py checks that deployment/ grants them. The viewer and admin roles are deployment/'s.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import yaml
+
 from tests.support.kube_apiserver import KubeApiServer
+from tests.support.postgres import REPO_ROOT
 
 RBAC = "rbac.authorization.k8s.io/v1"
 TIMEKEEPER_NAMESPACE = "gpu-timekeeper"
 TIMEKEEPER_SERVICE_ACCOUNT = "gpu-timekeeper"
+RBAC_DIR = REPO_ROOT / "deployment" / "base" / "rbac"
 
 
 def timekeeper_rules() -> list[dict[str, Any]]:
@@ -55,9 +60,21 @@ def _binding(kind: str, name: str, role: str, subject: dict[str, Any], namespace
     }
 
 
+def deployment_rbac() -> list[dict[str, Any]]:
+    """The RBAC objects deployment/ ships (ClusterRoles and bindings for the timekeeper and its API)."""
+    objects: list[dict[str, Any]] = []
+    for path in sorted(RBAC_DIR.glob("*.yaml")):
+        if path.name != "kustomization.yaml":
+            objects.extend(o for o in yaml.safe_load_all(path.read_text()) if o)
+    for obj in objects:
+        if obj["kind"] in ("ServiceAccount", "RoleBinding", "Role"):
+            obj["metadata"].setdefault("namespace", TIMEKEEPER_NAMESPACE)
+    return objects
+
+
 def install_cluster_roles(server: KubeApiServer) -> None:
-    """The built-in aggregated `view` role, and the roles deployment/ ships for the timekeeper."""
-    budgets = {"apiGroups": ["gpu-timekeeper.io"], "resources": ["gpubudgets"]}
+    """A cluster's built-in roles the timekeeper relies on (the aggregated `view`, auth-delegator), the
+    API roles deployment/ ships, and the timekeeper's own role reduced to exactly `timekeeper_rules()`."""
     server.put(
         {
             "apiVersion": RBAC,
@@ -78,14 +95,9 @@ def install_cluster_roles(server: KubeApiServer) -> None:
             {"rbac.authorization.k8s.io/aggregate-to-view": "true"},
         )
     )
-    server.put(
-        _cluster_role(
-            "gpu-timekeeper-viewer",
-            [{**budgets, "verbs": ["get", "list"]}],
-            {"rbac.authorization.k8s.io/aggregate-to-view": "true"},
-        )
-    )
-    server.put(_cluster_role("gpu-timekeeper-admin", [{**budgets, "verbs": ["get", "list", "update"]}]))
+    for obj in deployment_rbac():
+        if obj["kind"] == "ClusterRole" and obj["metadata"]["name"].startswith("gpu-timekeeper-"):
+            server.put(obj)
     server.put(_cluster_role("gpu-timekeeper", timekeeper_rules()))
     server.put(
         _binding(

@@ -25,20 +25,26 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 from cachetools import TTLCache
 
 from gpuaccounting.names import DOMAIN, TOKEN_AUDIENCE
 from timekeeper.auth.base import Action, PodIdentity, Principal
+from timekeeper.errors import TimekeeperError
 from timekeeper.kube.client import KubeClient, KubeConfig
-from timekeeper.kube.types import POD_NAME_EXTRA, POD_UID_EXTRA, TokenReviewResult
+from timekeeper.kube.types import POD_NAME_EXTRA, POD_UID_EXTRA, KubeError, TokenReviewResult
 from timekeeper.settings import Settings
 
 BUDGET_RESOURCE = "gpubudgets"
 BUDGET_GROUP = DOMAIN
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def principal_from_review(review: TokenReviewResult, pod_bound: bool = True) -> Principal | None:
@@ -53,6 +59,16 @@ def principal_from_review(review: TokenReviewResult, pod_bound: bool = True) -> 
         if namespace and pod_name and pod_uid:
             pod = PodIdentity(namespace=namespace, name=pod_name, uid=pod_uid)
     return Principal(name=review.username, pod=pod, groups=review.groups)
+
+
+async def _ask(call: Callable[..., T], *args: Any) -> T:
+    """Run a blocking review off the event loop; an API server that fails us is a 503 (retry later),
+    not a refusal and not a 500."""
+    try:
+        return await asyncio.to_thread(call, *args)
+    except KubeError as error:
+        log.warning("kubernetes_review_failed", extra={"error": str(error)})
+        raise TimekeeperError("the Kubernetes API cannot review credentials now; retry later", 503) from error
 
 
 class KubernetesAccessControl:
@@ -91,11 +107,11 @@ class KubernetesAccessControl:
         principal = self._accepted.get(key)
         if principal is not None:
             return principal
-        review = await asyncio.to_thread(self._kube.token_review, token, self._audiences)
+        review = await _ask(self._kube.token_review, token, self._audiences)
         principal = principal_from_review(review)
         if principal is None and self._accept_api_tokens:
             # An empty audience list means the API server's own audiences.
-            review = await asyncio.to_thread(self._kube.token_review, token, ())
+            review = await _ask(self._kube.token_review, token, ())
             principal = principal_from_review(review, pod_bound=False)
         if principal is None:
             self._rejected[key] = True
@@ -111,7 +127,7 @@ class KubernetesAccessControl:
         key = (principal.name, principal.groups, verb, namespace or "")
         decision = self._decisions.get(key)
         if decision is None:
-            decision = await asyncio.to_thread(
+            decision = await _ask(
                 self._kube.subject_access_review,
                 principal.name,
                 principal.groups,

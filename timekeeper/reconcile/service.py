@@ -138,29 +138,29 @@ class Reconciler:
         grace. Only pods with uncharged time in that span are touched."""
         now = self.clock.now()
         until = now - timedelta(seconds=self.settings.silent_grace_seconds)
-        spans: dict[str, tuple[TrackedPod, datetime, bool]] = {}
+        spans: dict[str, tuple[TrackedPod, datetime, datetime, bool]] = {}
         for pod in self.registry.pods():
             start = pod.info.started_at
             if pod.closed or start is None:
                 continue
             if pod.ended_at is not None:
-                spans[pod.info.uid] = (pod, pod.ended_at, True)
+                spans[pod.info.uid] = (pod, start, pod.ended_at, True)
             elif pod.running and until > start:
-                spans[pod.info.uid] = (pod, until, False)
+                spans[pod.info.uid] = (pod, start, until, False)
         async with self.sessionmaker() as session:
             uncovered = await ReconcileRepository(session).with_uncovered_time(
-                (uid, pod.info.started_at, end)
-                for uid, (pod, end, _) in spans.items()
-                if pod.info.started_at is not None and end > pod.info.started_at
+                (uid, start, end) for uid, (_, start, end, _) in spans.items() if end > start
             )
-        for uid, (pod, end, final) in spans.items():
+        for uid, (pod, start, end, final) in spans.items():
             if uid in uncovered:
-                result.charged[uid] = await self._charge_pod(pod, end, final, now)
+                result.charged[uid] = await self._charge_pod(pod, start, end, final, now)
             if final:
                 self.registry.mark_closed(uid)
                 result.closed.append(uid)
 
-    async def _charge_pod(self, pod: TrackedPod, end: datetime, final: bool, now: datetime) -> Decimal:
+    async def _charge_pod(
+        self, pod: TrackedPod, start: datetime, end: datetime, final: bool, now: datetime
+    ) -> Decimal:
         info = pod.info
         try:
             report = ReportIn(
@@ -168,7 +168,7 @@ class Reconciler:
                 pod=info.name,
                 pod_uid=info.uid,
                 seq=RECONCILER_SEQ,
-                interval_start=info.started_at,
+                interval_start=start,
                 interval_end=end,
                 gpu_share=pod.share,
                 final=final,

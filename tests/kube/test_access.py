@@ -122,11 +122,11 @@ async def test_reviews_are_cached_by_token_hash_for_a_short_time(
     first = await access.authenticate(token)
     second = await access.authenticate(token)
     assert first == second
-    assert apiserver.requests["POST", "tokenreviews"] == 1
+    assert apiserver.requests["create", "tokenreviews"] == 1
 
     clock.now += 31
     assert await access.authenticate(token) == first
-    assert apiserver.requests["POST", "tokenreviews"] == 2
+    assert apiserver.requests["create", "tokenreviews"] == 2
 
 
 async def test_a_rejection_is_cached_more_briefly(
@@ -137,13 +137,13 @@ async def test_a_rejection_is_cached_more_briefly(
     apiserver.remove("v1", "Pod", "team-a", "pod-a")
 
     assert await access.authenticate(token) is None
-    reviews = apiserver.requests["POST", "tokenreviews"]
+    reviews = apiserver.requests["create", "tokenreviews"]
     assert await access.authenticate(token) is None
-    assert apiserver.requests["POST", "tokenreviews"] == reviews
+    assert apiserver.requests["create", "tokenreviews"] == reviews
 
     clock.now += 6  # past the 5 s rejection TTL, well inside the 30 s one
     assert await access.authenticate(token) is None
-    assert apiserver.requests["POST", "tokenreviews"] > reviews
+    assert apiserver.requests["create", "tokenreviews"] > reviews
 
 
 async def test_a_namespace_member_reads_their_own_budget_but_not_another(
@@ -218,9 +218,9 @@ async def test_decisions_are_cached_briefly(
 
     assert await access.authorize(alice, Action.READ, "team-a")
     assert await access.authorize(alice, Action.READ, "team-a")
-    assert apiserver.requests["POST", "subjectaccessreviews"] == 1
+    assert apiserver.requests["create", "subjectaccessreviews"] == 1
 
     apiserver.remove("rbac.authorization.k8s.io/v1", "RoleBinding", "team-a", "alice-view")
     clock.now += 11
     assert not await access.authorize(alice, Action.READ, "team-a")
-    assert apiserver.requests["POST", "subjectaccessreviews"] == 2
+    assert apiserver.requests["create", "subjectaccessreviews"] == 2

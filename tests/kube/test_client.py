@@ -119,17 +119,18 @@ def test_watch_resumes_from_the_last_event_when_the_server_ends_it(
     apiserver: KubeApiServer, kube: KubeClient
 ):
     stop = threading.Event()
-    stream = kube.watch_pods(stop, timeout_seconds=1)
+    stream = kube.watch_pods(stop, timeout_seconds=30)
     next(stream)
     gpu_pod(apiserver, "team-a", "a")
     assert next(stream).pod.name == "a"  # type: ignore[union-attr]
 
-    # The server closes each watch after its timeoutSeconds; the next one resumes without listing again.
+    # The server ends the watch; the client watches again from "a"'s resourceVersion, without a list.
+    apiserver.end_watches()
     gpu_pod(apiserver, "team-a", "b")
     event = next(stream)
-    while not isinstance(event, PodEvent) or event.pod.name != "b":
-        event = next(stream)
     stop.set()
+    assert isinstance(event, PodEvent) and (event.type, event.pod.name) == ("ADDED", "b")
+    assert apiserver.requests["watch", "pods"] == 2
     assert apiserver.requests["list", "pods"] == 1
 
 
@@ -146,10 +147,10 @@ def test_watch_lists_again_when_its_resource_version_has_expired(apiserver: Kube
     apiserver.finish_pod_deletion("team-a", "old")
     apiserver.compact()
 
+    # (The generator is lazy: its watch request starts only now, from the compacted resourceVersion.)
     relisted = next(stream)
-    while isinstance(relisted, PodEvent):  # events streamed before the compaction closed the watch
-        relisted = next(stream)
     stop.set()
+    assert isinstance(relisted, PodSnapshot)
     assert [p.name for p in relisted.pods] == ["new"]
     assert apiserver.requests["list", "pods"] == 2
 

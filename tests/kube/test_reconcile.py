@@ -347,3 +347,17 @@ async def test_the_app_runs_the_reconciler_when_asked(apiserver: KubeApiServer, 
         assert await asyncio.to_thread(reconciler.registry.synced.wait, 10)
         assert [p.info.name for p in reconciler.registry.pods()] == ["p"]
     assert not reconciler._thread.is_alive()
+
+
+async def test_a_pod_that_never_started_is_forgotten_without_a_charge(
+    apiserver: KubeApiServer, reconciler: Reconciler
+):
+    gpu_pod(apiserver, "team-a", "unschedulable", phase="Pending", started_at=None)
+    await sync(reconciler)
+    apiserver.remove("v1", "Pod", "team-a", "unschedulable")
+    await sync(reconciler)
+
+    result = await reconciler.run_pass()
+
+    assert result is not None and result.charged == {}
+    assert reconciler.registry.pods() == []

@@ -272,12 +272,12 @@ class KubeApiServer:
         self._objects: dict[tuple[ResourceType, str | None, str], JSON] = {}
         self._history: list[WatchEvent] = []
         self._compacted_rv = 0
-        self._epoch = 0  # bumped by compact(): open watches end, as when an apiserver restarts
+        self._epoch = 0  # bumped by end_watches(): open watches end
         self._tokens: dict[str, TokenInfo] = {}
         self._stopping = False
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
-        # (method, verb, resource plural[/subresource]) of every request, for assertions on traffic.
+        # (verb, resource plural[/subresource]) of every request, for assertions on traffic.
         self.requests: Counter[tuple[str, str]] = Counter()
 
     # ---- lifecycle -------------------------------------------------------------------------------------
@@ -466,14 +466,19 @@ class KubeApiServer:
     def resource_version(self) -> int:
         return self._rv
 
+    def end_watches(self) -> None:
+        """End every open watch (as an apiserver restart or a load balancer does); clients resume."""
+        with self._cond:
+            self._epoch += 1
+            self._cond.notify_all()
+
     def compact(self) -> None:
         """Forget the watch history and end open watches, as an apiserver restart after etcd compaction
         does: a watch resumed from an older resourceVersion now gets 410 Expired."""
         with self._cond:
             self._compacted_rv = self._rv
             self._history.clear()
-            self._epoch += 1
-            self._cond.notify_all()
+        self.end_watches()
 
     def put(self, obj: JSON) -> JSON:
         """Create or replace an object directly (test setup, or what a controller/kubelet would write)."""
@@ -603,7 +608,7 @@ class KubeApiServer:
 
     # ---- request handling ------------------------------------------------------------------------------
 
-    def handle(self, request: Request, user: TokenInfo) -> tuple[int, JSON]:
+    def handle(self, request: Request) -> tuple[int, JSON]:
         """Answer one non-watch request (authorised already)."""
         r = request
         with self._cond:
@@ -896,7 +901,7 @@ class _Handler(BaseHTTPRequestHandler):
             user = self._user()
             if self.path.startswith(TOKEN_REVIEW_PATH) and method == "POST":
                 self._authorize(user, "create", "authentication.k8s.io", "tokenreviews", None, None)
-                state.requests["POST", "tokenreviews"] += 1
+                state.requests["create", "tokenreviews"] += 1
                 self._reply(201, state.review_token(body or {}))
                 return
             if (
@@ -904,7 +909,7 @@ class _Handler(BaseHTTPRequestHandler):
                 and method == "POST"
             ):
                 self._authorize(user, "create", "authorization.k8s.io", "subjectaccessreviews", None, None)
-                state.requests["POST", "subjectaccessreviews"] += 1
+                state.requests["create", "subjectaccessreviews"] += 1
                 self._reply(201, state.review_access(body or {}))
                 return
             request = state.parse(method, self.path, body, content_type)
@@ -916,7 +921,7 @@ class _Handler(BaseHTTPRequestHandler):
             if request.verb == "watch":
                 self._stream(state.watch(request))
                 return
-            status, answer = state.handle(request, user)
+            status, answer = state.handle(request)
         except ApiError as error:
             self._reply(error.code, error.status())
             return

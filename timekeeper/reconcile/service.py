@@ -141,7 +141,11 @@ class Reconciler:
         spans: dict[str, tuple[TrackedPod, datetime, datetime, bool]] = {}
         for pod in self.registry.pods():
             start = pod.info.started_at
-            if pod.closed or start is None:
+            if pod.closed:
+                continue
+            if start is None:
+                if pod.ended_at is not None:  # never started: nothing to charge, nothing to remember
+                    self.registry.mark_closed(pod.info.uid)
                 continue
             if pod.ended_at is not None:
                 spans[pod.info.uid] = (pod, start, pod.ended_at, True)

@@ -36,11 +36,6 @@ def shipped() -> KubeApiServer:
     return server
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="deployment/base/rbac/timekeeper.yaml lacks `delete` on resourcequotas (removing our quota when a "
-    "namespace's concurrent limit goes away); remove this mark once it is added",
-)
 def test_deployment_grants_the_timekeeper_every_rule_it_needs(shipped: KubeApiServer):
     groups = (
         "system:serviceaccounts",

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionm
 
 from tests.kube.factories import gpu_pod, pdb
 from tests.support.kube_apiserver import KubeApiServer
+from tests.support.processes import wait_until
 from tests.support.timekeeper import report_body
 from tests.timekeeper.conftest import START
 from timekeeper.app import create_app
@@ -329,10 +330,7 @@ async def test_the_watch_thread_keeps_the_registry_current(apiserver: KubeApiSer
     try:
         assert await asyncio.to_thread(reconciler.registry.synced.wait, 10)
         gpu_pod(apiserver, "team-a", "second")
-        for _ in range(200):
-            if len(reconciler.registry.pods()) == 2:
-                break
-            await asyncio.sleep(0.05)
+        await asyncio.to_thread(wait_until, lambda: len(reconciler.registry.pods()) == 2, 10, "the new pod")
         assert sorted(p.info.name for p in reconciler.registry.pods()) == ["first", "second"]
     finally:
         await reconciler.aclose()

@@ -40,13 +40,15 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import jsonpatch
 import kubernetes
+
+from tests.support.loopback import LoopbackServer, send_json
 
 JSON = dict[str, Any]
 
@@ -291,8 +293,7 @@ class KubeApiServer:
         self._epoch = 0  # bumped by end_watches(): open watches end
         self._tokens: dict[str, TokenInfo] = {}
         self._stopping = False
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: LoopbackServer | None = None
         # (verb, resource plural[/subresource]) of every authorised request, for assertions on traffic.
         self.requests: Counter[tuple[str, str]] = Counter()
         # Every resource request in order, with its answer, for assertions on exactly what was written.
@@ -302,29 +303,20 @@ class KubeApiServer:
 
     def start(self) -> KubeApiServer:
         handler = type("Handler", (_Handler,), {"server_state": self})
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, args=(0.05,), name="kube-apiserver", daemon=True
-        )
-        self._thread.start()
+        self._server = LoopbackServer(handler).start()
         return self
 
     def stop(self) -> None:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        if self._server is not None:
+            self._server.stop()
 
     @property
     def url(self) -> str:
-        assert self._httpd is not None, "start() the server first"
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        assert self._server is not None, "start() the server first"
+        return self._server.url
 
     def client_configuration(self, token: str) -> kubernetes.client.Configuration:
         """A client configuration that talks to this server with a bearer token."""
@@ -997,12 +989,7 @@ class _Handler(BaseHTTPRequestHandler):
         raise ApiError(403, "Forbidden", message, {"kind": base})
 
     def _reply(self, code: int, body: JSON) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, code, body)
 
     def _stream(self, events: Iterator[JSON]) -> None:
         self.send_response(HTTPStatus.OK)

@@ -21,7 +21,7 @@ _RECORD = sa.text(
     "UPDATE job_runs SET detail = CAST(:detail AS jsonb) WHERE job = :job AND window_start = :window_start"
 )
 # A pod counts as running until it sent its final report or was closed out after its last report.
-RUNNING_POD_SQL = "NOT final AND (closed_at IS NULL OR closed_at < last_report_at)"
+RUNNING_POD_SQL = "NOT final AND (closed_at IS NULL OR closed_at <= last_report_at)"
 _CLOSE_OUT = sa.text(
     f"UPDATE pod_coverage SET closed_at = :now WHERE {RUNNING_POD_SQL} AND last_report_at < :silent_since "
     "RETURNING namespace, pod, pod_uid"

@@ -55,6 +55,6 @@ class PodCoverage(Base):
     last_seq: Mapped[int] = mapped_column(BigInteger)
     last_report_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     final: Mapped[bool] = mapped_column(Boolean)
-    # Set by the close-out job when the pod stopped reporting; a later report (last_report_at after it)
+    # Set by the close-out job when the pod stopped reporting; a later report (last_report_at from then on)
     # makes the pod running again.
     closed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

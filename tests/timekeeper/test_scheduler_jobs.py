@@ -198,8 +198,9 @@ async def test_pods_that_stopped_reporting_are_closed_out(
     settings = app.state.settings
     silence = settings.report_interval * settings.closeout_after_intervals
     start = clock.now()
-    ok(await api.report(pod="silent", pod_uid="uid-silent", seq=1, start=start - timedelta(minutes=1)))
-    ok(await api.report(pod="done", pod_uid="uid-done", seq=1, start=start - timedelta(minutes=1), final=True))
+    earlier = start - timedelta(minutes=1)
+    ok(await api.report(pod="silent", pod_uid="uid-silent", seq=1, start=earlier))
+    ok(await api.report(pod="done", pod_uid="uid-done", seq=1, start=earlier, final=True))
     clock.advance(silence + timedelta(seconds=1))
     ok(await api.report(pod="alive", pod_uid="uid-alive", seq=1, start=start))
 

@@ -53,7 +53,8 @@ async def answers(api: Api) -> dict[str, Any]:
         for group_by in ("pod", "hour", "day"):
             answer = ok(await api.get("/namespaces/team-a/usage", group_by=group_by, **window))
             seen[f"{number}/{group_by}/total"] = answer["total_gpu_minutes"]
-            seen[f"{number}/{group_by}/minutes"] = [(row["key"], row["gpu_minutes"]) for row in answer["rows"]]
+            rows = answer["rows"]
+            seen[f"{number}/{group_by}/minutes"] = [(row["key"], row["gpu_minutes"]) for row in rows]
             if group_by == "hour" and number == 0:
                 # An aggregate is one pod's hour: for whole hours the report counts match too.
                 seen["hour/rows"] = answer["rows"]

@@ -71,8 +71,8 @@ async def history(api: Api, clock: ManualClock) -> dict[str, Any]:
     ok(await api.put_budget("team-a", budget_gpu_minutes=1000, period="monthly"))
     await report_history(api)
     before = await answers(api)
-    # The retention window (7 days by default) passes.
-    clock.set(at(14, 30) + timedelta(days=7))
+    # The retention window (7 days by default) passes; the window (10 minutes by default) starts at 14:00.
+    clock.set(at(14, 9) + timedelta(days=7))
     return before
 
 

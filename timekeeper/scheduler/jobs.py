@@ -18,8 +18,6 @@ from timekeeper.clock import Clock
 from timekeeper.scheduler.repository import SchedulerRepository
 from timekeeper.settings import Settings
 
-HOUR = timedelta(hours=1)
-
 
 def floor_to(moment: datetime, step: timedelta) -> datetime:
     """The start of the step-long slot (counted from the Unix epoch) that the moment falls in."""
@@ -62,8 +60,9 @@ class SchedulerService:
         }
 
     async def roll_up(self, now: datetime, window: datetime) -> dict[str, Any]:
-        """Ledger rows that ended before the window (an hour boundary at least rollup_retention ago) are
-        folded into hourly per-pod aggregates; coverage and running totals are untouched."""
+        """Ledger rows that ended by the window's start (now - rollup_retention, floored to the job's
+        interval) are folded into hourly per-pod aggregates, merging with those of earlier windows;
+        pod coverage and running totals are untouched."""
         folded, hours = await self.repository.roll_up(window)
         return {"folded_rows": folded, "hourly_rows": hours}
 
@@ -98,7 +97,7 @@ JOBS: tuple[Job, ...] = (
     Job(
         "rollup",
         lambda s: s.rollup_interval,
-        lambda now, s: floor_to(now - s.rollup_retention, HOUR),
+        lambda now, s: floor_to(now - s.rollup_retention, s.rollup_interval),
         SchedulerService.roll_up,
     ),
 )

@@ -1,0 +1,120 @@
+"""Leadership through a PostgreSQL advisory lock, and windows claimed once even by racing runners, on a
+database of the test's own (these commit)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import UTC, datetime
+
+import pytest
+import sqlalchemy as sa
+from prometheus_client import CollectorRegistry, generate_latest
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from tests.support.postgres import url_string
+from tests.support.timekeeper import migrated_database
+from timekeeper.clock import ManualClock, SystemClock
+from timekeeper.db.session import build_engine, build_sessionmaker
+from timekeeper.scheduler.jobs import JOBS_BY_NAME, run_job
+from timekeeper.scheduler.runner import SchedulerRunner
+from timekeeper.settings import Settings
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest.fixture(scope="module")
+def own_database() -> Iterator[URL]:
+    with migrated_database("gtk_leader") as url:
+        yield url
+
+
+@pytest.fixture
+def fast_settings(own_database: URL) -> Settings:
+    fast = 0.2
+    return Settings(
+        database_url=url_string(own_database),
+        leader_retry_interval=fast,
+        rollover_interval=fast,
+        states_interval=fast,
+        closeout_interval=fast,
+        rollup_interval=fast,
+    )
+
+
+@pytest.fixture
+async def sessionmaker(fast_settings: Settings) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
+    assert fast_settings.database_url is not None
+    engine = build_engine(fast_settings.database_url, pool_size=4)
+    yield build_sessionmaker(engine)
+    await engine.dispose()
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 15
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        await asyncio.sleep(0.05)
+
+
+async def test_one_replica_leads_and_another_takes_over_when_its_session_dies(
+    fast_settings: Settings, sessionmaker: async_sessionmaker[AsyncSession]
+) -> None:
+    assert fast_settings.database_url is not None
+    registries = [CollectorRegistry(), CollectorRegistry()]
+    first, second = (
+        SchedulerRunner(fast_settings.database_url, sessionmaker, fast_settings, SystemClock(), registry)
+        for registry in registries
+    )
+    first.start()
+    await until(lambda: first.leading, "the first replica leads")
+    second.start()
+    await until(lambda: first.health["states"].outcome == "ok", "the leader runs the jobs")
+    try:
+        assert not second.leading
+        assert all(health.last_run is None for health in second.health.values())
+
+        # The leader's lock session ends (its process died, or the network took it): it stops, the
+        # other one takes over.
+        async with sessionmaker() as session:
+            killed = await session.execute(
+                sa.text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                    "AND ((classid::bigint << 32) | objid::bigint) = :key"
+                ),
+                {"key": fast_settings.scheduler_lock_key},
+            )
+            assert killed.scalars().all() == [True]
+        await until(lambda: second.leading, "the second replica takes over")
+        await until(lambda: not first.leading, "the first one knows it no longer leads")
+        await until(lambda: second.health["closeout"].outcome == "ok", "the new leader runs the jobs")
+
+        assert not first.leading
+        assert b"timekeeper_scheduler_leader" in generate_latest(registries[1])
+        assert first.status()["leader"] is False and second.status()["leader"] is True
+    finally:
+        await first.stop()
+        await second.stop()
+
+
+async def test_racing_runs_of_one_window_do_the_work_once(
+    fast_settings: Settings, sessionmaker: async_sessionmaker[AsyncSession]
+) -> None:
+    job = JOBS_BY_NAME["rollup"]
+    clock = ManualClock(datetime(2030, 1, 1, 12, 0, 0, 100, tzinfo=UTC))  # a window nobody ran yet
+
+    results = await asyncio.gather(
+        *(run_job(job, sessionmaker, fast_settings, clock, f"replica-{n}") for n in range(4))
+    )
+
+    assert len({result.window for result in results}) == 1
+    assert [result.detail is not None for result in results].count(True) == 1
+    async with sessionmaker() as session:
+        recorded = await session.execute(
+            sa.text("SELECT replica FROM job_runs WHERE job = 'rollup' AND window_start = :window"),
+            {"window": results[0].window},
+        )
+        [winner] = [n for n, result in enumerate(results) if result.detail is not None]
+        assert recorded.scalars().all() == [f"replica-{winner}"]

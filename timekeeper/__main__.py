@@ -6,7 +6,9 @@ import argparse
 
 import uvicorn
 
+from gpuaccounting.logs import configure_logging
 from timekeeper.app import create_app
+from timekeeper.settings import get_settings
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -15,7 +17,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
-    uvicorn.run(create_app(), host=args.host, port=args.port, log_level=args.log_level, proxy_headers=True)
+    settings = get_settings()
+    configure_logging(settings.log_format, settings.log_level)
+    uvicorn.run(
+        create_app(settings),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        log_config=None,
+        proxy_headers=True,
+    )
 
 
 if __name__ == "__main__":

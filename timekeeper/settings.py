@@ -43,6 +43,11 @@ class Settings(BaseSettings):
     max_gpu_share: float = Field(default=256.0, gt=0, description="Largest believable GPU share of one pod.")
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, description="Largest accepted request body.")
 
+    log_format: Literal["auto", "json", "text"] = Field(
+        default="auto", description="Log lines as JSON or text; auto is JSON unless stderr is a terminal."
+    )
+    log_level: str = "INFO"
+
     clock_start: AwareDatetime | None = Field(default=None, description="Demo clock: the time it starts at.")
     clock_speed: float = Field(
         default=1.0, gt=0, description="Demo clock: simulated seconds per real second."

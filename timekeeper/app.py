@@ -21,7 +21,7 @@ from timekeeper.db.session import build_engine, build_sessionmaker, resolve_data
 from timekeeper.errors import install_error_handler
 from timekeeper.health.router import router as health_router
 from timekeeper.metrics import Metrics
-from timekeeper.scheduler.runner import SchedulerRunner
+from timekeeper.scheduler.runner import with_scheduler
 from timekeeper.settings import Settings, get_settings
 from timekeeper.usage.router import router as usage_router
 
@@ -66,22 +66,13 @@ def default_clock(settings: Settings) -> Clock:
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
-    database_url = await resolve_database_url(settings)
-    engine = build_engine(database_url, settings.database_pool_size)
+    engine = build_engine(await resolve_database_url(settings), settings.database_pool_size)
     app.state.engine = engine
     app.state.sessionmaker = build_sessionmaker(engine)
     app.state.access = await build_access_control(settings)
-    app.state.scheduler = None
-    if settings.scheduler_enabled:
-        app.state.scheduler = SchedulerRunner(
-            database_url, app.state.sessionmaker, settings, app.state.clock, app.state.metrics.registry
-        )
-        app.state.scheduler.start()
     try:
         yield
     finally:
-        if app.state.scheduler is not None:
-            await app.state.scheduler.stop()
         await app.state.access.aclose()
         await engine.dispose()
 
@@ -92,7 +83,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
         title="GPU Timekeeper",
         version="1",
         summary="Per-namespace GPU-minute budgets, the usage ledger and the admission snapshot.",
-        lifespan=lifespan,
+        lifespan=with_scheduler(lifespan),
     )
     app.state.settings = settings
     app.state.clock = clock or default_clock(settings)

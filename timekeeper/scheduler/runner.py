@@ -8,13 +8,15 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
+from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -202,3 +204,33 @@ class SchedulerCollector(Collector):
                 outcome.add_metric([name, candidate], 1.0 if candidate == health.outcome else 0.0)
                 runs.add_metric([name, candidate], runner.counts[name, candidate])
         yield from (leader, last_run, last_success, duration, outcome, runs)
+
+
+def with_scheduler(
+    lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]],
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's lifespan, plus (when scheduler_enabled) this replica competing to run the jobs, on the
+    engine and sessionmaker the lifespan built; app.state.scheduler is the runner (or None)."""
+
+    @asynccontextmanager
+    async def scheduled(app: FastAPI) -> AsyncIterator[None]:
+        async with lifespan(app):
+            settings: Settings = app.state.settings
+            runner = None
+            if settings.scheduler_enabled:
+                runner = SchedulerRunner(
+                    app.state.engine.url.render_as_string(hide_password=False),
+                    app.state.sessionmaker,
+                    settings,
+                    app.state.clock,
+                    app.state.metrics.registry,
+                )
+                runner.start()
+            app.state.scheduler = runner
+            try:
+                yield
+            finally:
+                if runner is not None:
+                    await runner.stop()
+
+    return scheduled

@@ -4,24 +4,22 @@ killed mid-run. The books stay exact, every job window runs once, and the surviv
 from __future__ import annotations
 
 import asyncio
-import os
 import random
-import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 
 import httpx
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from tests.support.postgres import REPO_ROOT, url_string
+from tests.support.postgres import url_string
+from tests.support.processes import TimekeeperProcess, free_port
 from tests.support.timekeeper import Tokens, bearer, migrated_database, report_body
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
@@ -33,20 +31,27 @@ NAMESPACES = ("team-0", "team-1", "team-2", "team-3")
 INTERVAL = timedelta(seconds=30)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @dataclass
 class Replica:
-    process: subprocess.Popen[bytes]
-    url: str
+    process: TimekeeperProcess
+
+    @property
+    def url(self) -> str:
+        return self.process.url
 
     @property
     def name(self) -> str:
-        return f"{socket.gethostname()}:{self.process.pid}"
+        assert self.process.process is not None
+        return f"{socket.gethostname()}:{self.process.process.pid}"
+
+    def alive(self) -> bool:
+        return self.process.process is not None and self.process.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no goodbye; the server drops the process's sessions, and its lock with them."""
+        assert self.process.process is not None
+        self.process.process.kill()
+        self.process.process.wait(timeout=10)
 
 
 @pytest.fixture
@@ -56,14 +61,9 @@ def database() -> Iterator[URL]:
 
 
 @pytest.fixture
-def replicas(database: URL, tokens: Tokens) -> Iterator[list[Replica]]:
+def replicas(database: URL, tokens: Tokens, tmp_path: Path) -> Iterator[list[Replica]]:
     env = {
-        **os.environ,
-        "TIMEKEEPER_DATABASE_URL": url_string(database),
-        "TIMEKEEPER_AUTH_MODE": "static",
-        "TIMEKEEPER_ADMIN_TOKEN_SHA256": tokens.settings()["admin_token_sha256"],
-        "TIMEKEEPER_REPORTER_TOKEN_SHA256": tokens.settings()["reporter_token_sha256"],
-        "TIMEKEEPER_READER_TOKEN_SHA256": tokens.settings()["reader_token_sha256"],
+        **tokens.env(),
         "TIMEKEEPER_LEADER_RETRY_INTERVAL": "0.5",
         "TIMEKEEPER_ROLLOVER_INTERVAL": "1",
         "TIMEKEEPER_STATES_INTERVAL": "1",
@@ -72,25 +72,17 @@ def replicas(database: URL, tokens: Tokens) -> Iterator[list[Replica]]:
         "TIMEKEEPER_ROLLUP_INTERVAL": "1",
         "TIMEKEEPER_ROLLUP_RETENTION": "0",
     }
-    started = []
-    for _ in range(2):
-        port = free_port()
-        process = subprocess.Popen(
-            [sys.executable, "-m", "timekeeper", "--port", str(port), "--log-level", "warning"],
-            env=env,
-            cwd=REPO_ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        started.append(Replica(process, f"http://127.0.0.1:{port}"))
+    started = [
+        Replica(TimekeeperProcess(database, env, free_port(), tmp_path / f"timekeeper-{n}.log"))
+        for n in range(2)
+    ]
     try:
+        for replica in started:
+            replica.process.start()
         yield started
     finally:
         for replica in started:
-            if replica.process.poll() is None:
-                replica.process.send_signal(signal.SIGTERM)
-        for replica in started:
-            replica.process.wait(timeout=15)
+            replica.process.stop()
 
 
 async def scheduler_status(client: httpx.AsyncClient, replica: Replica) -> dict | None:
@@ -127,7 +119,7 @@ class Traffic:
     halfway: asyncio.Event = field(default_factory=asyncio.Event)
 
     def alive(self) -> list[Replica]:
-        return [replica for replica in self.targets if replica.process.poll() is None]
+        return [replica for replica in self.targets if replica.alive()]
 
     async def send(self, body: dict, prefer: int) -> None:
         for _ in range(50):
@@ -197,9 +189,8 @@ async def test_two_replicas_keep_exact_books_and_hand_the_jobs_over_when_the_lea
         )
         pods = asyncio.gather(*(traffic.pod(number) for number in range(PODS)))
         await traffic.halfway.wait()
-        leader.process.kill()  # SIGKILL: no goodbye, the server drops its session and its lock
+        leader.kill()
         killed_at = datetime.now(UTC)
-        leader.process.wait(timeout=10)
         await pods
 
         assert await wait_for_leader(client, [survivor]) is survivor

@@ -231,6 +231,14 @@ async def test_two_replicas_keep_exact_books_and_hand_the_jobs_over_when_the_lea
         runs = connection.execute(sa.text("SELECT job, window_start, replica, ran_at FROM job_runs")).all()
         raw_left = connection.execute(sa.text("SELECT count(*) FROM usage_ledger")).scalar_one()
         rolled = connection.execute(sa.text("SELECT count(*) FROM usage_hourly")).scalar_one()
+        # Each report touched one hour (30-s intervals aligned to the hour): folded once, it counts once.
+        folded = connection.execute(
+            sa.text(
+                "SELECT pod_uid, sum(reports) AS reports, (SELECT sum(upper(r) - lower(r)) "
+                "FROM unnest(range_agg(charged)) AS r) AS charged "
+                "FROM usage_hourly GROUP BY pod_uid"
+            )
+        ).all()
         team_0_events = (
             connection.execute(
                 sa.text("SELECT new_state FROM budget_events WHERE namespace = 'team-0' ORDER BY id")
@@ -244,6 +252,9 @@ async def test_two_replicas_keep_exact_books_and_hand_the_jobs_over_when_the_lea
     assert totals == expected  # exact, to the nano-GPU-minute, with retries, a kill and roll-ups
     assert set(usage.values()) == {float(expected["team-1"])}
     assert rolled > 0 and raw_left == 0
+    assert {row.pod_uid: (row.reports, row.charged) for row in folded} == {
+        f"uid-{number}": (REPORTS_PER_POD, REPORTS_PER_POD * INTERVAL) for number in range(PODS)
+    }
     # One row per (job, window) is the table's key; who ran it shows one runner at a time.
     assert len({(job, window) for job, window, _, _ in runs}) == len(runs)
     by_replica = {

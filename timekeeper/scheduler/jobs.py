@@ -27,12 +27,11 @@ def floor_to(moment: datetime, step: timedelta) -> datetime:
 class SchedulerService:
     """The jobs' work; the caller owns the transaction (run_job commits it)."""
 
-    def __init__(self, session: AsyncSession, settings: Settings, replica: str) -> None:
+    def __init__(self, session: AsyncSession, settings: Settings) -> None:
         self.repository = SchedulerRepository(session)
         self.admission = AdmissionService(session, settings)
         self.admission_repository = AdmissionRepository(session)
         self.settings = settings
-        self.replica = replica
 
     async def roll_over(self, now: datetime, window: datetime) -> dict[str, Any]:
         """Every period (daily, weekly, monthly) begins at a UTC midnight, so once a day every namespace's
@@ -121,7 +120,7 @@ async def run_job(
     now = clock.now()
     window = job.window(now, settings)
     async with sessionmaker() as session, session.begin():
-        service = SchedulerService(session, settings, replica)
+        service = SchedulerService(session, settings)
         if not await service.repository.claim(job.name, window, now, replica):
             return JobResult(window, None)
         detail = await job.work(service, now, window)

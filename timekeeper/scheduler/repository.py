@@ -1,10 +1,9 @@
 """SQL for the periodic jobs: claiming a job's window, closing out silent pods, folding old ledger rows
-into hourly aggregates, and reading the budget-state events."""
+into hourly aggregates."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -65,15 +64,6 @@ _ROLL_UP = sa.text(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class BudgetEventRow:
-    id: int
-    at: datetime
-    namespace: str
-    old_state: str | None
-    new_state: str
-
-
 class SchedulerRepository:
     def __init__(self, session: AsyncSession) -> None:
         self.session = session
@@ -90,15 +80,6 @@ class SchedulerRepository:
             _RECORD, {"job": job, "window_start": window_start, "detail": json.dumps(detail)}
         )
 
-    async def runs(self, job: str) -> list[tuple[datetime, str, dict[str, Any]]]:
-        result = await self.session.execute(
-            sa.text(
-                "SELECT window_start, replica, detail FROM job_runs WHERE job = :job ORDER BY window_start"
-            ),
-            {"job": job},
-        )
-        return [(row.window_start, row.replica, row.detail) for row in result]
-
     async def close_out(self, now: datetime, silent_since: datetime) -> list[tuple[str, str, str]]:
         """Close the pods that are running but sent nothing since `silent_since`."""
         result = await self.session.execute(_CLOSE_OUT, {"now": now, "silent_since": silent_since})
@@ -111,13 +92,3 @@ class SchedulerRepository:
         """(ledger rows folded, hourly rows written) for the rows that ended by the cutoff."""
         row = (await self.session.execute(_ROLL_UP, {"cutoff": cutoff})).one()
         return int(row.folded), int(row.hours)
-
-    async def events(self, namespace: str | None = None) -> list[BudgetEventRow]:
-        result = await self.session.execute(
-            sa.text(
-                "SELECT id, at, namespace, old_state, new_state FROM budget_events "
-                "WHERE CAST(:namespace AS text) IS NULL OR namespace = :namespace ORDER BY id"
-            ),
-            {"namespace": namespace},
-        )
-        return [BudgetEventRow(r.id, r.at, r.namespace, r.old_state, r.new_state) for r in result]

@@ -169,3 +169,42 @@ def test_the_scheduler_runs_as_a_process_of_its_own(own_database: URL, tmp_path:
         replicas = connection.execute(sa.text("SELECT DISTINCT replica FROM job_runs WHERE job = 'states'"))
         assert f"{socket.gethostname()}:{process.pid}" in replicas.scalars().all()
     engine.dispose()
+
+
+async def test_a_sweep_racing_a_report_never_writes_back_an_older_state(
+    fast_settings: Settings, sessionmaker: async_sessionmaker[AsyncSession]
+) -> None:
+    now = datetime.now(UTC)
+    month = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    async with sessionmaker() as setup, setup.begin():
+        await setup.execute(
+            sa.text(
+                "INSERT INTO namespace_budgets (namespace, budget_gpu_minutes, period, warn_at_fraction) "
+                "VALUES ('racing', 10, 'monthly', 0.8)"
+            )
+        )
+        await setup.execute(sa.text("INSERT INTO namespace_status VALUES ('racing', 'in_budget')"))
+    # A report's transaction, as ingest makes it: the period's total, then the namespace's state.
+    async with sessionmaker() as report, report.begin():
+        await report.execute(
+            sa.text(
+                "INSERT INTO usage_totals (namespace, period_kind, period_start, used_gpu_minutes) "
+                "VALUES ('racing', 'monthly', :month, 12)"
+            ),
+            {"month": month},
+        )
+        await report.execute(
+            sa.text("UPDATE namespace_status SET state = 'exhausted' WHERE namespace = 'racing'")
+        )
+        sweep = asyncio.create_task(
+            run_job(JOBS_BY_NAME["states"], sessionmaker, fast_settings, ManualClock(now), "sweeper")
+        )
+        await asyncio.sleep(0.3)  # the sweep is under way, waiting on the report's row
+        assert not sweep.done()
+    await sweep
+
+    async with sessionmaker() as session:
+        state = await session.execute(
+            sa.text("SELECT state FROM namespace_status WHERE namespace = 'racing'")
+        )
+        assert state.scalar_one() == "exhausted"

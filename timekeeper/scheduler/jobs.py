@@ -38,6 +38,7 @@ class SchedulerService:
         state is recomputed against the totals of the period it is now in: those keyed by the new
         period start begin at zero used and zero granted (grants count for the period they were given
         in, so they lapse with it). Changes become events (trigger) and bump the snapshot version."""
+        await self.repository.lock_states()
         await self.admission.restate(now, None, config_changed=False)
         # The admission-state reader's own midnight refresh need not run again for this day.
         await self.admission_repository.mark_refreshed(window)
@@ -46,6 +47,7 @@ class SchedulerService:
     async def sweep_states(self, now: datetime, window: datetime) -> dict[str, Any]:
         """Recompute every known namespace's state (budget_state, the rule a report uses too) so a change
         no report has made yet is recorded and published at the next webhook poll."""
+        await self.repository.lock_states()
         await self.admission.restate(now, None, config_changed=False)
         return {}
 

@@ -80,6 +80,14 @@ class SchedulerRepository:
             _RECORD, {"job": job, "window_start": window_start, "detail": json.dumps(detail)}
         )
 
+    async def lock_states(self) -> None:
+        """Lock every namespace's stored state (in name order) before recomputing them: a report charging
+        meanwhile then writes its state after ours, and one that committed first is in the totals we read
+        next. Without it, a sweep could overwrite a fresher state with one computed from older totals."""
+        await self.session.execute(
+            sa.text("SELECT namespace FROM namespace_status ORDER BY namespace FOR UPDATE")
+        )
+
     async def close_out(self, now: datetime, silent_since: datetime) -> list[tuple[str, str, str]]:
         """Close the pods that are running but sent nothing since `silent_since`."""
         result = await self.session.execute(_CLOSE_OUT, {"now": now, "silent_since": silent_since})

@@ -30,7 +30,7 @@ from timekeeper.scheduler.jobs import JOBS_BY_NAME, run_job
 from timekeeper.scheduler.runner import SchedulerRunner
 from timekeeper.settings import Settings
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+on_session_loop = pytest.mark.asyncio(loop_scope="session")
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +67,7 @@ async def until(condition: Callable[[], bool], what: str) -> None:
         await asyncio.sleep(0.05)
 
 
+@on_session_loop
 async def test_one_replica_leads_and_another_takes_over_when_its_session_dies(
     fast_settings: Settings, sessionmaker: async_sessionmaker[AsyncSession]
 ) -> None:
@@ -109,6 +110,7 @@ async def test_one_replica_leads_and_another_takes_over_when_its_session_dies(
         await second.stop()
 
 
+@on_session_loop
 async def test_racing_runs_of_one_window_do_the_work_once(
     fast_settings: Settings, sessionmaker: async_sessionmaker[AsyncSession]
 ) -> None:
@@ -171,6 +173,7 @@ def test_the_scheduler_runs_as_a_process_of_its_own(own_database: URL, tmp_path:
     engine.dispose()
 
 
+@on_session_loop
 async def test_a_sweep_racing_a_report_never_writes_back_an_older_state(
     fast_settings: Settings, sessionmaker: async_sessionmaker[AsyncSession]
 ) -> None:

@@ -48,6 +48,30 @@ class Settings(BaseSettings):
     )
     log_level: str = "INFO"
 
+    # Kubernetes: the cluster connection (auth mode `kubernetes`, the reconciler); docs/kubernetes.md.
+    kube_in_cluster: bool | None = Field(
+        default=None, description="Use the pod's ServiceAccount; unset: when KUBERNETES_SERVICE_HOST is set."
+    )
+    kubeconfig: Path | None = Field(default=None, description="Kubeconfig file; unset: the default one.")
+    kube_context: str | None = None
+    kube_request_timeout_seconds: float = Field(default=10.0, gt=0)
+    reconcile: bool = Field(
+        default=False,
+        description="Watch pods: charge silent pods, close out ended ones, downgrade, apply quotas.",
+    )
+    reconcile_interval_seconds: float = Field(default=60.0, gt=0)
+    silent_grace_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description="How long a running pod's sidecar may be silent before the time is charged.",
+    )
+    evict_when_exhausted: Literal["never", "annotated", "always"] = Field(
+        default="annotated",
+        description="Evict running in-budget pods of an exhausted namespace: never, only in namespaces "
+        "annotated gpu-timekeeper.io/evict-when-exhausted=true, or always.",
+    )
+    evict_bare_pods: bool = Field(default=False, description="Also evict pods without a controller.")
+
     clock_start: AwareDatetime | None = Field(default=None, description="Demo clock: the time it starts at.")
     clock_speed: float = Field(
         default=1.0, gt=0, description="Demo clock: simulated seconds per real second."

@@ -21,6 +21,7 @@ from timekeeper.db.session import build_engine, build_sessionmaker, resolve_data
 from timekeeper.errors import install_error_handler
 from timekeeper.health.router import router as health_router
 from timekeeper.metrics import Metrics
+from timekeeper.scheduler.runner import with_scheduler
 from timekeeper.settings import Settings, get_settings
 from timekeeper.usage.router import router as usage_router
 
@@ -92,7 +93,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
         title="GPU Timekeeper",
         version="1",
         summary="Per-namespace GPU-minute budgets, the usage ledger and the admission snapshot.",
-        lifespan=lifespan,
+        lifespan=with_scheduler(lifespan),
     )
     app.state.settings = settings
     app.state.clock = clock or default_clock(settings)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import os
-import socket
 import ssl
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import orjson
 import pytest
 
 from tests.support.admission_state_server import StateServer, run_state_server, snapshot
+from tests.support.processes import free_port, wait_until
 from webhook.__main__ import server as build_server
 from webhook.settings import WebhookSettings
 from webhook.tls import generate_ca, generate_serving_cert
@@ -51,12 +51,6 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
     files.cert_file.write_bytes(cert)
     files.key_file.write_bytes(key)
     return files
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def review(
@@ -162,11 +156,8 @@ class Webhook:
         return 0.0
 
     def wait_until(self, condition: Callable[[], bool], timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if time.monotonic() > deadline:
-                raise AssertionError("condition not reached")
-            time.sleep(0.02)
+        """Background work (polls, reloads) on a loaded machine: generous, and only slow when failing."""
+        wait_until(condition, timeout=timeout, what="the webhook's background work")
 
 
 @contextmanager
@@ -211,18 +202,18 @@ def running_module(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
+
+    def up() -> bool:
+        if child.poll() is not None:
+            output = child.stderr.read().decode()[-2000:] if child.stderr else ""
+            raise AssertionError(f"python -m {module} exited: {output}")
+        try:
+            return ready()
+        except httpx.TransportError:
+            return False
+
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if ready():
-                    break
-            except httpx.TransportError:
-                pass
-            if child.poll() is not None or time.monotonic() > deadline:
-                output = child.stderr.read().decode()[-2000:] if child.stderr else ""
-                raise RuntimeError(f"python -m {module} did not become ready: {output}")
-            time.sleep(0.1)
+        wait_until(up, timeout=timeout, what=f"python -m {module} on port {port}")
         yield child
     finally:
         child.terminate()

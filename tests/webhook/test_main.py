@@ -12,7 +12,8 @@ import httpx
 
 from tests.support.admission_state_server import run_state_server, snapshot
 from tests.support.pods import container, pod
-from tests.webhook.conftest import Tls, free_port, review, running_module
+from tests.support.processes import free_port
+from tests.webhook.conftest import Tls, review, running_module
 
 
 def test_module_serves_https_with_the_state_from_the_timekeeper(tls: Tls) -> None:

@@ -80,6 +80,12 @@ class WebhookSettings(BaseSettings):
     # Users (e.g. the timekeeper's ServiceAccount) allowed to change our annotations on running pods.
     privileged_usernames: Annotated[frozenset[str], NoDecode] = frozenset()
 
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _console_is_text(cls, value: object) -> object:
+        """`console`, this setting's name for text lines before the deployables shared one logger."""
+        return "text" if value == "console" else value
+
     @field_validator("disabled_rules", "privileged_usernames", "replaceable_priority_classes", mode="before")
     @classmethod
     def _split_names(cls, value: object) -> object:

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from gpuaccounting.clock import to_datetime
 from gpuaccounting.names import REPORTS_PATH
 from gpuaccounting.wire import build_report
 from sidecar.buffer import ReportBuffer
 from sidecar.logs import EventLog
 from sidecar.sender import Outcome, Sender, TimekeeperClient, backoff_delay, classify
-from sidecar.state import StateStore, to_datetime
+from sidecar.state import StateStore
 from tests.sidecar.receiver import ReportReceiver
 from tests.support.processes import REPO_ROOT
 

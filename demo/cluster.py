@@ -251,6 +251,12 @@ class LocalCluster:
                 **self.clock_env("TIMEKEEPER_"),
                 "TIMEKEEPER_MAX_REPORT_INTERVAL": str(MAX_REPORT_INTERVAL_SECONDS),
                 "TIMEKEEPER_CLOCK_SKEW": str(CLOCK_SKEW_SECONDS),
+                # The close-out's unit: pods are silent after 4 of these simulated intervals, not 4 x 30 s.
+                "TIMEKEEPER_REPORT_INTERVAL": str(REPORT_INTERVAL_SECONDS),
+                # The scheduler's timers are real seconds (its windows are simulated time): the roll-over
+                # and the state sweep look once a simulated day rather than every 60 days.
+                "TIMEKEEPER_ROLLOVER_INTERVAL": "1",
+                "TIMEKEEPER_STATES_INTERVAL": "1",
             },
         )
         with httpx.Client(base_url=self.timekeeper_url, timeout=2) as probe:

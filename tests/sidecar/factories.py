@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuaccounting.clock import to_datetime
 from gpuaccounting.wire import build_report
-from sidecar.state import to_datetime
 
 
 def pod_report(

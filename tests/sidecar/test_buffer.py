@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from gpuaccounting.clock import to_datetime
 from gpuaccounting.wire import format_timestamp
 from sidecar.buffer import ReportBuffer
 from sidecar.logs import EventLog
-from sidecar.state import StateStore, to_datetime
+from sidecar.state import StateStore
 from tests.sidecar.factories import pod_report
 
 T0 = 1_790_000_000_000_000  # microseconds since the epoch

@@ -68,19 +68,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.engine = engine
     app.state.sessionmaker = build_sessionmaker(engine)
     app.state.access = await build_access_control(settings)
-    reconciler = None
-    if settings.reconcile:
-        # Imported only when asked for: it needs a cluster (docs/kubernetes.md).
-        from timekeeper.reconcile.service import build_reconciler
-
-        reconciler = build_reconciler(settings, app.state.sessionmaker, app.state.clock)
-        reconciler.start()
-    app.state.reconciler = reconciler
     try:
         yield
     finally:
-        if reconciler is not None:
-            await reconciler.aclose()
         await app.state.access.aclose()
         await engine.dispose()
 

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from timekeeper.app import default_clock
 from timekeeper.db.session import build_engine, build_sessionmaker, resolve_database_url
-from timekeeper.scheduler.runner import SchedulerRunner
+from timekeeper.scheduler.runner import build_runner
 from timekeeper.settings import get_settings
 
 
@@ -23,7 +23,7 @@ async def serve(metrics_port: int | None) -> None:
     registry = CollectorRegistry()
     if metrics_port is not None:
         start_http_server(metrics_port, registry=registry)
-    runner = SchedulerRunner(
+    runner = build_runner(
         database_url, build_sessionmaker(engine), settings, default_clock(settings), registry
     )
     stopping = asyncio.Event()

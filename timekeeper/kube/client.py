@@ -293,6 +293,8 @@ class KubeClient:
                 if isinstance(exc, ApiException) and exc.status == HTTP_GONE:
                     resource_version = None
                     continue
+                if stop.is_set():  # its stream was ended on purpose (end_watches)
+                    return
                 delay = backoff.next_delay()
                 log.warning("pod_watch_failed", extra={"error": str(exc), "retry_in_seconds": delay})
                 stop.wait(delay)

@@ -5,10 +5,6 @@ exactly once. And `python -m timekeeper.scheduler` runs the pass too."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -23,10 +19,15 @@ from sqlalchemy.engine import URL
 from tests.kube.factories import gpu_pod
 from tests.kube.test_reconcile import iso
 from tests.support.kube_apiserver import KubeApiServer
-from tests.support.postgres import REPO_ROOT, url_string
-from tests.support.processes import TimekeeperProcess, free_port, wait_until
+from tests.support.postgres import url_string
+from tests.support.replicas import (
+    Replica,
+    scheduler_process,
+    scheduler_status,
+    started_replicas,
+    wait_for_leader,
+)
 from tests.support.timekeeper import Tokens, migrated_database
-from tests.timekeeper.test_scheduler_replicas import Replica, scheduler_status, wait_for_leader
 
 pytestmark = pytest.mark.e2e
 
@@ -103,25 +104,21 @@ async def test_one_replica_reconciles_and_the_survivor_takes_over_charging_once(
     apiserver: KubeApiServer, database: URL, reconcile_env: dict[str, str], tmp_path: Path
 ) -> None:
     uid, started = silent_pod(apiserver)
-    replicas = [
-        Replica(TimekeeperProcess(database, reconcile_env, free_port(), tmp_path / f"timekeeper-{n}.log"))
-        for n in range(2)
-    ]
-    try:
-        for replica in replicas:
-            replica.process.start()
+    with started_replicas(database, reconcile_env, tmp_path) as replicas:
         async with httpx.AsyncClient(timeout=5) as client:
             leader = await wait_for_leader(client, replicas)
             [survivor] = [replica for replica in replicas if replica is not leader]
 
-            async def reconciled(replica: Replica) -> bool:
-                status = await scheduler_status(client, replica)
-                return status is not None and status["jobs"]["reconcile"]["last_success"] is not None
+            async def reconciled(replica: Replica) -> None:
+                deadline = time.monotonic() + 20
+                while True:
+                    status = await scheduler_status(client, replica)
+                    if status is not None and status["jobs"]["reconcile"]["last_success"] is not None:
+                        return
+                    assert time.monotonic() < deadline, f"{replica.name} never reconciled"
+                    await asyncio.sleep(0.1)
 
-            deadline = time.monotonic() + 20
-            while not await reconciled(leader):
-                assert time.monotonic() < deadline, "the leader never reconciled"
-                await asyncio.sleep(0.1)
+            await reconciled(leader)
             follower = await scheduler_status(client, survivor)
             assert follower is not None and follower["leader"] is False
             assert follower["jobs"]["reconcile"]["last_run"] is None
@@ -129,14 +126,8 @@ async def test_one_replica_reconciles_and_the_survivor_takes_over_charging_once(
             leader.kill()
             killed_at = datetime.now(UTC)
             assert await wait_for_leader(client, [survivor]) is survivor
-            deadline = time.monotonic() + 20
-            while not await reconciled(survivor):
-                assert time.monotonic() < deadline, "the survivor never reconciled"
-                await asyncio.sleep(0.1)
+            await reconciled(survivor)
             await asyncio.sleep(1)  # a few more passes
-    finally:
-        for replica in replicas:
-            replica.process.stop()
 
     ledger = charged_once(database, uid, started)
     assert ledger >= SHARE * 10  # at least the ten minutes before the first pass
@@ -150,28 +141,10 @@ def test_the_scheduler_process_runs_the_reconcile_pass(
     apiserver: KubeApiServer, database: URL, reconcile_env: dict[str, str], tmp_path: Path
 ) -> None:
     uid, started = silent_pod(apiserver)
-    port = free_port()
-    log = tmp_path / "scheduler.log"
-    with log.open("wb") as output:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "timekeeper.scheduler", "--metrics-port", str(port)],
-            cwd=REPO_ROOT,
-            env={**os.environ, "TIMEKEEPER_DATABASE_URL": url_string(database), **reconcile_env},
-            stdout=output,
-            stderr=output,
+    with scheduler_process(database, reconcile_env, tmp_path / "scheduler.log") as scheduler:
+        scheduler.wait_for_metric(
+            'timekeeper_job_last_success_timestamp_seconds{job="reconcile"}',
+            "the scheduler process to run the reconcile pass",
         )
-    try:
-
-        def reconciled() -> bool:
-            assert process.poll() is None, log.read_text()
-            try:
-                metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).text
-            except httpx.HTTPError:
-                return False
-            return 'timekeeper_job_last_success_timestamp_seconds{job="reconcile"}' in metrics
-
-        wait_until(reconciled, timeout=30, what="the scheduler process to run the reconcile pass")
-    finally:
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=15) == 0, log.read_text()
     assert charged_once(database, uid, started) >= SHARE * 10
+    assert {replica for replica, _ in reconcile_runs(database)} == {scheduler.replica}

@@ -1,5 +1,6 @@
-"""`python -m timekeeper.scheduler`: only the periodic jobs, for deployments that run the API replicas
-with TIMEKEEPER_SCHEDULER_ENABLED=false. Any number may run; one leads."""
+"""`python -m timekeeper.scheduler`: only the periodic jobs (with TIMEKEEPER_RECONCILE, the reconcile pass
+and its pod watch too), for deployments that run the API replicas with TIMEKEEPER_SCHEDULER_ENABLED=false.
+Any number may run; one leads."""
 
 from __future__ import annotations
 

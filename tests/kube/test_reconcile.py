@@ -23,7 +23,7 @@ from timekeeper.auth.base import Principal
 from timekeeper.budgets.schemas import BudgetIn
 from timekeeper.budgets.service import BudgetService
 from timekeeper.clock import ManualClock
-from timekeeper.kube import KubeClient, QuotaChange
+from timekeeper.kube import KubeClient, KubeUnavailableError, QuotaChange
 from timekeeper.kube.client import QUOTA_NAME
 from timekeeper.reconcile.service import EVICT_ANNOTATION, Reconciler, reconcile_job
 from timekeeper.scheduler.jobs import JOBS_BY_NAME, run_job
@@ -431,6 +431,22 @@ async def test_an_ended_pod_with_nothing_left_to_charge_is_still_closed_at_its_e
 
     assert result.charged == {} and result.closed == [uid]
     assert await coverage(sessionmaker, uid) == (True, finished, clock.now(), False)
+
+
+async def test_the_job_claims_no_window_until_the_watch_has_listed_the_pods(
+    reconciler: Reconciler, sessionmaker, clock: ManualClock
+):
+    reconciler.settings = reconciler.settings.model_copy(update={"reconcile_interval_seconds": 0.1})
+    job = reconcile_job(reconciler)  # no watch has listed anything yet
+
+    with pytest.raises(KubeUnavailableError, match="has not listed the pods"):
+        await run_job(job, sessionmaker, reconciler.settings, clock, "replica")
+
+    async with sessionmaker() as session:
+        claimed = await session.execute(sa.text("SELECT count(*) FROM job_runs WHERE job = 'reconcile'"))
+        assert claimed.scalar_one() == 0
+    await sync(reconciler)
+    assert (await run_job(job, sessionmaker, reconciler.settings, clock, "replica")).detail is not None
 
 
 # ---- running in the app ------------------------------------------------------------------------------

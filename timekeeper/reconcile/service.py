@@ -132,10 +132,14 @@ class Reconciler:
             registry.apply(item)
 
     async def wait_synced(self) -> None:
-        """Before a pass: the registry must hold a full list (a new leader's watch has just started)."""
+        """Before a pass: the registry must hold a full list (a new leader's watch has just started).
+        Polled on the loop rather than waited for in a thread, so a cancelled wait leaves nothing behind."""
         timeout = self.settings.reconcile_interval_seconds
-        if not await asyncio.to_thread(self.registry.synced.wait, timeout):
-            raise KubeUnavailableError(f"the pod watch has not listed the pods within {timeout} s")
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not self.registry.synced.is_set():
+            if asyncio.get_running_loop().time() >= deadline:
+                raise KubeUnavailableError(f"the pod watch has not listed the pods within {timeout} s")
+            await asyncio.sleep(min(0.05, timeout))
 
     # ---- one pass ----------------------------------------------------------------------------------------
 

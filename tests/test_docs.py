@@ -1,0 +1,216 @@
+"""The docs must stay true: the names, links, make targets and modules they mention exist in the code.
+
+Platform engineers configure the system from README.md and docs/*.md, so a renamed setting or a moved page
+must fail a test rather than cost someone an afternoon. Every check reads the code itself (the settings
+classes, the sidecar's parser, the Makefile), never a copy of it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import unicodedata
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from sidecar.config import Config
+from timekeeper.settings import Settings
+from webhook.settings import WebhookSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+PAGES = [ROOT / "README.md", *DOCS]
+# Where a platform engineer meets our variable names: the pages, the manifests, compose.
+CONFIG_SOURCES = [
+    *PAGES,
+    ROOT / "docker-compose.yml",
+    *sorted(path for path in (ROOT / "deployment").rglob("*") if path.is_file()),
+]
+
+PREFIXES = ("TIMEKEEPER_", "WEBHOOK_", "SIDECAR_")
+# A name with one of our prefixes, not inside a longer name (GPU_TIMEKEEPER_COMPOSE_DIR); a trailing `*`
+# (`TIMEKEEPER_CLOCK_*`) makes it a family of names.
+ENV_NAME = re.compile(r"(?<![A-Za-z0-9_])((?:TIMEKEEPER|WEBHOOK|SIDECAR)_[A-Z0-9_]*)(\*?)")
+
+# Names with our prefixes that are not a deployable's setting, each with the reason it may be mentioned.
+NOT_SETTINGS = {
+    "TIMEKEEPER_TEST_DATABASE_URL": "the tests' PostgreSQL (tests/support/postgres.py), not the service's",
+}
+
+# Which pages hold each deployable's configuration reference.
+REFERENCE_PAGES = {
+    "timekeeper": ("timekeeper.md", "kubernetes.md", "scheduler.md"),
+    "webhook": ("webhook.md",),
+    "sidecar": ("sidecar.md",),
+}
+
+
+class _RecordingEnv(Mapping[str, str]):
+    """An environment that remembers every name looked up, so the sidecar's parser tells what it reads."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self._values = values
+        self.read: set[str] = set()
+
+    def __getitem__(self, key: str) -> str:
+        self.read.add(key)
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+def _pydantic_names(settings: type[Settings] | type[WebhookSettings], prefix: str) -> set[str]:
+    assert settings.model_config.get("env_prefix") == prefix
+    fields = settings.model_fields
+    assert not [name for name, field in fields.items() if field.alias or field.validation_alias], (
+        "an aliased field is read under another name; teach this test the alias"
+    )
+    return {prefix + name.upper() for name in fields}
+
+
+def _sidecar_names() -> set[str]:
+    """Every variable `Config.from_env` reads (it reads them all on a valid start, defaults or not)."""
+    env = _RecordingEnv(
+        {
+            "POD_NAMESPACE": "team-a",
+            "POD_NAME": "train-0",
+            "POD_UID": "uid-0",
+            "SIDECAR_GPU_SHARE": "0.5",
+            "SIDECAR_TIMEKEEPER_URL": "http://timekeeper:8080",
+        }
+    )
+    Config.from_env(env)
+    return env.read
+
+
+SETTINGS = {
+    "timekeeper": _pydantic_names(Settings, "TIMEKEEPER_"),
+    "webhook": _pydantic_names(WebhookSettings, "WEBHOOK_"),
+    "sidecar": _sidecar_names(),
+}
+KNOWN = set().union(*SETTINGS.values())
+
+
+def _mentions(paths: list[Path]) -> Iterator[tuple[str, int, str, bool]]:
+    for path in paths:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for match in ENV_NAME.finditer(line):
+                yield f"{path.relative_to(ROOT)}:{number}", number, match.group(1), bool(match.group(2))
+
+
+def test_the_sidecar_reads_its_contract_variables() -> None:
+    """Guards the recording above: the brief's sidecar variables must be among what it finds."""
+    contract = {"POD_NAMESPACE", "POD_NAME", "POD_UID", "SIDECAR_GPU_SHARE", "SIDECAR_TIMEKEEPER_URL"}
+    contract |= {"SIDECAR_TOKEN_FILE", "SIDECAR_REPORT_INTERVAL_SECONDS", "SIDECAR_BUFFER_DIR"}
+    contract.add("SIDECAR_NVML_BACKEND")
+    assert contract <= SETTINGS["sidecar"]
+
+
+def test_every_variable_mentioned_is_a_setting() -> None:
+    unknown = []
+    for where, _, name, family in _mentions(CONFIG_SOURCES):
+        if name in PREFIXES:  # the prefix itself ("every `TIMEKEEPER_` variable")
+            continue
+        if family:
+            if not any(known.startswith(name) for known in KNOWN):
+                unknown.append(f"{where}: {name}* matches no setting")
+        elif name not in KNOWN and name not in NOT_SETTINGS:
+            unknown.append(f"{where}: {name}")
+    assert not unknown, "variables no deployable reads:\n" + "\n".join(unknown)
+
+
+def test_the_exceptions_are_still_needed() -> None:
+    mentioned = {name for _, _, name, _ in _mentions(CONFIG_SOURCES)}
+    assert set(NOT_SETTINGS) <= mentioned
+    assert not set(NOT_SETTINGS) & KNOWN
+
+
+@pytest.mark.parametrize("deployable", sorted(REFERENCE_PAGES))
+def test_every_setting_is_in_its_configuration_reference(deployable: str) -> None:
+    """Each setting appears, by its full name, in a table row of its deployable's pages."""
+    rows = "\n".join(
+        line
+        for page in REFERENCE_PAGES[deployable]
+        for line in (ROOT / "docs" / page).read_text(encoding="utf-8").splitlines()
+        if line.startswith("|")
+    )
+    documented = set(re.findall(r"`([A-Z][A-Z0-9_]+)(?:=[^`]*)?`", rows))
+    missing = sorted(SETTINGS[deployable] - documented)
+    assert not missing, f"not in the configuration tables of {REFERENCE_PAGES[deployable]}: {missing}"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's heading anchor: lower case, punctuation dropped, spaces to hyphens."""
+    text = unicodedata.normalize("NFKC", heading.strip().lower())
+    text = "".join(char for char in text if char.isalnum() or char in " -_")
+    return text.replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.DOTALL)
+    return {_slug(heading) for heading in re.findall(r"^#{1,6} (.+)$", text, flags=re.MULTILINE)}
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_relative_links_reach_a_file_and_heading(page: Path) -> None:
+    broken = []
+    for target in LINK.findall(page.read_text(encoding="utf-8")):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):
+            continue
+        path_part, _, anchor = target.partition("#")
+        linked = (page.parent / path_part).resolve() if path_part else page
+        if not linked.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+            broken.append(f"{target}: no such heading")
+    assert not broken, f"{page.name}: " + "; ".join(broken)
+
+
+MAKE = re.compile(r"(?<![\w-])make ([a-z][a-z0-9_-]*)")
+
+
+def _make_targets() -> set[str]:
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    return set(re.findall(r"^([A-Za-z0-9_.-]+):(?!=)", makefile, flags=re.MULTILINE))
+
+
+def _code(page: Path) -> str:
+    """The page's code: fenced blocks and inline spans, where a command is a command and not English."""
+    text = page.read_text(encoding="utf-8")
+    fenced = re.findall(r"```.*?```", text, flags=re.DOTALL)
+    inline = re.findall(r"`[^`\n]+`", re.sub(r"```.*?```", "", text, flags=re.DOTALL))
+    return "\n".join(fenced + inline)
+
+
+def test_every_make_target_mentioned_exists() -> None:
+    targets = _make_targets()
+    mentioned = {(page.name, target) for page in PAGES for target in re.findall(MAKE, _code(page))}
+    assert ("README.md", "demo") in mentioned, "the pattern missed the README's quick start"
+    missing = [f"{page}: make {target}" for page, target in sorted(mentioned) if target not in targets]
+    assert not missing, missing
+
+
+def _runnable(module: str) -> bool:
+    """What `python -m module` needs: the module, or for a package its `__main__`."""
+    spec = importlib.util.find_spec(module)
+    if spec is None:
+        return False
+    is_package = spec.submodule_search_locations is not None
+    return not is_package or importlib.util.find_spec(f"{module}.__main__") is not None
+
+
+def test_every_python_module_mentioned_runs() -> None:
+    modules = {
+        module for page in PAGES for module in re.findall(r"\bpython3? -m ([A-Za-z_][\w.]*\w)", _code(page))
+    }
+    assert modules, "the pattern found no `python -m` at all"
+    assert not [module for module in sorted(modules) if not _runnable(module)]

@@ -22,11 +22,13 @@ from webhook.settings import WebhookSettings
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [ROOT / "README.md", *DOCS]
-# Where a platform engineer meets our variable names: the pages, the manifests, compose.
+# Where a platform engineer meets our variable names: the pages, the manifests, compose; and the demo,
+# which configures the real processes (a misspelt name there would be ignored, not refused).
 CONFIG_SOURCES = [
     *PAGES,
     ROOT / "docker-compose.yml",
     *sorted(path for path in (ROOT / "deployment").rglob("*") if path.is_file()),
+    *sorted((ROOT / "demo").glob("*.py")),
 ]
 
 PREFIXES = ("TIMEKEEPER_", "WEBHOOK_", "SIDECAR_")
@@ -97,11 +99,14 @@ SETTINGS = {
 KNOWN = set().union(*SETTINGS.values())
 
 
-def _mentions(paths: list[Path]) -> Iterator[tuple[str, int, str, bool]]:
+def _mentions(paths: list[Path]) -> Iterator[tuple[str, str, bool]]:
+    """(where, name, is a family) for each name; in Python only string literals, not our own constants."""
     for path in paths:
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             for match in ENV_NAME.finditer(line):
-                yield f"{path.relative_to(ROOT)}:{number}", number, match.group(1), bool(match.group(2))
+                if path.suffix == ".py" and line[match.start() - 1 : match.start()] not in ("'", '"'):
+                    continue
+                yield f"{path.relative_to(ROOT)}:{number}", match.group(1), bool(match.group(2))
 
 
 def test_the_sidecar_reads_its_contract_variables() -> None:
@@ -114,7 +119,7 @@ def test_the_sidecar_reads_its_contract_variables() -> None:
 
 def test_every_variable_mentioned_is_a_setting() -> None:
     unknown = []
-    for where, _, name, family in _mentions(CONFIG_SOURCES):
+    for where, name, family in _mentions(CONFIG_SOURCES):
         if name in PREFIXES:  # the prefix itself ("every `TIMEKEEPER_` variable")
             continue
         if family:
@@ -126,7 +131,7 @@ def test_every_variable_mentioned_is_a_setting() -> None:
 
 
 def test_the_exceptions_are_still_needed() -> None:
-    mentioned = {name for _, _, name, _ in _mentions(CONFIG_SOURCES)}
+    mentioned = {name for _, name, _ in _mentions(CONFIG_SOURCES)}
     assert set(NOT_SETTINGS) <= mentioned
     assert not set(NOT_SETTINGS) & KNOWN
 
@@ -214,3 +219,28 @@ def test_every_python_module_mentioned_runs() -> None:
     }
     assert modules, "the pattern found no `python -m` at all"
     assert not [module for module in sorted(modules) if not _runnable(module)]
+
+
+REPO_PATH = re.compile(
+    r"`((?:timekeeper|webhook|sidecar|gpuaccounting|tests|deployment|bench|demo|migrations|docs)/[\w./-]*)"
+    r"(?::(\w+))?`"
+)
+# Paths the pages name that a command writes rather than the repository holds.
+GENERATED = {"bench/RESULTS.md": "written by `make bench`"}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_code_paths_named_exist(page: Path) -> None:
+    """`timekeeper/auth/static.py` exists, and `file.py:name` names a def, class or constant in it."""
+    missing = []
+    for path, name in REPO_PATH.findall(page.read_text(encoding="utf-8")):
+        target = ROOT / path
+        if path in GENERATED:
+            continue
+        if not target.exists():
+            missing.append(path)
+        elif name and not re.search(
+            rf"^\s*(?:async def|def|class) {name}\b|^{name}\s*[:=]", target.read_text(encoding="utf-8"), re.M
+        ):
+            missing.append(f"{path}:{name}")
+    assert not missing, f"{page.name} names what the repository does not hold: {missing}"

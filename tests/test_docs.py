@@ -11,6 +11,7 @@ import importlib.util
 import re
 import unicodedata
 from collections.abc import Iterator, Mapping
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -244,3 +245,92 @@ def test_code_paths_named_exist(page: Path) -> None:
         ):
             missing.append(f"{path}:{name}")
     assert not missing, f"{page.name} names what the repository does not hold: {missing}"
+
+
+def _string_literals() -> set[str]:
+    sources = (ROOT / part for part in ("timekeeper", "webhook", "sidecar", "gpuaccounting"))
+    text = "\n".join(path.read_text(encoding="utf-8") for source in sources for path in source.rglob("*.py"))
+    return set(re.findall(r"""["']([a-z][a-z0-9_]*)["']""", text))
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_metric_and_event_names_exist(page: Path) -> None:
+    """`webhook_state_polls_total`, `timekeeper_unreachable`: each is a string in the code (less `_total`)."""
+    literals = _string_literals()
+    unknown = [
+        name
+        for name in re.findall(r"`((?:timekeeper|webhook)_[a-z0-9_]+)", page.read_text(encoding="utf-8"))
+        if name not in literals and name.removesuffix("_total") not in literals
+    ]
+    assert not unknown, f"{page.name} names metrics or log events the code does not have: {unknown}"
+
+
+def _defaults() -> dict[str, object]:
+    """Each variable's effective default, read from the classes (the sidecar's from a minimal start)."""
+    defaults: dict[str, object] = {}
+    for settings, prefix in ((Settings, "TIMEKEEPER_"), (WebhookSettings, "WEBHOOK_")):
+        defaults |= {prefix + name.upper(): field.default for name, field in settings.model_fields.items()}
+    config = Config.from_env(
+        {
+            "POD_NAMESPACE": "n",
+            "POD_NAME": "p",
+            "POD_UID": "u",
+            "SIDECAR_GPU_SHARE": "0.5",
+            "SIDECAR_TIMEKEEPER_URL": "http://t",
+        }
+    )
+    for name in SETTINGS["sidecar"]:
+        if name.startswith("SIDECAR_") and name not in ("SIDECAR_GPU_SHARE", "SIDECAR_TIMEKEEPER_URL"):
+            defaults[name] = getattr(config, name.removeprefix("SIDECAR_").lower())
+    return defaults
+
+
+def _agrees(documented: str, default: object) -> bool | None:
+    """Whether a table's default cell states the default; None when the cell is prose this cannot judge."""
+    token = documented.strip().strip("`").strip()
+    if re.fullmatch(r"[A-Z][A-Z0-9_]+", token):  # "the same as another variable"
+        return None
+    if default is None or default == () or default == frozenset():
+        return token in ("unset", "none", "empty") or token.startswith(("unset", "required", "—"))
+    if isinstance(default, bool):
+        return token == str(default).lower()
+    number = default.total_seconds() if isinstance(default, timedelta) else default
+    if isinstance(number, int | float):
+        match = re.match(r"`?(-?[\d.]+)`?", token)
+        return float(match.group(1)) == float(number) if match else None
+    if isinstance(default, str | Path):
+        return token == str(default)
+    return None
+
+
+def test_documented_defaults_are_the_code_defaults() -> None:
+    """A table row naming variables states their defaults in the same order; each one must be the code's."""
+    defaults = _defaults()
+    wrong = []
+    judged = set()
+    for page in DOCS:
+        header: list[str] = []
+        for line in page.read_text(encoding="utf-8").splitlines():
+            cells = [cell.strip() for cell in line.split("|")[1:-1]]
+            if not line.startswith("|"):
+                header = []
+                continue
+            if not header:
+                header = cells
+                continue
+            if len(cells) < 3 or header[1] != "default":
+                continue
+            names = re.findall(r"`([A-Z][A-Z0-9_]+)`", cells[0])
+            if not names or not all(name in defaults for name in names):
+                continue
+            values = re.split(r",\s+|\s+/\s+", cells[1]) if len(names) > 1 else [cells[1]]
+            if len(values) != len(names):
+                continue
+            for name, value in zip(names, values, strict=True):
+                agrees = _agrees(value, defaults[name])
+                if agrees is not None:
+                    judged.add(name)
+                if agrees is False:
+                    wrong.append(f"{page.name}: {name} documented {value!r}, code {defaults[name]!r}")
+    assert not wrong, "\n".join(wrong)
+    assert len(judged) > len(defaults) * 3 // 4, "the tables' default cells were mostly not understood"

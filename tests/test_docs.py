@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from sidecar.config import Config
+from timekeeper.app import create_app as create_timekeeper_app
 from timekeeper.settings import Settings
+from webhook.app import create_app as create_webhook_app
 from webhook.settings import WebhookSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -334,3 +336,23 @@ def test_documented_defaults_are_the_code_defaults() -> None:
                     wrong.append(f"{page.name}: {name} documented {value!r}, code {defaults[name]!r}")
     assert not wrong, "\n".join(wrong)
     assert len(judged) > len(defaults) * 3 // 4, "the tables' default cells were mostly not understood"
+
+
+def _table_paths(page: Path, section: str) -> set[str]:
+    """The paths in the first column of the table under `section`, parameters written `{}`."""
+    text = page.read_text(encoding="utf-8").split(section, 1)[1].split("\n## ", 1)[0]
+    first_cells = [line.split("|")[1] for line in text.splitlines() if line.startswith("| `")]
+    paths = re.findall(r"(/[a-z][\w/{}-]*)", " ".join(first_cells))
+    return {re.sub(r"\{[^}]*\}", "{}", path) for path in paths}
+
+
+def test_the_timekeeper_api_table_is_the_app_routes() -> None:
+    app = create_timekeeper_app(Settings(database_url="postgresql+psycopg://docs@127.0.0.1/docs"))
+    routes = {re.sub(r"\{[^}]*\}", "{}", path.removeprefix("/api/v1")) for path in app.openapi()["paths"]}
+    documented = _table_paths(ROOT / "docs" / "timekeeper.md", "## API (base `/api/v1`)")
+    assert documented == routes
+
+
+def test_the_webhook_path_table_is_the_app_routes() -> None:
+    routes = {route.path for route in create_webhook_app(WebhookSettings()).routes}  # type: ignore[attr-defined]
+    assert _table_paths(ROOT / "docs" / "webhook.md", "# The admission webhook") == routes

@@ -32,6 +32,7 @@ CONFIG_SOURCES = [
     ROOT / "docker-compose.yml",
     *sorted(path for path in (ROOT / "deployment").rglob("*") if path.is_file()),
     *sorted((ROOT / "demo").glob("*.py")),
+    ROOT / "webhook" / "injection.py",  # the sidecar's environment, as the webhook writes it
 ]
 
 PREFIXES = ("TIMEKEEPER_", "WEBHOOK_", "SIDECAR_")
@@ -49,6 +50,16 @@ REFERENCE_PAGES = {
     "timekeeper": ("timekeeper.md", "kubernetes.md", "scheduler.md"),
     "webhook": ("webhook.md",),
     "sidecar": ("sidecar.md",),
+}
+
+
+# The sidecar's required variables: with these it starts, reading every other one for its default.
+SIDECAR_REQUIRED = {
+    "POD_NAMESPACE": "team-a",
+    "POD_NAME": "train-0",
+    "POD_UID": "uid-0",
+    "SIDECAR_GPU_SHARE": "0.5",
+    "SIDECAR_TIMEKEEPER_URL": "http://timekeeper:8080",
 }
 
 
@@ -81,19 +92,12 @@ def _pydantic_names(settings: type[Settings] | type[WebhookSettings], prefix: st
 
 def _sidecar_names() -> set[str]:
     """Every variable `Config.from_env` reads (it reads them all on a valid start, defaults or not)."""
-    env = _RecordingEnv(
-        {
-            "POD_NAMESPACE": "team-a",
-            "POD_NAME": "train-0",
-            "POD_UID": "uid-0",
-            "SIDECAR_GPU_SHARE": "0.5",
-            "SIDECAR_TIMEKEEPER_URL": "http://timekeeper:8080",
-        }
-    )
+    env = _RecordingEnv(dict(SIDECAR_REQUIRED))
     Config.from_env(env)
     return env.read
 
 
+# The sidecar's set also holds names without our prefix: POD_* (downward API), NVIDIA_VISIBLE_DEVICES.
 SETTINGS = {
     "timekeeper": _pydantic_names(Settings, "TIMEKEEPER_"),
     "webhook": _pydantic_names(WebhookSettings, "WEBHOOK_"),
@@ -114,9 +118,17 @@ def _mentions(paths: list[Path]) -> Iterator[tuple[str, str, bool]]:
 
 def test_the_sidecar_reads_its_contract_variables() -> None:
     """Guards the recording above: the brief's sidecar variables must be among what it finds."""
-    contract = {"POD_NAMESPACE", "POD_NAME", "POD_UID", "SIDECAR_GPU_SHARE", "SIDECAR_TIMEKEEPER_URL"}
-    contract |= {"SIDECAR_TOKEN_FILE", "SIDECAR_REPORT_INTERVAL_SECONDS", "SIDECAR_BUFFER_DIR"}
-    contract.add("SIDECAR_NVML_BACKEND")
+    contract = {
+        "POD_NAMESPACE",
+        "POD_NAME",
+        "POD_UID",
+        "SIDECAR_GPU_SHARE",
+        "SIDECAR_TIMEKEEPER_URL",
+        "SIDECAR_TOKEN_FILE",
+        "SIDECAR_REPORT_INTERVAL_SECONDS",
+        "SIDECAR_BUFFER_DIR",
+        "SIDECAR_NVML_BACKEND",
+    }
     assert contract <= SETTINGS["sidecar"]
 
 
@@ -272,17 +284,9 @@ def _defaults() -> dict[str, object]:
     defaults: dict[str, object] = {}
     for settings, prefix in ((Settings, "TIMEKEEPER_"), (WebhookSettings, "WEBHOOK_")):
         defaults |= {prefix + name.upper(): field.default for name, field in settings.model_fields.items()}
-    config = Config.from_env(
-        {
-            "POD_NAMESPACE": "n",
-            "POD_NAME": "p",
-            "POD_UID": "u",
-            "SIDECAR_GPU_SHARE": "0.5",
-            "SIDECAR_TIMEKEEPER_URL": "http://t",
-        }
-    )
+    config = Config.from_env(SIDECAR_REQUIRED)
     for name in SETTINGS["sidecar"]:
-        if name.startswith("SIDECAR_") and name not in ("SIDECAR_GPU_SHARE", "SIDECAR_TIMEKEEPER_URL"):
+        if name.startswith("SIDECAR_") and name not in SIDECAR_REQUIRED:
             defaults[name] = getattr(config, name.removeprefix("SIDECAR_").lower())
     return defaults
 

@@ -6,16 +6,31 @@ import argparse
 
 import uvicorn
 
-from timekeeper.app import create_app
-
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m timekeeper", description="Serve the GPU Timekeeper API.")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes sharing the port (default 1); use one per core the timekeeper may use",
+    )
+    parser.add_argument("--no-access-log", action="store_true", help="skip uvicorn's per-request log line")
     args = parser.parse_args(argv)
-    uvicorn.run(create_app(), host=args.host, port=args.port, log_level=args.log_level, proxy_headers=True)
+    # An import string with factory=True: each worker process builds its own app (and engine).
+    uvicorn.run(
+        "timekeeper.app:create_app",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        log_level=args.log_level,
+        access_log=not args.no_access_log,
+        proxy_headers=True,
+    )
 
 
 if __name__ == "__main__":

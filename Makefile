@@ -43,6 +43,10 @@ fmt: $(STAMP) ## Format and fix what ruff can
 bench: $(STAMP) ## Run the benchmarks and write bench/RESULTS.md
 	$(BIN)/python -m bench $(ARGS)
 
+.PHONY: compose-env
+compose-env: ## Static-mode tokens for docker-compose.yml into .compose/ (git-ignored)
+	$(PYTHON) deployment/compose/generate_tokens.py .compose
+
 .PHONY: clean
 clean: ## Remove the venv, caches and local data
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .pytest-pg .timekeeper-data

@@ -5,6 +5,19 @@ from __future__ import annotations
 import argparse
 
 import uvicorn
+from fastapi import FastAPI
+
+from gpuaccounting.logs import configure_logging
+from timekeeper.app import create_app
+from timekeeper.settings import get_settings
+
+
+def serving_app() -> FastAPI:
+    """The app factory uvicorn calls in every worker process (each configures its own logging and
+    builds its own engine in the lifespan)."""
+    settings = get_settings()
+    configure_logging(settings.log_format, settings.log_level)
+    return create_app(settings)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -20,14 +33,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--no-access-log", action="store_true", help="skip uvicorn's per-request log line")
     args = parser.parse_args(argv)
-    # An import string with factory=True: each worker process builds its own app (and engine).
     uvicorn.run(
-        "timekeeper.app:create_app",
+        "timekeeper.__main__:serving_app",
         factory=True,
         host=args.host,
         port=args.port,
         workers=args.workers,
         log_level=args.log_level,
+        log_config=None,
         access_log=not args.no_access_log,
         proxy_headers=True,
     )

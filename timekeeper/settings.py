@@ -43,6 +43,11 @@ class Settings(BaseSettings):
     max_gpu_share: float = Field(default=256.0, gt=0, description="Largest believable GPU share of one pod.")
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, description="Largest accepted request body.")
 
+    log_format: Literal["auto", "json", "text"] = Field(
+        default="auto", description="Log lines as JSON or text; auto is JSON unless stderr is a terminal."
+    )
+    log_level: str = "INFO"
+
     clock_start: AwareDatetime | None = Field(default=None, description="Demo clock: the time it starts at.")
     clock_speed: float = Field(
         default=1.0, gt=0, description="Demo clock: simulated seconds per real second."
@@ -60,6 +65,17 @@ class Settings(BaseSettings):
                 if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
                     raise ValueError("token digests must be 64 hex characters (SHA-256)")
             return digests
+        return value
+
+    @field_validator("clock_skew", "max_report_interval", mode="before")
+    @classmethod
+    def _seconds(cls, value: object) -> object:
+        """Durations as plain seconds ("90") or ISO 8601 ("PT10M")."""
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                return value
         return value
 
     @field_validator("database_url")

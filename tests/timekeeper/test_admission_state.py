@@ -50,6 +50,12 @@ async def test_an_unchanged_snapshot_answers_304(api: Api) -> None:
     assert response.content == b""
 
 
+async def test_a_weak_or_listed_etag_matches_too(api: Api) -> None:
+    _, etag = await snapshot(api)
+
+    assert (await poll(api, f'"0", W/{etag}')).status_code == 304
+
+
 async def test_a_budget_change_gives_a_new_version(api: Api) -> None:
     _, before = await snapshot(api)
     ok(await api.put_budget("team-a", budget_gpu_minutes=10, max_gpu_share_per_pod=2))

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
-from decimal import Decimal
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gpuaccounting.admission_state import NamespaceAdmission, PriorityClassNames
 from gpuaccounting.wire import BudgetState
 
 # Inserts a namespace on first sight; touches an existing row only when its state really changes, and
@@ -19,11 +20,23 @@ _SET_STATES = sa.text(
     "WHERE namespace_status.state <> excluded.state RETURNING namespace"
 )
 _SNAPSHOT = sa.text(
-    "SELECT s.namespace, s.state, "
-    "CASE WHEN b.namespace IS NULL THEN d.max_gpu_share_per_pod "
-    "ELSE b.max_gpu_share_per_pod END AS max_share "
-    "FROM namespace_status s CROSS JOIN default_budget d "
-    "LEFT JOIN namespace_budgets b ON b.namespace = s.namespace"
+    """
+    SELECT json_build_object(
+        'version', CAST(:version AS bigint),
+        'generated_at', CAST(:generated_at AS text),
+        'priority_classes', CAST(:priority_classes AS json),
+        'default', CAST(:default AS json),
+        'namespaces', coalesce((
+            SELECT json_object_agg(s.namespace, json_build_object(
+                'state', s.state,
+                'max_gpu_share_per_pod', CAST(CASE WHEN b.namespace IS NULL THEN d.max_gpu_share_per_pod
+                                                   ELSE b.max_gpu_share_per_pod END AS float8)))
+            FROM namespace_status s
+            CROSS JOIN default_budget d
+            LEFT JOIN namespace_budgets b ON b.namespace = s.namespace
+        ), CAST('{}' AS json))
+    )::text
+    """
 )
 
 
@@ -68,6 +81,21 @@ class AdmissionRepository:
             {"day": day},
         )
 
-    async def snapshot_rows(self) -> list[tuple[str, BudgetState, Decimal | None]]:
-        result = await self.session.execute(_SNAPSHOT)
-        return [(row.namespace, row.state, row.max_share) for row in result]
+    async def snapshot_json(
+        self,
+        *,
+        version: int,
+        generated_at: str,
+        priority_classes: PriorityClassNames,
+        default: NamespaceAdmission,
+    ) -> str:
+        result = await self.session.execute(
+            _SNAPSHOT,
+            {
+                "version": version,
+                "generated_at": generated_at,
+                "priority_classes": json.dumps(priority_classes),
+                "default": json.dumps(default),
+            },
+        )
+        return str(result.scalar_one())

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Request, Response
-from fastapi.responses import JSONResponse
 
 from timekeeper.admission.service import AdmissionService
 from timekeeper.auth.dependencies import Reader
@@ -34,7 +33,9 @@ async def admission_state(
     service = AdmissionService(session, request.app.state.settings)
     now = request.app.state.clock.now()
     version = await service.version(now)
-    if if_none_match is not None and _etag(version) in {tag.strip() for tag in if_none_match.split(",")}:
+    if if_none_match is not None and _etag(version) in {
+        tag.strip().removeprefix("W/") for tag in if_none_match.split(",")
+    }:
         return Response(status_code=304, headers={"ETag": _etag(version)})
-    snapshot = await service.snapshot(now)
-    return JSONResponse(dict(snapshot), headers={"ETag": _etag(snapshot["version"])})
+    body = await service.snapshot_json(now, version)
+    return Response(body, media_type="application/json", headers={"ETag": _etag(version)})

@@ -7,16 +7,12 @@ from decimal import Decimal
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpuaccounting.admission_state import AdmissionState, NamespaceAdmission
+from gpuaccounting.admission_state import NamespaceAdmission
 from gpuaccounting.wire import BudgetState, format_timestamp
 from timekeeper.admission.repository import AdmissionRepository
 from timekeeper.budgets.periods import PeriodKind, budget_state, period_containing
 from timekeeper.budgets.repository import BudgetRepository, NamespaceFigures
 from timekeeper.settings import Settings
-
-
-def _number(value: Decimal | None) -> float | None:
-    return None if value is None else float(value)
 
 
 def figures_state(figures: NamespaceFigures) -> BudgetState:
@@ -43,28 +39,24 @@ class AdmissionService:
         if changed or config_changed:
             await self.repository.bump_version()
 
-    async def ensure_fresh(self, now: datetime) -> None:
-        """Periods all begin at midnight UTC: the first reader after one recomputes every state, so an
-        exhausted namespace returns to in_budget at its roll-over without waiting for a report. (Two
-        replicas racing here both recompute; the result is the same.)"""
+    async def version(self, now: datetime) -> int:
+        """The snapshot's version. Periods all begin at midnight UTC: the first reader after one
+        recomputes every state first, so an exhausted namespace returns to in_budget at its roll-over
+        without waiting for a report. (Two replicas racing here both recompute; the result is the same.)"""
+        version, refreshed_for = await self.repository.version()
         day = period_containing(PeriodKind.DAILY, now).start
-        _, refreshed_for = await self.repository.version()
         if refreshed_for < day:
             await self.restate(now, None, config_changed=False)
             await self.repository.mark_refreshed(day)
-
-    async def version(self, now: datetime) -> int:
-        await self.ensure_fresh(now)
-        version, _ = await self.repository.version()
+            version, _ = await self.repository.version()
         return version
 
-    async def snapshot(self, now: datetime) -> AdmissionState:
-        """Version read before the states: a change racing this read shows up under the next version."""
-        version = await self.version(now)
+    async def snapshot_json(self, now: datetime, version: int) -> str:
+        """The gpuaccounting.admission_state.AdmissionState document under `version`, built by the
+        database in one statement (cheap for 10,000 namespaces). Read after the version, so a change
+        racing this read shows up under the next version rather than hiding under this one."""
         default = await self.budgets.default()
-        rows = await self.repository.snapshot_rows()
-
-        return AdmissionState(
+        return await self.repository.snapshot_json(
             version=version,
             generated_at=format_timestamp(now),
             priority_classes={
@@ -75,10 +67,8 @@ class AdmissionService:
                 state=budget_state(
                     default.budget_gpu_minutes, Decimal(0), Decimal(0), default.warn_at_fraction
                 ),
-                max_gpu_share_per_pod=_number(default.max_gpu_share_per_pod),
+                max_gpu_share_per_pod=None
+                if default.max_gpu_share_per_pod is None
+                else float(default.max_gpu_share_per_pod),
             ),
-            namespaces={
-                name: NamespaceAdmission(state=state, max_gpu_share_per_pod=_number(max_share))
-                for name, state, max_share in rows
-            },
         )

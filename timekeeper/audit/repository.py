@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
+
+log = logging.getLogger(__name__)
 
 
 class AuditRepository:
@@ -17,6 +20,7 @@ class AuditRepository:
     async def record(
         self, at: datetime, actor: str, action: str, namespace: str | None, old: Any, new: Any
     ) -> None:
+        log.info("admin_change", extra={"action": action, "namespace": namespace, "actor": actor})
         await self.session.execute(
             sa.text(
                 "INSERT INTO audit_log (at, actor, action, namespace, old_value, new_value) "

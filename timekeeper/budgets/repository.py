@@ -171,7 +171,7 @@ class BudgetRepository:
         result = await self.session.execute(
             sa.text(
                 "SELECT s.namespace FROM namespace_status s WHERE NOT EXISTS "
-                "(SELECT 1 FROM namespace_budgets b WHERE b.namespace = s.namespace)"
+                "(SELECT 1 FROM namespace_budgets b WHERE b.namespace = s.namespace) ORDER BY s.namespace"
             )
         )
         return list(result.scalars())

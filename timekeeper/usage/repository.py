@@ -70,6 +70,7 @@ class IngestOutcome:
     duplicate: bool
     gpu_minutes: Decimal
     state: BudgetState
+    state_changed: bool = False
 
 
 class UsageRepository:
@@ -142,9 +143,10 @@ class UsageRepository:
                 current_totals = await budgets.totals(report.namespace, config.period, current.start)
             used, granted = current_totals
             state = budget_state(config.budget_gpu_minutes, granted, used, config.warn_at_fraction)
-        if await admission.set_states({report.namespace: state}):
+        changed = await admission.set_states({report.namespace: state})
+        if changed:
             await admission.bump_version()
-        return IngestOutcome(False, charged, state)
+        return IngestOutcome(False, charged, state, changed)
 
     async def usage(
         self, namespace: str, since: datetime, until: datetime, group_by: GroupBy

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from decimal import Decimal
 
@@ -14,6 +15,8 @@ from timekeeper.errors import TimekeeperError
 from timekeeper.settings import Settings
 from timekeeper.usage.repository import GroupBy, IngestOutcome, UsageRepository
 from timekeeper.usage.schemas import ReportIn, UsageOut, UsageRow
+
+log = logging.getLogger(__name__)
 
 
 class UsageService:
@@ -46,7 +49,13 @@ class UsageService:
     async def ingest(self, report: ReportIn) -> IngestOutcome:
         now = self.clock.now()
         self.check(report, now)
-        return await self.repository.ingest(report, now)
+        outcome = await self.repository.ingest(report, now)
+        if outcome.state_changed:
+            log.info(
+                "namespace_state_changed",
+                extra={"namespace": report.namespace, "pod": report.pod, "state": outcome.state},
+            )
+        return outcome
 
     async def usage(
         self, namespace: str, since: datetime | None, until: datetime | None, group_by: GroupBy

@@ -1,0 +1,138 @@
+"""The webhooks' matchConditions are valid CEL and let exactly the GPU pods through.
+
+The API server evaluates these expressions; no API server runs here, so `cel-python` (an implementation of
+the CEL specification) parses them and evaluates them on pods of every sharing system. The expressions use
+only standard CEL (has, exists, startsWith, in), which Kubernetes' cel-go accepts unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import celpy
+import pytest
+
+from tests.deployment.conftest import BUILDS, render
+
+GPU_RESOURCES = [
+    "nvidia.com/gpu",
+    "nvidia.com/gpu.shared",
+    "nvidia.com/mig-1g.5gb",
+    "nvidia.com/mig-3g.40gb",
+    "nvidia.com/gpucores",
+    "nvidia.com/gpumem",
+    "tencent.com/vcuda-core",
+    "tencent.com/vcuda-memory",
+    "cnvrg.io/metagpu",
+    "aliyun.com/gpu-mem",
+    "aliyun.com/gpu-count",
+    "volcano.sh/vgpu-number",
+    "volcano.sh/vgpu-memory",
+]
+OTHER_RESOURCES = ["cpu", "memory", "ephemeral-storage", "nvidia.com/hostdev", "rdma/hca_shared_devices_a"]
+
+
+def pod(
+    containers: list[dict[str, Any]] | None = None,
+    init_containers: list[dict[str, Any]] | None = None,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": "p", "namespace": "team-a"}
+    if labels:
+        metadata["labels"] = labels
+    if annotations:
+        metadata["annotations"] = annotations
+    spec: dict[str, Any] = {"containers": containers or [{"name": "main", "image": "busybox:1.36"}]}
+    if init_containers:
+        spec["initContainers"] = init_containers
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def container(limits: dict[str, str] | None = None, requests: dict[str, str] | None = None) -> dict[str, Any]:
+    resources = {k: v for k, v in (("limits", limits), ("requests", requests)) if v}
+    return {"name": "c", "image": "busybox:1.36", "resources": resources}
+
+
+def conditions(build: str) -> list[str]:
+    return [
+        condition["expression"]
+        for obj in render(build)
+        if obj["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+        for webhook in obj["webhooks"]
+        for condition in webhook["matchConditions"]
+    ]
+
+
+def admitted_to_webhook(expression: str, obj: dict[str, Any]) -> bool:
+    environment = celpy.Environment()
+    program = environment.program(environment.compile(expression))
+    result = program.evaluate({"object": celpy.json_to_cel(obj), "oldObject": None})
+    assert isinstance(result, celpy.celtypes.BoolType), f"matchCondition gave {result!r}, not a bool"
+    return bool(result)
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_every_match_condition_parses_as_cel(build):
+    expressions = conditions(build)
+    assert len(expressions) == 2
+    for expression in expressions:
+        celpy.Environment().compile(expression)
+
+
+def test_a_malformed_expression_would_be_caught():
+    with pytest.raises(celpy.CELParseError):
+        celpy.Environment().compile("object.spec.containers.exists(c, ")
+
+
+GPU_PODS = {
+    **{f"limit {r}": pod([container(limits={r: "1"})]) for r in GPU_RESOURCES},
+    **{f"request {r}": pod([container(requests={r: "1"})]) for r in GPU_RESOURCES},
+    "gpu in an init container": pod(init_containers=[container(limits={"nvidia.com/gpu": "1"})]),
+    "gpu in the second container": pod(
+        [container(limits={"cpu": "1"}), container(limits={"nvidia.com/gpu": "2"})]
+    ),
+    "ClearML fraction label": pod(labels={"clearml-injector/fraction": "0.25"}),
+    "KAI gpu-fraction annotation": pod(annotations={"gpu-fraction": "0.5"}),
+    "KAI gpu-memory annotation": pod(annotations={"gpu-memory": "4096"}),
+}
+OTHER_PODS = {
+    **{f"limit {r}": pod([container(limits={r: "1"}, requests={r: "1"})]) for r in OTHER_RESOURCES},
+    "no resources": pod(),
+    "empty resources": pod([{"name": "c", "image": "busybox:1.36", "resources": {}}]),
+    "unrelated labels and annotations": pod(labels={"app": "web"}, annotations={"team": "a"}),
+    "cpu-only init container": pod(init_containers=[container(limits={"cpu": "1"})]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GPU_PODS))
+def test_gpu_pods_reach_both_webhooks(case):
+    for expression in conditions("base"):
+        assert admitted_to_webhook(expression, GPU_PODS[case]), case
+
+
+@pytest.mark.parametrize("case", sorted(OTHER_PODS))
+def test_other_pods_are_admitted_without_a_webhook_call(case):
+    for expression in conditions("base"):
+        assert not admitted_to_webhook(expression, OTHER_PODS[case]), case
+
+
+def test_every_resource_the_share_reader_knows_reaches_the_webhooks():
+    """The webhook's own list of GPU resources (gpuaccounting) and the API server's filter agree."""
+    shares = pytest.importorskip("gpuaccounting.shares", reason="gpuaccounting.shares lands with the webhook")
+    # Resource names are domain-qualified (`vendor.tld/...`); labels like clearml-injector/fraction are not.
+    resources = [
+        value
+        for name, value in vars(shares).items()
+        if name.isupper() and isinstance(value, str) and "." in value.partition("/")[0] and "/" in value
+    ]
+    assert shares.NVIDIA_GPU in resources
+    pods = [pod([container(limits={r + "1g.5gb" if r == shares.MIG_PREFIX else r: "1"})]) for r in resources]
+    pods += [
+        pod(labels={shares.CLEARML_FRACTION_LABEL: "0.5"}),
+        pod(annotations={shares.KAI_FRACTION_ANNOTATION: "0.5"}),
+        pod(annotations={shares.KAI_MEMORY_ANNOTATION: "2048"}),
+    ]
+    for gpu_pod in pods:
+        for expression in conditions("base"):
+            assert admitted_to_webhook(expression, gpu_pod), gpu_pod

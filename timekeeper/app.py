@@ -22,6 +22,7 @@ from timekeeper.errors import install_error_handler
 from timekeeper.health.router import router as health_router
 from timekeeper.metrics import Metrics
 from timekeeper.settings import Settings, get_settings
+from timekeeper.usage.batcher import IngestBatcher
 from timekeeper.usage.router import router as usage_router
 
 
@@ -69,9 +70,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.engine = engine
     app.state.sessionmaker = build_sessionmaker(engine)
     app.state.access = await build_access_control(settings)
+    app.state.ingest = IngestBatcher(lambda: app.state.sessionmaker, app.state.clock)
+    app.state.ingest.start()
     try:
         yield
     finally:
+        await app.state.ingest.aclose()
         await app.state.access.aclose()
         await engine.dispose()
 

@@ -206,8 +206,8 @@ async def _disrupt(
 
 
 @pytest.fixture
-def postgres(tmp_path: Path) -> Iterator[ThrowawayPostgres]:
-    with throwaway_postgres(tmp_path) as server:
+def postgres() -> Iterator[ThrowawayPostgres]:
+    with throwaway_postgres() as server:
         migrate(make_url(server.url))
         yield server
 

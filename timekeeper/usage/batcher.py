@@ -29,26 +29,38 @@ log = logging.getLogger(__name__)
 
 class IngestBatcher:
     def __init__(
-        self, sessions: Callable[[], async_sessionmaker[AsyncSession]], clock: Clock, max_batch: int = 500
+        self,
+        sessions: Callable[[], async_sessionmaker[AsyncSession]],
+        clock: Clock,
+        max_batch: int = 500,
+        in_flight: int = 2,
     ) -> None:
-        """`sessions` is looked up for every batch (tests swap the app's sessionmaker after startup)."""
+        """`sessions` is looked up for every batch (tests swap the app's sessionmaker after startup).
+        `in_flight` batches run at once: while one commits the next gathers and charges, instead of the
+        reports that arrive during a commit waiting for it."""
         self._sessions = sessions
         self._clock = clock
         self._max_batch = max_batch
+        self._in_flight = in_flight
         self._queue: deque[Pending] = deque()
         self._arrived = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._charging: list[Pending] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._charging: dict[int, list[Pending]] = {}
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="ingest-batcher")
+        self._tasks = [
+            asyncio.create_task(self._run(runner), name=f"ingest-batcher-{runner}")
+            for runner in range(self._in_flight)
+        ]
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with suppress(asyncio.CancelledError):
-                await self._task
-        for _, future in [*self._charging, *self._queue]:
+                await task
+        charging = [pending for batch in self._charging.values() for pending in batch]
+        for _, future in [*charging, *self._queue]:
             if not future.done():
                 future.set_exception(TimekeeperError("the timekeeper is shutting down", 503))
 
@@ -76,15 +88,16 @@ class IngestBatcher:
         self._queue.extendleft(reversed(deferred))
         return batch
 
-    async def _run(self) -> None:
+    async def _run(self, runner: int) -> None:
         while True:
-            await self._arrived.wait()
-            self._arrived.clear()
-            while self._queue:
-                self._charging = self._take()
-                if self._charging:
-                    await self._charge(self._charging)
-                self._charging = []
+            if not self._queue:
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            batch = self._charging[runner] = self._take()
+            if batch:
+                await self._charge(batch)
+            del self._charging[runner]
 
     async def _charge(self, batch: list[Pending]) -> None:
         try:

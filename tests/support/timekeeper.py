@@ -62,6 +62,12 @@ class Tokens:
             "reader_token_sha256": sha256(self.reader),
         }
 
+    def env(self) -> dict[str, str]:
+        """The same, as the environment of a `python -m timekeeper` process in static auth mode."""
+        return {"TIMEKEEPER_AUTH_MODE": "static"} | {
+            f"TIMEKEEPER_{key.upper()}": value for key, value in self.settings().items()
+        }
+
 
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}

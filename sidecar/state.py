@@ -1,0 +1,118 @@
+"""The sidecar's persistent state on its emptyDir: where the interval grid is anchored, how far the pod's
+time is already covered by reports, the next sequence number, and what was ever dropped.
+
+Written atomically (temp file, fsync, rename, fsync of the directory), so a sidecar killed at any instant
+restarts with either the old or the new state, never a torn one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+STATE_VERSION = 1
+
+
+def now_us() -> int:
+    """Wall-clock time in integer microseconds: interval arithmetic stays exact."""
+    return time.time_ns() // 1000
+
+
+def to_datetime(us: int) -> datetime:
+    return EPOCH + timedelta(microseconds=us)
+
+
+def from_datetime(moment: datetime) -> int:
+    return (moment - EPOCH) // timedelta(microseconds=1)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` so that a crash leaves either the old or the new content."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    with open(temporary, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+@dataclass(slots=True)
+class State:
+    """`anchor_us` is the sidecar's first start; reported time is [anchor_us, covered_until_us)."""
+
+    pod_uid: str
+    anchor_us: int
+    covered_until_us: int
+    next_seq: int = 1
+    dropped_reports: int = 0
+    dropped_seconds: float = 0.0
+    version: int = STATE_VERSION
+
+
+class StateStore:
+    """The state file plus the lock that both the sampling loop and the sender take to change it."""
+
+    def __init__(self, path: Path, state: State) -> None:
+        self.path = path
+        self.state = state
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, path: Path, pod_uid: str, start_us: int) -> tuple[StateStore, bool]:
+        """Load the state, or start a new one anchored at `start_us`; answers whether it was resumed.
+
+        A state written for another pod uid (a reused directory) is not ours and starts over.
+        """
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+            state = State(**raw)
+        except (OSError, ValueError, TypeError):
+            state = None
+        if state is not None and state.pod_uid == pod_uid and state.version == STATE_VERSION:
+            return cls(path, state), True
+        store = cls(path, State(pod_uid=pod_uid, anchor_us=start_us, covered_until_us=start_us))
+        store.save()
+        return store, False
+
+    def save(self) -> None:
+        atomic_write(self.path, json.dumps(asdict(self.state), sort_keys=True).encode())
+
+    def allocate_seq(self) -> int:
+        """A sequence number never used before by this pod, persisted before it is handed out."""
+        with self._lock:
+            seq = self.state.next_seq
+            self.state.next_seq += 1
+            self.save()
+            return seq
+
+    def advance(self, covered_until_us: int) -> None:
+        """Record that reports now cover the pod's time up to `covered_until_us`."""
+        with self._lock:
+            self.state.covered_until_us = max(self.state.covered_until_us, covered_until_us)
+            self.save()
+
+    def catch_up(self, max_seq: int, max_end_us: int) -> None:
+        """After a crash between writing a report and saving the state, trust the buffered report."""
+        with self._lock:
+            self.state.next_seq = max(self.state.next_seq, max_seq + 1)
+            self.state.covered_until_us = max(self.state.covered_until_us, max_end_us)
+            self.save()
+
+    def record_drop(self, seconds: float) -> tuple[int, float]:
+        """Count a report given up on; answers the running totals."""
+        with self._lock:
+            self.state.dropped_reports += 1
+            self.state.dropped_seconds += seconds
+            self.save()
+            return self.state.dropped_reports, self.state.dropped_seconds

@@ -1,0 +1,232 @@
+"""The whole system over real sockets: the timekeeper on PostgreSQL, the webhook over HTTPS polling the
+timekeeper's admission state, and the sidecar the webhook injected, run from the very env it injected.
+
+A namespace with a tiny budget admits a GPU pod at the in-budget class, its sidecar spends the budget,
+the next pod is admitted at the reduced class, an admin grant restores the budget and the pod after that
+is in budget again; the namespace is charged exactly share x the time the sidecar covered.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import ssl
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonpatch
+import pytest
+
+from gpuaccounting.names import ANNOTATION_GPU_SHARE, SIDECAR_CONTAINER_NAME
+from tests.sidecar.coverage import persisted_state
+from tests.support.pods import container, pod
+from tests.support.processes import (
+    REPO_ROOT,
+    SidecarProcess,
+    TimekeeperProcess,
+    free_port,
+    wait_until,
+)
+from tests.support.timekeeper import Tokens, bearer, migrated_database
+from webhook.tls import generate_ca, generate_serving_cert
+
+pytestmark = pytest.mark.e2e
+
+NAMESPACE = "team-e2e"
+BUDGET_GPU_MINUTES = Decimal("0.05")  # three GPU-seconds: spent within seconds by a half-GPU pod
+NANO = Decimal("0.000000001")
+
+
+@dataclass
+class System:
+    timekeeper: TimekeeperProcess
+    webhook_url: str
+    webhook: httpx.Client
+    tokens: Tokens
+    workdir: Path
+
+    def budget(self) -> dict[str, Any]:
+        response = httpx.get(
+            f"{self.timekeeper.url}/api/v1/namespaces/{NAMESPACE}/budget",
+            headers=bearer(self.tokens.reader),
+            timeout=5,
+        )
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def admin(self, method: str, path: str, body: dict[str, Any]) -> None:
+        response = httpx.request(
+            method,
+            f"{self.timekeeper.url}/api/v1{path}",
+            json=body,
+            headers=bearer(self.tokens.admin),
+            timeout=5,
+        )
+        assert response.status_code in (200, 201), response.text
+
+    def review(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
+        body = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": str(uuid.uuid4()),
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "namespace": NAMESPACE,
+                "operation": "CREATE",
+                "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+                "object": obj,
+                "oldObject": None,
+                "dryRun": False,
+            },
+        }
+        response = self.webhook.post(f"{self.webhook_url}{path}", json=body)
+        assert response.status_code == 200, response.text
+        return response.json()["response"]
+
+    def admit(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """What the API server does: mutate, apply the patch, validate the final object."""
+        mutation = self.review("/mutate", obj)
+        assert mutation["allowed"], mutation
+        patch = json.loads(base64.b64decode(mutation["patch"])) if "patch" in mutation else []
+        admitted = jsonpatch.apply_patch(obj, patch)
+        validation = self.review("/validate", admitted)
+        assert validation["allowed"], validation
+        admitted["metadata"]["uid"] = str(uuid.uuid4())  # the API server assigns it on create
+        return admitted
+
+
+def half_gpu_pod(name: str) -> dict[str, Any]:
+    """Half a GPU, as KAI-Scheduler / Run:ai users ask for it."""
+    return pod(container("train"), name=name, namespace=NAMESPACE, annotations={"gpu-fraction": "0.5"})
+
+
+def sidecar_env(admitted: dict[str, Any], system: System, name: str) -> dict[str, str]:
+    """The injected container's env as the kubelet resolves it, with its volume paths mapped to folders."""
+    (sidecar,) = [
+        c
+        for c in admitted["spec"].get("initContainers", []) + admitted["spec"]["containers"]
+        if c["name"] == SIDECAR_CONTAINER_NAME
+    ]
+    fields = {
+        "metadata.namespace": admitted["metadata"]["namespace"],
+        "metadata.name": admitted["metadata"]["name"],
+        "metadata.uid": admitted["metadata"]["uid"],
+    }
+    env = {
+        item["name"]: item["value"] if "value" in item else fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
+        for item in sidecar["env"]
+    }
+    folder = system.workdir / name
+    (folder / "podinfo").mkdir(parents=True)
+    annotations = admitted["metadata"].get("annotations", {})
+    (folder / "podinfo" / "annotations").write_text(
+        "\n".join(f'{key}="{value}"' for key, value in annotations.items())
+    )
+    (folder / "token").write_text(system.tokens.reporter)
+    mounts = {mount["name"]: mount["mountPath"] for mount in sidecar.get("volumeMounts", [])}
+    assert env["SIDECAR_TOKEN_FILE"].startswith(tuple(mounts.values()))
+    return {
+        **env,
+        "SIDECAR_TOKEN_FILE": str(folder / "token"),
+        "SIDECAR_BUFFER_DIR": str(folder / "buffer"),
+        "SIDECAR_PODINFO_DIR": str(folder / "podinfo"),
+        "SIDECAR_NVML_BACKEND": "fake",
+        "SIDECAR_SAMPLE_INTERVAL_SECONDS": "0.2",
+    }
+
+
+@pytest.fixture
+def system(tmp_path: Path) -> Iterator[System]:
+    tokens = Tokens()
+    ca_cert, ca_key = generate_ca("e2e CA")
+    cert, key = generate_serving_cert(
+        ca_cert, ca_key, "gpu-timekeeper-webhook", "gpu-timekeeper", extra_sans=("localhost",)
+    )
+    (tmp_path / "tls.crt").write_bytes(cert)
+    (tmp_path / "tls.key").write_bytes(key)
+    (tmp_path / "webhook-token").write_text(tokens.reader)
+    with migrated_database("gtk_e2e") as database:
+        timekeeper = TimekeeperProcess(database, tokens.env(), free_port(), tmp_path / "timekeeper.log")
+        timekeeper.start()
+        webhook_port = free_port()
+        webhook_log = tmp_path / "webhook.log"
+        with open(webhook_log, "ab") as log:
+            webhook = subprocess.Popen(
+                [sys.executable, "-m", "webhook", "--host", "127.0.0.1", "--port", str(webhook_port)],
+                cwd=REPO_ROOT,
+                env={
+                    **os.environ,
+                    "PYTHONPATH": str(REPO_ROOT),
+                    "WEBHOOK_TLS_CERT_FILE": str(tmp_path / "tls.crt"),
+                    "WEBHOOK_TLS_KEY_FILE": str(tmp_path / "tls.key"),
+                    "WEBHOOK_TIMEKEEPER_URL": timekeeper.url,
+                    "WEBHOOK_TIMEKEEPER_TOKEN_FILE": str(tmp_path / "webhook-token"),
+                    "WEBHOOK_STATE_POLL_INTERVAL_SECONDS": "0.2",
+                    "WEBHOOK_SIDECAR_REPORT_INTERVAL_SECONDS": "1",
+                },
+                stdout=log,
+                stderr=log,
+            )
+        client = httpx.Client(verify=ssl.create_default_context(cadata=ca_cert.decode()), timeout=5)
+        url = f"https://localhost:{webhook_port}"
+
+        def webhook_ready() -> bool:
+            if webhook.poll() is not None:
+                raise AssertionError(f"webhook exited: {webhook_log.read_text()[-3000:]}")
+            try:
+                return client.get(f"{url}/healthz").status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        try:
+            wait_until(webhook_ready, timeout=30, what="the webhook")
+            yield System(timekeeper, url, client, tokens, tmp_path)
+        finally:
+            client.close()
+            webhook.terminate()
+            webhook.wait(timeout=10)
+            timekeeper.stop()
+
+
+def test_a_namespace_spends_its_budget_and_its_next_pod_is_downgraded(system: System) -> None:
+    system.admin(
+        "PUT",
+        f"/namespaces/{NAMESPACE}/budget",
+        {"budget_gpu_minutes": float(BUDGET_GPU_MINUTES), "period": "monthly", "warn_at_fraction": 0.5},
+    )
+
+    def next_class() -> str:
+        return str(system.admit(half_gpu_pod(f"probe-{uuid.uuid4().hex[:6]}"))["spec"]["priorityClassName"])
+
+    wait_until(lambda: next_class() == "gpu-in-budget", timeout=10, what="the webhook to see the budget")
+
+    trainer = system.admit(half_gpu_pod("trainer-0"))
+    assert trainer["spec"]["priorityClassName"] == "gpu-in-budget"
+    assert trainer["metadata"]["annotations"][ANNOTATION_GPU_SHARE] == "0.5"
+    env = sidecar_env(trainer, system, "trainer-0")
+    assert env["SIDECAR_GPU_SHARE"] == "0.5"
+    assert env["SIDECAR_TIMEKEEPER_URL"] == system.timekeeper.url
+
+    sidecar = SidecarProcess(env, system.workdir / "sidecar.log")
+    wait_until(lambda: system.budget()["state"] == "exhausted", timeout=30, what="the budget to run out")
+    wait_until(lambda: next_class() == "gpu-over-budget", timeout=10, what="the webhook to downgrade")
+    assert sidecar.terminate() == 0
+
+    charged = Decimal(str(system.budget()["used_gpu_minutes"]))
+    state = persisted_state(Path(env["SIDECAR_BUFFER_DIR"]))
+    covered_minutes = Decimal(state["covered_until_us"] - state["anchor_us"]) / Decimal(60_000_000)
+    assert abs(charged - Decimal("0.5") * covered_minutes) <= state["next_seq"] * NANO
+    assert charged >= BUDGET_GPU_MINUTES
+
+    system.admin("POST", f"/namespaces/{NAMESPACE}/grants", {"gpu_minutes": 10, "reason": "e2e top-up"})
+    assert system.budget()["state"] == "in_budget"
+    wait_until(lambda: next_class() == "gpu-in-budget", timeout=10, what="the webhook to restore the class")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import resource
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -20,10 +21,17 @@ class WrkResult:
     p90_ms: float
     p99_ms: float
     max_ms: float
+    client_cpu_seconds: float  # wrk's own user + system time: how busy the load generator was
 
     @property
     def rate(self) -> float:
         return self.requests / self.seconds
+
+    @property
+    def client_cpu_pct(self) -> float:
+        """wrk's CPU as a percentage of one core over the run; far below 100 % on its one thread means
+        it was waiting for the server, not the other way round."""
+        return 100 * self.client_cpu_seconds / self.seconds
 
 
 def require_wrk() -> str:
@@ -56,7 +64,9 @@ def run_wrk(
         "--",
         *script_args,
     ]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     line = next(line for line in output.splitlines() if line.startswith("WRK_RESULT "))
     raw = json.loads(line.removeprefix("WRK_RESULT "))
     errors = sum(
@@ -70,4 +80,5 @@ def run_wrk(
         p90_ms=raw["p90_us"] / 1000,
         p99_ms=raw["p99_us"] / 1000,
         max_ms=raw["max_us"] / 1000,
+        client_cpu_seconds=(after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
     )

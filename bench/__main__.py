@@ -24,13 +24,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=int, default=10, help="length of each load run (default 10)")
     parser.add_argument("--connections", type=int, default=64, help="concurrent report clients (default 64)")
-    parser.add_argument("--workers", type=int, default=2, help="timekeeper worker processes (default 2)")
+    parser.add_argument("--workers", type=int, default=1, help="uvicorn workers per timekeeper (default 1)")
+    parser.add_argument("--replicas", type=int, default=2, help="timekeeper processes (default 2)")
     parser.add_argument(
         "--sidecar-seconds", type=float, default=60.0, help="sidecar measurement window (default 60)"
     )
     args = parser.parse_args()
     before = _load()
-    sections = ingest.run(args.seconds, args.connections, args.workers)
+    sections = ingest.run(args.seconds, args.connections, args.workers, args.replicas)
     sections.append(admission.run(args.seconds))
     sections.append(sidecar_bench.run(args.sidecar_seconds))
     sections.append(

@@ -15,7 +15,8 @@ import hashlib
 import secrets
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import httpx
@@ -23,7 +24,7 @@ import psycopg
 
 from bench.baseline_db import insert_commit_rate
 from bench.common import PYTHON, REPO_ROOT, Figure, Section, free_port, percentile, process, write_results
-from bench.wrk import WrkResult, run_wrk
+from bench.wrk import WrkResult, combine, run_wrk
 from tests.support.postgres import url_string
 from tests.support.timekeeper import migrated_database
 
@@ -34,26 +35,36 @@ NAMESPACES = 10_000
 
 @dataclass(frozen=True)
 class Server:
-    url: str
+    urls: list[str]  # one per timekeeper process (replica), all on the same database
     token: str
     dsn: str
 
+    @property
+    def url(self) -> str:
+        return self.urls[0]
+
 
 @contextmanager
-def timekeeper(workers: int) -> Iterator[Server]:
-    """`python -m timekeeper` on a fresh migrated database, with a reporter token made for this run."""
+def timekeeper(workers: int = 1, replicas: int = 1) -> Iterator[Server]:
+    """`python -m timekeeper` (`replicas` processes, each with `workers` workers) on a fresh migrated
+    database, with a reporter token made for this run."""
     token = secrets.token_urlsafe(24)
     digest = hashlib.sha256(token.encode()).hexdigest()
-    with migrated_database("gtk_bench") as url:
-        port = free_port()
+    with migrated_database("gtk_bench") as url, ExitStack() as processes:
         env = {
             "TIMEKEEPER_DATABASE_URL": url_string(url),
             "TIMEKEEPER_ADMIN_TOKEN_SHA256": digest,
             "TIMEKEEPER_REPORTER_TOKEN_SHA256": digest,
         }
-        args = [PYTHON, "-m", "timekeeper", "--port", str(port), "--workers", str(workers), "--no-access-log"]
-        with process([*args, "--log-level", "warning"], env=env, port=port):
-            yield Server(f"http://127.0.0.1:{port}", token, url_string(url.set(drivername="postgresql")))
+        urls = []
+        for _ in range(replicas):
+            port = free_port()
+            args = [PYTHON, "-m", "timekeeper", "--port", str(port), "--workers", str(workers)]
+            processes.enter_context(
+                process([*args, "--no-access-log", "--log-level", "warning"], env=env, port=port)
+            )
+            urls.append(f"http://127.0.0.1:{port}")
+        yield Server(urls, token, url_string(url.set(drivername="postgresql")))
 
 
 @contextmanager
@@ -64,16 +75,24 @@ def bare_asgi() -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
 
 
-def _reports(url: str, token: str, seconds: int, connections: int) -> WrkResult:
+def _reports(urls: list[str], token: str, seconds: int, connections: int) -> WrkResult:
+    """Report load split evenly over the given servers, one wrk per server, run at the same time."""
     # Intervals start two hours ago, so even the last of them ends in the past (no clock-skew refusals).
     base = int(time.time()) - 2 * 3600
-    return run_wrk(
-        url,
-        "reports.lua",
-        [str(base), "2000", token, "100"],
-        seconds=seconds,
-        connections=connections,
-    )
+    share = max(1, connections // len(urls))
+    with ThreadPoolExecutor(len(urls)) as pool:
+        runs = [
+            pool.submit(
+                run_wrk,
+                url,
+                "reports.lua",
+                [str(base), "2000", token, "100", str(client)],
+                seconds=seconds,
+                connections=share,
+            )
+            for client, url in enumerate(urls)
+        ]
+        return combine([run.result() for run in runs])
 
 
 def _seed_namespaces(dsn: str, count: int) -> None:
@@ -104,15 +123,15 @@ def _snapshot_latencies(server: Server, samples: int) -> tuple[list[float], int]
     return timings, size
 
 
-def run(seconds: int = 10, connections: int = 64, workers: int = 2) -> list[Section]:
+def run(seconds: int = 10, connections: int = 64, workers: int = 1, replicas: int = 2) -> list[Section]:
     light = max(1, connections // 4)
     with bare_asgi() as url:
-        bare = _reports(url, "unused", seconds, connections)
+        bare = _reports([url], "unused", seconds, connections)
         bare_get = run_wrk(url, "get.lua", ["unused", "/"], seconds=seconds, connections=2)
-    with timekeeper(workers) as server:
+    with timekeeper(workers, replicas) as server:
         db_rate = insert_commit_rate(server.dsn, connections=16, seconds=seconds / 2)
-        ingest = _reports(server.url, server.token, seconds, connections)
-        lighter = _reports(server.url, server.token, seconds, light)
+        ingest = _reports(server.urls, server.token, seconds, connections)
+        lighter = _reports(server.urls, server.token, seconds, light)
         _seed_namespaces(server.dsn, NAMESPACES)
         paths = ",".join(f"/api/v1/namespaces/bench-{i}/budget" for i in range(100))
         reads = run_wrk(server.url, "get.lua", [server.token, paths], seconds=seconds, connections=2)
@@ -160,7 +179,9 @@ def run(seconds: int = 10, connections: int = 64, workers: int = 2) -> list[Sect
             f"wrk, 1 thread, {connections} keep-alive connections ({connections} sidecar-like clients"
             f" reporting back to back), {seconds}s; every report is distinct (2,000 pods in 100 namespaces,"
             " contiguous 30 s intervals), so each one charges and commits",
-            f"`python -m timekeeper --workers {workers}`; PostgreSQL on the same machine",
+            f"{replicas} x `python -m timekeeper --workers {workers}` (replicas on one database, each"
+            f" driven by its own wrk with {connections // replicas} of the connections); PostgreSQL on the"
+            " same machine",
             f"{ingest.requests + lighter.requests:,} reports acknowledged, 0 errors",
             f"load generator: wrk used {ingest.client_cpu_pct:.0f} % of one core against the timekeeper and"
             f" drove the bare ASGI endpoint at {bare.rate:,.0f} req/s ({bare.client_cpu_pct:.0f} % of a core)"
@@ -209,9 +230,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--connections", type=int, default=64)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--replicas", type=int, default=2)
     args = parser.parse_args()
-    sections = run(args.seconds, args.connections, args.workers)
+    sections = run(args.seconds, args.connections, args.workers, args.replicas)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     write_results(sections, OUT)
     print(OUT.read_text())

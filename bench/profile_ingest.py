@@ -55,7 +55,7 @@ def main() -> None:
             stderr=subprocess.DEVNULL,
         ) as recorder:
             time.sleep(0.5)
-            load = _reports(server.url, server.token, args.seconds, args.connections)
+            load = _reports([server.url], server.token, args.seconds, args.connections)
             recorder.wait()
         total, inclusive, own = _top(collapsed, args.top)
     print(f"{load.requests:,} reports in {load.seconds:.1f} s ({load.rate:,.0f}/s), {total:,} samples")

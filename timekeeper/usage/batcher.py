@@ -100,11 +100,12 @@ class IngestBatcher:
             del self._charging[runner]
 
     async def _charge(self, batch: list[Pending]) -> None:
+        outcomes: list[IngestOutcome | Exception]
         try:
             async with transaction(self._sessions()) as session:
-                outcomes = await UsageRepository(session).ingest(
-                    [report for report, _ in batch], self._clock.now()
-                )
+                outcomes = [
+                    *await UsageRepository(session).ingest([report for report, _ in batch], self._clock.now())
+                ]
         except Exception as error:
             if len(batch) > 1:
                 for pending in batch:
@@ -118,7 +119,7 @@ class IngestBatcher:
         for (_, future), outcome in zip(batch, outcomes, strict=True):
             if future.done():
                 continue
-            if isinstance(outcome, BaseException):
+            if isinstance(outcome, Exception):
                 future.set_exception(outcome)
             else:
                 future.set_result(outcome)

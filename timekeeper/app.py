@@ -21,6 +21,7 @@ from timekeeper.db.session import build_engine, build_sessionmaker, resolve_data
 from timekeeper.errors import install_error_handler
 from timekeeper.health.router import router as health_router
 from timekeeper.metrics import Metrics
+from timekeeper.scheduler.runner import with_scheduler
 from timekeeper.settings import Settings, get_settings
 from timekeeper.usage.batcher import IngestBatcher
 from timekeeper.usage.router import router as usage_router
@@ -72,9 +73,19 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.access = await build_access_control(settings)
     app.state.ingest = IngestBatcher(lambda: app.state.sessionmaker, app.state.clock)
     app.state.ingest.start()
+    reconciler = None
+    if settings.reconcile:
+        # Imported only when asked for: it needs a cluster (docs/kubernetes.md).
+        from timekeeper.reconcile.service import build_reconciler
+
+        reconciler = build_reconciler(settings, app.state.sessionmaker, app.state.clock)
+        reconciler.start()
+    app.state.reconciler = reconciler
     try:
         yield
     finally:
+        if reconciler is not None:
+            await reconciler.aclose()
         await app.state.ingest.aclose()
         await app.state.access.aclose()
         await engine.dispose()
@@ -86,7 +97,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
         title="GPU Timekeeper",
         version="1",
         summary="Per-namespace GPU-minute budgets, the usage ledger and the admission snapshot.",
-        lifespan=lifespan,
+        lifespan=with_scheduler(lifespan),
     )
     app.state.settings = settings
     app.state.clock = clock or default_clock(settings)

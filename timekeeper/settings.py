@@ -48,9 +48,57 @@ class Settings(BaseSettings):
     )
     log_level: str = "INFO"
 
+    # Kubernetes: the cluster connection (auth mode `kubernetes`, the reconciler); docs/kubernetes.md.
+    kube_in_cluster: bool | None = Field(
+        default=None, description="Use the pod's ServiceAccount; unset: when KUBERNETES_SERVICE_HOST is set."
+    )
+    kubeconfig: Path | None = Field(default=None, description="Kubeconfig file; unset: the default one.")
+    kube_context: str | None = None
+    kube_request_timeout_seconds: float = Field(default=10.0, gt=0)
+    reconcile: bool = Field(
+        default=False,
+        description="Watch pods: charge silent pods, close out ended ones, downgrade, apply quotas.",
+    )
+    reconcile_interval_seconds: float = Field(default=60.0, gt=0)
+    silent_grace_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description="How long a running pod's sidecar may be silent before the time is charged.",
+    )
+    evict_when_exhausted: Literal["never", "annotated", "always"] = Field(
+        default="annotated",
+        description="Evict running in-budget pods of an exhausted namespace: never, only in namespaces "
+        "annotated gpu-timekeeper.io/evict-when-exhausted=true, or always.",
+    )
+    evict_bare_pods: bool = Field(default=False, description="Also evict pods without a controller.")
+
     clock_start: AwareDatetime | None = Field(default=None, description="Demo clock: the time it starts at.")
     clock_speed: float = Field(
         default=1.0, gt=0, description="Demo clock: simulated seconds per real second."
+    )
+
+    scheduler_enabled: bool = Field(
+        default=True, description="Compete for the scheduler's leadership inside the API process."
+    )
+    scheduler_lock_key: int = Field(
+        default=0x67746B5F73636864, description="The PostgreSQL advisory lock key the leader holds."
+    )
+    leader_retry_interval: timedelta = Field(
+        default=timedelta(seconds=2),
+        description="How often a follower tries to take the lock and the leader checks its connection.",
+    )
+    rollover_interval: timedelta = Field(default=timedelta(seconds=60), description="Roll-over job period.")
+    states_interval: timedelta = Field(default=timedelta(seconds=60), description="State sweep period.")
+    closeout_interval: timedelta = Field(default=timedelta(seconds=60), description="Close-out job period.")
+    rollup_interval: timedelta = Field(default=timedelta(minutes=10), description="Roll-up job period.")
+    report_interval: timedelta = Field(
+        default=timedelta(seconds=30), description="How often sidecars report (the close-out's unit)."
+    )
+    closeout_after_intervals: int = Field(
+        default=4, ge=1, description="A pod silent for this many report intervals is closed out."
+    )
+    rollup_retention: timedelta = Field(
+        default=timedelta(days=7), description="Raw ledger rows older than this are folded into hours."
     )
 
     @field_validator("admin_token_sha256", "reporter_token_sha256", "reader_token_sha256", mode="before")
@@ -67,7 +115,18 @@ class Settings(BaseSettings):
             return digests
         return value
 
-    @field_validator("clock_skew", "max_report_interval", mode="before")
+    @field_validator(
+        "clock_skew",
+        "max_report_interval",
+        "leader_retry_interval",
+        "rollover_interval",
+        "states_interval",
+        "closeout_interval",
+        "rollup_interval",
+        "report_interval",
+        "rollup_retention",
+        mode="before",
+    )
     @classmethod
     def _seconds(cls, value: object) -> object:
         """Durations as plain seconds ("90") or ISO 8601 ("PT10M")."""

@@ -41,7 +41,8 @@ def clock() -> ManualClock:
 
 @pytest.fixture
 def settings(database_url: URL, tokens: Tokens) -> Settings:
-    return Settings(database_url=url_string(database_url), **tokens.settings())
+    # The scheduler's jobs are driven directly by tests/timekeeper/test_scheduler*.py.
+    return Settings(database_url=url_string(database_url), scheduler_enabled=False, **tokens.settings())
 
 
 @pytest.fixture

@@ -39,6 +39,8 @@ class Principal:
 
     name: str
     pod: PodIdentity | None = None
+    # The groups the credential carries (Kubernetes mode asks RBAC about the user and its groups).
+    groups: tuple[str, ...] = ()
 
 
 class AccessControl(Protocol):

@@ -114,7 +114,8 @@ _ADD_GRANTED = sa.text(
     "VALUES (:namespace, :kind, :start, :amount) ON CONFLICT (namespace, period_kind, period_start) "
     "DO UPDATE SET granted_gpu_minutes = usage_totals.granted_gpu_minutes + excluded.granted_gpu_minutes"
 )
-# Recompute a period's totals from the ledger's charged time and the grants, for namespaces whose period
+# Recompute a period's totals from the ledger's charged time (raw rows and the hourly aggregates old rows
+# were rolled up into) and the grants, for namespaces whose period
 # kind just changed (their running total for the new kind may have missed charges made under the old one).
 _REBUILD = sa.text(
     """
@@ -127,6 +128,13 @@ _REBUILD = sa.text(
             FROM usage_ledger l
             WHERE l.namespace = n.namespace AND l.interval_end > :start
               AND (CAST(:end AS timestamptz) IS NULL OR l.interval_start < :end)
+        ), 0) + coalesce((
+            SELECT sum(round(h.gpu_share * (
+                SELECT coalesce(sum(extract(epoch FROM upper(r) - lower(r))), 0)
+                FROM unnest(h.charged * tstzmultirange(tstzrange(:start, :end))) AS r) / 60, 9))
+            FROM usage_hourly h
+            WHERE h.namespace = n.namespace AND h.hour_start > CAST(:start AS timestamptz) - interval '1 hour'
+              AND (CAST(:end AS timestamptz) IS NULL OR h.hour_start < :end)
         ), 0),
         coalesce((
             SELECT sum(g.gpu_minutes) FROM grants g

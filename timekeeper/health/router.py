@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -20,13 +22,15 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-async def readyz(request: Request) -> dict[str, str]:
+async def readyz(request: Request) -> dict[str, Any]:
     try:
         async with request.app.state.sessionmaker() as session:
             await session.execute(sa.text("SELECT 1"))
     except (sa.exc.SQLAlchemyError, OSError) as error:
         raise TimekeeperError(f"database unreachable: {type(error).__name__}", 503) from error
-    return {"status": "ready"}
+    scheduler = getattr(request.app.state, "scheduler", None)
+    # Job health is shown, not judged: a failing job must not take the replica out of service.
+    return {"status": "ready"} | ({} if scheduler is None else {"scheduler": scheduler.status()})
 
 
 @router.get("/metrics", response_class=Response)

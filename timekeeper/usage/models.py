@@ -22,6 +22,8 @@ class LedgerEntry(Base):
         # Same seq and same interval is a retry; a re-used seq with another interval is new data.
         UniqueConstraint("pod_uid", "seq", "interval_start", "interval_end", name="uq_usage_ledger_report"),
         Index("ix_usage_ledger_namespace_interval_start", "namespace", "interval_start"),
+        # For the roll-up's "ended before the cutoff": BRIN, nearly free on inserts in time order.
+        Index("ix_usage_ledger_interval_end", "interval_end", postgresql_using="brin"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
@@ -55,3 +57,6 @@ class PodCoverage(Base):
     last_seq: Mapped[int] = mapped_column(BigInteger)
     last_report_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     final: Mapped[bool] = mapped_column(Boolean)
+    # Set by the close-out job when the pod stopped reporting; a later report (last_report_at from then on)
+    # makes the pod running again.
+    closed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -68,9 +68,21 @@ _ADD_USED = sa.text(
     "RETURNING namespace, period_kind, period_start, used_gpu_minutes, granted_gpu_minutes"
 )
 
+# Raw ledger rows and the hourly per-pod aggregates the roll-up job folds old rows into, in one shape:
+# a report counts once per aggregate (an aggregate row counts the reports folded into its hour).
+_USAGE_SOURCE = (
+    "SELECT 'l' || l.id AS id, l.pod, l.gpu_share, l.charged, 1 AS reports, "
+    "l.mean_sm_util_pct AS util_sum, CAST(l.mean_sm_util_pct IS NOT NULL AS int) AS util_count "
+    "FROM usage_ledger l "
+    "WHERE l.namespace = :namespace AND l.interval_end > :since AND l.interval_start < :until "
+    "UNION ALL SELECT 'h' || h.id, h.pod, h.gpu_share, h.charged, h.reports, h.util_sum, h.util_count "
+    "FROM usage_hourly h WHERE h.namespace = :namespace "
+    "AND h.hour_start > CAST(:since AS timestamptz) - interval '1 hour' AND h.hour_start < :until"
+)
+
 GroupBy = Literal["pod", "hour", "day"]
 _USAGE_PIECE = {
-    "pod": ("l.pod", "r", ""),
+    "pod": ("s.pod", "r", ""),
     "hour": (
         'to_char(b, \'YYYY-MM-DD"T"HH24:00:00"Z"\')',
         "r * tstzrange(b, b + interval '1 hour')",
@@ -223,18 +235,19 @@ class UsageRepository:
         self, namespace: str, since: datetime, until: datetime, group_by: GroupBy
     ) -> list[tuple[str, Decimal, int, float | None]]:
         """Charged GPU-minutes inside [since, until), exactly (charged time clipped to the window and to
-        each bucket), grouped by pod, hour or day."""
+        each bucket, share x seconds summed exactly and rounded once per row), grouped by pod, hour or day.
+        Raw ledger rows and the hourly aggregates old rows were folded into answer alike."""
         key, piece, bucket = _USAGE_PIECE[group_by]
         query = sa.text(
-            f"SELECT {key} AS key, "
-            f"sum(round(l.gpu_share * extract(epoch FROM upper({piece}) - lower({piece})) / 60, 9)) "
-            "AS minutes, "
-            "count(DISTINCT l.id) AS reports, avg(l.mean_sm_util_pct) AS util "
-            "FROM usage_ledger l "
-            "CROSS JOIN LATERAL unnest(l.charged * tstzmultirange(tstzrange(:since, :until))) AS r "
-            f"{bucket} "
-            "WHERE l.namespace = :namespace AND l.interval_end > :since AND l.interval_start < :until "
-            "GROUP BY 1 ORDER BY 1"
+            f"WITH source AS ({_USAGE_SOURCE}), per_source AS ("
+            f"SELECT {key} AS key, s.id, "
+            f"sum(s.gpu_share * extract(epoch FROM upper({piece}) - lower({piece}))) AS share_seconds, "
+            "max(s.reports) AS reports, max(s.util_sum) AS util_sum, max(s.util_count) AS util_count "
+            "FROM source s "
+            "CROSS JOIN LATERAL unnest(s.charged * tstzmultirange(tstzrange(:since, :until))) AS r "
+            f"{bucket} GROUP BY 1, 2) "
+            "SELECT key, round(sum(share_seconds) / 60, 9) AS minutes, sum(reports) AS reports, "
+            "sum(util_sum) / nullif(sum(util_count), 0) AS util FROM per_source GROUP BY key ORDER BY key"
         )
         result = await self.session.execute(query, {"namespace": namespace, "since": since, "until": until})
         return [

@@ -1,0 +1,64 @@
+"""Fixtures: a fresh stand-in API server per test, and the timekeeper's KubeClient talking to it as the
+timekeeper's own ServiceAccount (so every call also proves the RBAC rules we ship are enough)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import URL
+
+from tests.support.kube_apiserver import KubeApiServer
+from tests.support.kube_rbac import TIMEKEEPER_NAMESPACE, TIMEKEEPER_SERVICE_ACCOUNT, install_cluster_roles
+from tests.support.postgres import url_string
+from timekeeper.kube import KubeClient
+from timekeeper.settings import Settings
+
+
+@pytest.fixture
+def apiserver() -> Iterator[KubeApiServer]:
+    server = KubeApiServer().start()
+    install_cluster_roles(server)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def kube(apiserver: KubeApiServer) -> Iterator[KubeClient]:
+    token = apiserver.add_service_account_token(TIMEKEEPER_NAMESPACE, TIMEKEEPER_SERVICE_ACCOUNT)
+    kube_client = KubeClient(apiserver.client_configuration(token), request_timeout_seconds=5)
+    yield kube_client
+    kube_client.close()
+
+
+# The app in Kubernetes auth mode: the timekeeper suite's database and app fixtures, with these settings.
+from tests.timekeeper.conftest import app, client, clock, connection, database_url  # noqa: E402, F401
+
+
+@pytest.fixture
+def kubeconfig(apiserver: KubeApiServer, tmp_path: Path) -> Path:
+    """A kubeconfig for the stand-in, with the timekeeper's ServiceAccount token, as `kubectl` writes them."""
+    token = apiserver.add_service_account_token(TIMEKEEPER_NAMESPACE, TIMEKEEPER_SERVICE_ACCOUNT)
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "stand-in", "cluster": {"server": apiserver.url}}],
+        "users": [{"name": "timekeeper", "user": {"token": token}}],
+        "contexts": [{"name": "stand-in", "context": {"cluster": "stand-in", "user": "timekeeper"}}],
+        "current-context": "stand-in",
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    return path
+
+
+@pytest.fixture
+def settings(database_url: URL, kubeconfig: Path) -> Settings:  # noqa: F811 (the imported fixture)
+    return Settings(
+        database_url=url_string(database_url),
+        auth_mode="kubernetes",
+        kube_in_cluster=False,
+        kubeconfig=kubeconfig,
+    )

@@ -1,0 +1,154 @@
+"""Kubernetes auth mode: TokenReview for who is calling, SubjectAccessReview for what they may do.
+
+Sidecars present their pod's projected ServiceAccount token (audience `gpu-timekeeper`). A TokenReview
+turns it into `system:serviceaccount:<namespace>:<sa>` plus the `pod-name` / `pod-uid` extras the API
+server adds to pod-bound tokens: that pod, and only it, may report. People and tools present any token the
+API server accepts; what they may do is RBAC's answer about a virtual resource, `gpubudgets` in the API
+group `gpu-timekeeper.io` (no CRD needed: RBAC rules may name any resource):
+
+- read a namespace's budget and usage: `get gpubudgets` in that namespace (`list` at cluster scope for
+  every namespace), which the `view` ClusterRole carries through aggregation, so a namespace's members can
+  read their own namespace;
+- change budgets, defaults and grants, read the audit log: `update gpubudgets` (in the namespace for a
+  namespace's budget, at cluster scope for defaults and the audit log).
+
+People's tokens (kubectl's OIDC or static tokens) are not issued for our audience: a token the first
+review (audience `gpu-timekeeper`) refuses is reviewed again for the API server's own audiences and, if
+accepted, stands for a user with no pod, who may then read or administer as RBAC allows but never report
+(`accept_api_tokens=False` turns this off, e.g. behind an authenticating proxy).
+
+Both reviews are cached briefly, keyed by a SHA-256 of the token (tokens never sit in memory as keys) or by
+the user, groups and question, so steady traffic costs the API server almost nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from cachetools import TTLCache
+
+from gpuaccounting.names import DOMAIN, TOKEN_AUDIENCE
+from timekeeper.auth.base import Action, PodIdentity, Principal
+from timekeeper.errors import TimekeeperError
+from timekeeper.kube.client import KubeClient, KubeConfig
+from timekeeper.kube.types import POD_NAME_EXTRA, POD_UID_EXTRA, KubeError, TokenReviewResult
+from timekeeper.settings import Settings
+
+BUDGET_RESOURCE = "gpubudgets"
+BUDGET_GROUP = DOMAIN
+SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def principal_from_review(review: TokenReviewResult, pod_bound: bool = True) -> Principal | None:
+    """The principal an authenticated review names; bound to a pod only when the token is a pod-bound token
+    for our audience."""
+    if not review.authenticated or not review.username:
+        return None
+    pod = None
+    if pod_bound and review.username.startswith(SERVICE_ACCOUNT_PREFIX):
+        namespace = review.username[len(SERVICE_ACCOUNT_PREFIX) :].split(":", 1)[0]
+        pod_name, pod_uid = review.extra_value(POD_NAME_EXTRA), review.extra_value(POD_UID_EXTRA)
+        if namespace and pod_name and pod_uid:
+            pod = PodIdentity(namespace=namespace, name=pod_name, uid=pod_uid)
+    return Principal(name=review.username, pod=pod, groups=review.groups)
+
+
+async def _ask(call: Callable[..., T], *args: Any) -> T:
+    """Run a blocking review off the event loop; an API server that fails us is a 503 (retry later),
+    not a refusal and not a 500."""
+    try:
+        return await asyncio.to_thread(call, *args)
+    except KubeError as error:
+        log.warning("kubernetes_review_failed", extra={"error": str(error)})
+        raise TimekeeperError("the Kubernetes API cannot review credentials now; retry later", 503) from error
+
+
+class KubernetesAccessControl:
+    """AccessControl through the Kubernetes API (see the module docstring for the rules)."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        *,
+        audience: str = TOKEN_AUDIENCE,
+        accept_api_tokens: bool = True,
+        token_ttl_seconds: float = 30.0,
+        rejected_token_ttl_seconds: float = 5.0,
+        decision_ttl_seconds: float = 10.0,
+        max_entries: int = 50_000,
+        timer: Callable[[], float] = time.monotonic,
+        owns_client: bool = False,
+    ) -> None:
+        self._kube = kube
+        self._owns_client = owns_client
+        self._audiences = (audience,)
+        self._accept_api_tokens = accept_api_tokens
+        # Rejections are kept for less time: a pod's token is rejected until the pod exists.
+        self._accepted: TTLCache[str, Principal] = TTLCache(max_entries, token_ttl_seconds, timer=timer)
+        self._rejected: TTLCache[str, bool] = TTLCache(max_entries, rejected_token_ttl_seconds, timer=timer)
+        self._decisions: TTLCache[tuple[str, tuple[str, ...], str, str], bool] = TTLCache(
+            max_entries, decision_ttl_seconds, timer=timer
+        )
+
+    async def authenticate(self, token: str) -> Principal | None:
+        if not token:
+            return None
+        key = hashlib.sha256(token.encode()).hexdigest()
+        if key in self._rejected:
+            return None
+        principal = self._accepted.get(key)
+        if principal is not None:
+            return principal
+        review = await _ask(self._kube.token_review, token, self._audiences)
+        principal = principal_from_review(review)
+        if principal is None and self._accept_api_tokens:
+            # An empty audience list means the API server's own audiences.
+            review = await _ask(self._kube.token_review, token, ())
+            principal = principal_from_review(review, pod_bound=False)
+        if principal is None:
+            self._rejected[key] = True
+        else:
+            self._accepted[key] = principal
+        return principal
+
+    async def authorize(self, principal: Principal, action: Action, namespace: str | None) -> bool:
+        if action is Action.REPORT:
+            # The endpoint checks further that the report's pod name and uid are principal.pod's.
+            return principal.pod is not None and namespace in (None, principal.pod.namespace)
+        verb = "update" if action is Action.ADMIN else ("get" if namespace else "list")
+        key = (principal.name, principal.groups, verb, namespace or "")
+        decision = self._decisions.get(key)
+        if decision is None:
+            decision = await _ask(
+                self._kube.subject_access_review,
+                principal.name,
+                principal.groups,
+                verb,
+                BUDGET_RESOURCE,
+                BUDGET_GROUP,
+                namespace,
+            )
+            self._decisions[key] = decision
+        return decision
+
+    async def aclose(self) -> None:
+        """Drop the caches, and the client when it was built for this access control."""
+        self._accepted.clear()
+        self._rejected.clear()
+        self._decisions.clear()
+        if self._owns_client:
+            await asyncio.to_thread(self._kube.close)
+
+
+def build_access_control(settings: Settings) -> KubernetesAccessControl:
+    """The factory's entry for `TIMEKEEPER_AUTH_MODE=kubernetes` (called in the lifespan)."""
+    kube = KubeClient.from_config(KubeConfig.from_settings(settings))
+    return KubernetesAccessControl(kube, owns_client=True)

@@ -1,0 +1,111 @@
+"""What the timekeeper knows of every GPU pod, kept current by the pod watch (a thread) and read by the
+reconcile pass (the event loop)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, replace
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+
+from gpuaccounting.names import ANNOTATION_GPU_SHARE, SIDECAR_CONTAINER_NAME
+from gpuaccounting.shares import GpuHardware, read_pod
+from timekeeper.clock import Clock
+from timekeeper.kube import PodEvent, PodInfo, PodSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class TrackedPod:
+    info: PodInfo
+    share: Decimal
+    # When it stopped holding its GPUs: its containers' real finishedAt, else when it was seen gone.
+    ended_at: datetime | None = None
+    closed: bool = False  # its final charge is done
+
+    @property
+    def running(self) -> bool:
+        return self.ended_at is None and self.info.phase == "Running" and self.info.started_at is not None
+
+
+def pod_share(pod: PodInfo, hardware: GpuHardware) -> Decimal | None:
+    """The share the webhook recorded on the pod; recomputed from its requests when the annotation is
+    missing or unreadable (a pod admitted while the webhook was down). None: not a GPU pod."""
+    recorded = pod.annotations.get(ANNOTATION_GPU_SHARE)
+    if recorded is not None:
+        try:
+            share = Decimal(recorded)
+        except InvalidOperation:
+            share = None
+        if share is not None and share.is_finite() and share > 0:
+            return share
+    computed = read_pod(pod.raw, hardware, skip_container=SIDECAR_CONTAINER_NAME)
+    if not computed.uses_gpu or computed.share <= 0:
+        return None
+    return Decimal(computed.share.numerator) / Decimal(computed.share.denominator)
+
+
+class PodRegistry:
+    """GPU pods by uid. A pod stays until its final charge is done and it is gone from the API."""
+
+    def __init__(self, clock: Clock, hardware: GpuHardware | None = None) -> None:
+        self._clock = clock
+        self._hardware = hardware or GpuHardware()
+        self._lock = threading.Lock()
+        self._pods: dict[str, TrackedPod] = {}
+        self._present: set[str] = set()  # uids the API still has
+        self.synced = threading.Event()
+
+    def apply(self, item: PodSnapshot | PodEvent) -> None:
+        with self._lock:
+            if isinstance(item, PodSnapshot):
+                seen = set()
+                for pod in item.pods:
+                    seen.add(pod.uid)
+                    self._upsert(pod)
+                for uid in self._present - seen:
+                    self._gone(uid)
+                self._present = seen & set(self._pods)
+                self.synced.set()
+            elif item.type == "DELETED":
+                self._upsert(item.pod)
+                self._gone(item.pod.uid)
+            else:
+                self._upsert(item.pod)
+
+    def _upsert(self, pod: PodInfo) -> None:
+        tracked = self._pods.get(pod.uid)
+        if tracked is None:
+            share = pod_share(pod, self._hardware)
+            if share is None:
+                return
+            tracked = TrackedPod(pod, share)
+        ended_at = tracked.ended_at
+        if ended_at is None and pod.ended:
+            ended_at = pod.finished_at or self._clock.now()
+        self._pods[pod.uid] = replace(tracked, info=pod, ended_at=ended_at)
+        self._present.add(pod.uid)
+
+    def _gone(self, uid: str) -> None:
+        self._present.discard(uid)
+        tracked = self._pods.get(uid)
+        if tracked is None:
+            return
+        if tracked.closed:
+            del self._pods[uid]
+        elif tracked.ended_at is None:
+            self._pods[uid] = replace(tracked, ended_at=tracked.info.finished_at or self._clock.now())
+
+    def pods(self) -> list[TrackedPod]:
+        with self._lock:
+            return list(self._pods.values())
+
+    def mark_closed(self, uid: str) -> None:
+        """The pod's final charge is done: forget it once the API no longer has it."""
+        with self._lock:
+            tracked = self._pods.get(uid)
+            if tracked is None:
+                return
+            if uid in self._present:
+                self._pods[uid] = replace(tracked, closed=True)
+            else:
+                del self._pods[uid]

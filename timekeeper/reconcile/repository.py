@@ -1,0 +1,61 @@
+"""SQL the reconciler needs beyond the report path: which pods have time not yet charged, the namespaces'
+states and concurrent limits, and the lock that makes one replica at a time reconcile."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from decimal import Decimal
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpuaccounting.wire import BudgetState
+
+# An arbitrary constant: the advisory lock key of the reconcile pass.
+RECONCILE_LOCK_KEY = 0x6770_7574_6B72_6563
+
+_UNCOVERED = sa.text(
+    "SELECT c.uid FROM unnest(CAST(:uids AS text[]), CAST(:starts AS timestamptz[]), "
+    "CAST(:ends AS timestamptz[])) AS c(uid, lower_bound, upper_bound) "
+    "LEFT JOIN pod_coverage p ON p.pod_uid = c.uid "
+    "WHERE NOT isempty(tstzmultirange(tstzrange(c.lower_bound, c.upper_bound)) "
+    "- COALESCE(p.covered, '{}'::tstzmultirange))"
+)
+_LIMITS = sa.text(
+    "SELECT n.namespace, CASE WHEN b.namespace IS NULL THEN d.concurrent_gpu_limit "
+    "ELSE b.concurrent_gpu_limit END AS concurrent_gpu_limit "
+    "FROM (SELECT namespace FROM namespace_status UNION SELECT namespace FROM namespace_budgets "
+    "UNION SELECT unnest(CAST(:extra AS text[]))) AS n(namespace) "
+    "LEFT JOIN namespace_budgets b ON b.namespace = n.namespace CROSS JOIN default_budget d"
+)
+
+
+class ReconcileRepository:
+    def __init__(self, session: AsyncSession) -> None:
+        self.session = session
+
+    async def try_lead(self) -> bool:
+        """Take the reconcile lock for this session's transaction, unless another replica holds it."""
+        result = await self.session.execute(
+            sa.text("SELECT pg_try_advisory_xact_lock(:key)"), {"key": RECONCILE_LOCK_KEY}
+        )
+        return bool(result.scalar_one())
+
+    async def with_uncovered_time(self, spans: Iterable[tuple[str, datetime, datetime]]) -> set[str]:
+        """The pod uids whose span holds time no report (nor earlier pass) has charged."""
+        spans = list(spans)
+        if not spans:
+            return set()
+        uids, starts, ends = (list(column) for column in zip(*spans, strict=True))
+        result = await self.session.execute(_UNCOVERED, {"uids": uids, "starts": starts, "ends": ends})
+        return set(result.scalars())
+
+    async def states(self) -> dict[str, BudgetState]:
+        result = await self.session.execute(sa.text("SELECT namespace, state FROM namespace_status"))
+        return {row.namespace: row.state for row in result}
+
+    async def concurrent_limits(self, extra_namespaces: Iterable[str]) -> dict[str, Decimal | None]:
+        """Each known namespace's concurrent GPU limit: its own budget's, else the default's."""
+        result = await self.session.execute(_LIMITS, {"extra": sorted(set(extra_namespaces))})
+        return {row.namespace: row.concurrent_gpu_limit for row in result}

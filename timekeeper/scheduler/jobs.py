@@ -1,0 +1,130 @@
+"""The periodic jobs. Each has a window (the stretch of time one execution is responsible for) and does
+its work in one transaction together with the job_runs row of that window, so a re-run, a crash mid-run
+or a second replica running the same window changes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from timekeeper.admission.repository import AdmissionRepository
+from timekeeper.admission.service import AdmissionService
+from timekeeper.budgets.periods import EPOCH, PeriodKind, period_containing
+from timekeeper.clock import Clock
+from timekeeper.scheduler.repository import SchedulerRepository
+from timekeeper.settings import Settings
+
+
+def floor_to(moment: datetime, step: timedelta) -> datetime:
+    """The start of the step-long slot (counted from the Unix epoch) that the moment falls in."""
+    return EPOCH + (moment - EPOCH) // step * step
+
+
+class SchedulerService:
+    """The jobs' work; the caller owns the transaction (run_job commits it)."""
+
+    def __init__(self, session: AsyncSession, settings: Settings) -> None:
+        self.repository = SchedulerRepository(session)
+        self.admission = AdmissionService(session, settings)
+        self.admission_repository = AdmissionRepository(session)
+        self.settings = settings
+
+    async def roll_over(self, now: datetime, window: datetime) -> dict[str, Any]:
+        """Every period (daily, weekly, monthly) begins at a UTC midnight, so once a day every namespace's
+        state is recomputed against the totals of the period it is now in: those keyed by the new
+        period start begin at zero used and zero granted (grants count for the period they were given
+        in, so they lapse with it). Changes become events (trigger) and bump the snapshot version."""
+        await self.repository.lock_states()
+        await self.admission.restate(now, None, config_changed=False)
+        # The admission-state reader's own midnight refresh need not run again for this day.
+        await self.admission_repository.mark_refreshed(window)
+        return {"day": window.isoformat()}
+
+    async def sweep_states(self, now: datetime, window: datetime) -> dict[str, Any]:
+        """Recompute every known namespace's state (budget_state, the rule a report uses too) so a change
+        no report has made yet is recorded and published at the next webhook poll."""
+        await self.repository.lock_states()
+        await self.admission.restate(now, None, config_changed=False)
+        return {}
+
+    async def close_out(self, now: datetime, window: datetime) -> dict[str, Any]:
+        """Pods silent for closeout_after_intervals report intervals stop counting as running."""
+        silence = self.settings.report_interval * self.settings.closeout_after_intervals
+        closed = await self.repository.close_out(now, now - silence)
+        return {
+            "closed": [{"namespace": ns, "pod": pod, "pod_uid": uid} for ns, pod, uid in closed],
+            "running": await self.repository.running_pods(),
+        }
+
+    async def roll_up(self, now: datetime, window: datetime) -> dict[str, Any]:
+        """Ledger rows that ended by the window's start (now - rollup_retention, floored to the job's
+        interval) are folded into hourly per-pod aggregates, merging with those of earlier windows;
+        pod coverage and running totals are untouched."""
+        folded, hours = await self.repository.roll_up(window)
+        return {"folded_rows": folded, "hourly_rows": hours}
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    name: str
+    interval: Callable[[Settings], timedelta]
+    window: Callable[[datetime, Settings], datetime]
+    work: Callable[[SchedulerService, datetime, datetime], Awaitable[dict[str, Any]]]
+
+
+JOBS: tuple[Job, ...] = (
+    Job(
+        "rollover",
+        lambda s: s.rollover_interval,
+        lambda now, s: period_containing(PeriodKind.DAILY, now).start,
+        SchedulerService.roll_over,
+    ),
+    Job(
+        "states",
+        lambda s: s.states_interval,
+        lambda now, s: floor_to(now, s.states_interval),
+        SchedulerService.sweep_states,
+    ),
+    Job(
+        "closeout",
+        lambda s: s.closeout_interval,
+        lambda now, s: floor_to(now, s.closeout_interval),
+        SchedulerService.close_out,
+    ),
+    Job(
+        "rollup",
+        lambda s: s.rollup_interval,
+        lambda now, s: floor_to(now - s.rollup_retention, s.rollup_interval),
+        SchedulerService.roll_up,
+    ),
+)
+JOBS_BY_NAME = {job.name: job for job in JOBS}
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    window: datetime
+    detail: dict[str, Any] | None  # None: the window had already run
+
+
+async def run_job(
+    job: Job,
+    sessionmaker: async_sessionmaker[AsyncSession],
+    settings: Settings,
+    clock: Clock,
+    replica: str,
+) -> JobResult:
+    """One execution: claim the window, do the work, record it, commit, all or nothing."""
+    now = clock.now()
+    window = job.window(now, settings)
+    async with sessionmaker() as session, session.begin():
+        service = SchedulerService(session, settings)
+        if not await service.repository.claim(job.name, window, now, replica):
+            return JobResult(window, None)
+        detail = await job.work(service, now, window)
+        await service.repository.record(job.name, window, detail)
+        return JobResult(window, detail)

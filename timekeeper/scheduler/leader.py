@@ -1,0 +1,92 @@
+"""Leader election through PostgreSQL: a session-level advisory lock held on a dedicated connection (not
+from the pool, with TCP keepalives). When the holder dies the server ends its session and the lock goes
+with it; the others try again every few seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+import psycopg
+from sqlalchemy.engine import make_url
+
+log = logging.getLogger(__name__)
+
+
+def libpq_url(database_url: str) -> str:
+    """The SQLAlchemy URL (postgresql+psycopg://) as the plain libpq URL psycopg connects with."""
+    return make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+class LeaderElection:
+    """Calls `on_elected` when this process takes the lock and `on_lost` as soon as it may no longer hold
+    it (its connection failed a check or broke); runs until cancelled."""
+
+    def __init__(
+        self,
+        database_url: str,
+        lock_key: int,
+        retry_seconds: float,
+        on_elected: Callable[[], Awaitable[None]],
+        on_lost: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.conninfo = libpq_url(database_url)
+        self.lock_key = lock_key
+        self.retry_seconds = retry_seconds
+        self.on_elected = on_elected
+        self.on_lost = on_lost
+        self.leading = False
+        self._connection: psycopg.AsyncConnection[tuple[object, ...]] | None = None
+
+    async def _connect(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
+        # Keepalives and a TCP user timeout so a half-open connection (the server's machine gone) is
+        # noticed in seconds rather than after the kernel's two-hour default.
+        retry_ms = int(self.retry_seconds * 1000)
+        return await psycopg.AsyncConnection.connect(
+            self.conninfo,
+            autocommit=True,
+            connect_timeout=max(2, int(self.retry_seconds * 2)),
+            keepalives=1,
+            keepalives_idle=max(1, int(self.retry_seconds)),
+            keepalives_interval=max(1, int(self.retry_seconds)),
+            keepalives_count=2,
+            tcp_user_timeout=max(1000, retry_ms * 2),
+            application_name="gpu-timekeeper-scheduler",
+        )
+
+    async def _attempt(self) -> None:
+        """One round: connect if needed; a follower tries the lock, the leader checks its connection."""
+        if self._connection is None or self._connection.closed:
+            self._connection = await self._connect()
+        if self.leading:
+            await self._connection.execute("SELECT 1")
+            return
+        cursor = await self._connection.execute("SELECT pg_try_advisory_lock(%s)", (self.lock_key,))
+        row = await cursor.fetchone()
+        if row is not None and row[0]:
+            self.leading = True
+            log.info("scheduler_leader_elected", extra={"lock_key": self.lock_key})
+            await self.on_elected()
+
+    async def _give_up(self) -> None:
+        was_leading, self.leading = self.leading, False
+        connection, self._connection = self._connection, None
+        if was_leading:
+            log.warning("scheduler_leadership_lost", extra={"lock_key": self.lock_key})
+            await self.on_lost()
+        if connection is not None:
+            await connection.close()
+
+    async def run(self) -> None:
+        try:
+            while True:
+                try:
+                    await asyncio.wait_for(self._attempt(), timeout=self.retry_seconds * 2)
+                except (psycopg.Error, OSError, TimeoutError) as error:
+                    log.warning("scheduler_leader_check_failed", extra={"error": type(error).__name__})
+                    await self._give_up()
+                await asyncio.sleep(self.retry_seconds)
+        finally:
+            # Closing the session releases the lock at once, so a clean shutdown hands over fast.
+            await asyncio.shield(self._give_up())

@@ -1,0 +1,63 @@
+"""What the periodic jobs keep: one row per job and window, the budget-state events, and the hourly
+per-pod aggregates that old ledger rows are folded into."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import BigInteger, DateTime, Index, Integer, Numeric, Text, UniqueConstraint, func
+from sqlalchemy.dialects.postgresql import JSONB, TSTZMULTIRANGE
+from sqlalchemy.orm import Mapped, mapped_column
+
+from timekeeper.db.base import Base
+
+
+class JobRun(Base):
+    """A job's execution for one window, inserted in the transaction that makes the job's effect: a second
+    run of the same window finds the row (or waits on the first run's uncommitted one) and does nothing."""
+
+    __tablename__ = "job_runs"
+
+    job: Mapped[str] = mapped_column(Text, primary_key=True)
+    window_start: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    ran_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    replica: Mapped[str] = mapped_column(Text)
+    detail: Mapped[Any] = mapped_column(JSONB)
+
+
+class BudgetEvent(Base):
+    """A namespace's budget state changed (old_state NULL: first seen). Written by a trigger on
+    namespace_status, so every path that changes a state (a report, an admin change, a job) is recorded."""
+
+    __tablename__ = "budget_events"
+    __table_args__ = (Index("ix_budget_events_namespace_id", "namespace", "id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    namespace: Mapped[str] = mapped_column(Text)
+    old_state: Mapped[str | None] = mapped_column(Text)
+    new_state: Mapped[str] = mapped_column(Text)
+
+
+class UsageHourly(Base):
+    """Ledger rows older than the retention window, folded per pod, hour and share: the charged time
+    (clipped to the hour) is kept as a multirange, so usage is computed from it exactly as from raw rows."""
+
+    __tablename__ = "usage_hourly"
+    __table_args__ = (
+        UniqueConstraint("pod_uid", "hour_start", "gpu_share", name="uq_usage_hourly_pod_hour_share"),
+        Index("ix_usage_hourly_namespace_hour_start", "namespace", "hour_start"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    namespace: Mapped[str] = mapped_column(Text)
+    pod: Mapped[str] = mapped_column(Text)
+    pod_uid: Mapped[str] = mapped_column(Text)
+    hour_start: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    gpu_share: Mapped[Decimal] = mapped_column(Numeric)
+    charged: Mapped[Any] = mapped_column(TSTZMULTIRANGE)
+    reports: Mapped[int] = mapped_column(Integer)
+    util_sum: Mapped[Decimal | None] = mapped_column(Numeric)
+    util_count: Mapped[int] = mapped_column(Integer)

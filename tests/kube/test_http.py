@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import httpx
+import pytest
 
 from gpuaccounting.names import TOKEN_AUDIENCE
 from tests.kube.factories import gpu_pod
@@ -13,6 +14,10 @@ from tests.support.kube_apiserver import KubeApiServer
 from tests.support.kube_rbac import bind_cluster_role, bind_namespace_viewer
 from tests.support.timekeeper import bearer, report_body
 from tests.timekeeper.conftest import START
+
+# The app's lifespan runs in a session-loop fixture and starts the report batcher there; the requests must
+# run on that loop too (as in tests/timekeeper).
+pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 def _pod_token(apiserver: KubeApiServer, namespace: str, name: str) -> tuple[str, dict]:

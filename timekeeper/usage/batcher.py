@@ -104,7 +104,9 @@ class IngestBatcher:
         try:
             async with transaction(self._sessions()) as session:
                 outcomes = [
-                    *await UsageRepository(session).ingest([report for report, _ in batch], self._clock.now())
+                    *await UsageRepository(session).ingest_batch(
+                        [report for report, _ in batch], self._clock.now()
+                    )
                 ]
         except Exception as error:
             if len(batch) > 1:

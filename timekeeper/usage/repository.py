@@ -136,7 +136,14 @@ class UsageRepository:
     def __init__(self, session: AsyncSession) -> None:
         self.session = session
 
-    async def ingest(
+    async def ingest(self, report: ReportIn, now: datetime) -> IngestOutcome:
+        """Charge one report in this transaction (a batch of one); raises what refused it."""
+        [outcome] = await self.ingest_batch([report], now)
+        if isinstance(outcome, TimekeeperError):
+            raise outcome
+        return outcome
+
+    async def ingest_batch(
         self, reports: Sequence[ReportIn], now: datetime
     ) -> list[IngestOutcome | TimekeeperError]:
         """Charge a batch of reports, at most one per pod, in this transaction: for each, the uncovered part

@@ -29,10 +29,11 @@ test: $(STAMP) ## Run the tests (TIMEKEEPER_TEST_DATABASE_URL, else an embedded 
 	$(BIN)/python -m pytest $(ARGS)
 
 .PHONY: lint
-lint: $(STAMP) ## ruff and mypy
+lint: $(STAMP) ## ruff, mypy and the import contracts (import-linter)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy gpuaccounting timekeeper webhook sidecar
+	$(BIN)/lint-imports
 
 .PHONY: fmt
 fmt: $(STAMP) ## Format and fix what ruff can

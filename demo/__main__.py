@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         view.event(board, working_folder_note(workdir))
         cluster.start(lambda step: view.event(board, f"starting {step}"))
+        board.clock = cluster.clock
         story = Story(cluster, view, board)
         story.run(args.serve)
         return 0

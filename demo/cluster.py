@@ -18,11 +18,14 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 
+from gpuaccounting.clock import AcceleratedClock
 from gpuaccounting.names import API_PREFIX
+from gpuaccounting.wire import format_timestamp
 from webhook.tls import generate_ca, generate_serving_cert
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -30,6 +33,16 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 _OWN_ENV_PREFIXES = ("TIMEKEEPER_", "WEBHOOK_", "SIDECAR_", "POD_")
 WEBHOOK_SERVICE = ("gpu-timekeeper-webhook", "gpu-timekeeper")
 STOP_TIMEOUT_SECONDS = 15.0
+
+# The compressed clock the timekeeper and every sidecar share: a simulated day per real second, from the
+# first of a 31-day month, so a month of budget passes in about half a minute.
+CLOCK_START = datetime(2026, 3, 1, tzinfo=UTC)
+CLOCK_SPEED = 86_400.0
+# In simulated seconds. Every 4 h is 6 reports a real second per sidecar; the timekeeper's 1 h default
+# limit would mean 24. Its longest accepted interval and its skew allowance are scaled to match.
+REPORT_INTERVAL_SECONDS = 4 * 3600
+MAX_REPORT_INTERVAL_SECONDS = 2 * REPORT_INTERVAL_SECONDS
+CLOCK_SKEW_SECONDS = 3 * REPORT_INTERVAL_SECONDS
 
 
 class DemoError(RuntimeError):
@@ -166,6 +179,8 @@ class LocalCluster:
         self.ca_file = workdir / "tls" / "ca.crt"
         self.reporter_token_file = self._secret("reporter.token", self.tokens.reporter)
         self.reader_token_file = self._secret("reader.token", self.tokens.reader)
+        # Set when the timekeeper starts: simulated time begins at CLOCK_START then.
+        self.clock: AcceleratedClock | None = None
 
     def _secret(self, name: str, value: str) -> Path:
         path = self.workdir / "secrets" / name
@@ -189,6 +204,25 @@ class LocalCluster:
             **self.tokens.digest_env(),
         }
 
+    def clock_env(self, prefix: str) -> dict[str, str]:
+        """The shared clock as `<prefix>CLOCK_START`, `_SPEED` and `_ORIGIN`: the same three values for the
+        timekeeper and every sidecar, so they read the same simulated time at the same real instant."""
+        if self.clock is None:
+            raise DemoError("the clock starts with the timekeeper")
+        return {
+            f"{prefix}CLOCK_START": format_timestamp(self.clock.start),
+            f"{prefix}CLOCK_SPEED": repr(self.clock.speed),
+            f"{prefix}CLOCK_ORIGIN": repr(self.clock.real_origin),
+        }
+
+    def sidecar_env(self) -> dict[str, str]:
+        """What the demo adds to every sidecar's environment besides the webhook's injection: the clock, and
+        an interval limit that fits the simulated report interval the webhook injects."""
+        return {
+            **self.clock_env("SIDECAR_"),
+            "SIDECAR_MAX_REPORT_INTERVAL_SECONDS": str(MAX_REPORT_INTERVAL_SECONDS),
+        }
+
     def start(self, on_step: Callable[[str], None]) -> None:
         on_step("embedded PostgreSQL and `alembic upgrade head`")
         migrate = self.spawn(
@@ -196,7 +230,11 @@ class LocalCluster:
         )
         if migrate.process.wait(120) != 0:
             raise migrate.failure("failed")
-        on_step(f"timekeeper on {self.timekeeper_url}")
+        self.clock = AcceleratedClock(CLOCK_START, CLOCK_SPEED, time.time())
+        on_step(
+            f"timekeeper on {self.timekeeper_url}, its clock (and the sidecars') at "
+            f"{CLOCK_START:%Y-%m-%d %H:%M} UTC now, running a simulated day per real second"
+        )
         timekeeper = self.spawn(
             "timekeeper",
             [
@@ -208,7 +246,18 @@ class LocalCluster:
                 "--log-level",
                 "warning",
             ],
-            self._timekeeper_env(),
+            {
+                **self._timekeeper_env(),
+                **self.clock_env("TIMEKEEPER_"),
+                "TIMEKEEPER_MAX_REPORT_INTERVAL": str(MAX_REPORT_INTERVAL_SECONDS),
+                "TIMEKEEPER_CLOCK_SKEW": str(CLOCK_SKEW_SECONDS),
+                # The close-out's unit: pods are silent after 4 of these simulated intervals, not 4 x 30 s.
+                "TIMEKEEPER_REPORT_INTERVAL": str(REPORT_INTERVAL_SECONDS),
+                # The scheduler's timers are real seconds (its windows are simulated time): the roll-over
+                # and the state sweep look once a simulated day rather than every 60 days.
+                "TIMEKEEPER_ROLLOVER_INTERVAL": "1",
+                "TIMEKEEPER_STATES_INTERVAL": "1",
+            },
         )
         with httpx.Client(base_url=self.timekeeper_url, timeout=2) as probe:
             wait_until_answers(timekeeper, lambda: probe.get("/readyz").status_code == 200, 60)
@@ -238,8 +287,7 @@ class LocalCluster:
             "WEBHOOK_TIMEKEEPER_URL": self.timekeeper_url,
             "WEBHOOK_TIMEKEEPER_TOKEN_FILE": str(self.reader_token_file),
             "WEBHOOK_STATE_POLL_INTERVAL_SECONDS": str(self.poll_interval_seconds),
-            # Sidecars of demo pods report every second, so a budget of a few GPU-minutes goes in seconds.
-            "WEBHOOK_SIDECAR_REPORT_INTERVAL_SECONDS": "1",
+            "WEBHOOK_SIDECAR_REPORT_INTERVAL_SECONDS": str(REPORT_INTERVAL_SECONDS),
         }
 
     def api_client(self, token: str) -> httpx.Client:

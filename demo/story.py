@@ -1,10 +1,10 @@
-"""The demo's script: three namespaces with budgets, GPU pods of several sharing systems admitted through
-the webhook, one namespace spending its budget (warning, then exhausted), its next pod getting the reduced
-class, invalid requests denied, an admin grant restoring the budget, its next pod in budget again.
+"""The demo's script: three namespaces with monthly budgets, GPU pods of several sharing systems admitted
+through the webhook, one namespace spending its budget (warning, then exhausted), its next pod getting the
+reduced class, invalid requests denied, an admin grant restoring the budget, its next pod in budget again,
+and the month rolling over so every budget starts again.
 
-Time runs at its real speed: the sidecar stamps its intervals with the wall clock (it has no accelerated
-clock), so the timekeeper must use the wall clock too. Instead, budgets are a fraction of a GPU-minute
-and sidecars report every second, so spending one takes seconds, not a month.
+Time is compressed: the timekeeper and the sidecars share one accelerated clock (a simulated day per real
+second, demo.cluster), so budgets are realistic GPU-minutes a month and the month passes in half a minute.
 """
 
 from __future__ import annotations
@@ -16,23 +16,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from demo.cluster import Child, DemoError, LocalCluster, base_env
+from demo.cluster import REPORT_INTERVAL_SECONDS, Child, DemoError, LocalCluster, base_env
 from demo.pods import Admitted, PodSpec, admit, sidecar_command
 from demo.view import Board, View, minutes
 
 POLL_SECONDS = 0.25
+# Real seconds; at a simulated day per second the month takes 31.
 EXHAUSTION_TIMEOUT_SECONDS = 60.0
 WEBHOOK_SYNC_TIMEOUT_SECONDS = 15.0
-RUN_AFTER_LAST_POD_SECONDS = 3.0
+ROLLOVER_TIMEOUT_SECONDS = 45.0
+RUN_AFTER_ROLLOVER_SECONDS = 1.0
 
 SPENDER = "vision"  # the namespace that runs out
 BUDGETS: dict[str, dict[str, Any]] = {
-    # 0.4 GPU-minutes = 24 GPU-seconds: 1.5 GPUs spend it in 16 s.
-    SPENDER: {"budget_gpu_minutes": 0.4, "period": "monthly", "warn_at_fraction": 0.8},
-    "nlp": {"budget_gpu_minutes": 5, "period": "monthly", "max_gpu_share_per_pod": 1},
+    # 15,000 GPU-minutes = 250 GPU-hours: the 1.5 GPUs of its first pods spend it in about a week.
+    SPENDER: {"budget_gpu_minutes": 15_000, "period": "monthly", "warn_at_fraction": 0.8},
+    # 0.68 GPUs use about 30,000 of it in a month.
+    "nlp": {"budget_gpu_minutes": 50_000, "period": "monthly", "max_gpu_share_per_pod": 1},
     "research": {"budget_gpu_minutes": None, "period": "monthly"},
 }
-GRANT = {"gpu_minutes": 1, "reason": "paper deadline on Friday"}
+# Enough to be in budget (below the warning line) again however far past the budget vision got while
+# the demo waited for the webhook, and to last a few simulated days.
+GRANT = {"gpu_minutes": 15_000, "reason": "paper deadline on Friday"}
 
 FIRST_PODS = (
     PodSpec(SPENDER, "train-resnet", "nvidia (whole GPU)", {"nvidia.com/gpu": "1"}),
@@ -91,7 +96,9 @@ class Story:
                 raise run.sidecar.failure("stopped unexpectedly")
         response = self.reader.get("/namespaces")
         response.raise_for_status()
-        for status in response.json():
+        statuses = response.json()
+        self.announce_new_period(statuses)
+        for status in statuses:
             name = status["namespace"]
             before = self.board.status.get(name)
             self.board.status[name] = status
@@ -104,6 +111,26 @@ class Story:
                     "bold red" if status["state"] == "exhausted" else "yellow",
                 )
         self.view.refresh(self.board)
+
+    def announce_new_period(self, statuses: list[dict[str, Any]]) -> None:
+        """One line when budget periods roll over (the timekeeper starts them on its own clock)."""
+        renewed = [
+            status
+            for status in statuses
+            if (before := self.board.status.get(status["namespace"])) is not None
+            and before["period"]["start"] != status["period"]["start"]
+        ]
+        if renewed:
+            period = renewed[0]["period"]
+            self.say(
+                f"new budget period {period['start'][:10]} ({period['kind']}): "
+                f"{', '.join(s['namespace'] for s in renewed)} start again from 0 GPU-min used",
+                "bold cyan",
+            )
+
+    def period_start(self, namespace: str) -> str | None:
+        status = self.board.status.get(namespace)
+        return None if status is None else str(status["period"]["start"])
 
     def wait_for(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
@@ -154,7 +181,7 @@ class Story:
             result,
             self.cluster.workdir / "pods" / spec.namespace / spec.name,
             self.cluster.tokens.reporter,
-            base_env(),
+            {**base_env(), **self.cluster.sidecar_env()},
         )
         self.running.append(
             Running(result, self.cluster.spawn(f"sidecar-{spec.namespace}-{spec.name}", argv, env))
@@ -198,8 +225,8 @@ class Story:
         holding = sum(float(admitted.share) for admitted in self.board.pods[SPENDER])
         self.say(
             f"{SPENDER} holds {holding:g} GPUs against a budget of "
-            f"{minutes(BUDGETS[SPENDER]['budget_gpu_minutes'])} GPU-min; time runs at real speed, so budgets "
-            "here are fractions of a GPU-minute and sidecars report every second"
+            f"{minutes(BUDGETS[SPENDER]['budget_gpu_minutes'])} GPU-min a month; a simulated day passes "
+            f"every real second and sidecars report every {REPORT_INTERVAL_SECONDS // 3600} simulated hours"
         )
         self.wait_for(
             lambda: self.state(SPENDER) == "exhausted",
@@ -212,7 +239,9 @@ class Story:
         self.wait_for(lambda: self.state(SPENDER) == "in_budget", WEBHOOK_SYNC_TIMEOUT_SECONDS, "the grant")
         self.sync_webhook()
         self.create(AFTER_GRANT_POD)
-        deadline = time.monotonic() + RUN_AFTER_LAST_POD_SECONDS
+        month = self.period_start(SPENDER)
+        self.wait_for(lambda: self.period_start(SPENDER) != month, ROLLOVER_TIMEOUT_SECONDS, "the next month")
+        deadline = time.monotonic() + RUN_AFTER_ROLLOVER_SECONDS
         while time.monotonic() < deadline:
             self.poll()
             time.sleep(POLL_SECONDS)
@@ -245,7 +274,7 @@ class Story:
             f"  where it went:   curl -s {auth} '{url}/api/v1/namespaces/{SPENDER}/usage?group_by=pod'",
             f"  audit log:       curl -s {auth} {url}/api/v1/audit",
             f"  grant more:      curl -s -X POST {auth} -H 'Content-Type: application/json' "
-            f"""-d '{{"gpu_minutes": 1, "reason": "more"}}' {url}/api/v1/namespaces/{SPENDER}/grants""",
+            f"""-d '{{"gpu_minutes": 1000, "reason": "more"}}' {url}/api/v1/namespaces/{SPENDER}/grants""",
             f"  webhook metrics: curl -s --cacert {self.cluster.ca_file} {self.cluster.webhook_url}/metrics",
         ]
         if serving:

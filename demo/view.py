@@ -16,14 +16,15 @@ from rich.table import Table
 from rich.text import Text
 
 from demo.pods import Admitted
+from gpuaccounting.clock import WallClock
 
 STATE_STYLE = {"in_budget": "green", "warning": "yellow", "exhausted": "bold red", "unlimited": "cyan"}
 EVENT_LOG_LINES = 10
 
 
 def minutes(value: Any) -> str:
-    """GPU-minutes as the table shows them; None is an unlimited budget."""
-    return "unlimited" if value is None else f"{float(value):.2f}"
+    """GPU-minutes as the table shows them (whole minutes: budgets are a month's); None is unlimited."""
+    return "unlimited" if value is None else f"{float(value):,.0f}"
 
 
 @dataclass
@@ -33,9 +34,16 @@ class Board:
     started: float = field(default_factory=time.monotonic)
     status: dict[str, dict[str, Any]] = field(default_factory=dict)
     pods: dict[str, list[Admitted]] = field(default_factory=dict)
+    # The timekeeper's clock, once it runs: events show the simulated time beside the real seconds.
+    clock: WallClock | None = None
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
+
+    def stamp(self) -> str:
+        """`  5.3s` before the clock starts, `  5.3s | Tue 03 Mar 05:02` after."""
+        real = f"{self.elapsed():5.1f}s"
+        return real if self.clock is None else f"{real} | {self.clock.now():%a %d %b %H:%M}"
 
     def add_pod(self, admitted: Admitted) -> None:
         self.pods.setdefault(admitted.spec.namespace, []).append(admitted)
@@ -100,7 +108,7 @@ class PlainView:
         self.console = console
 
     def event(self, board: Board, text: str, style: str = "") -> None:
-        self.console.print(f"[{board.elapsed():5.1f}s] {text}", markup=False, highlight=False, soft_wrap=True)
+        self.console.print(f"[{board.stamp()}] {text}", markup=False, highlight=False, soft_wrap=True)
 
     def refresh(self, board: Board) -> None:
         return None
@@ -131,10 +139,12 @@ class LiveView:
     def _render(self, board: Board) -> Group:
         log = Text("\n").join(self.events) if self.events else Text("...")
         heading = Text(f"{self.header}   t = {board.elapsed():.1f} s", style="bold")
+        if board.clock is not None:
+            heading.append(f"   simulated {board.clock.now():%a %d %b %Y %H:%M} UTC (a day per second)")
         return Group(heading, *board_tables(board), Panel(log, title="events", title_align="left"))
 
     def event(self, board: Board, text: str, style: str = "") -> None:
-        self.events.append(Text(f"[{board.elapsed():5.1f}s] {text}", style=style))
+        self.events.append(Text(f"[{board.stamp()}] {text}", style=style))
         self.refresh(board)
 
     def refresh(self, board: Board) -> None:

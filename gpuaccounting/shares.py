@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import StrEnum
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any, Final
 
 from gpuaccounting.quantity import QuantityError, parse_quantity
@@ -207,7 +208,7 @@ class _Reader:
 
     def number(self, resource: str, raw: object) -> Fraction | None:
         try:
-            return Fraction(parse_quantity(raw))
+            return _exact(raw)
         except QuantityError:
             self.flag(Rule.QUANTITY, "is not a Kubernetes quantity", resource, raw)
             return None
@@ -405,9 +406,21 @@ def _read_container(
     return ContainerShare(name=name, role=role, system=system, share=max(share, Fraction(0)))
 
 
+@lru_cache(maxsize=4096)
+def _exact_cached(raw: str | int | float) -> Fraction:
+    return Fraction(parse_quantity(raw))
+
+
+def _exact(raw: object) -> Fraction:
+    """A quantity as an exact Fraction; pods repeat a few values, so the parse is cached."""
+    if isinstance(raw, str | int | float) and not isinstance(raw, bool):
+        return _exact_cached(raw)
+    return Fraction(parse_quantity(raw))  # raises QuantityError with the reason
+
+
 def _is_zero(raw: object) -> bool:
     try:
-        return parse_quantity(raw) == 0
+        return _exact(raw) == 0
     except QuantityError:
         return False
 
@@ -508,7 +521,8 @@ def read_pod(
         ("initContainers", init_shares, "init"),
         ("containers", app_shares, "container"),
     ):
-        for container in spec.get(key) or ():
+        listed = spec.get(key)
+        for container in listed if isinstance(listed, list) else ():
             if not isinstance(container, dict) or container.get("name") == skip_container:
                 continue
             names.add(str(container.get("name")))
@@ -528,7 +542,7 @@ def read_pod(
         pod_level.append((SharingSystem.KAI, _kai_share(annotations, names, hardware, reader)))
     violations.extend(reader.violations)
     if not init_shares and not app_shares and not pod_level:
-        return NO_GPU if not violations else PodShare(None, Fraction(0), violations=tuple(violations))
+        return NO_GPU
     systems = sorted({c.system for c in (*init_shares, *app_shares) if c.system} | {s for s, _ in pod_level})
     if len(systems) > 1 and set(systems) & _JOINS_PLAIN_NVIDIA:
         systems = [s for s in systems if s is not SharingSystem.NVIDIA]

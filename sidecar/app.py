@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 
+from gpuaccounting.clock import WallClock, to_datetime
 from gpuaccounting.wire import GpuFigures, build_report
 from sidecar.aggregate import IntervalAggregate
 from sidecar.buffer import ReportBuffer
@@ -23,7 +24,7 @@ from sidecar.logs import EventLog
 from sidecar.monitor import GpuMonitor
 from sidecar.nvml import PynvmlBackend
 from sidecar.sender import Sender, TimekeeperClient
-from sidecar.state import StateStore, now_us, to_datetime
+from sidecar.state import StateStore
 
 STATE_FILE = "state.json"
 PENDING_DIR = "pending"
@@ -51,12 +52,19 @@ def make_discovery(config: Config) -> Discovery:
 class Sidecar:
     """One run of the sidecar; `run()` returns when `stop` is set and the final report is handled."""
 
-    def __init__(self, config: Config, log: EventLog, stop: threading.Event) -> None:
+    def __init__(
+        self, config: Config, log: EventLog, stop: threading.Event, clock: WallClock | None = None
+    ) -> None:
         self.config = config
         self.log = log
         self.stop = stop
+        # Every time the sidecar stamps, anchors or ages comes from this clock; sampling, retries and
+        # timeouts stay in real time.
+        self.clock = clock or config.clock()
         config.buffer_dir.mkdir(parents=True, exist_ok=True)
-        self.store, self.resumed = StateStore.open(config.buffer_dir / STATE_FILE, config.pod_uid, now_us())
+        self.store, self.resumed = StateStore.open(
+            config.buffer_dir / STATE_FILE, config.pod_uid, self.clock.now_us()
+        )
         self.buffer = ReportBuffer(
             config.buffer_dir / PENDING_DIR,
             max_reports=config.buffer_max_reports,
@@ -115,7 +123,7 @@ class Sidecar:
         )
         pending = self.buffer.store(report)
         self.store.advance(end_us)
-        self.buffer.admit(pending, now_us())
+        self.buffer.admit(pending, self.clock.now_us())
         self.sender.wake()
         self.log.debug(
             "interval_cut",
@@ -135,10 +143,12 @@ class Sidecar:
             resumed=self.resumed,
             next_seq=state.next_seq,
             pending_reports=len(leftovers),
-            unreported_seconds=round(max(0, now_us() - state.covered_until_us) / 1e6, 3),
+            unreported_seconds=round(max(0, self.clock.now_us() - state.covered_until_us) / 1e6, 3),
             report_interval_seconds=self.config.report_interval_seconds,
             sample_interval_seconds=self.config.sample_interval_seconds,
             backend=self.config.nvml_backend,
+            clock_speed=self.clock.speed,
+            clock_now=self.clock.now().isoformat(),
         )
 
     def run(self) -> None:
@@ -152,16 +162,16 @@ class Sidecar:
             if time.monotonic() >= next_sample:
                 self.aggregate.add(self.monitor.poll())
                 next_sample = max(next_sample + sample_every, time.monotonic())
-            now = now_us()
-            due_end = grid_floor(anchor, self.interval_us, now)
+            due_end = grid_floor(anchor, self.interval_us, self.clock.now_us())
             if due_end > self.store.state.covered_until_us:
                 self._cut(due_end, final=False)
-            until_boundary = (due_end + self.interval_us - now_us()) / 1e6
+            # The boundary is in the clock's time; the wait is real time.
+            until_boundary = self.clock.real_seconds((due_end + self.interval_us - self.clock.now_us()) / 1e6)
             self.stop.wait(max(0.0, min(next_sample - time.monotonic(), until_boundary)))
         self._shutdown()
 
     def _shutdown(self) -> None:
-        end = now_us()
+        end = self.clock.now_us()
         if end > self.store.state.covered_until_us:
             self._cut(end, final=True)
         self.monitor.close()

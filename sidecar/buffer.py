@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
+from gpuaccounting.clock import from_datetime, to_datetime
 from gpuaccounting.wire import Report, build_report, parse_timestamp
 from sidecar.aggregate import merge_figures
 from sidecar.logs import EventLog
-from sidecar.state import atomic_write, from_datetime, to_datetime
+from sidecar.state import atomic_write
 
 SUFFIX = ".json"
 

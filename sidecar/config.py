@@ -10,9 +10,11 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Literal, TypeVar, cast
 
+from gpuaccounting.clock import WallClock, build_clock
 from gpuaccounting.logs import LogFormat
 from gpuaccounting.names import TOKEN_AUDIENCE
 
@@ -76,6 +78,19 @@ def _boolean(env: Mapping[str, str], name: str, default: bool) -> bool:
     raise ConfigError(f"{name}={text!r} is not a boolean (true/false, 1/0, yes/no, on/off)")
 
 
+def _moment(env: Mapping[str, str], name: str) -> datetime | None:
+    text = _raw(env, name)
+    if text is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"{name}={text!r} is not an RFC 3339 time (e.g. 2026-03-01T00:00:00Z)") from None
+    if moment.tzinfo is None:
+        raise ConfigError(f"{name}={text!r} needs a timezone (Z or an offset)")
+    return moment
+
+
 def _choice(env: Mapping[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:
     text = _raw(env, name) or default
     if text.lower() not in allowed:
@@ -112,6 +127,13 @@ class Config:
     shutdown_timeout_seconds: float = 20.0
     log_format: LogFormat = "auto"
     log_debug: bool = False
+    clock_start: datetime | None = None
+    clock_speed: float = 1.0
+    clock_origin: float | None = None
+
+    def clock(self) -> WallClock:
+        """The clock intervals are stamped with: the system clock, or the demo's accelerated one."""
+        return build_clock(self.clock_start, self.clock_speed, self.clock_origin, PREFIX)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -132,6 +154,13 @@ class Config:
             raise ConfigError(
                 f"{PREFIX}MAX_REPORT_INTERVAL_SECONDS must not be below {PREFIX}REPORT_INTERVAL_SECONDS"
             )
+        clock_start = _moment(env, f"{PREFIX}CLOCK_START")
+        clock_speed = _positive_seconds(env, f"{PREFIX}CLOCK_SPEED", 1.0)
+        clock_origin = _number(env, f"{PREFIX}CLOCK_ORIGIN", None, float, minimum=0)
+        try:
+            build_clock(clock_start, clock_speed, clock_origin, PREFIX)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
         retry_base = _positive_seconds(env, f"{PREFIX}RETRY_BASE_SECONDS", 1.0)
         retry_max = _positive_seconds(env, f"{PREFIX}RETRY_MAX_SECONDS", 60.0)
         if retry_max < retry_base:
@@ -162,4 +191,7 @@ class Config:
             shutdown_timeout_seconds=_positive_seconds(env, f"{PREFIX}SHUTDOWN_TIMEOUT_SECONDS", 20.0),
             log_format=cast(LogFormat, _choice(env, f"{PREFIX}LOG_FORMAT", "auto", ("auto", "json", "text"))),
             log_debug=_boolean(env, f"{PREFIX}LOG_DEBUG", False),
+            clock_start=clock_start,
+            clock_speed=clock_speed,
+            clock_origin=clock_origin,
         )

@@ -10,26 +10,10 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 STATE_VERSION = 1
-
-
-def now_us() -> int:
-    """Wall-clock time in integer microseconds: interval arithmetic stays exact."""
-    return time.time_ns() // 1000
-
-
-def to_datetime(us: int) -> datetime:
-    return EPOCH + timedelta(microseconds=us)
-
-
-def from_datetime(moment: datetime) -> int:
-    return (moment - EPOCH) // timedelta(microseconds=1)
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -49,7 +33,8 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 @dataclass(slots=True)
 class State:
-    """`anchor_us` is the sidecar's first start; reported time is [anchor_us, covered_until_us)."""
+    """`anchor_us` is the sidecar's first start; reported time is [anchor_us, covered_until_us). Times are
+    integer microseconds since the Unix epoch on the sidecar's clock (simulated under an accelerated one)."""
 
     pod_uid: str
     anchor_us: int

@@ -16,7 +16,7 @@ from timekeeper.admission.router import router as admission_router
 from timekeeper.audit.router import router as audit_router
 from timekeeper.auth.factory import build_access_control
 from timekeeper.budgets.router import router as budgets_router
-from timekeeper.clock import AcceleratedClock, Clock, SystemClock
+from timekeeper.clock import Clock
 from timekeeper.db.session import build_engine, build_sessionmaker, resolve_database_url
 from timekeeper.errors import install_error_handler
 from timekeeper.health.router import router as health_router
@@ -59,9 +59,7 @@ class BodySizeLimit:
 
 
 def default_clock(settings: Settings) -> Clock:
-    if settings.clock_start is not None:
-        return AcceleratedClock(settings.clock_start, settings.clock_speed)
-    return SystemClock()
+    return settings.clock()
 
 
 @asynccontextmanager
@@ -73,19 +71,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.access = await build_access_control(settings)
     app.state.ingest = IngestBatcher(lambda: app.state.sessionmaker, app.state.clock)
     app.state.ingest.start()
-    reconciler = None
-    if settings.reconcile:
-        # Imported only when asked for: it needs a cluster (docs/kubernetes.md).
-        from timekeeper.reconcile.service import build_reconciler
-
-        reconciler = build_reconciler(settings, app.state.sessionmaker, app.state.clock)
-        reconciler.start()
-    app.state.reconciler = reconciler
     try:
         yield
     finally:
-        if reconciler is not None:
-            await reconciler.aclose()
         await app.state.ingest.aclose()
         await app.state.access.aclose()
         await engine.dispose()

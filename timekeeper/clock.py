@@ -1,33 +1,20 @@
-"""Where the timekeeper gets "now": the system clock, or an accelerated one for the demo, or a test's."""
+"""Where the timekeeper gets "now": the system clock, or the accelerated one the sidecars share for the demo
+(both from gpuaccounting.clock, so their arithmetic is the same), or a test's."""
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
+
+from gpuaccounting.clock import AcceleratedClock, SystemClock
+
+__all__ = ["AcceleratedClock", "Clock", "ManualClock", "SystemClock"]
 
 
 class Clock(Protocol):
     def now(self) -> datetime:
         """The current time, timezone-aware, in UTC."""
         ...
-
-
-class SystemClock:
-    def now(self) -> datetime:
-        return datetime.now(UTC)
-
-
-class AcceleratedClock:
-    """Starts at `start` and runs `speed` times faster than real time: the demo lives a month in minutes."""
-
-    def __init__(self, start: datetime, speed: float) -> None:
-        self._start = start.astimezone(UTC)
-        self._speed = speed
-        self._origin = time.monotonic()
-
-    def now(self) -> datetime:
-        return self._start + timedelta(seconds=(time.monotonic() - self._origin) * self._speed)
 
 
 class ManualClock:

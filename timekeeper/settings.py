@@ -7,9 +7,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, Field, field_validator
+from pydantic import AwareDatetime, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from gpuaccounting.clock import WallClock, build_clock
 from gpuaccounting.names import DEFAULT_IN_BUDGET_PRIORITY_CLASS, DEFAULT_OVER_BUDGET_PRIORITY_CLASS
 
 TokenDigests = Annotated[tuple[str, ...], NoDecode]
@@ -72,9 +73,17 @@ class Settings(BaseSettings):
     )
     evict_bare_pods: bool = Field(default=False, description="Also evict pods without a controller.")
 
-    clock_start: AwareDatetime | None = Field(default=None, description="Demo clock: the time it starts at.")
+    clock_start: AwareDatetime | None = Field(
+        default=None, description="Demo clock: the simulated time it reads at clock_origin."
+    )
     clock_speed: float = Field(
-        default=1.0, gt=0, description="Demo clock: simulated seconds per real second."
+        default=1.0, gt=0, allow_inf_nan=False, description="Demo clock: simulated seconds per real second."
+    )
+    clock_origin: float | None = Field(
+        default=None,
+        allow_inf_nan=False,
+        description="Demo clock: the real Unix time (seconds) at which it reads clock_start; the sidecars "
+        "of the simulated cluster are given the same three values.",
     )
 
     scheduler_enabled: bool = Field(
@@ -136,6 +145,15 @@ class Settings(BaseSettings):
             except ValueError:
                 return value
         return value
+
+    @model_validator(mode="after")
+    def _clock_is_complete(self) -> Settings:
+        """A start without an origin (or a speed without a start) is refused at start-up, not guessed."""
+        self.clock()
+        return self
+
+    def clock(self) -> WallClock:
+        return build_clock(self.clock_start, self.clock_speed, self.clock_origin, "TIMEKEEPER_")
 
     @field_validator("database_url")
     @classmethod

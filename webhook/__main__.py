@@ -1,13 +1,44 @@
-"""`python -m webhook`: serve the admission webhooks over HTTPS (TLS from WEBHOOK_TLS_CERT_FILE/KEY_FILE)."""
+"""`python -m webhook`: serve the admission webhooks over HTTPS (TLS from WEBHOOK_TLS_CERT_FILE/KEY_FILE).
+
+One process per replica (replicas are stateless; scale with the Deployment). The server's SSLContext is
+handed to the app, whose lifespan reloads a rotated certificate into it.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
 
 import uvicorn
 
-from webhook.logs import configure_logging
-from webhook.settings import get_settings
+from gpuaccounting.logs import configure_logging
+from webhook.app import create_app
+from webhook.settings import WebhookSettings, get_settings
+
+
+def server(settings: WebhookSettings, host: str, port: int, **options: object) -> uvicorn.Server:
+    """A uvicorn server for the app with TLS from the settings' files."""
+    if settings.tls_cert_file is None or settings.tls_key_file is None:
+        raise ValueError(
+            "WEBHOOK_TLS_CERT_FILE and WEBHOOK_TLS_KEY_FILE are required: the API server speaks HTTPS only"
+        )
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        ssl_certfile=str(settings.tls_cert_file),
+        ssl_keyfile=str(settings.tls_key_file),
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        timeout_keep_alive=30,
+        lifespan="on",
+        **options,  # type: ignore[arg-type]
+    )
+    config.load()
+    app.state.ssl_context = config.ssl
+    return uvicorn.Server(config)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -15,27 +46,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m webhook", description=__doc__)
     parser.add_argument("--host", default=settings.host)
     parser.add_argument("--port", type=int, default=settings.port)
-    parser.add_argument("--workers", type=int, default=1, help="processes; each polls the state itself")
     args = parser.parse_args(argv)
-    if settings.tls_cert_file is None or settings.tls_key_file is None:
-        parser.error(
-            "WEBHOOK_TLS_CERT_FILE and WEBHOOK_TLS_KEY_FILE are required: the API server speaks HTTPS only"
-        )
+    try:
+        built = server(settings, args.host, args.port, log_config=None)
+    except ValueError as error:
+        parser.error(str(error))
     configure_logging(settings.log_format)
-    uvicorn.run(
-        "webhook.app:create_app",
-        factory=True,
-        host=args.host,
-        port=args.port,
-        workers=args.workers,
-        ssl_certfile=str(settings.tls_cert_file),
-        ssl_keyfile=str(settings.tls_key_file),
-        loop="uvloop",
-        http="httptools",
-        access_log=False,
-        log_config=None,
-        timeout_keep_alive=30,
-    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per state poll is noise; failures are ours
+    built.run()
 
 
 if __name__ == "__main__":

@@ -23,6 +23,14 @@ from webhook.state import BudgetStateCache
 log = logging.getLogger("webhook.admission")
 
 
+MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
+
+
+def _is_mirror(pod: dict[str, Any]) -> bool:
+    """A kubelet's static pod: it runs whatever we answer, and may not carry ServiceAccount tokens."""
+    return MIRROR_POD_ANNOTATION in ((pod.get("metadata") or {}).get("annotations") or {})
+
+
 def _describe_pod(request: AdmissionRequest, pod: dict[str, Any]) -> str:
     metadata = pod.get("metadata") or {}
     name = request.name or metadata.get("name") or f"{metadata.get('generateName', '')}<generated>"
@@ -47,7 +55,13 @@ class Admission:
     def mutate(self, request: AdmissionRequest) -> tuple[bytes, str]:
         """The answer and the result label; only a Pod CREATE of a GPU pod is ever changed."""
         pod = request.object
-        if not request.is_pod or request.operation != "CREATE" or request.subresource or pod is None:
+        if (
+            not request.is_pod
+            or request.operation != "CREATE"
+            or request.subresource
+            or pod is None
+            or _is_mirror(pod)
+        ):
             return build_response(request), "skipped"
         share = self.read(pod)
         if not share.uses_gpu:
@@ -73,7 +87,12 @@ class Admission:
 
     def violations(self, request: AdmissionRequest) -> list[Violation]:
         pod = request.object
-        if not request.is_pod or pod is None or request.operation not in ("CREATE", "UPDATE"):
+        if (
+            not request.is_pod
+            or pod is None
+            or request.operation not in ("CREATE", "UPDATE")
+            or _is_mirror(pod)
+        ):
             return []
         if request.subresource == "ephemeralcontainers":
             return governance.token_mounts(pod)

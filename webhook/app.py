@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -18,12 +17,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from webhook.admission import Admission
+from webhook.certificates import CertificateReloader
 from webhook.metrics import WebhookMetrics
 from webhook.review import AdmissionRequest, MalformedReview, parse_review
 from webhook.settings import WebhookSettings, get_settings
 from webhook.state import BudgetStateCache, StatePoller
-
-log = logging.getLogger("webhook")
 
 JSON = "application/json"
 
@@ -54,7 +52,11 @@ def _endpoint(
 
 
 def create_app(settings: WebhookSettings | None = None) -> Starlette:
-    """Build the app; the cache, metrics and admission logic are per app, the poller starts in lifespan."""
+    """Build the app; the cache, metrics and admission logic are per app, the poller starts in lifespan.
+
+    When the server sets `app.state.ssl_context` (python -m webhook does), the lifespan also reloads the
+    serving certificate into it whenever the files change.
+    """
     settings = settings or get_settings()
     cache = BudgetStateCache(settings.state_max_age_seconds)
     metrics = WebhookMetrics(cache.age_seconds)
@@ -64,13 +66,17 @@ def create_app(settings: WebhookSettings | None = None) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with httpx.AsyncClient() as client:
             poller = StatePoller(settings, cache, metrics, client)
-            task = asyncio.create_task(poller.run(), name="admission-state-poller")
+            tasks = [asyncio.create_task(poller.run(), name="admission-state-poller")]
+            context = getattr(app.state, "ssl_context", None)
+            if context is not None and settings.tls_cert_file and settings.tls_key_file:
+                reloader = CertificateReloader(context, settings.tls_cert_file, settings.tls_key_file)
+                tasks.append(asyncio.create_task(reloader.run(settings.tls_reload_interval_seconds)))
             try:
                 yield
             finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
 
     async def healthz(request: Request) -> Response:
         return Response(b'{"status":"ok"}', media_type=JSON)

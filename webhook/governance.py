@@ -18,9 +18,13 @@ from webhook.settings import WebhookSettings
 from webhook.state import NamespaceView
 
 
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def _containers(spec: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
     for key in ("initContainers", "containers", "ephemeralContainers"):
-        for container in spec.get(key) or ():
+        for container in _list(spec.get(key)):
             if isinstance(container, dict):
                 yield key, container
 
@@ -42,13 +46,25 @@ def _sidecar(spec: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return next((c for _, c in _containers(spec) if c.get("name") == names.SIDECAR_CONTAINER_NAME), None)
 
 
+def _requests_our_token(volume: Mapping[str, Any]) -> bool:
+    projected = volume.get("projected")
+    sources = _list(projected.get("sources")) if isinstance(projected, dict) else []
+    return any(
+        isinstance(source, dict)
+        and isinstance(source.get("serviceAccountToken"), dict)
+        and source["serviceAccountToken"].get("audience") == names.TOKEN_AUDIENCE
+        for source in sources
+    )
+
+
 def token_mounts(pod: Mapping[str, Any]) -> list[Violation]:
-    """No container but ours may mount the token volume: the token speaks for the pod to the timekeeper."""
+    """Only our sidecar may hold a token for the timekeeper: it lets its holder report as this pod."""
     found = []
-    for key, container in _containers(_spec(pod)):
+    spec = _spec(pod)
+    for key, container in _containers(spec):
         if key != "ephemeralContainers" and container.get("name") == names.SIDECAR_CONTAINER_NAME:
             continue
-        for mount in container.get("volumeMounts") or ():
+        for mount in _list(container.get("volumeMounts")):
             if isinstance(mount, dict) and mount.get("name") == names.SIDECAR_TOKEN_VOLUME:
                 found.append(
                     Violation(
@@ -59,11 +75,26 @@ def token_mounts(pod: Mapping[str, Any]) -> list[Violation]:
                         names.SIDECAR_TOKEN_VOLUME,
                     )
                 )
+    for volume in _list(spec.get("volumes")):
+        if (
+            isinstance(volume, dict)
+            and volume.get("name") != names.SIDECAR_TOKEN_VOLUME
+            and _requests_our_token(volume)
+        ):
+            found.append(
+                Violation(
+                    Rule.TOKEN_VOLUME_MOUNT,
+                    f"only the injected {names.SIDECAR_TOKEN_VOLUME} volume may request a token"
+                    f" for audience {names.TOKEN_AUDIENCE}",
+                    resource="volume",
+                    value=str(volume.get("name")),
+                )
+            )
     return found
 
 
 def _env_value(container: Mapping[str, Any], name: str) -> object:
-    for variable in container.get("env") or ():
+    for variable in _list(container.get("env")):
         if isinstance(variable, dict) and variable.get("name") == name:
             return variable.get("value")
     return None
@@ -117,6 +148,13 @@ def on_create(
             )
         if not share.uses_gpu:
             problems.append("this pod requests no GPU")
+        token_volume = next(
+            (v for v in _list(_spec(pod).get("volumes")) if v.get("name") == names.SIDECAR_TOKEN_VOLUME), None
+        )
+        if token_volume is None or not _requests_our_token(token_volume):
+            problems.append(
+                f"volume {names.SIDECAR_TOKEN_VOLUME} is not the projected {names.TOKEN_AUDIENCE} token"
+            )
         if problems:
             found.append(
                 Violation(
@@ -131,9 +169,10 @@ def on_create(
 
 
 def on_update(request: AdmissionRequest, settings: WebhookSettings) -> list[Violation]:
-    """What an update may not change: our annotations, our sidecar, our volumes."""
+    """What an update may not change: our annotations and our sidecar. Without the old object (the API
+    server always sends it; a broken client may not) there is no change to judge."""
     found = token_mounts(request.object or {})
-    if request.username in settings.privileged_usernames:
+    if request.old_object is None or request.username in settings.privileged_usernames:
         return found
     old, new = _ours(request.old_object), _ours(request.object)
     for key in sorted(old.keys() | new.keys()):

@@ -105,17 +105,44 @@ class SidecarTemplate:
         return built
 
     def inject(self, spec: dict[str, Any], share: str) -> None:
-        """Add the sidecar and its volumes to a (copied) pod spec unless they are there already."""
-        containers = spec.get("containers") or []
-        init_containers = spec.get("initContainers") or []
-        present = any(c.get("name") == names.SIDECAR_CONTAINER_NAME for c in (*containers, *init_containers))
-        if not present:
+        """Add the sidecar and its volumes to a (copied) pod spec unless they are there already.
+
+        A sidecar already present keeps every field but its share: when a later mutator changed the
+        pod's requests, the re-invocation brings SIDECAR_GPU_SHARE in line with the new share.
+        """
+        found = _find_sidecar(spec)
+        if found is None:
             if self.native:
-                spec["initContainers"] = [self.container(share), *init_containers]
+                spec["initContainers"] = [self.container(share), *(spec.get("initContainers") or [])]
             else:
-                spec["containers"] = [*containers, self.container(share)]
+                spec["containers"] = [*(spec.get("containers") or []), self.container(share)]
+        else:
+            key, index = found
+            listed = spec[key]
+            updated = _with_share(listed[index], share)
+            if updated is not listed[index]:
+                spec[key] = [*listed[:index], updated, *listed[index + 1 :]]
         volumes = spec.get("volumes") or []
         have = {volume.get("name") for volume in volumes}
         missing = [volume for volume in self.volumes if volume["name"] not in have]
         if missing:
             spec["volumes"] = [*volumes, *missing]
+
+
+def _find_sidecar(spec: dict[str, Any]) -> tuple[str, int] | None:
+    for key in ("initContainers", "containers"):
+        for index, container in enumerate(spec.get(key) or ()):
+            if container.get("name") == names.SIDECAR_CONTAINER_NAME:
+                return key, index
+    return None
+
+
+def _with_share(container: dict[str, Any], share: str) -> dict[str, Any]:
+    """The container with SIDECAR_GPU_SHARE set to `share`; the same object when it already is."""
+    listed = container.get("env")
+    env: list[Any] = listed if isinstance(listed, list) else []
+    wanted = {"name": "SIDECAR_GPU_SHARE", "value": share}
+    if wanted in env:
+        return container
+    kept = [item for item in env if not (isinstance(item, dict) and item.get("name") == "SIDECAR_GPU_SHARE")]
+    return {**container, "env": [*kept, wanted]}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 import orjson
 
@@ -78,6 +78,38 @@ def _text(container: dict[str, Any], key: str, where: str, *, required: bool = F
     return value
 
 
+_POD_LISTS: Final = ("containers", "initContainers", "ephemeralContainers", "volumes")
+
+
+def _check_pod_shape(pod: dict[str, Any] | None, where: str) -> None:
+    """The few shapes the webhook relies on; the API server always sends them, a broken client may not."""
+    if pod is None:
+        return
+    metadata = pod.get("metadata", {})
+    if not isinstance(metadata, dict):
+        raise MalformedReview(f"{where}.metadata must be an object")
+    for key in ("labels", "annotations"):
+        value = metadata.get(key)
+        if value is not None and not (
+            isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+        ):
+            raise MalformedReview(f"{where}.metadata.{key} must be an object of strings")
+    spec = pod.get("spec", {})
+    if not isinstance(spec, dict):
+        raise MalformedReview(f"{where}.spec must be an object")
+    for key in _POD_LISTS:
+        value = spec.get(key)
+        if value is None:
+            continue
+        if not (isinstance(value, list) and all(isinstance(v, dict) for v in value)):
+            raise MalformedReview(f"{where}.spec.{key} must be a list of objects")
+        if not all(isinstance(item.get("name", ""), str) for item in value):
+            raise MalformedReview(f"{where}.spec.{key}[].name must be a string")
+    class_name = spec.get("priorityClassName")
+    if class_name is not None and not isinstance(class_name, str):
+        raise MalformedReview(f"{where}.spec.priorityClassName must be a string")
+
+
 def parse_review(body: bytes) -> AdmissionRequest:
     """Parse an AdmissionReview body; anything that is not one raises MalformedReview with the reason."""
     try:
@@ -87,7 +119,7 @@ def parse_review(body: bytes) -> AdmissionRequest:
     if not isinstance(review, dict):
         raise MalformedReview("body must be a JSON object (an AdmissionReview)")
     api_version = review.get("apiVersion")
-    if api_version not in API_VERSIONS:
+    if not isinstance(api_version, str) or api_version not in API_VERSIONS:
         raise MalformedReview(f"apiVersion must be one of {sorted(API_VERSIONS)}, got {api_version!r}")
     if review.get("kind") != "AdmissionReview":
         raise MalformedReview(f"kind must be 'AdmissionReview', got {review.get('kind')!r}")
@@ -101,16 +133,16 @@ def parse_review(body: bytes) -> AdmissionRequest:
     if not isinstance(kind, dict):
         raise MalformedReview("request.kind must be an object {group, version, kind}")
     operation = request.get("operation")
-    if operation not in OPERATIONS:
+    if not isinstance(operation, str) or operation not in OPERATIONS:
         raise MalformedReview(f"request.operation must be one of {sorted(OPERATIONS)}, got {operation!r}")
     user_info = request.get("userInfo")
-    return AdmissionRequest(
+    parsed = AdmissionRequest(
         api_version=api_version,
         uid=uid,
         kind=_text(kind, "kind", "request.kind", required=True),
         group=_text(kind, "group", "request.kind"),
         version=_text(kind, "version", "request.kind"),
-        operation=operation,
+        operation=cast(Operation, operation),
         namespace=_text(request, "namespace", "request"),
         name=_text(request, "name", "request"),
         subresource=_text(request, "subResource", "request"),
@@ -119,6 +151,10 @@ def parse_review(body: bytes) -> AdmissionRequest:
         object=_optional_object(request, "object"),
         old_object=_optional_object(request, "oldObject"),
     )
+    if parsed.is_pod:
+        _check_pod_shape(parsed.object, "request.object")
+        _check_pod_shape(parsed.old_object, "request.oldObject")
+    return parsed
 
 
 def build_response(

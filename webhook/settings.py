@@ -11,6 +11,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from gpuaccounting import names
+from gpuaccounting.logs import LogFormat
 from gpuaccounting.shares import DEFAULT_CLEARML_FRACTIONS, GpuHardware, Rule
 
 PreemptionPolicy = Literal["PreemptLowerPriority", "Never"]
@@ -25,7 +26,8 @@ class WebhookSettings(BaseSettings):
     port: int = 8443
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
-    log_format: Literal["json", "console"] = "json"
+    tls_reload_interval_seconds: float = Field(default=60.0, gt=0)  # how often to look for a rotated cert
+    log_format: LogFormat = "auto"  # JSON unless stderr is a terminal
 
     # Budget state, polled from the timekeeper in the background.
     timekeeper_url: str = "http://gpu-timekeeper.gpu-timekeeper.svc:8080"
@@ -77,6 +79,12 @@ class WebhookSettings(BaseSettings):
     disabled_rules: Annotated[frozenset[str], NoDecode] = frozenset()
     # Users (e.g. the timekeeper's ServiceAccount) allowed to change our annotations on running pods.
     privileged_usernames: Annotated[frozenset[str], NoDecode] = frozenset()
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _console_is_text(cls, value: object) -> object:
+        """`console`, this setting's name for text lines before the deployables shared one logger."""
+        return "text" if value == "console" else value
 
     @field_validator("disabled_rules", "privileged_usernames", "replaceable_priority_classes", mode="before")
     @classmethod

@@ -11,10 +11,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import httpx
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from gpuaccounting.admission_state import AdmissionState, NamespaceAdmission
 from gpuaccounting.names import ADMISSION_STATE_PATH
@@ -121,11 +121,13 @@ class StatePoller:
                 result: PollResult = "not_modified"
             else:
                 response.raise_for_status()
-                snapshot: AdmissionState = _SnapshotModel.model_validate_json(response.content).model_dump()  # type: ignore[assignment]
+                model = _SnapshotModel.model_validate_json(response.content)
+                snapshot = cast(AdmissionState, model.model_dump())
                 self.cache.store(snapshot, response.headers.get("etag"))
                 self.metrics.state_version.set(snapshot["version"])
                 result = "updated"
-        except (httpx.HTTPError, OSError, ValidationError) as error:
+        # ValueError: a token file that is not text, a snapshot that is not the format (ValidationError).
+        except (httpx.HTTPError, OSError, ValueError) as error:
             self.metrics.state_polls.labels(result="error").inc()
             if not self._failing:  # log the first failure of a run of failures, not every poll
                 log.warning("admission_state_poll_failed", extra={"url": self.url, "error": str(error)[:500]})

@@ -1,5 +1,6 @@
 """`python -m demo` run to completion as a newcomer runs it (real processes, embedded PostgreSQL), read
-from its plain output: the story happened in order, and nothing was left behind."""
+from its plain output: the story happened in order on the compressed clock, with a month's budgets, and
+nothing was left behind."""
 
 from __future__ import annotations
 
@@ -48,18 +49,53 @@ def first(lines: list[str], pattern: str) -> int:
     raise AssertionError(f"no line matches {pattern!r} in:\n" + "\n".join(lines))
 
 
-def test_the_budget_runs_out_the_next_pod_is_demoted_and_a_grant_restores_it(lines: list[str]) -> None:
+def test_the_budget_runs_out_the_next_pod_is_demoted_a_grant_restores_it_and_the_month_rolls_over(
+    lines: list[str],
+) -> None:
     story = [
         r"vision: in_budget -> warning",
         r"vision: warning -> exhausted",
         r"admitted vision/eval-1 .* priority class gpu-over-budget \(namespace exhausted\)",
-        r"admin grant: vision \+1\.00 GPU-min",
+        r"admin grant: vision \+15,000 GPU-min",
         r"vision: exhausted -> in_budget",
         r"admitted vision/eval-2 .* priority class gpu-in-budget \(namespace in_budget\)",
+        r"new budget period 2026-04-01 \(monthly\): .*vision",
         r"^Summary: .*vision in_budget",
     ]
     positions = [first(lines, pattern) for pattern in story]
     assert positions == sorted(positions), list(zip(story, positions, strict=True))
+    # The new month brings vision back in budget, and its grant (for March only) is gone.
+    rollover = first(lines, r"new budget period")
+    first(lines[rollover:], r"vision: (warning|exhausted) -> in_budget \(used [\d,]+ of 15,000 \+ 0 granted")
+
+
+STAMP = re.compile(r"^\[\s*[\d.]+s \| \w{3} (\d{2}) (\w{3}) (\d{2}):(\d{2})\]")
+
+
+def simulated_day(line: str) -> tuple[str, float]:
+    """The month and fractional day of the simulated time an event line is stamped with."""
+    found = STAMP.search(line)
+    assert found is not None, line
+    day, month, hour, minute = found.groups()
+    return month, int(day) + int(hour) / 24 + int(minute) / 1440
+
+
+def test_budgets_are_a_months_gpu_minutes_spent_over_simulated_days(lines: list[str]) -> None:
+    budgets = lines[first(lines, r"budgets set: ")]
+    assert "vision 15,000 GPU-min/monthly" in budgets and "nlp 50,000 GPU-min/monthly" in budgets, budgets
+    exhausted = lines[first(lines, r"vision: warning -> exhausted")]
+    used = re.search(r"\(used ([\d,]+) of 15,000 \+ 0 granted GPU-min\)", exhausted)
+    assert used is not None and int(used.group(1).replace(",", "")) >= 15_000, exhausted
+    # 1.5 GPUs spend 15,000 GPU-minutes in 6.9 days of the simulated March (a little more: the sidecars
+    # start, report and are read a few simulated hours late)...
+    first_pod = lines[first(lines, r"admitted vision/train-resnet ")]
+    month, started_on = simulated_day(first_pod)
+    exhausted_month, exhausted_on = simulated_day(exhausted)
+    assert month == exhausted_month == "Mar"
+    assert 6.5 <= exhausted_on - started_on <= 11, (first_pod, exhausted)
+    # ...and the timekeeper, on the same clock, starts April's period on the first.
+    assert simulated_day(lines[first(lines, r"new budget period")])[0] == "Apr"
+    first(lines, r"^vision\s+monthly budget 15,000 \+ granted 0 \| used [\d,]+ \|")
 
 
 def test_pods_of_every_sharing_system_are_admitted_in_budget_with_their_share(lines: list[str]) -> None:

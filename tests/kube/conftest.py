@@ -3,7 +3,6 @@ timekeeper's own ServiceAccount (so every call also proves the RBAC rules we shi
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,17 +40,7 @@ from tests.timekeeper.conftest import app, client, clock, connection, database_u
 def kubeconfig(apiserver: KubeApiServer, tmp_path: Path) -> Path:
     """A kubeconfig for the stand-in, with the timekeeper's ServiceAccount token, as `kubectl` writes them."""
     token = apiserver.add_service_account_token(TIMEKEEPER_NAMESPACE, TIMEKEEPER_SERVICE_ACCOUNT)
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "stand-in", "cluster": {"server": apiserver.url}}],
-        "users": [{"name": "timekeeper", "user": {"token": token}}],
-        "contexts": [{"name": "stand-in", "context": {"cluster": "stand-in", "user": "timekeeper"}}],
-        "current-context": "stand-in",
-    }
-    path = tmp_path / "kubeconfig"
-    path.write_text(json.dumps(config))  # JSON is YAML
-    return path
+    return apiserver.write_kubeconfig(tmp_path / "kubeconfig", token)
 
 
 @pytest.fixture

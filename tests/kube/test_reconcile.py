@@ -10,10 +10,12 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
 from tests.kube.factories import gpu_pod, pdb
 from tests.support.kube_apiserver import KubeApiServer
+from tests.support.processes import wait_until
 from tests.support.timekeeper import report_body
 from tests.timekeeper.conftest import START
 from timekeeper.app import create_app
@@ -21,9 +23,11 @@ from timekeeper.auth.base import Principal
 from timekeeper.budgets.schemas import BudgetIn
 from timekeeper.budgets.service import BudgetService
 from timekeeper.clock import ManualClock
-from timekeeper.kube import KubeClient, QuotaChange
+from timekeeper.kube import KubeClient, KubeUnavailableError, QuotaChange
 from timekeeper.kube.client import QUOTA_NAME
-from timekeeper.reconcile.service import EVICT_ANNOTATION, Reconciler
+from timekeeper.reconcile.service import EVICT_ANNOTATION, Reconciler, reconcile_job
+from timekeeper.scheduler.jobs import JOBS_BY_NAME, run_job
+from timekeeper.scheduler.repository import RUNNING_POD_SQL
 from timekeeper.settings import Settings
 from timekeeper.usage.repository import UsageRepository
 from timekeeper.usage.schemas import ReportIn
@@ -33,6 +37,20 @@ GRACE = timedelta(minutes=5)
 
 def iso(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def ended_pod(
+    server: KubeApiServer,
+    name: str,
+    started: datetime,
+    finished: datetime,
+    phase: str = "Succeeded",
+    share="1",
+) -> dict:
+    """A GPU pod in team-a whose containers have finished (the kubelet's finishedAt)."""
+    return gpu_pod(
+        server, "team-a", name, phase=phase, share=share, started_at=iso(started), finished_at=iso(finished)
+    )
 
 
 @pytest.fixture
@@ -56,7 +74,15 @@ async def sync(reconciler: Reconciler) -> None:
     reconciler.registry.apply(await asyncio.to_thread(reconciler.kube.list_pods))
 
 
-async def report(sessionmaker, pod: dict, start: datetime, minutes: float, clock: ManualClock) -> Decimal:
+async def report(
+    sessionmaker,
+    pod: dict,
+    start: datetime,
+    minutes: float,
+    clock: ManualClock,
+    seq: int = 7,
+    share: float = 1,
+) -> Decimal:
     """A sidecar's report, through the same ingest function the API uses."""
     meta = pod["metadata"]
     body = report_body(
@@ -65,7 +91,8 @@ async def report(sessionmaker, pod: dict, start: datetime, minutes: float, clock
         pod_uid=meta["uid"],
         start=start,
         minutes=minutes,
-        seq=7,
+        seq=seq,
+        gpu_share=share,
     )
     async with sessionmaker() as session, session.begin():
         outcome = await UsageRepository(session).ingest(ReportIn.model_validate(body), clock.now())
@@ -133,15 +160,7 @@ async def test_an_ended_pod_is_closed_out_at_its_real_end_once(
     apiserver: KubeApiServer, reconciler: Reconciler, clock: ManualClock
 ):
     started, finished = START - timedelta(hours=3), START - timedelta(hours=2)
-    pod = gpu_pod(
-        apiserver,
-        "team-a",
-        "done",
-        phase="Succeeded",
-        share="1",
-        started_at=iso(started),
-        finished_at=iso(finished),
-    )
+    pod = ended_pod(apiserver, "done", started, finished)
     await sync(reconciler)
 
     result = await reconciler.run_pass()
@@ -304,49 +323,181 @@ async def test_the_concurrent_limit_becomes_a_resource_quota_kept_in_shape(
     assert apiserver.get("v1", "ResourceQuota", "team-a", QUOTA_NAME) is None
 
 
+# ---- the scheduler's close-out and the pass's close-out agree -----------------------------------------
+
+
+async def coverage(sessionmaker, uid: str) -> tuple[bool, datetime | None, datetime, bool]:
+    """(final, closed_at, last_report_at, running as the close-out job counts it) of the pod."""
+    async with sessionmaker() as session:
+        row = (
+            await session.execute(
+                sa.text(
+                    f"SELECT final, closed_at, last_report_at, {RUNNING_POD_SQL} AS running "
+                    "FROM pod_coverage WHERE pod_uid = :uid"
+                ),
+                {"uid": uid},
+            )
+        ).one()
+    return row.final, row.closed_at, row.last_report_at, row.running
+
+
+async def charged_to(sessionmaker, uid: str) -> Decimal:
+    async with sessionmaker() as session:
+        result = await session.execute(
+            sa.text("SELECT sum(gpu_minutes) FROM usage_ledger WHERE pod_uid = :uid"), {"uid": uid}
+        )
+        return result.scalar_one()
+
+
+async def test_a_pod_that_goes_silent_then_ends_is_closed_and_charged_once_under_both(
+    apiserver: KubeApiServer, reconciler: Reconciler, sessionmaker, clock: ManualClock
+):
+    settings = reconciler.settings
+    closeout, reconcile = JOBS_BY_NAME["closeout"], reconcile_job(reconciler)
+    started = clock.now()
+    pod = gpu_pod(apiserver, "team-a", "fading", share="0.5", started_at=iso(started))
+    uid = pod["metadata"]["uid"]
+    clock.set(started + timedelta(minutes=10))
+    assert await report(sessionmaker, pod, started, 10, clock, seq=1, share=0.5) == 5
+    await sync(reconciler)
+
+    # Silent for 10 minutes: the close-out job stops counting it as running ...
+    clock.set(started + timedelta(minutes=20))
+    closed = await run_job(closeout, sessionmaker, settings, clock, "replica")
+    assert closed.detail is not None and [p["pod_uid"] for p in closed.detail["closed"]] == [uid]
+    # ... and the pass charges its silent time up to the grace, without making it look alive again.
+    passed = await run_job(reconcile, sessionmaker, settings, clock, "replica")
+    assert passed.detail is not None and passed.detail["charged"] == {uid: "2.500000000"}
+    assert await coverage(sessionmaker, uid) == (
+        False,
+        started + timedelta(minutes=20),
+        started + timedelta(minutes=10),
+        False,
+    )
+    clock.advance(timedelta(minutes=1))
+    again = await run_job(closeout, sessionmaker, settings, clock, "replica")
+    assert again.detail is not None and again.detail["closed"] == []  # nothing re-opened, nothing to close
+
+    # It ends at minute 30: the pass charges the rest up to the real end and closes it there.
+    ended_pod(apiserver, "fading", started, started + timedelta(minutes=30), share="0.5")
+    clock.set(started + timedelta(minutes=40))
+    await sync(reconciler)
+    passed = await run_job(reconcile, sessionmaker, settings, clock, "replica")
+    assert passed.detail is not None
+    assert passed.detail["charged"] == {uid: "7.500000000"} and passed.detail["closed"] == [uid]
+    ended = (True, started + timedelta(minutes=30), started + timedelta(minutes=10), False)
+    assert await coverage(sessionmaker, uid) == ended
+    clock.advance(timedelta(minutes=1))
+    again = await run_job(closeout, sessionmaker, settings, clock, "replica")
+    assert again.detail is not None and again.detail["closed"] == []
+    assert await coverage(sessionmaker, uid) == ended
+
+    # The sidecar's buffered reports of the silence arrive late: covered, charged nothing.
+    late = started + timedelta(minutes=10)
+    assert await report(sessionmaker, pod, late, 10, clock, seq=2, share=0.5) == 0
+    assert await charged_to(sessionmaker, uid) == Decimal("15")  # 30 minutes x 0.5 GPU, once
+
+
+async def test_a_pod_that_ends_before_the_close_out_notices_is_closed_at_its_real_end(
+    apiserver: KubeApiServer, reconciler: Reconciler, sessionmaker, clock: ManualClock
+):
+    settings = reconciler.settings
+    started = clock.now() - timedelta(minutes=10)
+    finished = clock.now() - timedelta(seconds=30)  # its sidecar's final report was lost
+    pod = ended_pod(apiserver, "quick", started, finished, phase="Failed")
+    uid = pod["metadata"]["uid"]
+    assert await report(sessionmaker, pod, started, 9, clock, seq=1) == 9
+    await sync(reconciler)
+
+    passed = await run_job(reconcile_job(reconciler), sessionmaker, settings, clock, "replica")
+    closed = await run_job(JOBS_BY_NAME["closeout"], sessionmaker, settings, clock, "replica")
+
+    assert passed.detail is not None and passed.detail["charged"] == {uid: "0.500000000"}
+    assert closed.detail is not None and closed.detail["closed"] == []
+    assert await coverage(sessionmaker, uid) == (True, finished, clock.now(), False)
+    assert await charged_to(sessionmaker, uid) == Decimal("9.5")
+
+
+async def test_an_ended_pod_with_nothing_left_to_charge_is_still_closed_at_its_end(
+    apiserver: KubeApiServer, reconciler: Reconciler, sessionmaker, clock: ManualClock
+):
+    started, finished = clock.now() - timedelta(minutes=10), clock.now() - timedelta(minutes=5)
+    pod = ended_pod(apiserver, "covered", started, finished)
+    uid = pod["metadata"]["uid"]
+    assert await report(sessionmaker, pod, started, 5, clock, seq=1) == 5  # all of it, but not final
+    await sync(reconciler)
+
+    result = await reconciler.run_pass()
+
+    assert result.charged == {} and result.closed == [uid]
+    assert await coverage(sessionmaker, uid) == (True, finished, clock.now(), False)
+
+
+async def test_the_job_claims_no_window_until_the_watch_has_listed_the_pods(
+    reconciler: Reconciler, sessionmaker, clock: ManualClock
+):
+    reconciler.settings = reconciler.settings.model_copy(update={"reconcile_interval_seconds": 0.1})
+    job = reconcile_job(reconciler)  # no watch has listed anything yet
+
+    with pytest.raises(KubeUnavailableError, match="has not listed the pods"):
+        await run_job(job, sessionmaker, reconciler.settings, clock, "replica")
+
+    async with sessionmaker() as session:
+        claimed = await session.execute(sa.text("SELECT count(*) FROM job_runs WHERE job = 'reconcile'"))
+        assert claimed.scalar_one() == 0
+    await sync(reconciler)
+    assert (await run_job(job, sessionmaker, reconciler.settings, clock, "replica")).detail is not None
+
+
 # ---- running in the app ------------------------------------------------------------------------------
 
 
-async def test_only_one_replica_reconciles_at_a_time(reconciler: Reconciler, database_url):
-    from sqlalchemy import text
-
-    from tests.support.postgres import url_string
-    from timekeeper.db.session import build_engine
-    from timekeeper.reconcile.repository import RECONCILE_LOCK_KEY
-
-    engine = build_engine(url_string(database_url), pool_size=1)
-    async with engine.connect() as other_replica, other_replica.begin():
-        await other_replica.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": RECONCILE_LOCK_KEY})
-        assert await reconciler.run_pass() is None
-    await engine.dispose()
-    assert await reconciler.run_pass() is not None
-
-
-async def test_the_watch_thread_keeps_the_registry_current(apiserver: KubeApiServer, reconciler: Reconciler):
+async def test_the_watch_runs_while_leading_and_stops_with_leadership(
+    apiserver: KubeApiServer, reconciler: Reconciler
+):
     gpu_pod(apiserver, "team-a", "first")
-    reconciler.settings = reconciler.settings.model_copy(update={"reconcile_interval_seconds": 3600})
-    reconciler.start()
+    await reconciler.start_leading()
     try:
-        assert await asyncio.to_thread(reconciler.registry.synced.wait, 10)
+        await reconciler.wait_synced()
         gpu_pod(apiserver, "team-a", "second")
-        for _ in range(200):
-            if len(reconciler.registry.pods()) == 2:
-                break
-            await asyncio.sleep(0.05)
+        await asyncio.to_thread(wait_until, lambda: len(reconciler.registry.pods()) == 2, 10, "the new pod")
         assert sorted(p.info.name for p in reconciler.registry.pods()) == ["first", "second"]
     finally:
+        await reconciler.stop_leading()
+    assert not reconciler.watching
+
+    # Leading again starts over from a fresh list, on the same client.
+    gpu_pod(apiserver, "team-a", "third")
+    await reconciler.start_leading()
+    try:
+        await reconciler.wait_synced()
+        assert sorted(p.info.name for p in reconciler.registry.pods()) == ["first", "second", "third"]
+    finally:
         await reconciler.aclose()
-    assert reconciler._thread is not None and not reconciler._thread.is_alive()
+    assert not reconciler.watching
 
 
-async def test_the_app_runs_the_reconciler_when_asked(apiserver: KubeApiServer, settings: Settings):
+async def test_the_app_runs_the_reconciler_as_a_scheduler_job_when_asked(
+    apiserver: KubeApiServer, settings: Settings
+):
     gpu_pod(apiserver, "team-a", "p")
-    app = create_app(settings.model_copy(update={"reconcile": True, "reconcile_interval_seconds": 3600}))
+    app = create_app(
+        settings.model_copy(
+            update={
+                "reconcile": True,
+                "reconcile_interval_seconds": 3600,
+                "leader_retry_interval": timedelta(seconds=0.2),
+            }
+        )
+    )
     async with app.router.lifespan_context(app):
-        reconciler: Reconciler = app.state.reconciler
-        assert await asyncio.to_thread(reconciler.registry.synced.wait, 10)
+        runner = app.state.scheduler
+        assert "reconcile" in [job.name for job in runner.jobs]
+        [reconciler] = runner.services
+        await asyncio.to_thread(wait_until, lambda: reconciler.watching, 10, "the leader's watch")
+        await reconciler.wait_synced()
         assert [p.info.name for p in reconciler.registry.pods()] == ["p"]
-    assert not reconciler._thread.is_alive()
+    assert not reconciler.watching
 
 
 async def test_a_pod_that_never_started_is_forgotten_without_a_charge(

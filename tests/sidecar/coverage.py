@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gpuaccounting.clock import from_datetime
 from gpuaccounting.wire import parse_timestamp
-from sidecar.state import from_datetime
 
 
 def bounds(report: dict[str, Any]) -> tuple[int, int]:

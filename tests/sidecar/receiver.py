@@ -7,10 +7,11 @@ import json
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from gpuaccounting.names import REPORTS_PATH
+from tests.support.loopback import LoopbackServer, send_json
 
 
 @dataclass
@@ -29,13 +30,12 @@ class ReportReceiver:
     requests: list[Received] = field(default_factory=list)
     seen: set[tuple[str, int]] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    server: ThreadingHTTPServer | None = None
+    server: LoopbackServer | None = None
 
     @property
     def url(self) -> str:
         assert self.server is not None
-        host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
+        return self.server.url
 
     def accepted(self) -> list[dict[str, Any]]:
         """Bodies answered 2xx, first delivery of each (pod_uid, seq) only, in arrival order."""
@@ -66,23 +66,14 @@ class ReportReceiver:
                     if status == 200
                     else {"detail": f"scripted {status}"}
                 )
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, status, payload)
 
             def log_message(self, format: str, *args: object) -> None:
                 return None
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
+        self.server = LoopbackServer(Handler).start()
         return self
 
     def stop(self) -> None:
         if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+            self.server.stop()

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import itertools
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from gpuaccounting.clock import from_datetime
 from sidecar.app import grid_floor
 from tests.sidecar.coverage import bounds, persisted_state, union
 from tests.sidecar.receiver import ReportReceiver
@@ -103,3 +105,45 @@ def test_bad_configuration_is_logged_and_exits_zero(tmp_path: Path, sidecar_env:
     (event,) = sidecar.events()
     assert event["event"] == "config_invalid"
     assert "SIDECAR_GPU_SHARE" in event["detail"]
+
+
+def test_on_an_accelerated_clock_a_restarted_sidecar_resumes_on_the_same_simulated_timeline(
+    tmp_path: Path, receiver: ReportReceiver, sidecar_env: dict[str, str]
+) -> None:
+    """The clock's origin is given, not taken from the process's start, so a sidecar killed and restarted
+    continues where the simulated time is, covering its downtime in simulated time, with no gap or jump."""
+    start = datetime(2026, 3, 1, tzinfo=UTC)
+    speed = 3600.0
+    origin = time.time()
+    env = {
+        **sidecar_env,
+        "SIDECAR_CLOCK_START": "2026-03-01T00:00:00Z",
+        "SIDECAR_CLOCK_SPEED": str(speed),
+        "SIDECAR_CLOCK_ORIGIN": repr(origin),
+        "SIDECAR_REPORT_INTERVAL_SECONDS": "600",  # simulated: 1/6 of a real second
+    }
+    first = SidecarProcess(env, tmp_path / "first.log")
+    wait_until(lambda: len(receiver.accepted()) >= 2, what="reports before the kill")
+    first.kill()
+    before = len(receiver.accepted())
+    time.sleep(0.5)  # half a simulated hour down
+    second = SidecarProcess(env, tmp_path / "second.log")
+    wait_until(lambda: len(receiver.accepted()) >= before + 2, what="reports after the restart")
+    assert second.terminate() == 0
+    finished = time.time()
+
+    reports = receiver.accepted()
+    buffer_dir = Path(env["SIDECAR_BUFFER_DIR"])
+    assert_exact_cover(reports, buffer_dir)
+    state = persisted_state(buffer_dir)
+    # Every interval lies between the clock's start and what it read when the test finished: March 2026,
+    # not today's real date.
+    assert from_datetime(start) <= state["anchor_us"]
+    assert state["covered_until_us"] <= from_datetime(start + timedelta(seconds=(finished - origin) * speed))
+    *regular, _final = sorted(reports, key=lambda r: r["seq"])
+    on_grid = [
+        r for r in regular if bounds(r)[1] == grid_floor(state["anchor_us"], 600_000_000, bounds(r)[1])
+    ]
+    assert len(on_grid) >= 3  # regular cuts land on the simulated 10-minute grid
+    started = next(e for e in second.events() if e["event"] == "sidecar_started")
+    assert started["resumed"] is True and started["clock_speed"] == speed

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuaccounting.wire import build_report, format_timestamp
+from gpuaccounting.clock import to_datetime
+from gpuaccounting.wire import format_timestamp
 from sidecar.buffer import ReportBuffer
 from sidecar.logs import EventLog
-from sidecar.state import StateStore, to_datetime
+from sidecar.state import StateStore
+from tests.sidecar.factories import pod_report
 
 T0 = 1_790_000_000_000_000  # microseconds since the epoch
 STEP = 30_000_000
@@ -58,17 +60,7 @@ class Harness:
 
     def cut(self, start: int, end: int, util: float = 50.0, now: int | None = None) -> int:
         seq = self.store.allocate_seq()
-        report = build_report(
-            namespace="team-a",
-            pod="p",
-            pod_uid="pod-uid",
-            seq=seq,
-            interval_start=to_datetime(start),
-            interval_end=to_datetime(end),
-            gpu_share=0.5,
-            gpus=figures(util),
-        )
-        pending = self.buffer.store(report)
+        pending = self.buffer.store(pod_report(seq, start, end, figures(util)))
         self.store.advance(end)
         self.buffer.admit(pending, now if now is not None else end)
         return seq
@@ -183,17 +175,7 @@ def test_a_fold_interrupted_before_deleting_its_parts_is_resolved_on_load(harnes
 
 def test_state_catches_up_with_a_report_written_just_before_a_crash(harness: Harness) -> None:
     seq = harness.store.allocate_seq()
-    report = build_report(
-        namespace="team-a",
-        pod="p",
-        pod_uid="pod-uid",
-        seq=seq,
-        interval_start=to_datetime(T0),
-        interval_end=to_datetime(T0 + STEP),
-        gpu_share=0.5,
-        gpus=[],
-    )
-    harness.buffer.store(report)  # crash here: the state never heard of the cut
+    harness.buffer.store(pod_report(seq, T0, T0 + STEP))  # crash here: the state never heard of the cut
     reopened, resumed = StateStore.open(harness.store.path, "pod-uid", T0 + 99 * STEP)
     left = harness.fresh_buffer().load()
 

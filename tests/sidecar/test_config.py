@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from gpuaccounting.clock import AcceleratedClock, SystemClock
 from sidecar.config import Config, ConfigError
 
+CLOCK = {"SIDECAR_CLOCK_START": "2026-03-01T00:00:00Z", "SIDECAR_CLOCK_ORIGIN": "1800000000.5"}
 BASE = {
     "POD_NAMESPACE": "team-a",
     "POD_NAME": "trainer-0",
@@ -56,6 +59,19 @@ def test_every_setting_is_read_and_typed() -> None:
     assert config.visible_devices == "GPU-1234"
 
 
+def test_the_clock_is_the_system_clock_unless_start_speed_and_origin_are_given() -> None:
+    assert isinstance(Config.from_env(BASE).clock(), SystemClock)
+
+    config = Config.from_env({**BASE, **CLOCK, "SIDECAR_CLOCK_SPEED": "86400"})
+
+    clock = config.clock()
+    assert isinstance(clock, AcceleratedClock)
+    assert clock.start == datetime(2026, 3, 1, tzinfo=UTC)
+    assert clock.speed == 86400.0
+    assert clock.real_origin == 1_800_000_000.5
+    assert clock.real_seconds(86400) == 1.0
+
+
 def test_false_reads_as_false() -> None:
     assert Config.from_env({**BASE, "SIDECAR_LOG_DEBUG": "false"}).log_debug is False
     assert Config.from_env({**BASE, "SIDECAR_LOG_DEBUG": "0"}).log_debug is False
@@ -81,6 +97,21 @@ def test_false_reads_as_false() -> None:
             {"SIDECAR_RETRY_BASE_SECONDS": "10", "SIDECAR_RETRY_MAX_SECONDS": "5"},
             "SIDECAR_RETRY_MAX_SECONDS must not be below",
         ),
+        ({"SIDECAR_CLOCK_SPEED": "abc", **CLOCK}, "SIDECAR_CLOCK_SPEED='abc' is not a float"),
+        ({"SIDECAR_CLOCK_SPEED": "0", **CLOCK}, "SIDECAR_CLOCK_SPEED must be greater than 0"),
+        ({"SIDECAR_CLOCK_SPEED": "inf", **CLOCK}, "SIDECAR_CLOCK_SPEED='inf' must be at least"),
+        ({"SIDECAR_CLOCK_START": "1 March"}, "SIDECAR_CLOCK_START='1 March' is not an RFC 3339 time"),
+        (
+            {"SIDECAR_CLOCK_START": "2026-03-01T00:00:00"},
+            "SIDECAR_CLOCK_START='2026-03-01T00:00:00' needs a timezone",
+        ),
+        (
+            {"SIDECAR_CLOCK_START": "2026-03-01T00:00:00Z"},
+            "SIDECAR_CLOCK_ORIGIN is required with SIDECAR_CLOCK_START",
+        ),
+        ({**CLOCK, "SIDECAR_CLOCK_ORIGIN": "soon"}, "SIDECAR_CLOCK_ORIGIN='soon' is not a float"),
+        ({"SIDECAR_CLOCK_SPEED": "86400"}, "SIDECAR_CLOCK_SPEED needs SIDECAR_CLOCK_START"),
+        ({"SIDECAR_CLOCK_ORIGIN": "1800000000"}, "SIDECAR_CLOCK_ORIGIN needs SIDECAR_CLOCK_START"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_variable(changes: dict[str, str], named: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ import httpx
 import pytest
 from sqlalchemy.engine import URL
 
+from gpuaccounting.clock import from_datetime, to_datetime
+from gpuaccounting.wire import format_timestamp
 from tests.sidecar.coverage import persisted_state
 from tests.support.processes import SidecarProcess, TimekeeperProcess, free_port, wait_until
 from tests.support.timekeeper import Tokens, bearer, migrated_database
@@ -114,3 +117,92 @@ def test_the_namespace_is_charged_exactly_share_times_wall_time(
     assert "sidecar_stopped" in second.event_names()
     assert abs(used() - expected) <= reports * NANO / 2, (used(), expected)
     assert wall_microseconds > 5_000_000  # the run spanned the outage and the restart
+
+
+def test_under_an_accelerated_clock_intervals_are_stamped_and_charged_in_simulated_time(
+    database: URL, tokens: Tokens, tmp_path: Path
+) -> None:
+    """The timekeeper and the sidecar share start, speed and origin (one hour per real second, starting
+    seven hours before a month ends, time enough for the timekeeper to start): the sidecar's intervals lie
+    in simulated January and February, the timekeeper accepts them as not in the future, splits them at
+    the month boundary and charges share x the simulated time covered."""
+    start = datetime(2026, 1, 31, 17, 0, tzinfo=UTC)
+    february = datetime(2026, 2, 1, tzinfo=UTC)
+    speed = 3600.0
+    origin = time.time()
+    clock = {"CLOCK_START": format_timestamp(start), "CLOCK_SPEED": str(speed), "CLOCK_ORIGIN": repr(origin)}
+    timekeeper = TimekeeperProcess(
+        database,
+        {
+            **tokens.env(),
+            **{f"TIMEKEEPER_{name}": value for name, value in clock.items()},
+            # Three report intervals of simulated time: a sidecar's clock disagreeing by more is refused.
+            "TIMEKEEPER_CLOCK_SKEW": "1800",
+        },
+        free_port(),
+        tmp_path / "timekeeper.log",
+    )
+    timekeeper.start()
+    try:
+        put = httpx.put(
+            f"{timekeeper.url}/api/v1/namespaces/{NAMESPACE}/budget",
+            json={"budget_gpu_minutes": 100000, "period": "monthly"},
+            headers=bearer(tokens.admin),
+            timeout=5,
+        )
+        assert put.status_code == 200, put.text
+        token_file = tmp_path / "token"
+        token_file.write_text(tokens.reporter)
+        buffer_dir = tmp_path / "buffer"
+        env = {
+            "POD_NAMESPACE": NAMESPACE,
+            "POD_NAME": "trainer-0",
+            "POD_UID": str(uuid.uuid4()),
+            "SIDECAR_GPU_SHARE": str(SHARE),
+            "SIDECAR_TIMEKEEPER_URL": timekeeper.url,
+            "SIDECAR_TOKEN_FILE": str(token_file),
+            "SIDECAR_BUFFER_DIR": str(buffer_dir),
+            "SIDECAR_REPORT_INTERVAL_SECONDS": "600",  # simulated: a sixth of a real second
+            "SIDECAR_SAMPLE_INTERVAL_SECONDS": "0.1",
+            "SIDECAR_NVML_BACKEND": "fake",
+            **{f"SIDECAR_{name}": value for name, value in clock.items()},
+        }
+        launched = time.time()
+        sidecar = SidecarProcess(env, tmp_path / "sidecar.log")
+        wait_until(lambda: "sidecar_started" in sidecar.event_names(), what="the sidecar to start")
+        started = time.time()
+        wait_until(
+            lambda: (
+                budget(timekeeper, tokens)["period"]["start"].startswith("2026-02-01")
+                and budget(timekeeper, tokens)["used_gpu_minutes"] > 0
+            ),
+            what="charges in the simulated February",
+        )
+        assert sidecar.terminate() == 0
+
+        state = persisted_state(buffer_dir)
+        anchor, covered_until = to_datetime(state["anchor_us"]), to_datetime(state["covered_until_us"])
+        # The anchor is the simulated time at the sidecar's start, not the real time.
+        assert start + timedelta(seconds=(launched - origin) * speed) <= anchor
+        assert anchor <= start + timedelta(seconds=(started - origin) * speed)
+        assert anchor < february < covered_until
+        assert state["dropped_reports"] == 0
+        assert "sidecar_stopped" in sidecar.event_names()
+
+        reports = state["next_seq"] - 1
+        simulated = Decimal(state["covered_until_us"] - state["anchor_us"])
+        usage = httpx.get(
+            f"{timekeeper.url}/api/v1/namespaces/{NAMESPACE}/usage",
+            params={"since": format_timestamp(start), "until": format_timestamp(covered_until)},
+            headers=bearer(tokens.reader),
+            timeout=5,
+        )
+        assert usage.status_code == 200, usage.text
+        total = Decimal(str(usage.json()["total_gpu_minutes"]))
+        assert abs(total - SHARE * simulated / Decimal(60_000_000)) <= reports * NANO, total
+        # February's period holds only the part after midnight: the reports were split at the boundary.
+        in_february = Decimal(from_datetime(covered_until) - from_datetime(february))
+        used = Decimal(str(budget(timekeeper, tokens)["used_gpu_minutes"]))
+        assert abs(used - SHARE * in_february / Decimal(60_000_000)) <= reports * NANO, used
+    finally:
+        timekeeper.stop()

@@ -4,7 +4,6 @@ errors, a refused body resent without figures before anything is dropped, the to
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from gpuaccounting.names import REPORTS_PATH
-from gpuaccounting.wire import build_report
 from sidecar.buffer import ReportBuffer
 from sidecar.logs import EventLog
 from sidecar.sender import Outcome, Sender, TimekeeperClient, backoff_delay, classify
-from sidecar.state import StateStore, to_datetime
+from sidecar.state import StateStore
+from tests.sidecar.factories import pod_report
 from tests.sidecar.receiver import ReportReceiver
-from tests.support.processes import REPO_ROOT
+from tests.support.processes import REPO_ROOT, free_port
 
 T0 = 1_790_000_000_000_000
 STEP = 1_000_000
@@ -70,16 +69,8 @@ class Rig:
             log=log,
         )
         for k in range(count):
-            report = build_report(
-                namespace="team-a",
-                pod="p",
-                pod_uid="pod-uid",
-                seq=self.store.allocate_seq(),
-                interval_start=to_datetime(T0 + k * STEP),
-                interval_end=to_datetime(T0 + (k + 1) * STEP),
-                gpu_share=0.5,
-                gpus=[{"uuid": GPU, "sm_util_pct": 1.0, "mem_used_bytes": 1, "mem_total_bytes": 2}],
-            )
+            gpus = [{"uuid": GPU, "sm_util_pct": 1.0, "mem_used_bytes": 1, "mem_total_bytes": 2}]
+            report = pod_report(self.store.allocate_seq(), T0 + k * STEP, T0 + (k + 1) * STEP, gpus)
             self.buffer.admit(self.buffer.store(report), T0)
         self.sender = Sender(
             self.buffer,
@@ -167,16 +158,7 @@ def test_the_token_file_is_read_for_every_send(
     tmp_path: Path, receiver: ReportReceiver, token_file: Path, event_log: EventLog
 ) -> None:
     client = TimekeeperClient(receiver.url, token_file, timeout=2.0)
-    report = build_report(
-        namespace="team-a",
-        pod="p",
-        pod_uid="u",
-        seq=1,
-        interval_start=to_datetime(T0),
-        interval_end=to_datetime(T0 + STEP),
-        gpu_share=1.0,
-        gpus=[],
-    )
+    report = pod_report(1, T0, T0 + STEP)
 
     client.send(report)
     token_file.write_text("rotated-token\n")
@@ -187,19 +169,8 @@ def test_the_token_file_is_read_for_every_send(
 
 
 def test_a_missing_token_or_closed_port_means_retry(tmp_path: Path, receiver: ReportReceiver) -> None:
-    report = build_report(
-        namespace="team-a",
-        pod="p",
-        pod_uid="u",
-        seq=1,
-        interval_start=to_datetime(T0),
-        interval_end=to_datetime(T0 + STEP),
-        gpu_share=1.0,
-        gpus=[],
-    )
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        closed_port = probe.getsockname()[1]
+    report = pod_report(1, T0, T0 + STEP)
+    closed_port = free_port()
     token = tmp_path / "token"
     token.write_text("t")
 

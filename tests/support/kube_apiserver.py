@@ -4,7 +4,8 @@ No kube-apiserver can run in the tests, so the timekeeper's Kubernetes boundary 
 by the real `kubernetes` client. It reproduces the semantics the timekeeper relies on, as the real server
 answers them:
 
-- a generic object store (core and `/apis/<group>/<version>` paths, namespaced and cluster-scoped) with
+- a generic object store (core and `/apis/<group>/<version>` paths, namespaced and cluster-scoped: the kinds
+  in `RESOURCE_TYPES`, e.g. Secrets, Deployments, webhook configurations) with
   monotonically increasing resourceVersions, uids, creationTimestamps; create (409 AlreadyExists), get (404
   NotFound), update with optimistic concurrency (409 Conflict), JSON / merge / strategic-merge patch, delete,
   the `status` subresource; errors as `Status` objects with code and reason;
@@ -17,7 +18,9 @@ answers them:
 - TokenReview (audiences, pod-bound ServiceAccount tokens with the pod-name / pod-uid extras, invalid once
   their pod is gone) and SubjectAccessReview evaluated against the same RBAC;
 - pods/eviction honouring PodDisruptionBudgets (429 TooManyRequests when `disruptionsAllowed` is 0), and
-  graceful deletion of running pods (deletionTimestamp first, the object goes when `finish_pod_deletion`).
+  graceful deletion of running pods (deletionTimestamp first, the object goes when `finish_pod_deletion`);
+- every resource request logged in `calls` (verb, resource, namespace, name, answer code), so a test can say
+  exactly what a client wrote, or that an idempotent run wrote nothing.
 
 Approximations, documented: continue tokens page over the current state (the list's resourceVersion is the
 first page's, so a watch from it still sees every later change); strategic merge merges lists of objects by
@@ -37,12 +40,15 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import jsonpatch
 import kubernetes
+
+from tests.support.loopback import LoopbackServer, send_json
 
 JSON = dict[str, Any]
 
@@ -79,6 +85,7 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
     ResourceType("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True),
     ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False),
+    ResourceType("apps", "v1", "deployments", "Deployment", True),
     ResourceType("rbac.authorization.k8s.io", "v1", "roles", "Role", True),
     ResourceType("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True),
     ResourceType("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False),
@@ -164,6 +171,17 @@ class WatchEvent:
     namespace: str | None
     type: str
     obj: JSON
+
+
+@dataclass(frozen=True)
+class Call:
+    """One resource request as the audit log would show it: who was asked what, and the answer's code."""
+
+    verb: str
+    resource: str  # plural[/subresource]
+    namespace: str | None
+    name: str | None
+    code: int
 
 
 @dataclass(frozen=True)
@@ -275,38 +293,30 @@ class KubeApiServer:
         self._epoch = 0  # bumped by end_watches(): open watches end
         self._tokens: dict[str, TokenInfo] = {}
         self._stopping = False
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-        # (verb, resource plural[/subresource]) of every request, for assertions on traffic.
+        self._server: LoopbackServer | None = None
+        # (verb, resource plural[/subresource]) of every authorised request, for assertions on traffic.
         self.requests: Counter[tuple[str, str]] = Counter()
+        # Every resource request in order, with its answer, for assertions on exactly what was written.
+        self.calls: list[Call] = []
 
     # ---- lifecycle -------------------------------------------------------------------------------------
 
     def start(self) -> KubeApiServer:
         handler = type("Handler", (_Handler,), {"server_state": self})
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, args=(0.05,), name="kube-apiserver", daemon=True
-        )
-        self._thread.start()
+        self._server = LoopbackServer(handler).start()
         return self
 
     def stop(self) -> None:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        if self._server is not None:
+            self._server.stop()
 
     @property
     def url(self) -> str:
-        assert self._httpd is not None, "start() the server first"
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        assert self._server is not None, "start() the server first"
+        return self._server.url
 
     def client_configuration(self, token: str) -> kubernetes.client.Configuration:
         """A client configuration that talks to this server with a bearer token."""
@@ -314,6 +324,23 @@ class KubeApiServer:
         config.api_key = {"authorization": token}
         config.api_key_prefix = {"authorization": "Bearer"}
         return config
+
+    def write_kubeconfig(self, path: Path, token: str) -> Path:
+        """A kubeconfig for this server with a bearer token, as `kubectl` writes them (JSON is YAML)."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "stand-in", "cluster": {"server": self.url}}],
+            "users": [{"name": "stand-in", "user": {"token": token}}],
+            "contexts": [{"name": "stand-in", "context": {"cluster": "stand-in", "user": "stand-in"}}],
+            "current-context": "stand-in",
+        }
+        path.write_text(json.dumps(config))
+        return path
+
+    def writes(self) -> list[Call]:
+        """The calls that asked for a change (whatever the answer)."""
+        return [c for c in self.calls if c.verb not in ("get", "list", "watch")]
 
     # ---- identities ------------------------------------------------------------------------------------
 
@@ -490,6 +517,13 @@ class KubeApiServer:
                 return self._create(rtype, meta.get("namespace"), obj)
             meta["resourceVersion"] = existing["metadata"]["resourceVersion"]
             return self._update(rtype, meta.get("namespace"), meta["name"], obj)
+
+    def apply(self, objects: Iterable[JSON], namespace: str) -> None:
+        """Store manifests as `kubectl apply -n <namespace>` does: namespaced kinds land in `namespace`."""
+        for obj in objects:
+            if self._type_of(obj).namespaced:
+                obj.setdefault("metadata", {}).setdefault("namespace", namespace)
+            self.put(obj)
 
     def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> JSON | None:
         group = api_version.rpartition("/")[0]
@@ -914,14 +948,20 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             request = state.parse(method, self.path, body, content_type)
             resource = request.rtype.plural + (f"/{request.subresource}" if request.subresource else "")
-            self._authorize(
-                user, request.verb, request.rtype.group, resource, request.namespace, request.name
-            )
-            state.requests[request.verb, resource] += 1
-            if request.verb == "watch":
-                self._stream(state.watch(request))
-                return
-            status, answer = state.handle(request)
+            try:
+                self._authorize(
+                    user, request.verb, request.rtype.group, resource, request.namespace, request.name
+                )
+                state.requests[request.verb, resource] += 1
+                if request.verb == "watch":
+                    state.calls.append(Call("watch", resource, request.namespace, request.name, 200))
+                    self._stream(state.watch(request))
+                    return
+                status, answer = state.handle(request)
+            except ApiError as error:
+                state.calls.append(Call(request.verb, resource, request.namespace, request.name, error.code))
+                raise
+            state.calls.append(Call(request.verb, resource, request.namespace, request.name, status))
         except ApiError as error:
             self._reply(error.code, error.status())
             return
@@ -949,12 +989,7 @@ class _Handler(BaseHTTPRequestHandler):
         raise ApiError(403, "Forbidden", message, {"kind": base})
 
     def _reply(self, code: int, body: JSON) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, code, body)
 
     def _stream(self, events: Iterator[JSON]) -> None:
         self.send_response(HTTPStatus.OK)

@@ -4,25 +4,19 @@ database of the test's own (these commit)."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-import httpx
 import pytest
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry, generate_latest
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from tests.support.postgres import REPO_ROOT, url_string
-from tests.support.processes import free_port, wait_until
+from tests.support.postgres import url_string
+from tests.support.replicas import scheduler_process
 from tests.support.timekeeper import migrated_database
 from timekeeper.clock import ManualClock, SystemClock
 from timekeeper.db.session import build_engine, build_sessionmaker
@@ -133,43 +127,20 @@ async def test_racing_runs_of_one_window_do_the_work_once(
 
 
 def test_the_scheduler_runs_as_a_process_of_its_own(own_database: URL, tmp_path: Path) -> None:
-    port = free_port()
     env = {
-        **os.environ,
-        "TIMEKEEPER_DATABASE_URL": url_string(own_database),
         "TIMEKEEPER_SCHEDULER_LOCK_KEY": "42",  # not the other tests' lock
         "TIMEKEEPER_LEADER_RETRY_INTERVAL": "0.2",
         "TIMEKEEPER_STATES_INTERVAL": "0.2",
     }
-    log = tmp_path / "scheduler.log"
-    with log.open("wb") as output:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "timekeeper.scheduler", "--metrics-port", str(port)],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=output,
-            stderr=output,
+    with scheduler_process(own_database, env, tmp_path / "scheduler.log") as scheduler:
+        scheduler.wait_for_metric(
+            'timekeeper_job_last_outcome{job="states",outcome="ok"} 1.0',
+            "the scheduler process to lead and run its jobs",
         )
-    try:
-
-        def leads_and_ran() -> bool:
-            assert process.poll() is None, log.read_text()
-            try:
-                metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).text
-            except httpx.HTTPError:
-                return False
-            return "timekeeper_scheduler_leader{" in metrics and (
-                'timekeeper_job_last_outcome{job="states",outcome="ok"} 1.0' in metrics
-            )
-
-        wait_until(leads_and_ran, timeout=30, what="the scheduler process to lead and run its jobs")
-    finally:
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=15) == 0, log.read_text()
     engine = sa.create_engine(url_string(own_database), poolclass=sa.NullPool)
     with engine.connect() as connection:
         replicas = connection.execute(sa.text("SELECT DISTINCT replica FROM job_runs WHERE job = 'states'"))
-        assert f"{socket.gethostname()}:{process.pid}" in replicas.scalars().all()
+        assert scheduler.replica in replicas.scalars().all()
     engine.dispose()
 
 

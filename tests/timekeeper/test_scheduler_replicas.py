@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -19,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from tests.support.postgres import url_string
-from tests.support.processes import TimekeeperProcess, free_port
+from tests.support.replicas import Replica, scheduler_status, started_replicas, wait_for_leader
 from tests.support.timekeeper import Tokens, bearer, migrated_database, report_body
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
@@ -29,29 +27,6 @@ REPORTS_PER_POD = 40
 SHARES = (Decimal(1), Decimal("0.5"), Decimal("0.25"), Decimal(2))
 NAMESPACES = ("team-0", "team-1", "team-2", "team-3")
 INTERVAL = timedelta(seconds=30)
-
-
-@dataclass
-class Replica:
-    process: TimekeeperProcess
-
-    @property
-    def url(self) -> str:
-        return self.process.url
-
-    @property
-    def name(self) -> str:
-        assert self.process.process is not None
-        return f"{socket.gethostname()}:{self.process.process.pid}"
-
-    def alive(self) -> bool:
-        return self.process.process is not None and self.process.process.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL: no goodbye; the server drops the process's sessions, and its lock with them."""
-        assert self.process.process is not None
-        self.process.process.kill()
-        self.process.process.wait(timeout=10)
 
 
 @pytest.fixture
@@ -72,38 +47,8 @@ def replicas(database: URL, tokens: Tokens, tmp_path: Path) -> Iterator[list[Rep
         "TIMEKEEPER_ROLLUP_INTERVAL": "1",
         "TIMEKEEPER_ROLLUP_RETENTION": "0",
     }
-    started = [
-        Replica(TimekeeperProcess(database, env, free_port(), tmp_path / f"timekeeper-{n}.log"))
-        for n in range(2)
-    ]
-    try:
-        for replica in started:
-            replica.process.start()
+    with started_replicas(database, env, tmp_path) as started:
         yield started
-    finally:
-        for replica in started:
-            replica.process.stop()
-
-
-async def scheduler_status(client: httpx.AsyncClient, replica: Replica) -> dict | None:
-    try:
-        answer = await client.get(f"{replica.url}/readyz")
-    except httpx.TransportError:
-        return None
-    return answer.json()["scheduler"] if answer.status_code == 200 else None
-
-
-async def wait_for_leader(client: httpx.AsyncClient, candidates: list[Replica]) -> Replica:
-    """The one replica whose /readyz says it leads (after checking that no other one says so)."""
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        statuses = [await scheduler_status(client, replica) for replica in candidates]
-        leaders = [r for r, status in zip(candidates, statuses, strict=True) if status and status["leader"]]
-        if leaders:
-            assert len(leaders) == 1, "two replicas lead at once"
-            return leaders[0]
-        await asyncio.sleep(0.2)
-    raise AssertionError("no replica became the leader")
 
 
 @dataclass

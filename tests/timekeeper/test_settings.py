@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from pydantic import ValidationError
 
-from timekeeper import clock as clock_module
+from gpuaccounting import clock
 from timekeeper.app import default_clock
 from timekeeper.clock import AcceleratedClock, SystemClock
 from timekeeper.settings import Settings
@@ -32,13 +33,37 @@ def test_the_system_clock_is_the_default() -> None:
     assert isinstance(default_clock(Settings(clock_start=None)), SystemClock)
 
 
-def test_the_demo_clock_starts_where_told_and_runs_faster(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = [1000.0]
-    monkeypatch.setattr(clock_module.time, "monotonic", lambda: real[0])
-    start = datetime(2026, 1, 1, tzinfo=UTC)
+def test_the_demo_clock_reads_its_start_at_its_origin_then_runs_faster(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real_ns = [1_800_000_000 * 10**9]
+    monkeypatch.setattr(clock.time, "time_ns", lambda: real_ns[0])
+    monkeypatch.setenv("TIMEKEEPER_CLOCK_START", "2026-01-01T00:00:00Z")
+    monkeypatch.setenv("TIMEKEEPER_CLOCK_SPEED", "86400")
+    monkeypatch.setenv("TIMEKEEPER_CLOCK_ORIGIN", "1800000000")
 
-    demo = default_clock(Settings(clock_start=start, clock_speed=86_400))
-    real[0] += 2.5
+    demo = default_clock(Settings())
+    real_ns[0] += 2_500_000_000
 
     assert isinstance(demo, AcceleratedClock)
-    assert demo.now() == start + timedelta(days=2.5)
+    assert demo.now() == datetime(2026, 1, 1, tzinfo=UTC) + timedelta(days=2.5)
+
+
+@pytest.mark.parametrize(
+    ("variables", "message"),
+    [
+        ({"TIMEKEEPER_CLOCK_START": "2026-01-01T00:00:00Z"}, "TIMEKEEPER_CLOCK_ORIGIN is required"),
+        ({"TIMEKEEPER_CLOCK_SPEED": "60"}, "TIMEKEEPER_CLOCK_SPEED needs TIMEKEEPER_CLOCK_START"),
+        ({"TIMEKEEPER_CLOCK_ORIGIN": "1800000000"}, "TIMEKEEPER_CLOCK_ORIGIN needs TIMEKEEPER_CLOCK_START"),
+        ({"TIMEKEEPER_CLOCK_SPEED": "fast"}, "clock_speed"),
+        ({"TIMEKEEPER_CLOCK_START": "2026-01-01T00:00:00", "TIMEKEEPER_CLOCK_ORIGIN": "1"}, "timezone"),
+    ],
+)
+def test_an_incomplete_demo_clock_is_refused_at_start(
+    monkeypatch: pytest.MonkeyPatch, variables: dict[str, str], message: str
+) -> None:
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+
+    with pytest.raises(ValidationError, match=message):
+        Settings()

@@ -7,8 +7,10 @@ the timekeeper. Each server runs in a thread of the test process with its own se
 from __future__ import annotations
 
 import base64
-import socket
+import os
 import ssl
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -22,10 +24,10 @@ import httpx
 import jsonpatch
 import orjson
 import pytest
-import uvicorn
 
 from tests.support.admission_state_server import StateServer, run_state_server, snapshot
-from webhook.app import create_app
+from tests.support.processes import free_port, wait_until
+from webhook.__main__ import server as build_server
 from webhook.settings import WebhookSettings
 from webhook.tls import generate_ca, generate_serving_cert
 
@@ -49,12 +51,6 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
     files.cert_file.write_bytes(cert)
     files.key_file.write_bytes(key)
     return files
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def review(
@@ -121,7 +117,7 @@ class Answer:
 class Webhook:
     url: str
     client: httpx.Client
-    state: StateServer
+    state: StateServer | None
     settings: WebhookSettings
 
     def post(self, path: str, content: bytes | dict[str, Any]) -> Answer:
@@ -159,34 +155,25 @@ class Webhook:
                 return float(value)
         return 0.0
 
-    def wait_until(self, condition: Callable[[], bool], timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if time.monotonic() > deadline:
-                raise AssertionError("condition not reached")
-            time.sleep(0.02)
+    def wait_until(self, condition: Callable[[], bool], timeout: float = 30.0) -> None:
+        """Background work (polls, reloads) on a loaded machine: generous, and only slow when failing."""
+        wait_until(condition, timeout=timeout, what="the webhook's background work")
 
 
 @contextmanager
-def serve_webhook(tls: Tls, state: StateServer, **overrides: Any) -> Iterator[Webhook]:
+def serve_webhook(tls: Tls, state: StateServer | None, **overrides: Any) -> Iterator[Webhook]:
+    """The webhook polling `state` (or the `timekeeper_url` in overrides) every 50 ms."""
     settings = WebhookSettings(
-        timekeeper_url=state.url,
-        state_poll_interval_seconds=0.05,
-        tls_cert_file=tls.cert_file,
-        tls_key_file=tls.key_file,
-        **overrides,
+        **{
+            "timekeeper_url": state.url if state else "",
+            "state_poll_interval_seconds": 0.05,
+            "tls_cert_file": tls.cert_file,
+            "tls_key_file": tls.key_file,
+            **overrides,
+        }
     )
     port = free_port()
-    config = uvicorn.Config(
-        create_app(settings),
-        host="127.0.0.1",
-        port=port,
-        ssl_certfile=str(tls.cert_file),
-        ssl_keyfile=str(tls.key_file),
-        log_level="warning",
-        lifespan="on",
-    )
-    server = uvicorn.Server(config)
+    server = build_server(settings, "127.0.0.1", port, log_level="warning")
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -202,6 +189,35 @@ def serve_webhook(tls: Tls, state: StateServer, **overrides: Any) -> Iterator[We
         client.close()  # first, so the server has no keep-alive connection to wait for
         server.should_exit = True
         thread.join(timeout=10)
+
+
+@contextmanager
+def running_module(
+    module: str, port: int, env: dict[str, str], ready: Callable[[], bool], timeout: float = 60.0
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`python -m <module> --host 127.0.0.1 --port <port>` as a real process, until `ready()` is true."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(port)],
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+    def up() -> bool:
+        if child.poll() is not None:
+            output = child.stderr.read().decode()[-2000:] if child.stderr else ""
+            raise AssertionError(f"python -m {module} exited: {output}")
+        try:
+            return ready()
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_until(up, timeout=timeout, what=f"python -m {module} on port {port}")
+        yield child
+    finally:
+        child.terminate()
+        child.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")

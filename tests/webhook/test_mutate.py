@@ -113,6 +113,19 @@ def test_sidecar_goes_before_existing_init_containers_and_user_volumes_stay(webh
     assert webhook.mutate(patched).patch == []
 
 
+def test_reinvocation_after_another_mutator_changed_the_requests_updates_the_share(webhook: Webhook) -> None:
+    patched = webhook.admit(pod(container("main", {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 50})))
+    # A later mutator (e.g. a device plugin's own webhook) rewrites the request; we are re-invoked.
+    patched["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpucores"] = 25
+    patched["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpucores"] = 25
+    repatched = webhook.admit(patched)
+    assert repatched["metadata"]["annotations"][names.ANNOTATION_GPU_SHARE] == "0.25"
+    assert env_of(sidecar_of(repatched))["SIDECAR_GPU_SHARE"] == "0.25"
+    assert len(repatched["spec"]["initContainers"]) == 1
+    assert webhook.validate(repatched).allowed
+    assert webhook.mutate(repatched).patch == []
+
+
 def test_pod_with_only_generate_name_is_admitted(webhook: Webhook) -> None:
     patched = webhook.admit(pod(container("main", {"nvidia.com/gpu": 1}), name=None))
     kubernetes_validate.validate(patched, SCHEMA_VERSIONS[-1], strict=True)
@@ -210,6 +223,13 @@ def test_dry_run_answers_alike_and_leaves_no_trace(tls: Tls) -> None:
         real = served.mutate(gpu_pod)
         assert served.metric("webhook_state_missing_decisions_total") == 1
     assert dry.patch == real.patch != []
+
+
+def test_mirror_pods_of_static_pods_are_left_alone(webhook: Webhook) -> None:
+    # The API server refuses ServiceAccount token volumes in mirror pods; the static pod runs regardless.
+    mirror = pod(container("main", {"nvidia.com/gpu": 1}), annotations={"kubernetes.io/config.mirror": "abc"})
+    assert webhook.mutate(mirror).patch == []
+    assert webhook.validate(mirror).allowed
 
 
 def test_updates_deletes_and_subresources_are_not_mutated(webhook: Webhook) -> None:

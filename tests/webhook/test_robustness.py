@@ -40,6 +40,24 @@ MALFORMED = {
         "request.operation must be one of",
     ),
     "kind not an object": (_edited(("request", "kind"), "Pod"), "request.kind must be an object"),
+    "metadata a string": (_edited(("request", "object", "metadata"), "x"), "request.object.metadata must be"),
+    "annotations a list": (
+        _edited(("request", "object", "metadata", "annotations"), ["a"]),
+        "request.object.metadata.annotations must be an object of strings",
+    ),
+    "label value a number": (
+        _edited(("request", "object", "metadata", "labels"), {"clearml-injector/fraction": 0.5}),
+        "request.object.metadata.labels must be an object of strings",
+    ),
+    "spec a list": (_edited(("request", "object", "spec"), []), "request.object.spec must be an object"),
+    "containers a number": (
+        _edited(("request", "object", "spec", "containers"), 3),
+        "request.object.spec.containers must be a list of objects",
+    ),
+    "volumes of strings": (
+        _edited(("request", "object", "spec", "volumes"), ["data"]),
+        "request.object.spec.volumes must be a list of objects",
+    ),
 }
 
 
@@ -76,6 +94,36 @@ def test_strange_but_valid_pod_shapes_are_answered(webhook: Webhook) -> None:
     assert webhook.post("/validate", empty).response["allowed"]
 
 
-def test_update_without_old_object_is_answered(webhook: Webhook) -> None:
-    answer = webhook.validate(pod(container("main", {"nvidia.com/gpu": 1})), operation="UPDATE")
-    assert answer.status_code == 200
+def test_update_without_old_object_judges_only_the_new_object(webhook: Webhook) -> None:
+    admitted = webhook.admit(pod(container("main", {"nvidia.com/gpu": 1})))
+    assert webhook.validate(admitted, operation="UPDATE").allowed
+    admitted["spec"]["containers"][0]["volumeMounts"] = [{"name": "gpu-timekeeper-token", "mountPath": "/t"}]
+    assert not webhook.validate(admitted, operation="UPDATE").allowed
+
+
+def _nodes(value: object, path: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    found = [path]
+    if isinstance(value, dict):
+        for key, child in value.items():
+            found += _nodes(child, (*path, key))
+    elif isinstance(value, list):
+        for index, child in enumerate(value):
+            found += _nodes(child, (*path, index))
+    return found
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE"])
+def test_any_node_of_a_review_replaced_by_junk_answers_200_or_400(webhook: Webhook, operation: str) -> None:
+    admitted = webhook.admit(pod(container("main", {"nvidia.com/gpu": 1}), init=(container("fetch"),)))
+    junk: list[object] = [None, -1.5, "x", [1], {"a": 1}, True]
+    for path in ("/mutate", "/validate"):
+        original = review(admitted, operation=operation, old=admitted if operation == "UPDATE" else None)
+        for node in _nodes(original)[1:]:
+            for replacement in junk:
+                body = orjson.loads(orjson.dumps(original))
+                target = body
+                for key in node[:-1]:
+                    target = target[key]
+                target[node[-1]] = replacement
+                answer = webhook.post(path, body)
+                assert answer.status_code in (200, 400), (node, replacement, answer.body)

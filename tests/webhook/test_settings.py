@@ -23,6 +23,11 @@ def test_environment_is_read_with_types(monkeypatch: pytest.MonkeyPatch) -> None
     assert not settings.enforces("namespace-cap") and settings.enforces("single-system")
 
 
+def test_log_format_console_means_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WEBHOOK_LOG_FORMAT", "console")
+    assert WebhookSettings().log_format == "text"
+
+
 def test_unknown_rule_is_refused() -> None:
     with pytest.raises(ValidationError, match="unknown rules"):
         WebhookSettings(disabled_rules="no-such-rule")

@@ -39,6 +39,22 @@ def test_polls_send_the_last_etag_and_a_fresh_token_each_time(tls: Tls, tmp_path
         assert hook.metric("webhook_state_polls_total", result="updated") == 1
 
 
+def test_an_unreadable_token_file_is_a_failed_poll_and_the_poller_carries_on(
+    tls: Tls, tmp_path: Path
+) -> None:
+    token = tmp_path / "token"
+    token.write_bytes(b"\xff\xfe not text")
+    with (
+        run_state_server(snapshot(version=4)) as state,
+        serve_webhook(tls, state, timekeeper_token_file=token) as hook,
+    ):
+        hook.wait_until(lambda: hook.metric("webhook_state_polls_total", result="error") >= 2)
+        assert hook.metric("webhook_state_version") == 0
+        token.write_text("fixed-token")
+        hook.wait_until(lambda: hook.metric("webhook_state_version") == 4)
+        assert state.seen[-1]["Authorization"] == "Bearer fixed-token"
+
+
 def test_state_never_loaded_is_treated_as_in_budget_and_counted(tls: Tls) -> None:
     with run_state_server(None) as state, serve_webhook(tls, state) as hook:
         assert decision(hook) == ("gpu-in-budget", "unknown", "state never loaded, policy in_budget")

@@ -139,6 +139,16 @@ def test_user_supplied_sidecar_is_denied(webhook: Webhook) -> None:
     assert "image evil/reporter:1" in answer.message and "rule protected-sidecar" in answer.message
 
 
+def test_a_user_volume_under_the_token_volume_name_is_denied(webhook: Webhook) -> None:
+    squatted = pod(
+        container("train", {"nvidia.com/gpu": 1}),
+        volumes=[{"name": names.SIDECAR_TOKEN_VOLUME, "emptyDir": {}}],
+    )
+    answer = webhook.validate(webhook.admit(squatted))
+    assert not answer.allowed
+    assert "volume gpu-timekeeper-token is not the projected gpu-timekeeper token" in answer.message
+
+
 def test_another_container_mounting_the_token_volume_is_denied(webhook: Webhook) -> None:
     thief = container("thief")
     thief["volumeMounts"] = [{"name": names.SIDECAR_TOKEN_VOLUME, "mountPath": "/token"}]
@@ -147,6 +157,26 @@ def test_another_container_mounting_the_token_volume_is_denied(webhook: Webhook)
     assert not answer.allowed
     assert 'container "thief": volumeMount=gpu-timekeeper-token' in answer.message
     assert "rule token-volume-mount" in answer.message
+
+
+def test_a_second_volume_with_a_timekeeper_token_is_denied(webhook: Webhook) -> None:
+    smuggled = {
+        "name": "my-token",
+        "projected": {"sources": [{"serviceAccountToken": {"audience": "gpu-timekeeper", "path": "t"}}]},
+    }
+    other_audience = {
+        "name": "vault-token",
+        "projected": {"sources": [{"serviceAccountToken": {"audience": "vault", "path": "t"}}]},
+    }
+    denied = webhook.validate(
+        webhook.admit(pod(container("train", {"nvidia.com/gpu": 1}), volumes=[smuggled]))
+    )
+    assert not denied.allowed
+    assert "volume=my-token" in denied.message and "audience gpu-timekeeper" in denied.message
+    allowed = webhook.validate(
+        webhook.admit(pod(container("train", {"nvidia.com/gpu": 1}), volumes=[other_audience]))
+    )
+    assert allowed.allowed
 
 
 def test_update_may_not_change_our_annotations(webhook: Webhook) -> None:

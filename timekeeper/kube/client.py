@@ -168,11 +168,17 @@ class KubeClient:
         """Close the connections, ending open watches at once (their threads see the stream end)."""
         with self._watches_lock:
             self._closed = True
+        self.end_watches()
+        self._api.close()
+
+    def end_watches(self) -> None:
+        """End the open watches at once, keeping the client usable: a watcher that set its `stop` first
+        sees its stream end (or, for a request still on its way, the stop) and returns."""
+        with self._watches_lock:
             watches = list(self._watches)
         for response in watches:
             with contextlib.suppress(ValueError, OSError):
                 response.shutdown()
-        self._api.close()
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Call the client, turning transport failures and 5xx into KubeUnavailableError."""
@@ -287,6 +293,8 @@ class KubeClient:
                 if isinstance(exc, ApiException) and exc.status == HTTP_GONE:
                     resource_version = None
                     continue
+                if stop.is_set():  # its stream was ended on purpose (end_watches)
+                    return
                 delay = backoff.next_delay()
                 log.warning("pod_watch_failed", extra={"error": str(exc), "retry_in_seconds": delay})
                 stop.wait(delay)
@@ -314,7 +322,7 @@ class KubeClient:
             closing = self._closed
             self._watches.add(response)
         try:
-            if closing:  # closed while this request was on its way: end it rather than block
+            if closing or stop.is_set():  # closed or stopped while this request was on its way
                 return
             for line in iter_resp_lines(response):
                 if stop.is_set():

@@ -1,5 +1,6 @@
-"""SQL the reconciler needs beyond the report path: which pods have time not yet charged, the namespaces'
-states and concurrent limits, and the lock that makes one replica at a time reconcile."""
+"""SQL the reconciler needs beyond the report path: which pods have time not yet charged, keeping a
+charge by the pass from looking like a report, closing ended pods at their real end, the namespaces'
+states and concurrent limits."""
 
 from __future__ import annotations
 
@@ -12,9 +13,21 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.wire import BudgetState
 
-# An arbitrary constant: the advisory lock key of the reconcile pass.
-RECONCILE_LOCK_KEY = 0x6770_7574_6B72_6563
-
+# The pod's row exists (a pod that never reported gets one, silent since its start) and is locked, so no
+# report of it can slip between reading its last report time and restoring it after the pass's charge.
+_OPEN_POD = sa.text(
+    "INSERT INTO pod_coverage (pod_uid, namespace, pod, covered, last_seq, last_report_at, final) "
+    "VALUES (:pod_uid, :namespace, :pod, '{}', 0, :started_at, false) ON CONFLICT (pod_uid) DO NOTHING"
+)
+_LOCK_POD = sa.text("SELECT last_report_at FROM pod_coverage WHERE pod_uid = :pod_uid FOR UPDATE")
+_RESTORE_LAST_REPORT = sa.text(
+    "UPDATE pod_coverage SET last_report_at = :last_report_at WHERE pod_uid = :pod_uid"
+)
+# Ended: no longer running, closed at its real end (whatever the close-out job set on noticing silence).
+_CLOSE_AT = sa.text(
+    "UPDATE pod_coverage SET final = true, closed_at = :ended_at "
+    "WHERE pod_uid = :pod_uid AND NOT (final AND closed_at IS NOT DISTINCT FROM :ended_at)"
+)
 _UNCOVERED = sa.text(
     "SELECT c.uid FROM unnest(CAST(:uids AS text[]), CAST(:starts AS timestamptz[]), "
     "CAST(:ends AS timestamptz[])) AS c(uid, lower_bound, upper_bound) "
@@ -35,12 +48,23 @@ class ReconcileRepository:
     def __init__(self, session: AsyncSession) -> None:
         self.session = session
 
-    async def try_lead(self) -> bool:
-        """Take the reconcile lock for this session's transaction, unless another replica holds it."""
-        result = await self.session.execute(
-            sa.text("SELECT pg_try_advisory_xact_lock(:key)"), {"key": RECONCILE_LOCK_KEY}
+    async def lock_pod(self, namespace: str, pod: str, pod_uid: str, started_at: datetime) -> datetime:
+        """Lock the pod's coverage row (created when the pod never reported) and answer when its sidecar
+        last reported (its start, for one that never did)."""
+        params = {"pod_uid": pod_uid, "namespace": namespace, "pod": pod, "started_at": started_at}
+        await self.session.execute(_OPEN_POD, params)
+        return (await self.session.execute(_LOCK_POD, params)).scalar_one()
+
+    async def restore_last_report(self, pod_uid: str, last_report_at: datetime) -> None:
+        """Undo ingest's `last_report_at = now`: the pass's charge is no sign of life from the sidecar, so
+        the close-out job's view of which pods are running must not change because of it."""
+        await self.session.execute(
+            _RESTORE_LAST_REPORT, {"pod_uid": pod_uid, "last_report_at": last_report_at}
         )
-        return bool(result.scalar_one())
+
+    async def close_at(self, pod_uid: str, ended_at: datetime) -> None:
+        """The pod ended: `final`, closed at its real end (overriding a close-out's time of noticing)."""
+        await self.session.execute(_CLOSE_AT, {"pod_uid": pod_uid, "ended_at": ended_at})
 
     async def with_uncovered_time(self, spans: Iterable[tuple[str, datetime, datetime]]) -> set[str]:
         """The pod uids whose span holds time no report (nor earlier pass) has charged."""

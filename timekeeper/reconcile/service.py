@@ -1,20 +1,23 @@
-"""The reconciler: the pod watch feeds a PodRegistry (in a thread); a periodic pass, on one replica at a
-time (a PostgreSQL advisory lock), charges, closes out, announces, downgrades and applies quotas.
+"""The reconciler: the `reconcile` job of the scheduler, run by its elected leader alone. While this replica
+leads, the pod watch feeds a PodRegistry (in a thread); each pass charges, closes out, announces,
+downgrades and applies quotas.
 
 Charging goes through the very function reports use (`UsageRepository.ingest`), so each pod's coverage
 ranges decide what is still uncharged: the pass charges a running pod's silent time (older than the
-grace), a late sidecar report afterwards charges only what the pass did not, and vice versa.
+grace), a late sidecar report afterwards charges only what the pass did not, and vice versa. A charge by
+the pass is not a report: the pod's `last_report_at` (the scheduler's close-out reads it) is left as the
+sidecar last set it. An ended pod is closed at its real end: `final`, `closed_at` = that end.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -23,10 +26,19 @@ from gpuaccounting.names import DOMAIN
 from gpuaccounting.shares import GpuHardware
 from gpuaccounting.wire import BudgetState
 from timekeeper.clock import Clock
-from timekeeper.kube import EvictionResult, KubeClient, KubeConfig, KubeError, ObjectReference, QuotaChange
+from timekeeper.kube import (
+    EvictionResult,
+    KubeClient,
+    KubeConfig,
+    KubeError,
+    KubeUnavailableError,
+    ObjectReference,
+    QuotaChange,
+)
 from timekeeper.reconcile.pods import PodRegistry, TrackedPod
 from timekeeper.reconcile.quotas import quota_hard
 from timekeeper.reconcile.repository import ReconcileRepository
+from timekeeper.scheduler.jobs import Job, SchedulerService, floor_to
 from timekeeper.settings import Settings
 from timekeeper.usage.repository import UsageRepository
 from timekeeper.usage.schemas import ReportIn
@@ -47,7 +59,7 @@ _TRANSITION_EVENTS: dict[BudgetState, tuple[str, str]] = {
 
 @dataclass
 class PassResult:
-    """What one pass did (for logs and tests)."""
+    """What one pass did (for logs, tests and the job's `detail` in job_runs)."""
 
     charged: dict[str, Decimal] = field(default_factory=dict)  # pod uid -> GPU-minutes
     closed: list[str] = field(default_factory=list)
@@ -55,6 +67,16 @@ class PassResult:
     evicted: list[tuple[str, str]] = field(default_factory=list)
     blocked: list[tuple[str, str]] = field(default_factory=list)
     quotas: dict[str, QuotaChange] = field(default_factory=dict)
+
+    def as_detail(self) -> dict[str, Any]:
+        return {
+            "charged": {uid: str(minutes) for uid, minutes in self.charged.items()},
+            "closed": self.closed,
+            "transitions": {ns: list(change) for ns, change in self.transitions.items()},
+            "evicted": [list(pod) for pod in self.evicted],
+            "blocked": [list(pod) for pod in self.blocked],
+            "quotas": {ns: change.value for ns, change in self.quotas.items()},
+        }
 
 
 class Reconciler:
@@ -75,63 +97,66 @@ class Reconciler:
         self._last_states: dict[str, BudgetState] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._task: asyncio.Task[None] | None = None
 
-    # ---- running in the app ----------------------------------------------------------------------------
+    # ---- leadership: the watch runs only on the leader, whose passes it feeds ----------------------------
 
-    def start(self) -> None:
-        """The watch in a thread (the client blocks), the passes as a task on the running loop."""
-        self._thread = threading.Thread(target=self._watch, name="pod-watch", daemon=True)
+    @property
+    def watching(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    async def start_leading(self) -> None:
+        """A fresh registry, filled by the watch's first list and kept current by it (in a thread: the
+        client blocks). The states are learnt anew, so a change of leader does not repeat old news."""
+        self.registry = PodRegistry(self.clock, self.hardware)
+        self._last_states = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._watch, args=(self.registry, self._stop), name="pod-watch", daemon=True
+        )
         self._thread.start()
-        self._task = asyncio.get_running_loop().create_task(self._loop())
 
-    async def aclose(self) -> None:
+    async def stop_leading(self) -> None:
+        """End the watch (the new leader lists the pods itself); the client stays open for next time."""
         self._stop.set()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        # Closing the client ends the open watch, so the thread sees the stop at once.
-        await asyncio.to_thread(self.kube.close)
+        await asyncio.to_thread(self.kube.end_watches)
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 5)
+            self._thread = None
 
-    def _watch(self) -> None:
-        for item in self.kube.watch_pods(self._stop, timeout_seconds=300):
-            self.registry.apply(item)
+    async def aclose(self) -> None:
+        await self.stop_leading()
+        await asyncio.to_thread(self.kube.close)
 
-    async def _loop(self) -> None:
-        while not self._stop.is_set():
-            if self.registry.synced.is_set():
-                try:
-                    await self.run_pass()
-                except Exception:
-                    log.exception("reconcile_pass_failed")
-            await asyncio.sleep(self.settings.reconcile_interval_seconds)
+    def _watch(self, registry: PodRegistry, stop: threading.Event) -> None:
+        for item in self.kube.watch_pods(stop, timeout_seconds=300):
+            registry.apply(item)
+
+    async def wait_synced(self) -> None:
+        """Before a pass: the registry must hold a full list (a new leader's watch has just started).
+        Polled on the loop rather than waited for in a thread, so a cancelled wait leaves nothing behind."""
+        timeout = self.settings.reconcile_interval_seconds
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not self.registry.synced.is_set():
+            if asyncio.get_running_loop().time() >= deadline:
+                raise KubeUnavailableError(f"the pod watch has not listed the pods within {timeout} s")
+            await asyncio.sleep(min(0.05, timeout))
 
     # ---- one pass ----------------------------------------------------------------------------------------
 
-    async def run_pass(self) -> PassResult | None:
-        """One reconcile pass, unless another replica holds the lock (then None)."""
-        # The lock lives as long as this session's transaction, which does nothing else: ending it (the
-        # commit, or the connection closing if this replica dies) lets another replica lead.
-        async with self.sessionmaker() as lock_session:
-            if not await ReconcileRepository(lock_session).try_lead():
-                return None
-            try:
-                result = PassResult()
-                await self._charge(result)
-                async with self.sessionmaker() as session:
-                    repository = ReconcileRepository(session)
-                    states = await repository.states()
-                    namespaces = {p.info.namespace for p in self.registry.pods()}
-                    limits = await repository.concurrent_limits(namespaces)
-                await self._announce(states, result)
-                await self._downgrade(states, result)
-                await self._apply_quotas(limits, result)
-                return result
-            finally:
-                await lock_session.commit()
+    async def run_pass(self) -> PassResult:
+        """One reconcile pass. Only the scheduler's leader runs it (the `reconcile` job), one window at a
+        time: the election and the window's job_runs row are the one mechanism, no lock of its own."""
+        result = PassResult()
+        await self._charge(result)
+        async with self.sessionmaker() as session:
+            repository = ReconcileRepository(session)
+            states = await repository.states()
+            namespaces = {p.info.namespace for p in self.registry.pods()}
+            limits = await repository.concurrent_limits(namespaces)
+        await self._announce(states, result)
+        await self._downgrade(states, result)
+        await self._apply_quotas(limits, result)
+        return result
 
     async def _charge(self, result: PassResult) -> None:
         """Charge what no report covered: ended pods up to their real end (once), running pods up to the
@@ -158,6 +183,9 @@ class Reconciler:
         for uid, (pod, start, end, final) in spans.items():
             if uid in uncovered:
                 result.charged[uid] = await self._charge_pod(pod, start, end, final, now)
+            elif final:
+                async with self.sessionmaker() as session, session.begin():
+                    await ReconcileRepository(session).close_at(uid, end)
             if final:
                 self.registry.mark_closed(uid)
                 result.closed.append(uid)
@@ -165,6 +193,8 @@ class Reconciler:
     async def _charge_pod(
         self, pod: TrackedPod, start: datetime, end: datetime, final: bool, now: datetime
     ) -> Decimal:
+        """Charge [start, end] minus what is covered, as a report would, in one transaction that leaves
+        the pod's last report time alone and, for an ended pod, closes it at its end."""
         info = pod.info
         try:
             report = ReportIn(
@@ -184,7 +214,12 @@ class Reconciler:
             )
             return Decimal(0)
         async with self.sessionmaker() as session, session.begin():
+            repository = ReconcileRepository(session)
+            last_report_at = await repository.lock_pod(info.namespace, info.name, info.uid, start)
             outcome = await UsageRepository(session).ingest(report, now)
+            await repository.restore_last_report(info.uid, last_report_at)
+            if final:
+                await repository.close_at(info.uid, end)
         log.info(
             "silent_time_charged",
             extra={
@@ -298,7 +333,25 @@ class Reconciler:
 def build_reconciler(
     settings: Settings, sessionmaker: async_sessionmaker[AsyncSession], clock: Clock
 ) -> Reconciler:
-    """The lifespan's reconciler, with a client of its own (closed by `aclose`)."""
+    """The scheduler's reconciler, with a client of its own (closed by `aclose`)."""
     return Reconciler(
         KubeClient.from_config(KubeConfig.from_settings(settings)), sessionmaker, settings, clock
+    )
+
+
+def reconcile_job(reconciler: Reconciler) -> Job:
+    """The pass as a scheduler job: every reconcile interval, on the leader, once per window."""
+
+    def interval(settings: Settings) -> timedelta:
+        return timedelta(seconds=settings.reconcile_interval_seconds)
+
+    async def work(service: SchedulerService, now: datetime, window: datetime) -> dict[str, Any]:
+        return (await reconciler.run_pass()).as_detail()
+
+    return Job(
+        "reconcile",
+        interval,
+        lambda now, settings: floor_to(now, interval(settings)),
+        work,
+        prepare=reconciler.wait_synced,
     )

@@ -1,5 +1,6 @@
-"""`python -m timekeeper.scheduler`: only the periodic jobs, for deployments that run the API replicas
-with TIMEKEEPER_SCHEDULER_ENABLED=false. Any number may run; one leads."""
+"""`python -m timekeeper.scheduler`: only the periodic jobs (with TIMEKEEPER_RECONCILE, the reconcile pass
+and its pod watch too), for deployments that run the API replicas with TIMEKEEPER_SCHEDULER_ENABLED=false.
+Any number may run; one leads."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from timekeeper.app import default_clock
 from timekeeper.db.session import build_engine, build_sessionmaker, resolve_database_url
-from timekeeper.scheduler.runner import SchedulerRunner
+from timekeeper.scheduler.runner import build_runner
 from timekeeper.settings import get_settings
 
 
@@ -23,7 +24,7 @@ async def serve(metrics_port: int | None) -> None:
     registry = CollectorRegistry()
     if metrics_port is not None:
         start_http_server(metrics_port, registry=registry)
-    runner = SchedulerRunner(
+    runner = build_runner(
         database_url, build_sessionmaker(engine), settings, default_clock(settings), registry
     )
     stopping = asyncio.Event()

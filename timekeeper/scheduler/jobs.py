@@ -74,6 +74,9 @@ class Job:
     interval: Callable[[Settings], timedelta]
     window: Callable[[datetime, Settings], datetime]
     work: Callable[[SchedulerService, datetime, datetime], Awaitable[dict[str, Any]]]
+    # Awaited before the window is claimed, outside any transaction (the reconcile pass waits there for
+    # a new leader's pod watch to list the pods); raising fails the execution.
+    prepare: Callable[[], Awaitable[None]] | None = None
 
 
 JOBS: tuple[Job, ...] = (
@@ -119,6 +122,8 @@ async def run_job(
     replica: str,
 ) -> JobResult:
     """One execution: claim the window, do the work, record it, commit, all or nothing."""
+    if job.prepare is not None:
+        await job.prepare()
     now = clock.now()
     window = job.window(now, settings)
     async with sessionmaker() as session, session.begin():

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
@@ -58,6 +58,17 @@ class JobHealth:
         }
 
 
+class LeaderService(Protocol):
+    """Work that runs only while this replica leads, beside the jobs it feeds (the reconciler's pod
+    watch): started before the jobs on election, stopped after them when leadership is lost."""
+
+    async def start_leading(self) -> None: ...
+
+    async def stop_leading(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
 class SchedulerRunner:
     def __init__(
         self,
@@ -67,11 +78,13 @@ class SchedulerRunner:
         clock: Clock,
         registry: CollectorRegistry | None = None,
         jobs: tuple[Job, ...] = JOBS,
+        services: tuple[LeaderService, ...] = (),
     ) -> None:
         self.sessionmaker = sessionmaker
         self.settings = settings
         self.clock = clock
         self.jobs = jobs
+        self.services = services
         self.replica = replica_name()
         self.health = {job.name: JobHealth() for job in jobs}
         self.counts = {(job.name, outcome): 0 for job in jobs for outcome in OUTCOMES}
@@ -103,10 +116,14 @@ class SchedulerRunner:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        for service in self.services:
+            await service.aclose()
         if self._registry is not None:
             self._registry.unregister(self._collector)
 
     async def _start_jobs(self) -> None:
+        for service in self.services:
+            await service.start_leading()
         scheduler = AsyncIOScheduler(timezone=UTC)
         for job in self.jobs:
             scheduler.add_job(
@@ -129,6 +146,8 @@ class SchedulerRunner:
             self._scheduler = None
         for task in list(self._running):
             task.cancel()
+        for service in self.services:
+            await service.stop_leading()
 
     async def _execute(self, job: Job) -> None:
         if not self.leading:
@@ -206,6 +225,32 @@ class SchedulerCollector(Collector):
         yield from (leader, last_run, last_success, duration, outcome, runs)
 
 
+def build_runner(
+    database_url: str,
+    sessionmaker: async_sessionmaker[AsyncSession],
+    settings: Settings,
+    clock: Clock,
+    registry: CollectorRegistry | None,
+) -> SchedulerRunner:
+    """The runner with every job; with `reconcile`, also the reconcile pass and the pod watch it needs
+    (both the leader's alone), wherever the scheduler runs: in the API process or on its own."""
+    if not settings.reconcile:
+        return SchedulerRunner(database_url, sessionmaker, settings, clock, registry)
+    # Imported only when asked for: it needs a cluster (docs/kubernetes.md).
+    from timekeeper.reconcile.service import build_reconciler, reconcile_job
+
+    reconciler = build_reconciler(settings, sessionmaker, clock)
+    return SchedulerRunner(
+        database_url,
+        sessionmaker,
+        settings,
+        clock,
+        registry,
+        (*JOBS, reconcile_job(reconciler)),
+        (reconciler,),
+    )
+
+
 def with_scheduler(
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]],
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
@@ -218,7 +263,7 @@ def with_scheduler(
             settings: Settings = app.state.settings
             runner = None
             if settings.scheduler_enabled:
-                runner = SchedulerRunner(
+                runner = build_runner(
                     app.state.engine.url.render_as_string(hide_password=False),
                     app.state.sessionmaker,
                     settings,

@@ -42,6 +42,7 @@ fmt: $(STAMP) ## Format and fix what ruff can
 
 .PHONY: bench
 bench: $(STAMP) ## Run the benchmarks and write bench/RESULTS.md
+	@command -v wrk >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get install -y -q wrk; } || { echo "bench needs wrk: apt-get install wrk"; exit 1; }
 	$(BIN)/python -m bench $(ARGS)
 
 .PHONY: compose-env

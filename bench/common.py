@@ -80,17 +80,15 @@ def write_results(sections: Sequence[Section], path: Path = RESULTS_FILE) -> Non
         "",
     ]
     for section in sections:
-        lines += [
-            f"## {section.title}",
-            "",
-            "| figure | value | target | vs. baseline |",
-            "|---|---|---|---|",
-        ]
+        lines += [f"## {section.title}", ""]
+        if section.figures:
+            lines += ["| figure | value | target | vs. baseline |", "|---|---|---|---|"]
         for figure in section.figures:
             lines.append(
                 f"| {figure.name} | {figure.value:,.2f} {figure.unit} | {figure.target} | {figure.ratio} |"
             )
-        lines.append("")
+        if section.figures:
+            lines.append("")
         lines += [f"- {note}" for note in section.notes]
         if section.notes:
             lines.append("")

@@ -1,5 +1,6 @@
 -- wrk script: every request is a distinct sidecar report (unique pod_uid and seq, contiguous intervals).
--- args: <base epoch seconds> <pods per thread> <bearer token> <namespaces>
+-- args: <base epoch seconds> <pods per thread> <bearer token> <namespaces> [<client id>]
+-- (client id: distinct per concurrent wrk process, so their pods never collide)
 local thread_count = 0
 local counter, tid, base, pods, namespaces = 0, 0, 0, 1000, 100
 
@@ -12,6 +13,7 @@ function init(args)
   base = tonumber(args[1])
   pods = tonumber(args[2])
   namespaces = tonumber(args[4])
+  tid = tid + 1000 * tonumber(args[5] or "0")
   wrk.method = "POST"
   wrk.path = "/api/v1/reports"
   wrk.headers["Content-Type"] = "application/json"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -20,10 +21,17 @@ class WrkResult:
     p90_ms: float
     p99_ms: float
     max_ms: float
+    client_cpu_seconds: float  # wrk's own user + system time: how busy the load generator was
 
     @property
     def rate(self) -> float:
         return self.requests / self.seconds
+
+    @property
+    def client_cpu_pct(self) -> float:
+        """wrk's CPU as a percentage of one core over the run; far below 100 % on its one thread means
+        it was waiting for the server, not the other way round."""
+        return 100 * self.client_cpu_seconds / self.seconds
 
 
 def require_wrk() -> str:
@@ -56,7 +64,14 @@ def run_wrk(
         "--",
         *script_args,
     ]
-    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as child:
+        assert child.stdout is not None
+        output = child.stdout.read()
+        # Reaped here with wait4: this very child's CPU time, even while other wrk processes run alongside.
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        raise RuntimeError(f"wrk failed ({child.returncode}): {output[-2000:]}")
     line = next(line for line in output.splitlines() if line.startswith("WRK_RESULT "))
     raw = json.loads(line.removeprefix("WRK_RESULT "))
     errors = sum(
@@ -70,4 +85,20 @@ def run_wrk(
         p90_ms=raw["p90_us"] / 1000,
         p99_ms=raw["p99_us"] / 1000,
         max_ms=raw["max_us"] / 1000,
+        client_cpu_seconds=usage.ru_utime + usage.ru_stime,
+    )
+
+
+def combine(results: list[WrkResult]) -> WrkResult:
+    """Concurrent runs against several servers as one: requests and CPU add up over the longest run;
+    percentiles are the worst of the runs (an upper bound: wrk reports no histograms to merge)."""
+    return WrkResult(
+        requests=sum(result.requests for result in results),
+        seconds=max(result.seconds for result in results),
+        errors=sum(result.errors for result in results),
+        p50_ms=max(result.p50_ms for result in results),
+        p90_ms=max(result.p90_ms for result in results),
+        p99_ms=max(result.p99_ms for result in results),
+        max_ms=max(result.max_ms for result in results),
+        client_cpu_seconds=sum(result.client_cpu_seconds for result in results),
     )

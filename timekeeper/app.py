@@ -23,6 +23,7 @@ from timekeeper.health.router import router as health_router
 from timekeeper.metrics import Metrics
 from timekeeper.scheduler.runner import with_scheduler
 from timekeeper.settings import Settings, get_settings
+from timekeeper.usage.batcher import IngestBatcher
 from timekeeper.usage.router import router as usage_router
 
 
@@ -68,9 +69,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.engine = engine
     app.state.sessionmaker = build_sessionmaker(engine)
     app.state.access = await build_access_control(settings)
+    app.state.ingest = IngestBatcher(lambda: app.state.sessionmaker, app.state.clock)
+    app.state.ingest.start()
     try:
         yield
     finally:
+        await app.state.ingest.aclose()
         await app.state.access.aclose()
         await engine.dispose()
 

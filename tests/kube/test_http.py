@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import httpx
+import pytest
 
 from gpuaccounting.names import TOKEN_AUDIENCE
 from tests.kube.factories import gpu_pod
@@ -13,6 +14,18 @@ from tests.support.kube_apiserver import KubeApiServer
 from tests.support.kube_rbac import bind_cluster_role, bind_namespace_viewer
 from tests.support.timekeeper import bearer, report_body
 from tests.timekeeper.conftest import START
+from timekeeper.settings import Settings
+
+# The app's lifespan runs in a session-loop fixture and starts the report batcher there; the requests must
+# run on that loop too (as in tests/timekeeper).
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    """Without the background scheduler: on the shared loop it would run and commit job claims into the
+    suite's shared database (tests/kube/test_reconcile.py claims those windows itself)."""
+    return settings.model_copy(update={"scheduler_enabled": False})
 
 
 def _pod_token(apiserver: KubeApiServer, namespace: str, name: str) -> tuple[str, dict]:

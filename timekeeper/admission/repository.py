@@ -44,21 +44,28 @@ class AdmissionRepository:
     def __init__(self, session: AsyncSession) -> None:
         self.session = session
 
-    async def set_states(self, states: dict[str, BudgetState]) -> bool:
-        """Record namespaces' states; True when one is new or changed (the snapshot needs a new version)."""
+    async def set_states(self, states: dict[str, BudgetState]) -> set[str]:
+        """Record namespaces' states (in key order, the lock order); answers those new or changed (when
+        any, the snapshot needs a new version)."""
         if not states:
-            return False
+            return set()
+        names = sorted(states)
         result = await self.session.execute(
-            _SET_STATES, {"namespaces": list(states), "states": list(states.values())}
+            _SET_STATES, {"namespaces": names, "states": [states[name] for name in names]}
         )
-        return result.first() is not None
+        return set(result.scalars())
 
-    async def stored_state(self, namespace: str) -> BudgetState | None:
+    async def stored_states(self, namespaces: list[str]) -> dict[str, BudgetState]:
+        if not namespaces:
+            return {}
         result = await self.session.execute(
-            sa.text("SELECT state FROM namespace_status WHERE namespace = :namespace"),
-            {"namespace": namespace},
+            sa.text(
+                "SELECT namespace, state FROM namespace_status "
+                "WHERE namespace = ANY(CAST(:namespaces AS text[]))"
+            ),
+            {"namespaces": namespaces},
         )
-        return result.scalar_one_or_none()
+        return dict(result.tuples().all())
 
     async def bump_version(self) -> int:
         """Called in the transaction that changed a state or a budget, so the new version and the change

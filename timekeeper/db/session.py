@@ -1,9 +1,11 @@
-"""Engine construction and the request-scoped session; the one place that commits or rolls back."""
+"""Engine construction, the request-scoped session and `transaction`: the one place that commits or rolls
+back (requests and the report batcher both go through it)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -34,14 +36,21 @@ def build_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     return async_sessionmaker(engine, expire_on_commit=False)
 
 
-async def _session(request: Request) -> AsyncIterator[AsyncSession]:
-    async with request.app.state.sessionmaker() as session:
+@asynccontextmanager
+async def transaction(sessions: async_sessionmaker[AsyncSession]) -> AsyncIterator[AsyncSession]:
+    """A session whose work is committed when the block ends, rolled back when it raises."""
+    async with sessions() as session:
         try:
             yield session
         except BaseException:
             await session.rollback()
             raise
         await session.commit()
+
+
+async def _session(request: Request) -> AsyncIterator[AsyncSession]:
+    async with transaction(request.app.state.sessionmaker) as session:
+        yield session
 
 
 # scope="function": the commit happens when the endpoint returns, before the answer is sent, so an

@@ -2,49 +2,70 @@
 
 from __future__ import annotations
 
-import json
+from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Literal
 
+import orjson
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.wire import BudgetState
 from timekeeper.admission.repository import AdmissionRepository
-from timekeeper.budgets.periods import budget_state, period_containing
-from timekeeper.budgets.repository import BudgetRepository
+from timekeeper.budgets.periods import Period, PeriodKind, budget_state, period_containing
+from timekeeper.budgets.repository import BudgetRepository, NamespaceFigures
 from timekeeper.errors import TimekeeperError
 from timekeeper.usage.charging import split_charge
 from timekeeper.usage.schemas import ReportIn
 
-# Creates the pod's row on its first report and locks it, so one pod's reports are charged one at a time;
-# answers the part of the interval not yet charged.
-_LOCK_POD = sa.text(
-    "INSERT INTO pod_coverage (pod_uid, namespace, pod, covered, last_seq, last_report_at, final) "
-    "VALUES (:pod_uid, :namespace, :pod, '{}', :seq, :now, false) "
-    "ON CONFLICT (pod_uid) DO UPDATE SET last_report_at = excluded.last_report_at "
-    "RETURNING namespace, tstzmultirange(tstzrange(:interval_start, :interval_end)) - covered AS uncovered"
+# A batch holds at most one report per pod (ON CONFLICT may touch a row once per statement). Each array is
+# one column of the batch, in pod_uid order: every writer locks pods, then totals, then namespace states,
+# then the snapshot version, each in key order, so concurrent batches (and replicas) never deadlock.
+_REPORTS = (
+    "jsonb_to_recordset(CAST(:reports AS jsonb)) AS r(pod_uid text, namespace text, pod text, seq bigint, "
+    "interval_start timestamptz, interval_end timestamptz, final boolean, gpu_share numeric, "
+    "gpu_minutes numeric, gpu_count integer, mean_sm_util_pct double precision, max_mem_used_bytes bigint, "
+    "gpus jsonb)"
 )
+# Creates each pod's row on its first report and locks it; answers the part of each interval not yet
+# charged. A pod_uid already known in another namespace is neither touched nor answered.
+_LOCK_PODS = sa.text(
+    f"WITH r AS (SELECT * FROM {_REPORTS}), locked AS ("
+    "INSERT INTO pod_coverage (pod_uid, namespace, pod, covered, last_seq, last_report_at, final) "
+    "SELECT pod_uid, namespace, pod, '{}', seq, CAST(:now AS timestamptz), false FROM r ORDER BY pod_uid "
+    "ON CONFLICT (pod_uid) DO UPDATE SET last_report_at = excluded.last_report_at "
+    "WHERE pod_coverage.namespace = excluded.namespace RETURNING pod_uid, covered) "
+    "SELECT r.pod_uid, tstzmultirange(tstzrange(r.interval_start, r.interval_end)) - locked.covered "
+    "AS uncovered FROM r JOIN locked USING (pod_uid)"
+)
+_OWNERS = sa.text(
+    "SELECT pod_uid, namespace FROM pod_coverage WHERE pod_uid = ANY(CAST(:pod_uids AS text[]))"
+)
+# Answers the reports that were new; a repeat of (pod_uid, seq, interval) inserts nothing.
 _INSERT_LEDGER = sa.text(
     "INSERT INTO usage_ledger (namespace, pod, pod_uid, seq, interval_start, interval_end, gpu_share, "
     "charged, gpu_minutes, final, received_at, gpu_count, mean_sm_util_pct, max_mem_used_bytes, gpus) "
-    "VALUES (:namespace, :pod, :pod_uid, :seq, :interval_start, :interval_end, :gpu_share, "
-    "tstzmultirange(tstzrange(:interval_start, :interval_end)) "
-    "- (SELECT covered FROM pod_coverage WHERE pod_uid = :pod_uid), "
-    ":gpu_minutes, :final, :now, :gpu_count, :mean_sm_util_pct, :max_mem_used_bytes, CAST(:gpus AS jsonb)) "
-    "ON CONFLICT ON CONSTRAINT uq_usage_ledger_report DO NOTHING RETURNING id"
+    "SELECT r.namespace, r.pod, r.pod_uid, r.seq, r.interval_start, r.interval_end, r.gpu_share, "
+    "tstzmultirange(tstzrange(r.interval_start, r.interval_end)) - c.covered, r.gpu_minutes, r.final, "
+    "CAST(:now AS timestamptz), r.gpu_count, r.mean_sm_util_pct, r.max_mem_used_bytes, r.gpus "
+    f"FROM {_REPORTS} JOIN pod_coverage c USING (pod_uid) "
+    "ON CONFLICT ON CONSTRAINT uq_usage_ledger_report DO NOTHING RETURNING pod_uid"
 )
 _COVER = sa.text(
-    "UPDATE pod_coverage SET covered = covered + tstzmultirange(tstzrange(:interval_start, :interval_end)), "
-    "last_seq = :seq, pod = :pod, final = final OR :final WHERE pod_uid = :pod_uid"
+    "UPDATE pod_coverage p SET covered = p.covered + tstzmultirange(tstzrange(r.interval_start, "
+    "r.interval_end)), last_seq = r.seq, pod = r.pod, final = p.final OR r.final "
+    f"FROM {_REPORTS} WHERE p.pod_uid = r.pod_uid"
 )
 _ADD_USED = sa.text(
     "INSERT INTO usage_totals (namespace, period_kind, period_start, used_gpu_minutes) "
-    "VALUES (:namespace, :kind, :start, :amount) ON CONFLICT (namespace, period_kind, period_start) "
+    "SELECT * FROM unnest(CAST(:namespaces AS text[]), CAST(:kinds AS text[]), "
+    "CAST(:starts AS timestamptz[]), CAST(:amounts AS numeric[])) ORDER BY 1, 2, 3 "
+    "ON CONFLICT (namespace, period_kind, period_start) "
     "DO UPDATE SET used_gpu_minutes = usage_totals.used_gpu_minutes + excluded.used_gpu_minutes "
-    "RETURNING used_gpu_minutes, granted_gpu_minutes"
+    "RETURNING namespace, period_kind, period_start, used_gpu_minutes, granted_gpu_minutes"
 )
 
 # Raw ledger rows and the hourly per-pod aggregates the roll-up job folds old rows into, in one shape:
@@ -77,6 +98,32 @@ _USAGE_PIECE = {
 }
 
 
+def _batch(reports: Sequence[ReportIn], charged: dict[str, Decimal] | None = None) -> str:
+    """The batch as one JSON array (the statements read it with jsonb_to_recordset): one parameter,
+    encoded in C, rather than a Python-dumped array per column. Amounts travel as exact decimal text."""
+    rows = []
+    for report in reports:
+        gpu_count, mean_util, max_memory = report.measured()
+        rows.append(
+            {
+                "pod_uid": report.pod_uid,
+                "namespace": report.namespace,
+                "pod": report.pod,
+                "seq": report.seq,
+                "interval_start": report.interval_start,
+                "interval_end": report.interval_end,
+                "final": report.final,
+                "gpu_share": str(report.gpu_share),
+                "gpu_minutes": None if charged is None else str(charged[report.pod_uid]),
+                "gpu_count": gpu_count,
+                "mean_sm_util_pct": mean_util,
+                "max_mem_used_bytes": max_memory,
+                "gpus": [gpu.model_dump() for gpu in report.gpus],
+            }
+        )
+    return orjson.dumps(rows).decode()
+
+
 @dataclass(frozen=True, slots=True)
 class IngestOutcome:
     duplicate: bool
@@ -90,75 +137,106 @@ class UsageRepository:
         self.session = session
 
     async def ingest(self, report: ReportIn, now: datetime) -> IngestOutcome:
-        """Charge one report: the uncovered part of its interval, split at period boundaries, with the
-        ledger row, the pod's coverage, the running totals and the namespace's state in this transaction."""
+        """Charge one report in this transaction (a batch of one); raises what refused it."""
+        [outcome] = await self.ingest_batch([report], now)
+        if isinstance(outcome, TimekeeperError):
+            raise outcome
+        return outcome
+
+    async def ingest_batch(
+        self, reports: Sequence[ReportIn], now: datetime
+    ) -> list[IngestOutcome | TimekeeperError]:
+        """Charge a batch of reports, at most one per pod, in this transaction: for each, the uncovered part
+        of its interval, split at period boundaries, with its ledger row, its pod's coverage, the running
+        totals and its namespace's state. Set-based: the same few statements whatever the batch's size.
+        Answers in the reports' order; a report refused (its pod_uid belongs to another namespace) gets
+        its error and changes nothing."""
         session = self.session
-        budgets = BudgetRepository(session)
-        admission = AdmissionRepository(session)
-        config = await budgets.effective(report.namespace)
-        gpu_count, mean_util, max_memory = report.measured()
-        params: dict[str, Any] = {
-            "namespace": report.namespace,
-            "pod": report.pod,
-            "pod_uid": report.pod_uid,
-            "seq": report.seq,
-            "interval_start": report.interval_start,
-            "interval_end": report.interval_end,
-            "gpu_share": report.gpu_share,
-            "final": report.final,
-            "now": now,
-        }
-        pod = (await session.execute(_LOCK_POD, params)).one()
-        if pod.namespace != report.namespace:
-            raise TimekeeperError(f"pod_uid {report.pod_uid} reports for namespace {pod.namespace}", 409)
-        uncovered = [(piece.lower, piece.upper) for piece in pod.uncovered]
-        charges = split_charge(report.gpu_share, uncovered, config.period)
-        charged = sum((amount for _, amount in charges), Decimal(0))
-        ledger_row = (
-            await session.execute(
-                _INSERT_LEDGER,
-                {
-                    **params,
-                    "gpu_minutes": charged,
-                    "gpu_count": gpu_count,
-                    "mean_sm_util_pct": mean_util,
-                    "max_mem_used_bytes": max_memory,
-                    "gpus": json.dumps([gpu.model_dump() for gpu in report.gpus]),
-                },
+        in_order = sorted(reports, key=lambda report: report.pod_uid)
+        names = sorted({report.namespace for report in in_order})
+        figures = {f.namespace: f for f in await BudgetRepository(session).figures(now, names)}
+        locked = await session.execute(_LOCK_PODS, {"reports": _batch(in_order), "now": now})
+        uncovered = {row.pod_uid: [(piece.lower, piece.upper) for piece in row.uncovered] for row in locked}
+        outcomes: dict[str, IngestOutcome | TimekeeperError] = {}
+        refused = [report.pod_uid for report in in_order if report.pod_uid not in uncovered]
+        if refused:
+            for pod_uid, owner in await session.execute(_OWNERS, {"pod_uids": refused}):
+                outcomes[pod_uid] = TimekeeperError(f"pod_uid {pod_uid} reports for namespace {owner}", 409)
+        accepted = [report for report in in_order if report.pod_uid in uncovered]
+        charges = {
+            report.pod_uid: split_charge(
+                report.gpu_share, uncovered[report.pod_uid], figures[report.namespace].config.period
             )
-        ).first()
-        if ledger_row is None:
-            stored = await admission.stored_state(report.namespace)
-            return IngestOutcome(True, Decimal(0), stored or "in_budget")
-        if uncovered:
-            await session.execute(_COVER, params)
-        current = period_containing(config.period, now)
-        current_totals: tuple[Decimal, Decimal] | None = None
-        for period, amount in charges:
-            totals = (
-                await session.execute(
-                    _ADD_USED,
-                    {
-                        "namespace": report.namespace,
-                        "kind": config.period.value,
-                        "start": period.start,
-                        "amount": amount,
-                    },
-                )
-            ).one()
-            if period.start == current.start:
-                current_totals = (totals.used_gpu_minutes, totals.granted_gpu_minutes)
-        if config.budget_gpu_minutes is None:
-            state: BudgetState = "unlimited"
-        else:
-            if current_totals is None:
-                current_totals = await budgets.totals(report.namespace, config.period, current.start)
-            used, granted = current_totals
-            state = budget_state(config.budget_gpu_minutes, granted, used, config.warn_at_fraction)
-        changed = await admission.set_states({report.namespace: state})
+            for report in accepted
+        }
+        charged = {pod_uid: sum((amount for _, amount in c), Decimal(0)) for pod_uid, c in charges.items()}
+        new: set[str] = set()
+        if accepted:
+            inserted = await session.execute(
+                _INSERT_LEDGER, {"reports": _batch(accepted, charged), "now": now}
+            )
+            new = set(inserted.scalars())
+        fresh = [report for report in accepted if report.pod_uid in new]
+        covering = [report for report in fresh if uncovered[report.pod_uid]]
+        if covering:
+            await session.execute(_COVER, {"reports": _batch(covering)})
+        current = {ns: (f.used_gpu_minutes, f.granted_gpu_minutes) for ns, f in figures.items()}
+        current.update(await self._add_used(fresh, charges, figures, now))
+        states: dict[str, BudgetState] = {}
+        for namespace in sorted({report.namespace for report in fresh}):
+            config = figures[namespace].config
+            used, granted = current[namespace]
+            states[namespace] = budget_state(
+                config.budget_gpu_minutes, granted, used, config.warn_at_fraction
+            )
+        admission = AdmissionRepository(session)
+        changed = await admission.set_states(states)
         if changed:
             await admission.bump_version()
-        return IngestOutcome(False, charged, state, changed)
+        repeated = sorted(
+            {report.namespace for report in accepted if report.pod_uid not in new} - set(states)
+        )
+        stored = await admission.stored_states(repeated)
+        for report in accepted:
+            if report.pod_uid in new:
+                outcomes[report.pod_uid] = IngestOutcome(
+                    False, charged[report.pod_uid], states[report.namespace]
+                )
+            else:
+                state = stored.get(report.namespace) or "in_budget"
+                outcomes[report.pod_uid] = IngestOutcome(True, Decimal(0), state)
+        return [outcomes[report.pod_uid] for report in reports]
+
+    async def _add_used(
+        self,
+        fresh: list[ReportIn],
+        charges: dict[str, list[tuple[Period, Decimal]]],
+        figures: dict[str, NamespaceFigures],
+        now: datetime,
+    ) -> dict[str, tuple[Decimal, Decimal]]:
+        """Add the batch's charges to the running totals, one row per (namespace, period) in key order;
+        answers the namespaces' (used, granted) of their current period where the batch charged it."""
+        added: dict[tuple[str, datetime], Decimal] = defaultdict(Decimal)
+        for report in fresh:
+            for period, amount in charges[report.pod_uid]:
+                added[(report.namespace, period.start)] += amount
+        if not added:
+            return {}
+        keys = sorted(added)
+        result = await self.session.execute(
+            _ADD_USED,
+            {
+                "namespaces": [namespace for namespace, _ in keys],
+                "kinds": [figures[namespace].config.period.value for namespace, _ in keys],
+                "starts": [start for _, start in keys],
+                "amounts": [added[key] for key in keys],
+            },
+        )
+        return {
+            row.namespace: (row.used_gpu_minutes, row.granted_gpu_minutes)
+            for row in result
+            if row.period_start == period_containing(PeriodKind(row.period_kind), now).start
+        }
 
     async def usage(
         self, namespace: str, since: datetime, until: datetime, group_by: GroupBy

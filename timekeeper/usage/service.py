@@ -1,4 +1,4 @@
-"""Report ingest (the checks that need settings and the clock) and usage queries."""
+"""Report ingest (the checks that need settings and the clock, then the batcher) and usage queries."""
 
 from __future__ import annotations
 
@@ -13,10 +13,46 @@ from timekeeper.budgets.repository import BudgetRepository
 from timekeeper.clock import Clock
 from timekeeper.errors import TimekeeperError
 from timekeeper.settings import Settings
+from timekeeper.usage.batcher import IngestBatcher
 from timekeeper.usage.repository import GroupBy, IngestOutcome, UsageRepository
 from timekeeper.usage.schemas import ReportIn, UsageOut, UsageRow
 
 log = logging.getLogger(__name__)
+
+
+def check_report(settings: Settings, report: ReportIn, now: datetime) -> None:
+    """The limits that depend on configuration; the report's own shape pydantic already checked."""
+    if report.interval_end - report.interval_start > settings.max_report_interval:
+        raise TimekeeperError(
+            "interval is longer than the largest accepted "
+            f"({settings.max_report_interval.total_seconds():g} s)",
+            422,
+        )
+    if report.interval_end > now + settings.clock_skew:
+        raise TimekeeperError(
+            "interval_end is in the future "
+            f"(beyond the {settings.clock_skew.total_seconds():g} s skew allowance)",
+            422,
+        )
+    if report.gpu_share > Decimal(str(settings.max_gpu_share)):
+        raise TimekeeperError(
+            f"gpu_share above the largest believable share ({settings.max_gpu_share:g})", 422
+        )
+
+
+async def ingest_report(
+    batcher: IngestBatcher, settings: Settings, clock: Clock, report: ReportIn
+) -> IngestOutcome:
+    """Check the report, then charge it with the reports arriving alongside it (group commit); answers
+    after the commit."""
+    check_report(settings, report, clock.now())
+    outcome = await batcher.submit(report)
+    if outcome.state_changed:
+        log.info(
+            "namespace_state_changed",
+            extra={"namespace": report.namespace, "pod": report.pod, "state": outcome.state},
+        )
+    return outcome
 
 
 class UsageService:
@@ -25,37 +61,6 @@ class UsageService:
         self.repository = UsageRepository(session)
         self.settings = settings
         self.clock = clock
-
-    def check(self, report: ReportIn, now: datetime) -> None:
-        """The limits that depend on configuration; the report's own shape pydantic already checked."""
-        settings = self.settings
-        if report.interval_end - report.interval_start > settings.max_report_interval:
-            raise TimekeeperError(
-                "interval is longer than the largest accepted "
-                f"({settings.max_report_interval.total_seconds():g} s)",
-                422,
-            )
-        if report.interval_end > now + settings.clock_skew:
-            raise TimekeeperError(
-                "interval_end is in the future "
-                f"(beyond the {settings.clock_skew.total_seconds():g} s skew allowance)",
-                422,
-            )
-        if report.gpu_share > Decimal(str(settings.max_gpu_share)):
-            raise TimekeeperError(
-                f"gpu_share above the largest believable share ({settings.max_gpu_share:g})", 422
-            )
-
-    async def ingest(self, report: ReportIn) -> IngestOutcome:
-        now = self.clock.now()
-        self.check(report, now)
-        outcome = await self.repository.ingest(report, now)
-        if outcome.state_changed:
-            log.info(
-                "namespace_state_changed",
-                extra={"namespace": report.namespace, "pod": report.pod, "state": outcome.state},
-            )
-        return outcome
 
     async def usage(
         self, namespace: str, since: datetime | None, until: datetime | None, group_by: GroupBy

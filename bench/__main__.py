@@ -1,0 +1,52 @@
+"""`make bench`: every benchmark, one after the other on this machine, into bench/RESULTS.md.
+
+Sections: timekeeper ingest, budget reads and the admission snapshot (bench.ingest); webhook admissions
+(bench.admission); the sidecar's footprint (bench.sidecar_bench). Each runs on its own so they never
+compete for the cores; the machine's load average before and after is recorded, because figures taken
+on a busy machine are lower than the machine can do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from bench import admission, ingest, sidecar_bench
+from bench.common import RESULTS_FILE, Section, write_results
+
+
+def _load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} / {five:.2f} / {fifteen:.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=int, default=10, help="length of each load run (default 10)")
+    parser.add_argument("--connections", type=int, default=64, help="concurrent report clients (default 64)")
+    parser.add_argument("--workers", type=int, default=1, help="uvicorn workers per timekeeper (default 1)")
+    parser.add_argument("--replicas", type=int, default=2, help="timekeeper processes (default 2)")
+    parser.add_argument(
+        "--sidecar-seconds", type=float, default=60.0, help="sidecar measurement window (default 60)"
+    )
+    args = parser.parse_args()
+    before = _load()
+    sections = ingest.run(args.seconds, args.connections, args.workers, args.replicas)
+    sections.append(admission.run(args.seconds))
+    sections.append(sidecar_bench.run(args.sidecar_seconds))
+    sections.append(
+        Section(
+            "Conditions",
+            notes=[
+                f"load average (1 / 5 / 15 min) before: {before}; after: {_load()}",
+                "profiles of the ingest path, before and after the changes, and the targets' gaps: "
+                "docs/performance.md",
+            ],
+        )
+    )
+    write_results(sections)
+    print(RESULTS_FILE.read_text())
+
+
+if __name__ == "__main__":
+    main()

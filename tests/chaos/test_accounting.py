@@ -1,0 +1,299 @@
+"""The accounting chaos test: simulated pods with known usage report through the real stack while reports
+are dropped, duplicated, delayed, reordered and re-sent under new numbers, the timekeeper is killed -9 and
+restarted, and PostgreSQL crashes and recovers; at the end every namespace is charged exactly its pods'
+ground truth and no pod's time is charged twice.
+
+Ground truth: each pod runs for INTERVALS contiguous intervals of INTERVAL at its fixed share and, like
+the sidecar, retries every report until it is acknowledged, so it is charged share x INTERVALS x INTERVAL.
+Re-sends under new sequence numbers (a sidecar that lost its numbering) span time already reported;
+they may charge what has not been charged yet, never anything twice, so the union of a pod's intervals
+is still the whole run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import socket
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
+from tests.support.postgres import REPO_ROOT
+from tests.support.throwaway_postgres import ThrowawayPostgres, throwaway_postgres
+from tests.support.timekeeper import Tokens, bearer, migrate, ok, report_body
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+INTERVAL = timedelta(seconds=10)
+INTERVALS = 60
+SHARES = (Decimal("0.125"), Decimal("0.5"), Decimal("1"), Decimal("2.5"))
+NAMESPACES = ("chaos-a", "chaos-b", "chaos-c")
+# Fractions of the pods' acknowledged reports at which each disruption strikes, in this order.
+DISRUPTIONS = (0.15, 0.35, 0.55, 0.75)
+
+
+@dataclass
+class Pod:
+    namespace: str
+    name: str
+    uid: str
+    share: Decimal
+    start: datetime
+    pending: list[tuple[int, int, int]] = field(default_factory=list)  # (seq, first, last interval)
+    acknowledged: set[int] = field(default_factory=set)
+
+    @property
+    def truth(self) -> Decimal:
+        """GPU-minutes: the share over the union of the intervals it reports (the whole run)."""
+        return self.share * Decimal(INTERVALS * int(INTERVAL.total_seconds())) / 60
+
+    def body(self, seq: int, first: int, last: int) -> dict[str, object]:
+        return report_body(
+            namespace=self.namespace,
+            pod=self.name,
+            pod_uid=self.uid,
+            seq=seq,
+            start=self.start + first * INTERVAL,
+            end=self.start + (last + 1) * INTERVAL,
+            gpu_share=float(self.share),
+        )
+
+
+@dataclass
+class Tally:
+    """What happened, so the test can show the chaos really took place."""
+
+    acknowledged: int = 0
+    duplicates: int = 0
+    failures: int = 0
+    dropped: int = 0
+    disruptions: list[str] = field(default_factory=list)
+    progress: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+
+class TimekeeperProcess:
+    """`python -m timekeeper` on a fixed port, killed with SIGKILL and started again at will."""
+
+    def __init__(self, port: int, env: dict[str, str], log: Path) -> None:
+        self.port = port
+        self.env = {**os.environ, **env}
+        self.log = log
+        self.child: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        args = ["-m", "timekeeper", "--port", str(self.port), "--log-level", "warning"]
+        with self.log.open("ab") as log:
+            self.child = await asyncio.create_subprocess_exec(
+                sys.executable, *args, cwd=REPO_ROOT, env=self.env, stdout=log, stderr=log
+            )
+        for _ in range(600):
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                writer.close()
+                return
+            except OSError:
+                assert self.child.returncode is None, f"timekeeper exited: {self.log.read_text()[-2000:]}"
+                await asyncio.sleep(0.05)
+        raise TimeoutError("timekeeper did not start listening")
+
+    async def kill(self) -> None:
+        if self.child is not None and self.child.returncode is None:
+            self.child.kill()
+            await self.child.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _pods(start: datetime) -> list[Pod]:
+    pods = []
+    for n, namespace in enumerate(NAMESPACES):
+        for s, share in enumerate(SHARES):
+            name = f"worker-{s}"
+            pod = Pod(namespace, name, f"uid-{n}-{s}", share, start)
+            pod.pending = [(seq, seq, seq) for seq in range(INTERVALS)]
+            pods.append(pod)
+    return pods
+
+
+async def _send(client: httpx.AsyncClient, token: str, body: dict[str, object], tally: Tally) -> bool:
+    """One attempt: True when acknowledged. A refused connection or a 5xx is an outage to retry
+    through; any other answer is a bug in the timekeeper."""
+    try:
+        response = await client.post("/api/v1/reports", json=body, headers=bearer(token))
+    except httpx.TransportError:
+        tally.failures += 1
+        return False
+    if response.status_code >= 500:
+        tally.failures += 1
+        return False
+    ack = ok(response)
+    tally.duplicates += ack["duplicate"]
+    return True
+
+
+async def _report(pod: Pod, client: httpx.AsyncClient, token: str, rng: random.Random, tally: Tally) -> None:
+    """The pod's sidecar under a hostile network: picks any pending report (reordering), waits a while
+    (delay), sometimes never sends it (dropped, retried later) or sends it twice at once (duplicated);
+    after an acknowledgement it sometimes re-sends time already reported under a new sequence number."""
+    next_seq = 1000
+    while pod.pending:
+        seq, first, last = rng.choice(pod.pending)
+        await asyncio.sleep(rng.uniform(0, 0.1))
+        roll = rng.random()
+        if roll < 0.15:
+            tally.dropped += 1
+            continue
+        copies = 2 if roll > 0.85 else 1
+        body = pod.body(seq, first, last)
+        results = await asyncio.gather(*(_send(client, token, body, tally) for _ in range(copies)))
+        if not any(results):
+            await asyncio.sleep(rng.uniform(0.05, 0.2))
+            continue
+        pod.pending.remove((seq, first, last))
+        pod.acknowledged.add(seq)
+        if seq < 1000:
+            tally.acknowledged += 1
+            async with tally.progress:
+                tally.progress.notify_all()
+        if rng.random() < 0.1:
+            span_first = rng.randrange(INTERVALS)
+            span_last = min(INTERVALS - 1, span_first + rng.randrange(3))
+            pod.pending.append((next_seq, span_first, span_last))
+            next_seq += 1
+
+
+async def _disrupt(
+    tally: Tally, total: int, timekeeper: TimekeeperProcess, postgres: ThrowawayPostgres
+) -> None:
+    async def kill_timekeeper() -> None:
+        await timekeeper.kill()
+        await asyncio.sleep(0.3)
+        await timekeeper.start()
+
+    async def restart_postgres() -> None:
+        await asyncio.to_thread(postgres.restart)
+
+    async def both() -> None:
+        await timekeeper.kill()
+        await restart_postgres()
+        await timekeeper.start()
+
+    steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+        ("timekeeper killed -9 and restarted", kill_timekeeper),
+        ("PostgreSQL crashed (immediate) and restarted", restart_postgres),
+        ("timekeeper killed, PostgreSQL crashed, both restarted", both),
+        ("PostgreSQL crashed (immediate) and restarted", restart_postgres),
+    ]
+    for fraction, (name, step) in zip(DISRUPTIONS, steps, strict=True):
+        async with tally.progress:
+            await tally.progress.wait_for(lambda fraction=fraction: tally.acknowledged >= fraction * total)
+        await step()
+        tally.disruptions.append(f"{name} at {tally.acknowledged}/{total}")
+
+
+@pytest.fixture
+def postgres() -> Iterator[ThrowawayPostgres]:
+    with throwaway_postgres() as server:
+        migrate(make_url(server.url))
+        yield server
+
+
+async def test_charges_equal_ground_truth_through_drops_duplicates_and_restarts(
+    postgres: ThrowawayPostgres, tmp_path: Path
+) -> None:
+    tokens = Tokens()
+    settings = tokens.settings()
+    env = {
+        "TIMEKEEPER_DATABASE_URL": postgres.url,
+        "TIMEKEEPER_ADMIN_TOKEN_SHA256": settings["admin_token_sha256"],
+        "TIMEKEEPER_REPORTER_TOKEN_SHA256": settings["reporter_token_sha256"],
+    }
+    timekeeper = TimekeeperProcess(_free_port(), env, tmp_path / "timekeeper.log")
+    # Intervals in the recent past (so none is refused as future), aligned to whole seconds.
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
+    pods = _pods(start)
+    tally = Tally()
+    rng = random.Random(20261122)
+    await timekeeper.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{timekeeper.port}", timeout=10) as client:
+            # One namespace on a small daily budget: its running totals are kept per day (split at midnight
+            # UTC when the run spans one) and its state and the snapshot version change mid-run.
+            ok(
+                await client.put(
+                    "/api/v1/namespaces/chaos-a/budget",
+                    json={"budget_gpu_minutes": 10, "period": "daily"},
+                    headers=bearer(tokens.admin),
+                )
+            )
+            total = len(pods) * INTERVALS
+            await asyncio.gather(
+                *(_report(pod, client, tokens.reporter, random.Random(rng.random()), tally) for pod in pods),
+                _disrupt(tally, total, timekeeper, postgres),
+            )
+            until = start + INTERVALS * INTERVAL
+            charged = {
+                namespace: Decimal(
+                    ok(
+                        await client.get(
+                            f"/api/v1/namespaces/{namespace}/usage",
+                            params={"since": start.isoformat(), "until": until.isoformat()},
+                            headers=bearer(tokens.admin),
+                        )
+                    )["total_gpu_minutes"]
+                )
+                for namespace in NAMESPACES
+            }
+    finally:
+        await timekeeper.kill()
+
+    truth = {ns: sum((p.truth for p in pods if p.namespace == ns), Decimal(0)) for ns in NAMESPACES}
+    assert len(tally.disruptions) == len(DISRUPTIONS), tally
+    assert tally.dropped and tally.duplicates and tally.failures, tally
+    for namespace in NAMESPACES:
+        assert abs(charged[namespace] - truth[namespace]) <= Decimal("1e-6"), (namespace, charged, truth)
+        assert abs(charged[namespace] - truth[namespace]) <= truth[namespace] / 1000
+
+    with psycopg.connect(postgres.url.replace("+psycopg", "")) as db:
+        ledger = dict(
+            db.execute("SELECT namespace, sum(gpu_minutes) FROM usage_ledger GROUP BY namespace").fetchall()
+        )
+        totals = dict(
+            db.execute(
+                "SELECT namespace, sum(used_gpu_minutes) FROM usage_totals "
+                "WHERE period_kind = 'daily' OR namespace <> 'chaos-a' GROUP BY namespace"
+            ).fetchall()
+        )
+        overlaps = db.execute(
+            "SELECT count(*) FROM usage_ledger a JOIN usage_ledger b "
+            "ON a.pod_uid = b.pod_uid AND a.id < b.id AND a.charged && b.charged"
+        ).fetchone()
+        charged_seconds = dict(
+            db.execute(
+                "SELECT l.pod_uid, sum(extract(epoch FROM upper(r) - lower(r))) "
+                "FROM usage_ledger l CROSS JOIN LATERAL unnest(l.charged) AS r GROUP BY l.pod_uid"
+            ).fetchall()
+        )
+        stored = set(db.execute("SELECT pod_uid, seq FROM usage_ledger").fetchall())
+    for namespace in NAMESPACES:
+        assert abs(ledger[namespace] - truth[namespace]) <= Decimal("1e-6"), (ledger, truth)
+        assert abs(totals[namespace] - truth[namespace]) <= Decimal("1e-6"), (totals, truth)
+    assert overlaps == (0,), "a pod's time was charged twice"
+    for pod in pods:
+        assert charged_seconds[pod.uid] == INTERVALS * int(INTERVAL.total_seconds()), pod
+        # Acknowledged means committed: every acknowledged report survived the kills and the crashes.
+        assert {(pod.uid, seq) for seq in pod.acknowledged} <= stored, pod

@@ -1,0 +1,102 @@
+"""Group commit: reports queued together are charged in one transaction, each answered on its own; a
+refused report does not fail the others, and a pod's two reports in one queue are charged one after the
+other, never twice."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection, async_sessionmaker
+
+from tests.support.timekeeper import report_body
+from tests.timekeeper.conftest import START
+from timekeeper.clock import ManualClock
+from timekeeper.errors import TimekeeperError
+from timekeeper.usage.batcher import IngestBatcher
+from timekeeper.usage.repository import IngestOutcome
+from timekeeper.usage.schemas import ReportIn
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+T0 = START - timedelta(hours=2)
+
+
+def report(
+    pod_uid: str, seq: int, start_minute: float, minutes: float, namespace: str = "team-a"
+) -> ReportIn:
+    body = report_body(
+        namespace=namespace,
+        pod=pod_uid,
+        pod_uid=pod_uid,
+        seq=seq,
+        start=T0 + timedelta(minutes=start_minute),
+        minutes=minutes,
+        gpu_share=1,
+    )
+    return ReportIn.model_validate(body)
+
+
+@pytest.fixture
+async def batcher(connection: AsyncConnection, clock: ManualClock) -> AsyncIterator[IngestBatcher]:
+    """One batch at a time on the test's connection (which a second concurrent batch could not share)."""
+    sessions = async_sessionmaker(
+        bind=connection, expire_on_commit=False, join_transaction_mode="create_savepoint"
+    )
+    batcher = IngestBatcher(lambda: sessions, clock, in_flight=1)
+    yield batcher
+    await batcher.aclose()
+
+
+async def charge_together(
+    batcher: IngestBatcher, reports: list[ReportIn]
+) -> list[IngestOutcome | BaseException]:
+    """Queue every report before the batcher starts, so they meet in the first batch it takes."""
+    submitted = [asyncio.ensure_future(batcher.submit(r)) for r in reports]
+    await asyncio.sleep(0)
+    batcher.start()
+    return await asyncio.gather(*submitted, return_exceptions=True)
+
+
+async def test_a_refused_report_fails_alone_and_the_rest_of_its_batch_is_charged(
+    batcher: IngestBatcher, connection: AsyncConnection
+) -> None:
+    [first] = await charge_together(batcher, [report("uid-shared", 1, 0, 1)])
+    assert isinstance(first, IngestOutcome)
+
+    outcomes = await asyncio.gather(
+        batcher.submit(report("uid-shared", 2, 1, 1, namespace="team-b")),
+        *(batcher.submit(report(f"uid-{i}", 1, 0, 2)) for i in range(5)),
+        return_exceptions=True,
+    )
+
+    refused, *charged = outcomes
+    assert isinstance(refused, TimekeeperError) and refused.status_code == 409
+    assert [(o.duplicate, o.gpu_minutes) for o in charged if isinstance(o, IngestOutcome)] == [
+        (False, Decimal(2))
+    ] * 5
+    ledger = await connection.execute(sa.text("SELECT count(*), sum(gpu_minutes) FROM usage_ledger"))
+    assert ledger.one() == (6, Decimal(11))
+
+
+async def test_a_pods_overlapping_reports_queued_together_are_charged_once(
+    batcher: IngestBatcher, connection: AsyncConnection
+) -> None:
+    outcomes = await charge_together(
+        batcher,
+        [report("uid-a", 1, 0, 2), report("uid-a", 2, 1, 2), report("uid-a", 1, 0, 2)],
+    )
+
+    assert [(o.duplicate, o.gpu_minutes) for o in outcomes if isinstance(o, IngestOutcome)] == [
+        (False, Decimal(2)),
+        (False, Decimal(1)),
+        (True, Decimal(0)),
+    ]
+    covered = await connection.execute(
+        sa.text("SELECT sum(upper(r) - lower(r)) FROM usage_ledger, unnest(charged) AS r")
+    )
+    assert covered.scalar_one() == timedelta(minutes=3)

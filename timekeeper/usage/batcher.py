@@ -1,0 +1,127 @@
+"""Group commit for report ingest: the reports that arrive while a transaction is committing are charged
+together in the next one, and each is answered only after the commit that made its charge durable.
+
+One commit (and a handful of set-based statements) per batch instead of several round trips and a commit
+per report is what lets one timekeeper acknowledge thousands of reports a second. A batch holds at most
+one report per pod (a pod's second report waits for the next batch, so it sees the first one's coverage).
+When a batch fails, its reports are charged again one by one, so one bad report fails only itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from contextlib import suppress
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from timekeeper.clock import Clock
+from timekeeper.db.session import transaction
+from timekeeper.errors import TimekeeperError
+from timekeeper.usage.repository import IngestOutcome, UsageRepository
+from timekeeper.usage.schemas import ReportIn
+
+Pending = tuple[ReportIn, "asyncio.Future[IngestOutcome]"]
+log = logging.getLogger(__name__)
+
+
+class IngestBatcher:
+    def __init__(
+        self,
+        sessions: Callable[[], async_sessionmaker[AsyncSession]],
+        clock: Clock,
+        max_batch: int = 500,
+        in_flight: int = 2,
+    ) -> None:
+        """`sessions` is looked up for every batch (tests swap the app's sessionmaker after startup).
+        `in_flight` batches run at once: while one commits the next gathers and charges, instead of the
+        reports that arrive during a commit waiting for it."""
+        self._sessions = sessions
+        self._clock = clock
+        self._max_batch = max_batch
+        self._in_flight = in_flight
+        self._queue: deque[Pending] = deque()
+        self._arrived = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._charging: dict[int, list[Pending]] = {}
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._run(runner), name=f"ingest-batcher-{runner}")
+            for runner in range(self._in_flight)
+        ]
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with suppress(asyncio.CancelledError):
+                await task
+        charging = [pending for batch in self._charging.values() for pending in batch]
+        for _, future in [*charging, *self._queue]:
+            if not future.done():
+                future.set_exception(TimekeeperError("the timekeeper is shutting down", 503))
+
+    async def submit(self, report: ReportIn) -> IngestOutcome:
+        """Answers once the report's charge is committed (or raises what refused it)."""
+        future: asyncio.Future[IngestOutcome] = asyncio.get_running_loop().create_future()
+        self._queue.append((report, future))
+        self._arrived.set()
+        return await future
+
+    def _take(self) -> list[Pending]:
+        """The next batch: queued reports in arrival order, one per pod, up to max_batch."""
+        batch: list[Pending] = []
+        pods: set[str] = set()
+        deferred: list[Pending] = []
+        while self._queue and len(batch) < self._max_batch:
+            pending = self._queue.popleft()
+            if pending[1].done():  # its request was cancelled before the charge began
+                continue
+            if pending[0].pod_uid in pods:
+                deferred.append(pending)
+            else:
+                pods.add(pending[0].pod_uid)
+                batch.append(pending)
+        self._queue.extendleft(reversed(deferred))
+        return batch
+
+    async def _run(self, runner: int) -> None:
+        while True:
+            if not self._queue:
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            batch = self._charging[runner] = self._take()
+            if batch:
+                await self._charge(batch)
+            del self._charging[runner]
+
+    async def _charge(self, batch: list[Pending]) -> None:
+        outcomes: list[IngestOutcome | Exception]
+        try:
+            async with transaction(self._sessions()) as session:
+                outcomes = [
+                    *await UsageRepository(session).ingest_batch(
+                        [report for report, _ in batch], self._clock.now()
+                    )
+                ]
+        except Exception as error:
+            if len(batch) > 1:
+                for pending in batch:
+                    await self._charge([pending])
+                return
+            log.warning(
+                "report_ingest_failed",
+                extra={"namespace": batch[0][0].namespace, "pod": batch[0][0].pod, "error": repr(error)},
+            )
+            outcomes = [error]
+        for (_, future), outcome in zip(batch, outcomes, strict=True):
+            if future.done():
+                continue
+            if isinstance(outcome, Exception):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)

@@ -59,7 +59,8 @@ class NamespaceBudgetOut(BaseModel):
 class GrantIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    gpu_minutes: Decimal = Field(gt=0, le=LARGEST_AMOUNT, allow_inf_nan=False)
+    # At most the ledger's scale: a finer amount would be stored as 0, which the table refuses.
+    gpu_minutes: Decimal = Field(gt=0, le=LARGEST_AMOUNT, decimal_places=9, allow_inf_nan=False)
     reason: str = Field(min_length=1, max_length=1000)
 
 

@@ -33,7 +33,6 @@ class ErrorOut(BaseModel):
 
 
 _ERRORS = {
-    400: "the body could not be read (not UTF-8)",
     401: "no token, or a token not accepted",
     403: "the token may not do this",
     404: "nothing to act on",
@@ -49,6 +48,6 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorOut, "description": _ERRORS[code]} for code in codes}
 
 
-# Every operation under /api/v1 authenticates and validates its parameters; one with a body also reads it.
+# Every operation under /api/v1 authenticates and validates its parameters; one with a body limits its size.
 API_ERRORS = error_responses(401, 403, 422)
-BODY_ERRORS = error_responses(400, 413)
+BODY_ERRORS = error_responses(413)

@@ -13,6 +13,8 @@ from typing import Any, Final, Literal
 
 import orjson
 
+from webhook.podshape import pod_shape_error
+
 API_VERSIONS: Final = frozenset({"admission.k8s.io/v1", "admission.k8s.io/v1beta1"})
 OPERATIONS: Final = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
 
@@ -87,7 +89,7 @@ def parse_review(body: bytes) -> AdmissionRequest:
     if not isinstance(review, dict):
         raise MalformedReview("body must be a JSON object (an AdmissionReview)")
     api_version = review.get("apiVersion")
-    if api_version not in API_VERSIONS:
+    if not isinstance(api_version, str) or api_version not in API_VERSIONS:
         raise MalformedReview(f"apiVersion must be one of {sorted(API_VERSIONS)}, got {api_version!r}")
     if review.get("kind") != "AdmissionReview":
         raise MalformedReview(f"kind must be 'AdmissionReview', got {review.get('kind')!r}")
@@ -101,10 +103,10 @@ def parse_review(body: bytes) -> AdmissionRequest:
     if not isinstance(kind, dict):
         raise MalformedReview("request.kind must be an object {group, version, kind}")
     operation = request.get("operation")
-    if operation not in OPERATIONS:
+    if not isinstance(operation, str) or operation not in OPERATIONS:
         raise MalformedReview(f"request.operation must be one of {sorted(OPERATIONS)}, got {operation!r}")
     user_info = request.get("userInfo")
-    return AdmissionRequest(
+    parsed = AdmissionRequest(
         api_version=api_version,
         uid=uid,
         kind=_text(kind, "kind", "request.kind", required=True),
@@ -119,6 +121,11 @@ def parse_review(body: bytes) -> AdmissionRequest:
         object=_optional_object(request, "object"),
         old_object=_optional_object(request, "oldObject"),
     )
+    if parsed.is_pod:
+        for key, pod in (("object", parsed.object), ("oldObject", parsed.old_object)):
+            if pod is not None and (problem := pod_shape_error(pod)) is not None:
+                raise MalformedReview(f"request.{key} is not a Pod the webhook can read: {problem}")
+    return parsed
 
 
 def build_response(

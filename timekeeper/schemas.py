@@ -14,6 +14,8 @@ DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?
 NamespaceName = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)]
 PodName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
 PodUid = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9-]+$")]
+# Free text stored in PostgreSQL, whose text and jsonb refuse the NUL character.
+StoredText = Annotated[str, Field(pattern=r"^[^\x00]*$")]
 NamespacePath = Annotated[
     str, Path(min_length=1, max_length=63, pattern=DNS_LABEL, description="a namespace")
 ]

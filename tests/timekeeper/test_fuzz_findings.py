@@ -67,3 +67,23 @@ async def test_a_grant_at_the_ledger_scale_is_accepted(api: Api) -> None:
 
     assert response.status_code == 201, response.text
     assert (await api.budget("team-a"))["granted_gpu_minutes"] == 1e-9
+
+
+async def test_a_grant_whose_reason_holds_a_nul_is_answered_422(api: Api) -> None:
+    response = await api.grant("team-a", 5, reason="deadline\x00")
+
+    assert response.status_code == 422, response.text
+    assert (await api.budget("team-a"))["granted_gpu_minutes"] == 0
+
+
+async def test_a_report_whose_gpu_uuid_holds_a_nul_is_answered_422(api: Api) -> None:
+    response = await api.report(start=START - timedelta(minutes=30), gpus=[{"uuid": "GPU-\x00"}])
+
+    assert response.status_code == 422, response.text
+    assert (await api.budget("team-a"))["used_gpu_minutes"] == 0
+
+
+async def test_an_audit_page_before_an_id_beyond_bigint_is_answered_422(api: Api) -> None:
+    response = await api.get("/audit", before_id=2**63)
+
+    assert response.status_code == 422, response.text

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 import orjson
 
@@ -112,7 +112,7 @@ def parse_review(body: bytes) -> AdmissionRequest:
         kind=_text(kind, "kind", "request.kind", required=True),
         group=_text(kind, "group", "request.kind"),
         version=_text(kind, "version", "request.kind"),
-        operation=operation,
+        operation=cast(Operation, operation),  # checked against OPERATIONS above
         namespace=_text(request, "namespace", "request"),
         name=_text(request, "name", "request"),
         subresource=_text(request, "subResource", "request"),

@@ -35,12 +35,42 @@ _SUFFIX_MULTIPLIERS: Final[dict[str, Decimal]] = {
 }
 
 
+_LARGEST: Final = Decimal(2**63 - 1)
+_SMALLEST_EXPONENT: Final = -9
+
+
 class QuantityError(ValueError):
     """The value is not a Kubernetes quantity."""
 
 
 def parse_quantity(value: object) -> Decimal:
     """Return the exact value of a quantity given as a string or a JSON number."""
+    return _bounded(_parse(value), value)
+
+
+def parse_decimal(value: object) -> Decimal:
+    """A plain decimal number (a label or annotation such as "0.125"), in the same bounds as a quantity."""
+    try:
+        amount = Decimal(str(value).strip())
+    except ArithmeticError:
+        raise QuantityError(f"{value!r} is not a decimal number") from None
+    if not amount.is_finite():
+        raise QuantityError(f"{value!r} is not a finite number")
+    return _bounded(amount, value)
+
+
+def _bounded(amount: Decimal, value: object) -> Decimal:
+    """Kubernetes caps a quantity at 2^63-1 in magnitude and rounds below a nano; beyond either (1e400,
+    2**80, 1e-999999) is no request a pod can make, and its exact fraction would be an integer of that many
+    digits (a share that large does not even fit a float)."""
+    if amount.copy_abs() > _LARGEST:
+        raise QuantityError(f"{value!r} is beyond the largest Kubernetes quantity (±(2^63-1))")
+    if amount and amount.adjusted() < _SMALLEST_EXPONENT:
+        raise QuantityError(f"{value!r} is smaller than the smallest Kubernetes quantity (1n)")
+    return amount
+
+
+def _parse(value: object) -> Decimal:
     if isinstance(value, bool):
         raise QuantityError(f"{value!r} is a boolean, not a quantity")
     if isinstance(value, int):
@@ -57,7 +87,10 @@ def parse_quantity(value: object) -> Decimal:
     number, exponent, suffix = match.groups()
     amount = Decimal(number)
     if exponent is not None:
-        return amount.scaleb(int(exponent))
+        try:
+            return amount.scaleb(int(exponent))
+        except (ArithmeticError, ValueError):  # an exponent beyond Decimal's range or int's digit limit
+            raise QuantityError(f"{value!r} has an exponent out of range") from None
     if suffix is not None:
         return amount * _SUFFIX_MULTIPLIERS[suffix]
     return amount

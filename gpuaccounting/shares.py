@@ -17,13 +17,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal
 from enum import StrEnum
 from fractions import Fraction
 from functools import lru_cache
 from typing import Any, Final
 
-from gpuaccounting.quantity import QuantityError, parse_quantity
+from gpuaccounting.quantity import QuantityError, parse_decimal, parse_quantity
 
 
 class SharingSystem(StrEnum):
@@ -443,7 +442,7 @@ def effective_share(
 def _clearml_share(labels: Mapping[str, Any], hardware: GpuHardware, reader: _Reader) -> Fraction:
     raw = labels[CLEARML_FRACTION_LABEL]
     try:
-        fraction = Fraction(Decimal(str(raw).strip()))
+        fraction = Fraction(parse_decimal(raw))
     except (ArithmeticError, ValueError):
         fraction = None
     if (
@@ -486,7 +485,7 @@ def _kai_share(
                 raw,
             )
         try:
-            fraction = Fraction(Decimal(str(raw).strip()))
+            fraction = Fraction(parse_decimal(raw))
         except (ArithmeticError, ValueError):
             fraction = Fraction(-1)
         if not 0 < fraction <= 1:

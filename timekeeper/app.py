@@ -22,6 +22,7 @@ from timekeeper.errors import install_error_handler
 from timekeeper.health.router import router as health_router
 from timekeeper.metrics import Metrics
 from timekeeper.scheduler.runner import with_scheduler
+from timekeeper.schemas import API_ERRORS
 from timekeeper.settings import Settings, get_settings
 from timekeeper.usage.batcher import IngestBatcher
 from timekeeper.usage.router import router as usage_router
@@ -92,8 +93,9 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
     app.state.metrics = Metrics()
     install_error_handler(app)
     api = APIRouter(prefix=API_PREFIX)
-    for router in (usage_router, budgets_router, audit_router, admission_router, health_router):
-        api.include_router(router)
+    for router in (usage_router, budgets_router, audit_router, admission_router):
+        api.include_router(router, responses=API_ERRORS)
+    api.include_router(health_router)
     app.include_router(api)
     # Probes and scrapers expect these at the root as well.
     app.include_router(health_router, include_in_schema=False)

@@ -13,6 +13,8 @@ from typing import Any, Final, Literal, cast
 
 import orjson
 
+from webhook.podshape import pod_shape_error
+
 API_VERSIONS: Final = frozenset({"admission.k8s.io/v1", "admission.k8s.io/v1beta1"})
 OPERATIONS: Final = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
 
@@ -78,38 +80,6 @@ def _text(container: dict[str, Any], key: str, where: str, *, required: bool = F
     return value
 
 
-_POD_LISTS: Final = ("containers", "initContainers", "ephemeralContainers", "volumes")
-
-
-def _check_pod_shape(pod: dict[str, Any] | None, where: str) -> None:
-    """The few shapes the webhook relies on; the API server always sends them, a broken client may not."""
-    if pod is None:
-        return
-    metadata = pod.get("metadata", {})
-    if not isinstance(metadata, dict):
-        raise MalformedReview(f"{where}.metadata must be an object")
-    for key in ("labels", "annotations"):
-        value = metadata.get(key)
-        if value is not None and not (
-            isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
-        ):
-            raise MalformedReview(f"{where}.metadata.{key} must be an object of strings")
-    spec = pod.get("spec", {})
-    if not isinstance(spec, dict):
-        raise MalformedReview(f"{where}.spec must be an object")
-    for key in _POD_LISTS:
-        value = spec.get(key)
-        if value is None:
-            continue
-        if not (isinstance(value, list) and all(isinstance(v, dict) for v in value)):
-            raise MalformedReview(f"{where}.spec.{key} must be a list of objects")
-        if not all(isinstance(item.get("name", ""), str) for item in value):
-            raise MalformedReview(f"{where}.spec.{key}[].name must be a string")
-    class_name = spec.get("priorityClassName")
-    if class_name is not None and not isinstance(class_name, str):
-        raise MalformedReview(f"{where}.spec.priorityClassName must be a string")
-
-
 def parse_review(body: bytes) -> AdmissionRequest:
     """Parse an AdmissionReview body; anything that is not one raises MalformedReview with the reason."""
     try:
@@ -142,7 +112,7 @@ def parse_review(body: bytes) -> AdmissionRequest:
         kind=_text(kind, "kind", "request.kind", required=True),
         group=_text(kind, "group", "request.kind"),
         version=_text(kind, "version", "request.kind"),
-        operation=cast(Operation, operation),
+        operation=cast(Operation, operation),  # checked against OPERATIONS above
         namespace=_text(request, "namespace", "request"),
         name=_text(request, "name", "request"),
         subresource=_text(request, "subResource", "request"),
@@ -152,8 +122,9 @@ def parse_review(body: bytes) -> AdmissionRequest:
         old_object=_optional_object(request, "oldObject"),
     )
     if parsed.is_pod:
-        _check_pod_shape(parsed.object, "request.object")
-        _check_pod_shape(parsed.old_object, "request.oldObject")
+        for key, pod in (("object", parsed.object), ("oldObject", parsed.old_object)):
+            if pod is not None and (problem := pod_shape_error(pod)) is not None:
+                raise MalformedReview(f"request.{key} is not a Pod the webhook can read: {problem}")
     return parsed
 
 

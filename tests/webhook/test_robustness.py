@@ -8,6 +8,8 @@ import pytest
 from tests.support.pods import container, pod
 from tests.webhook.conftest import Webhook, review
 
+UNREADABLE = "request.object is not a Pod the webhook can read: "
+
 _DELETE = object()
 
 
@@ -40,23 +42,29 @@ MALFORMED = {
         "request.operation must be one of",
     ),
     "kind not an object": (_edited(("request", "kind"), "Pod"), "request.kind must be an object"),
-    "metadata a string": (_edited(("request", "object", "metadata"), "x"), "request.object.metadata must be"),
+    "metadata a string": (
+        _edited(("request", "object", "metadata"), "x"),
+        UNREADABLE + "metadata: Input should be a valid dictionary",
+    ),
     "annotations a list": (
         _edited(("request", "object", "metadata", "annotations"), ["a"]),
-        "request.object.metadata.annotations must be an object of strings",
+        UNREADABLE + "metadata.annotations: Input should be a valid dictionary",
     ),
     "label value a number": (
         _edited(("request", "object", "metadata", "labels"), {"clearml-injector/fraction": 0.5}),
-        "request.object.metadata.labels must be an object of strings",
+        UNREADABLE + "metadata.labels.clearml-injector/fraction: Input should be a valid string",
     ),
-    "spec a list": (_edited(("request", "object", "spec"), []), "request.object.spec must be an object"),
+    "spec a list": (
+        _edited(("request", "object", "spec"), []),
+        UNREADABLE + "spec: Input should be a valid dictionary",
+    ),
     "containers a number": (
         _edited(("request", "object", "spec", "containers"), 3),
-        "request.object.spec.containers must be a list of objects",
+        UNREADABLE + "spec.containers: Input should be a valid list",
     ),
     "volumes of strings": (
         _edited(("request", "object", "spec", "volumes"), ["data"]),
-        "request.object.spec.volumes must be a list of objects",
+        UNREADABLE + "spec.volumes.0: Input should be a valid dictionary",
     ),
 }
 

@@ -22,7 +22,7 @@ async def list_audit(
     _: Admin,
     namespace: Annotated[str | None, Query(max_length=63, pattern=DNS_LABEL)] = None,
     since: AwareDatetime | None = None,
-    before_id: Annotated[int | None, Query(ge=1)] = None,
+    before_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,  # a bigint id
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[AuditEntryOut]:
     rows = await AuditRepository(session).entries(namespace, since, limit, before_id)

@@ -10,9 +10,10 @@ from timekeeper.auth.dependencies import Admin, Reader
 from timekeeper.budgets.schemas import BudgetConfigOut, BudgetIn, GrantIn, GrantOut, NamespaceBudgetOut
 from timekeeper.budgets.service import BudgetService
 from timekeeper.db.session import SessionDep
-from timekeeper.schemas import NamespacePath
+from timekeeper.routing import StrictJsonRoute
+from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
 
-router = APIRouter(tags=["budgets"])
+router = APIRouter(tags=["budgets"], route_class=StrictJsonRoute)
 
 
 def _service(request: Request, session: SessionDep) -> BudgetService:
@@ -32,14 +33,16 @@ async def get_budget(namespace: NamespacePath, service: Service, _: Reader) -> N
     return await service.status(namespace)
 
 
-@router.put("/namespaces/{namespace}/budget", response_model=NamespaceBudgetOut)
+@router.put("/namespaces/{namespace}/budget", response_model=NamespaceBudgetOut, responses=BODY_ERRORS)
 async def put_budget(
     namespace: NamespacePath, body: BudgetIn, service: Service, admin: Admin
 ) -> NamespaceBudgetOut:
     return await service.put(namespace, body, admin)
 
 
-@router.delete("/namespaces/{namespace}/budget", response_model=NamespaceBudgetOut)
+@router.delete(
+    "/namespaces/{namespace}/budget", response_model=NamespaceBudgetOut, responses=error_responses(404)
+)
 async def delete_budget(namespace: NamespacePath, service: Service, admin: Admin) -> NamespaceBudgetOut:
     return await service.delete(namespace, admin)
 
@@ -49,11 +52,13 @@ async def get_defaults(service: Service, _: Admin) -> BudgetConfigOut:
     return await service.default()
 
 
-@router.put("/defaults", response_model=BudgetConfigOut)
+@router.put("/defaults", response_model=BudgetConfigOut, responses=BODY_ERRORS)
 async def put_defaults(body: BudgetIn, service: Service, admin: Admin) -> BudgetConfigOut:
     return await service.put_default(body, admin)
 
 
-@router.post("/namespaces/{namespace}/grants", response_model=GrantOut, status_code=201)
+@router.post(
+    "/namespaces/{namespace}/grants", response_model=GrantOut, status_code=201, responses=BODY_ERRORS
+)
 async def create_grant(namespace: NamespacePath, body: GrantIn, service: Service, admin: Admin) -> GrantOut:
     return await service.grant(namespace, body, admin)

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpuaccounting.wire import BudgetState
 from timekeeper.budgets.periods import PeriodKind
-from timekeeper.schemas import Amount, OptionalAmount
+from timekeeper.schemas import Amount, OptionalAmount, StoredText
 
 LARGEST_AMOUNT = Decimal("1e12")  # a trillion GPU-minutes: anything above is a typo
 
@@ -59,8 +59,9 @@ class NamespaceBudgetOut(BaseModel):
 class GrantIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    gpu_minutes: Decimal = Field(gt=0, le=LARGEST_AMOUNT, allow_inf_nan=False)
-    reason: str = Field(min_length=1, max_length=1000)
+    # At most the ledger's scale: a finer amount would be stored as 0, which the table refuses.
+    gpu_minutes: Decimal = Field(gt=0, le=LARGEST_AMOUNT, decimal_places=9, allow_inf_nan=False)
+    reason: StoredText = Field(min_length=1, max_length=1000)
 
 
 class GrantOut(BaseModel):

@@ -12,6 +12,7 @@ from timekeeper.budgets.service import BudgetService
 from timekeeper.db.session import SessionDep
 from timekeeper.errors import TimekeeperError
 from timekeeper.metrics import Metrics
+from timekeeper.schemas import error_responses
 
 router = APIRouter(tags=["health"])
 
@@ -21,7 +22,7 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get("/readyz", responses=error_responses(503))
 async def readyz(request: Request) -> dict[str, Any]:
     try:
         async with request.app.state.sessionmaker() as session:

@@ -13,15 +13,16 @@ from timekeeper.auth.base import Action
 from timekeeper.auth.dependencies import AuthenticatedPrincipal, Reader, authorize, check_pod_identity
 from timekeeper.db.session import SessionDep
 from timekeeper.metrics import Metrics
-from timekeeper.schemas import NamespacePath
+from timekeeper.routing import StrictJsonRoute
+from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
 from timekeeper.usage.repository import GroupBy
 from timekeeper.usage.schemas import ReportAck, ReportIn, UsageOut
 from timekeeper.usage.service import UsageService, ingest_report
 
-router = APIRouter(tags=["usage"])
+router = APIRouter(tags=["usage"], route_class=StrictJsonRoute)
 
 
-@router.post("/reports", response_model=ReportAck)
+@router.post("/reports", response_model=ReportAck, responses=BODY_ERRORS | error_responses(409))
 async def post_report(request: Request, report: ReportIn, principal: AuthenticatedPrincipal) -> Response:
     """Charge one interval of a pod's GPU use. A retry of the same (pod_uid, seq, interval) answers
     `duplicate: true` and charges nothing; time already charged is never charged again. Answered after

@@ -9,7 +9,7 @@ from typing import Annotated, Literal, Self
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from gpuaccounting.wire import BudgetState
-from timekeeper.schemas import Amount, NamespaceName, PodName, PodUid
+from timekeeper.schemas import Amount, NamespaceName, PodName, PodUid, StoredText
 
 Percent = Annotated[float, Field(ge=0, le=100)]
 Bytes = Annotated[int, Field(ge=0, le=2**62)]
@@ -18,7 +18,7 @@ Bytes = Annotated[int, Field(ge=0, le=2**62)]
 class GpuFiguresIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    uuid: str = Field(min_length=1, max_length=128)
+    uuid: StoredText = Field(min_length=1, max_length=128)
     sm_util_pct: Percent | None = None
     mem_used_bytes: Bytes | None = None
     mem_total_bytes: Bytes | None = None

@@ -1,4 +1,5 @@
--- wrk script for GET benchmarks: same summary line as reports.lua. args: <bearer token> <paths separated by ,>
+-- wrk script for GET benchmarks; the summary line comes from wrk_summary.lua. args: <bearer token> <paths separated by ,>
+dofile(debug.getinfo(1, "S").source:match("^@(.*/)") .. "wrk_summary.lua")
 local paths, index = {}, 0
 
 function init(args)
@@ -11,13 +12,4 @@ end
 function request()
   index = index % #paths + 1
   return wrk.format("GET", paths[index])
-end
-
-function done(summary, latency, requests)
-  io.write(string.format(
-    'WRK_RESULT {"requests":%d,"duration_us":%d,"status_errors":%d,"connect_errors":%d,' ..
-    '"read_errors":%d,"write_errors":%d,"timeouts":%d,"p50_us":%d,"p90_us":%d,"p99_us":%d,"max_us":%d}\n',
-    summary.requests, summary.duration, summary.errors.status, summary.errors.connect,
-    summary.errors.read, summary.errors.write, summary.errors.timeout,
-    latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max))
 end

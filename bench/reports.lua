@@ -1,6 +1,7 @@
 -- wrk script: every request is a distinct sidecar report (unique pod_uid and seq, contiguous intervals).
 -- args: <base epoch seconds> <pods per thread> <bearer token> <namespaces> [<client id>]
 -- (client id: distinct per concurrent wrk process, so their pods never collide)
+dofile(debug.getinfo(1, "S").source:match("^@(.*/)") .. "wrk_summary.lua")
 local thread_count = 0
 local counter, tid, base, pods, namespaces = 0, 0, 0, 1000, 100
 
@@ -33,13 +34,4 @@ function request()
   local body = string.format(template, pod % namespaces, tid, pod, tid, pod, seq,
     os.date("!%Y-%m-%dT%H:%M:%SZ", start), os.date("!%Y-%m-%dT%H:%M:%SZ", start + 30))
   return wrk.format(nil, nil, nil, body)
-end
-
-function done(summary, latency, requests)
-  io.write(string.format(
-    'WRK_RESULT {"requests":%d,"duration_us":%d,"status_errors":%d,"connect_errors":%d,' ..
-    '"read_errors":%d,"write_errors":%d,"timeouts":%d,"p50_us":%d,"p90_us":%d,"p99_us":%d,"max_us":%d}\n',
-    summary.requests, summary.duration, summary.errors.status, summary.errors.connect,
-    summary.errors.read, summary.errors.write, summary.errors.timeout,
-    latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max))
 end

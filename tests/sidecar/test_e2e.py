@@ -58,9 +58,8 @@ def budget(timekeeper: TimekeeperProcess, tokens: Tokens) -> dict[str, Any]:
     return response.json()
 
 
-def test_the_namespace_is_charged_exactly_share_times_wall_time(
-    timekeeper: TimekeeperProcess, tokens: Tokens, tmp_path: Path
-) -> None:
+def prepare_pod(timekeeper: TimekeeperProcess, tokens: Tokens, tmp_path: Path, **env: str) -> dict[str, str]:
+    """A namespace with a large budget and one pod's sidecar env (token file, buffer dir) reporting to it."""
     put = httpx.put(
         f"{timekeeper.url}/api/v1/namespaces/{NAMESPACE}/budget",
         json={"budget_gpu_minutes": 100000, "period": "monthly"},
@@ -70,22 +69,33 @@ def test_the_namespace_is_charged_exactly_share_times_wall_time(
     assert put.status_code == 200, put.text
     token_file = tmp_path / "token"
     token_file.write_text(tokens.reporter)
-    buffer_dir = tmp_path / "buffer"
-    env = {
+    return {
         "POD_NAMESPACE": NAMESPACE,
         "POD_NAME": "trainer-0",
         "POD_UID": str(uuid.uuid4()),
         "SIDECAR_GPU_SHARE": str(SHARE),
         "SIDECAR_TIMEKEEPER_URL": timekeeper.url,
         "SIDECAR_TOKEN_FILE": str(token_file),
-        "SIDECAR_BUFFER_DIR": str(buffer_dir),
-        "SIDECAR_REPORT_INTERVAL_SECONDS": "0.5",
+        "SIDECAR_BUFFER_DIR": str(tmp_path / "buffer"),
         "SIDECAR_SAMPLE_INTERVAL_SECONDS": "0.1",
-        "SIDECAR_RETRY_BASE_SECONDS": "0.1",
-        "SIDECAR_RETRY_MAX_SECONDS": "0.5",
-        "SIDECAR_SHUTDOWN_TIMEOUT_SECONDS": "10",
         "SIDECAR_NVML_BACKEND": "fake",
+        **env,
     }
+
+
+def test_the_namespace_is_charged_exactly_share_times_wall_time(
+    timekeeper: TimekeeperProcess, tokens: Tokens, tmp_path: Path
+) -> None:
+    env = prepare_pod(
+        timekeeper,
+        tokens,
+        tmp_path,
+        SIDECAR_REPORT_INTERVAL_SECONDS="0.5",
+        SIDECAR_RETRY_BASE_SECONDS="0.1",
+        SIDECAR_RETRY_MAX_SECONDS="0.5",
+        SIDECAR_SHUTDOWN_TIMEOUT_SECONDS="10",
+    )
+    buffer_dir = Path(env["SIDECAR_BUFFER_DIR"])
 
     def used() -> Decimal:
         return Decimal(str(budget(timekeeper, tokens)["used_gpu_minutes"]))
@@ -144,29 +154,14 @@ def test_under_an_accelerated_clock_intervals_are_stamped_and_charged_in_simulat
     )
     timekeeper.start()
     try:
-        put = httpx.put(
-            f"{timekeeper.url}/api/v1/namespaces/{NAMESPACE}/budget",
-            json={"budget_gpu_minutes": 100000, "period": "monthly"},
-            headers=bearer(tokens.admin),
-            timeout=5,
-        )
-        assert put.status_code == 200, put.text
-        token_file = tmp_path / "token"
-        token_file.write_text(tokens.reporter)
-        buffer_dir = tmp_path / "buffer"
-        env = {
-            "POD_NAMESPACE": NAMESPACE,
-            "POD_NAME": "trainer-0",
-            "POD_UID": str(uuid.uuid4()),
-            "SIDECAR_GPU_SHARE": str(SHARE),
-            "SIDECAR_TIMEKEEPER_URL": timekeeper.url,
-            "SIDECAR_TOKEN_FILE": str(token_file),
-            "SIDECAR_BUFFER_DIR": str(buffer_dir),
-            "SIDECAR_REPORT_INTERVAL_SECONDS": "600",  # simulated: a sixth of a real second
-            "SIDECAR_SAMPLE_INTERVAL_SECONDS": "0.1",
-            "SIDECAR_NVML_BACKEND": "fake",
+        env = prepare_pod(
+            timekeeper,
+            tokens,
+            tmp_path,
+            SIDECAR_REPORT_INTERVAL_SECONDS="600",  # simulated: a sixth of a real second
             **{f"SIDECAR_{name}": value for name, value in clock.items()},
-        }
+        )
+        buffer_dir = Path(env["SIDECAR_BUFFER_DIR"])
         launched = time.time()
         sidecar = SidecarProcess(env, tmp_path / "sidecar.log")
         wait_until(lambda: "sidecar_started" in sidecar.event_names(), what="the sidecar to start")

@@ -18,7 +18,6 @@ import os
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,17 @@ from typing import Any
 import jsonpatch
 import orjson
 
-from bench.common import PYTHON, REPO_ROOT, Figure, Section, free_port, percentile, process, write_results
+from bench.common import (
+    PYTHON,
+    REPO_ROOT,
+    Figure,
+    Section,
+    asgi_caller,
+    free_port,
+    percentile,
+    process,
+    write_results,
+)
 from bench.wrk import WrkResult, run_wrk
 from gpuaccounting.admission_state import AdmissionState
 from webhook.app import create_app
@@ -138,44 +147,13 @@ def _parse(pod: dict[str, Any]) -> AdmissionRequest:
     )
 
 
-def _asgi_caller(app: Any, path: str, body: bytes) -> Callable[[], Any]:
-    """One request through the whole ASGI app, with the cheapest possible receive/send."""
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "https",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        "server": ("127.0.0.1", 8443),
-        "client": ("127.0.0.1", 50000),
-    }
-    message = {"type": "http.request", "body": body, "more_body": False}
-
-    async def receive() -> dict[str, Any]:
-        return message
-
-    async def send(reply: dict[str, Any]) -> None:
-        if reply["type"] == "http.response.start" and reply["status"] != 200:
-            raise RuntimeError(f"status {reply['status']}")
-
-    async def call() -> None:
-        await app(dict(scope), receive, send)
-
-    return call
-
-
 async def _server_side(samples: int, rounds: int = 10) -> dict[str, tuple[list[float], list[float]]]:
     """Wall-clock and CPU time per request, in µs, by kind; the kinds take turns in rounds, so a burst of
     other work on the machine lands on all of them alike. CPU time is what the request itself cost."""
     app = create_app(WebhookSettings())
     app.state.cache.store(_snapshot(10_000), '"1"')
     calls = {
-        f"{path[1:]} {'GPU' if gpu else 'non-GPU'} pod": _asgi_caller(app, path, _review(path, gpu))
+        f"{path[1:]} {'GPU' if gpu else 'non-GPU'} pod": asgi_caller(app, path, _review(path, gpu))
         for path in ("/mutate", "/validate")
         for gpu in (True, False)
     }

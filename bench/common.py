@@ -8,11 +8,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_FILE = REPO_ROOT / "bench" / "RESULTS.md"
@@ -141,3 +142,41 @@ def process(
 
 
 PYTHON = sys.executable
+
+
+def asgi_caller(
+    app: Any, path: str, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()
+) -> Callable[[], Any]:
+    """One request through the whole ASGI app, with the cheapest possible receive/send; any status but
+    200 raises."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "https",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            *headers,
+        ],
+        "server": ("127.0.0.1", 8443),
+        "client": ("127.0.0.1", 50000),
+    }
+    message = {"type": "http.request", "body": body, "more_body": False}
+
+    async def receive() -> dict[str, Any]:
+        return message
+
+    async def send(reply: dict[str, Any]) -> None:
+        if reply["type"] == "http.response.start" and reply["status"] != 200:
+            raise RuntimeError(f"status {reply['status']}")
+
+    async def call() -> None:
+        await app(dict(scope), receive, send)
+
+    return call

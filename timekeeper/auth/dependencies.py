@@ -37,6 +37,11 @@ async def _principal(
     return principal
 
 
+async def bearer_principal(request: Request) -> Principal:
+    """The request's principal without FastAPI's dependency resolution (the ingest hot path)."""
+    return await _principal(request, await _bearer(request))
+
+
 AuthenticatedPrincipal = Annotated[Principal, Depends(_principal)]
 
 

@@ -1,0 +1,50 @@
+"""POST /reports serves well-formed reports on a lean path (timekeeper.usage.router.ReportRoute) and
+everything else through FastAPI's handler: both must answer as the one declared operation does."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import orjson
+import pytest
+
+from tests.support.timekeeper import Api, bearer, ok, report_body
+from tests.timekeeper.conftest import START
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+BODY = orjson.dumps(report_body(start=START - timedelta(minutes=30)))
+
+
+async def test_a_json_report_with_a_charset_is_charged(api: Api) -> None:
+    headers = {**bearer(api.tokens.reporter), "Content-Type": "application/json; charset=utf-8"}
+
+    ack = ok(await api.client.post("/reports", content=BODY, headers=headers))
+
+    assert (ack["duplicate"], ack["gpu_minutes"]) == (False, 1)
+    assert (await api.budget("team-a"))["used_gpu_minutes"] == 1
+
+
+async def test_a_json_report_sent_as_text_is_refused_and_charges_nothing(api: Api) -> None:
+    headers = {**bearer(api.tokens.reporter), "Content-Type": "text/plain"}
+
+    response = await api.client.post("/reports", content=BODY, headers=headers)
+
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"]
+    assert (await api.budget("team-a"))["used_gpu_minutes"] == 0
+
+
+@pytest.mark.parametrize("authorization", [None, "Bearer nope", "Basic dXNlcjpwYXNz"])
+async def test_a_well_formed_report_without_an_accepted_token_is_refused_401(
+    api: Api, authorization: str | None
+) -> None:
+    headers = {"Content-Type": "application/json"}
+    if authorization is not None:
+        headers["Authorization"] = authorization
+
+    response = await api.client.post("/reports", content=BODY, headers=headers)
+
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert (await api.budget("team-a"))["used_gpu_minutes"] == 0

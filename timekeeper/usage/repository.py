@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Literal
+from typing import Any, Literal
 
 import orjson
 import sqlalchemy as sa
@@ -98,30 +98,30 @@ _USAGE_PIECE = {
 }
 
 
-def _batch(reports: Sequence[ReportIn], charged: dict[str, Decimal] | None = None) -> str:
-    """The batch as one JSON array (the statements read it with jsonb_to_recordset): one parameter,
-    encoded in C, rather than a Python-dumped array per column. Amounts travel as exact decimal text."""
-    rows = []
-    for report in reports:
-        gpu_count, mean_util, max_memory = report.measured()
-        rows.append(
-            {
-                "pod_uid": report.pod_uid,
-                "namespace": report.namespace,
-                "pod": report.pod,
-                "seq": report.seq,
-                "interval_start": report.interval_start,
-                "interval_end": report.interval_end,
-                "final": report.final,
-                "gpu_share": str(report.gpu_share),
-                "gpu_minutes": None if charged is None else str(charged[report.pod_uid]),
-                "gpu_count": gpu_count,
-                "mean_sm_util_pct": mean_util,
-                "max_mem_used_bytes": max_memory,
-                "gpus": [gpu.model_dump() for gpu in report.gpus],
-            }
-        )
-    return orjson.dumps(rows).decode()
+def _row(report: ReportIn) -> dict[str, Any]:
+    """A report as the batch statements read it (jsonb_to_recordset); amounts as exact decimal text."""
+    gpu_count, mean_util, max_memory = report.measured()
+    return {
+        "pod_uid": report.pod_uid,
+        "namespace": report.namespace,
+        "pod": report.pod,
+        "seq": report.seq,
+        "interval_start": report.interval_start,
+        "interval_end": report.interval_end,
+        "final": report.final,
+        "gpu_share": str(report.gpu_share),
+        "gpu_minutes": None,
+        "gpu_count": gpu_count,
+        "mean_sm_util_pct": mean_util,
+        "max_mem_used_bytes": max_memory,
+        "gpus": [gpu.model_dump() for gpu in report.gpus],
+    }
+
+
+def _batch(rows: dict[str, dict[str, Any]], reports: Sequence[ReportIn]) -> str:
+    """These reports' rows as one JSON parameter: encoded in C, rather than a Python-dumped array per
+    column. The rows are built once per batch and shared by its statements."""
+    return orjson.dumps([rows[report.pod_uid] for report in reports]).decode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +155,8 @@ class UsageRepository:
         in_order = sorted(reports, key=lambda report: report.pod_uid)
         names = sorted({report.namespace for report in in_order})
         figures = {f.namespace: f for f in await BudgetRepository(session).figures(now, names)}
-        locked = await session.execute(_LOCK_PODS, {"reports": _batch(in_order), "now": now})
+        rows = {report.pod_uid: _row(report) for report in in_order}
+        locked = await session.execute(_LOCK_PODS, {"reports": _batch(rows, in_order), "now": now})
         uncovered = {row.pod_uid: [(piece.lower, piece.upper) for piece in row.uncovered] for row in locked}
         outcomes: dict[str, IngestOutcome | TimekeeperError] = {}
         refused = [report.pod_uid for report in in_order if report.pod_uid not in uncovered]
@@ -172,14 +173,14 @@ class UsageRepository:
         charged = {pod_uid: sum((amount for _, amount in c), Decimal(0)) for pod_uid, c in charges.items()}
         new: set[str] = set()
         if accepted:
-            inserted = await session.execute(
-                _INSERT_LEDGER, {"reports": _batch(accepted, charged), "now": now}
-            )
+            for pod_uid, amount in charged.items():
+                rows[pod_uid]["gpu_minutes"] = str(amount)
+            inserted = await session.execute(_INSERT_LEDGER, {"reports": _batch(rows, accepted), "now": now})
             new = set(inserted.scalars())
         fresh = [report for report in accepted if report.pod_uid in new]
         covering = [report for report in fresh if uncovered[report.pod_uid]]
         if covering:
-            await session.execute(_COVER, {"reports": _batch(covering)})
+            await session.execute(_COVER, {"reports": _batch(rows, covering)})
         current = {ns: (f.used_gpu_minutes, f.granted_gpu_minutes) for ns, f in figures.items()}
         current.update(await self._add_used(fresh, charges, figures, now))
         states: dict[str, BudgetState] = {}

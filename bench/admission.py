@@ -38,6 +38,7 @@ from bench.common import (
 )
 from bench.wrk import WrkResult, run_wrk
 from gpuaccounting.admission_state import AdmissionState
+from tests.support.pods import review
 from webhook.app import create_app
 from webhook.review import AdmissionRequest, parse_review
 from webhook.settings import WebhookSettings
@@ -91,23 +92,7 @@ def _review(path: str, gpu: bool) -> bytes:
     pod = _pod(gpu)
     if path == "/validate" and gpu:  # /validate sees the final object, after our mutation
         pod = _mutated(pod)
-    return orjson.dumps(
-        {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": str(uuid.uuid4()),
-                "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                "resource": {"group": "", "version": "v1", "resource": "pods"},
-                "namespace": "team-a",
-                "operation": "CREATE",
-                "userInfo": {"username": "system:serviceaccount:kube-system:job-controller"},
-                "object": pod,
-                "oldObject": None,
-                "dryRun": False,
-            },
-        }
-    )
+    return orjson.dumps(review(pod, username="system:serviceaccount:kube-system:job-controller"))
 
 
 def _snapshot(namespaces: int) -> AdmissionState:

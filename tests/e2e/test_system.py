@@ -27,7 +27,7 @@ import pytest
 
 from gpuaccounting.names import ANNOTATION_GPU_SHARE, SIDECAR_CONTAINER_NAME
 from tests.sidecar.coverage import persisted_state
-from tests.support.pods import container, pod
+from tests.support.pods import container, pod, review
 from tests.support.processes import (
     REPO_ROOT,
     SidecarProcess,
@@ -73,22 +73,7 @@ class System:
         assert response.status_code in (200, 201), response.text
 
     def review(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
-        body = {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": str(uuid.uuid4()),
-                "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                "resource": {"group": "", "version": "v1", "resource": "pods"},
-                "namespace": NAMESPACE,
-                "operation": "CREATE",
-                "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
-                "object": obj,
-                "oldObject": None,
-                "dryRun": False,
-            },
-        }
-        response = self.webhook.post(f"{self.webhook_url}{path}", json=body)
+        response = self.webhook.post(f"{self.webhook_url}{path}", json=review(obj))
         assert response.status_code == 200, response.text
         return response.json()["response"]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 
@@ -40,3 +41,38 @@ def pod(
     if init:
         body["initContainers"] = list(init)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": body}
+
+
+def review(
+    pod: dict[str, Any] | None,
+    *,
+    operation: str = "CREATE",
+    old: dict[str, Any] | None = None,
+    dry_run: bool = False,
+    subresource: str | None = None,
+    kind: tuple[str, str, str] = ("", "v1", "Pod"),
+    api_version: str = "admission.k8s.io/v1",
+    username: str = "alice",
+) -> dict[str, Any]:
+    """An AdmissionReview as the API server sends it."""
+    group, version, kind_name = kind
+    source = pod or old or {}
+    metadata = source.get("metadata", {})
+    request: dict[str, Any] = {
+        "uid": str(uuid.uuid4()),
+        "kind": {"group": group, "version": version, "kind": kind_name},
+        "resource": {"group": group, "version": version, "resource": kind_name.lower() + "s"},
+        "requestKind": {"group": group, "version": version, "kind": kind_name},
+        "namespace": metadata.get("namespace", "team-a"),
+        "operation": operation,
+        "userInfo": {"username": username, "groups": ["system:authenticated"]},
+        "object": pod,
+        "oldObject": old,
+        "dryRun": dry_run,
+        "options": None,
+    }
+    if metadata.get("name"):
+        request["name"] = metadata["name"]
+    if subresource:
+        request["subResource"] = subresource
+    return {"apiVersion": api_version, "kind": "AdmissionReview", "request": request}

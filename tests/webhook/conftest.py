@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ import orjson
 import pytest
 
 from tests.support.admission_state_server import StateServer, run_state_server, snapshot
+from tests.support.pods import review
 from tests.support.processes import free_port, wait_until
 from webhook.__main__ import server as build_server
 from webhook.settings import WebhookSettings
@@ -51,41 +51,6 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
     files.cert_file.write_bytes(cert)
     files.key_file.write_bytes(key)
     return files
-
-
-def review(
-    pod: dict[str, Any] | None,
-    *,
-    operation: str = "CREATE",
-    old: dict[str, Any] | None = None,
-    dry_run: bool = False,
-    subresource: str | None = None,
-    kind: tuple[str, str, str] = ("", "v1", "Pod"),
-    api_version: str = "admission.k8s.io/v1",
-    username: str = "alice",
-) -> dict[str, Any]:
-    """An AdmissionReview as the API server sends it."""
-    group, version, kind_name = kind
-    source = pod or old or {}
-    metadata = source.get("metadata", {})
-    request: dict[str, Any] = {
-        "uid": str(uuid.uuid4()),
-        "kind": {"group": group, "version": version, "kind": kind_name},
-        "resource": {"group": group, "version": version, "resource": kind_name.lower() + "s"},
-        "requestKind": {"group": group, "version": version, "kind": kind_name},
-        "namespace": metadata.get("namespace", "team-a"),
-        "operation": operation,
-        "userInfo": {"username": username, "groups": ["system:authenticated"]},
-        "object": pod,
-        "oldObject": old,
-        "dryRun": dry_run,
-        "options": None,
-    }
-    if metadata.get("name"):
-        request["name"] = metadata["name"]
-    if subresource:
-        request["subResource"] = subresource
-    return {"apiVersion": api_version, "kind": "AdmissionReview", "request": request}
 
 
 @dataclass

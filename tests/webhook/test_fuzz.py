@@ -24,8 +24,8 @@ from starlette.testclient import TestClient
 
 from gpuaccounting import names
 from tests.support.admission_state_server import run_state_server, snapshot
-from tests.support.pods import container, pod
-from tests.webhook.conftest import Tls, review
+from tests.support.pods import container, pod, review
+from tests.webhook.conftest import Tls
 from webhook.app import create_app
 from webhook.settings import WebhookSettings
 

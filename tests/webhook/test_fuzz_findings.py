@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from gpuaccounting.quantity import QuantityError, parse_decimal, parse_quantity
-from tests.support.pods import container, pod
-from tests.webhook.conftest import Webhook, review
+from tests.support.pods import container, pod, review
+from tests.webhook.conftest import Webhook
 
 GPU_POD = pod(container("main", {"nvidia.com/gpu": 1}))
 

@@ -11,9 +11,9 @@ import sys
 import httpx
 
 from tests.support.admission_state_server import run_state_server, snapshot
-from tests.support.pods import container, pod
+from tests.support.pods import container, pod, review
 from tests.support.processes import free_port
-from tests.webhook.conftest import Tls, review, running_module
+from tests.webhook.conftest import Tls, running_module
 
 
 def test_module_serves_https_with_the_state_from_the_timekeeper(tls: Tls) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from tests.support.pods import container, pod
-from tests.webhook.conftest import Webhook, review
+from tests.support.pods import container, pod, review
+from tests.webhook.conftest import Webhook
 
 UNREADABLE = "request.object is not a Pod the webhook can read: "
 

@@ -15,6 +15,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tests.support.processes import (
+    free_port as free_port,
+)  # re-exported: the one helper, shared with the tests
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_FILE = REPO_ROOT / "bench" / "RESULTS.md"
 
@@ -94,12 +98,6 @@ def write_results(sections: Sequence[Section], path: Path = RESULTS_FILE) -> Non
         if section.notes:
             lines.append("")
     path.write_text("\n".join(lines))
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def wait_for_port(port: int, timeout: float = 30.0) -> None:

@@ -13,16 +13,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.wire import BudgetState
 
-# The pod's row exists (a pod that never reported gets one, silent since its start) and is locked, so no
-# report of it can slip between reading its last report time and restoring it after the pass's charge.
-_OPEN_POD = sa.text(
-    "INSERT INTO pod_coverage (pod_uid, namespace, pod, covered, last_seq, last_report_at, final) "
-    "VALUES (:pod_uid, :namespace, :pod, '{}', 0, :started_at, false) ON CONFLICT (pod_uid) DO NOTHING"
-)
-_LOCK_POD = sa.text("SELECT last_report_at FROM pod_coverage WHERE pod_uid = :pod_uid FOR UPDATE")
-_RESTORE_LAST_REPORT = sa.text(
-    "UPDATE pod_coverage SET last_report_at = :last_report_at WHERE pod_uid = :pod_uid"
-)
 # Ended: no longer running, closed at its real end (whatever the close-out job set on noticing silence).
 _CLOSE_AT = sa.text(
     "UPDATE pod_coverage SET final = true, closed_at = :ended_at "
@@ -47,20 +37,6 @@ _LIMITS = sa.text(
 class ReconcileRepository:
     def __init__(self, session: AsyncSession) -> None:
         self.session = session
-
-    async def lock_pod(self, namespace: str, pod: str, pod_uid: str, started_at: datetime) -> datetime:
-        """Lock the pod's coverage row (created when the pod never reported) and answer when its sidecar
-        last reported (its start, for one that never did)."""
-        params = {"pod_uid": pod_uid, "namespace": namespace, "pod": pod, "started_at": started_at}
-        await self.session.execute(_OPEN_POD, params)
-        return (await self.session.execute(_LOCK_POD, params)).scalar_one()
-
-    async def restore_last_report(self, pod_uid: str, last_report_at: datetime) -> None:
-        """Undo ingest's `last_report_at = now`: the pass's charge is no sign of life from the sidecar, so
-        the close-out job's view of which pods are running must not change because of it."""
-        await self.session.execute(
-            _RESTORE_LAST_REPORT, {"pod_uid": pod_uid, "last_report_at": last_report_at}
-        )
 
     async def close_at(self, pod_uid: str, ended_at: datetime) -> None:
         """The pod ended: `final`, closed at its real end (overriding a close-out's time of noticing)."""

@@ -214,12 +214,9 @@ class Reconciler:
             )
             return Decimal(0)
         async with self.sessionmaker() as session, session.begin():
-            repository = ReconcileRepository(session)
-            last_report_at = await repository.lock_pod(info.namespace, info.name, info.uid, start)
-            outcome = await UsageRepository(session).ingest(report, now)
-            await repository.restore_last_report(info.uid, last_report_at)
+            outcome = await UsageRepository(session).ingest(report, now, from_sidecar=False)
             if final:
-                await repository.close_at(info.uid, end)
+                await ReconcileRepository(session).close_at(info.uid, end)
         log.info(
             "silent_time_charged",
             extra={

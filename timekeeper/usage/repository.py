@@ -31,12 +31,17 @@ _REPORTS = (
     "gpus jsonb)"
 )
 # Creates each pod's row on its first report and locks it; answers the part of each interval not yet
-# charged. A pod_uid already known in another namespace is neither touched nor answered.
+# charged. A pod_uid already known in another namespace is neither touched nor answered. `last_report_at`
+# records a sign of life from the sidecar: a charge made without one (the reconciler's, for silent time)
+# leaves it alone, and a pod first seen that way counts as silent since the start of that charge.
 _LOCK_PODS = sa.text(
     f"WITH r AS (SELECT * FROM {_REPORTS}), locked AS ("
     "INSERT INTO pod_coverage (pod_uid, namespace, pod, covered, last_seq, last_report_at, final) "
-    "SELECT pod_uid, namespace, pod, '{}', seq, CAST(:now AS timestamptz), false FROM r ORDER BY pod_uid "
-    "ON CONFLICT (pod_uid) DO UPDATE SET last_report_at = excluded.last_report_at "
+    "SELECT pod_uid, namespace, pod, '{}', seq, "
+    "CASE WHEN :from_sidecar THEN CAST(:now AS timestamptz) ELSE interval_start END, false "
+    "FROM r ORDER BY pod_uid "
+    "ON CONFLICT (pod_uid) DO UPDATE SET last_report_at = CASE WHEN :from_sidecar "
+    "THEN excluded.last_report_at ELSE pod_coverage.last_report_at END "
     "WHERE pod_coverage.namespace = excluded.namespace RETURNING pod_uid, covered) "
     "SELECT r.pod_uid, tstzmultirange(tstzrange(r.interval_start, r.interval_end)) - locked.covered "
     "AS uncovered FROM r JOIN locked USING (pod_uid)"
@@ -136,15 +141,16 @@ class UsageRepository:
     def __init__(self, session: AsyncSession) -> None:
         self.session = session
 
-    async def ingest(self, report: ReportIn, now: datetime) -> IngestOutcome:
-        """Charge one report in this transaction (a batch of one); raises what refused it."""
-        [outcome] = await self.ingest_batch([report], now)
+    async def ingest(self, report: ReportIn, now: datetime, *, from_sidecar: bool = True) -> IngestOutcome:
+        """Charge one report in this transaction (a batch of one); raises what refused it. A charge that
+        is no sign of life from the pod's sidecar (`from_sidecar=False`) leaves its last report time."""
+        [outcome] = await self.ingest_batch([report], now, from_sidecar=from_sidecar)
         if isinstance(outcome, TimekeeperError):
             raise outcome
         return outcome
 
     async def ingest_batch(
-        self, reports: Sequence[ReportIn], now: datetime
+        self, reports: Sequence[ReportIn], now: datetime, *, from_sidecar: bool = True
     ) -> list[IngestOutcome | TimekeeperError]:
         """Charge a batch of reports, at most one per pod, in this transaction: for each, the uncovered part
         of its interval, split at period boundaries, with its ledger row, its pod's coverage, the running
@@ -156,7 +162,9 @@ class UsageRepository:
         names = sorted({report.namespace for report in in_order})
         figures = {f.namespace: f for f in await BudgetRepository(session).figures(now, names)}
         rows = {report.pod_uid: _row(report) for report in in_order}
-        locked = await session.execute(_LOCK_PODS, {"reports": _batch(rows, in_order), "now": now})
+        locked = await session.execute(
+            _LOCK_PODS, {"reports": _batch(rows, in_order), "now": now, "from_sidecar": from_sidecar}
+        )
         uncovered = {row.pod_uid: [(piece.lower, piece.upper) for piece in row.uncovered] for row in locked}
         outcomes: dict[str, IngestOutcome | TimekeeperError] = {}
         refused = [report.pod_uid for report in in_order if report.pod_uid not in uncovered]

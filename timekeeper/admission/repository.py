@@ -30,7 +30,8 @@ _SNAPSHOT = sa.text(
             SELECT json_object_agg(s.namespace, json_build_object(
                 'state', s.state,
                 'max_gpu_share_per_pod', CAST(CASE WHEN b.namespace IS NULL THEN d.max_gpu_share_per_pod
-                                                   ELSE b.max_gpu_share_per_pod END AS float8)))
+                                                   ELSE b.max_gpu_share_per_pod END AS float8),
+                'priority_policy', CAST(:default AS json) -> 'priority_policy'))
             FROM namespace_status s
             CROSS JOIN default_budget d
             LEFT JOIN namespace_budgets b ON b.namespace = s.namespace

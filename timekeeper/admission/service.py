@@ -7,7 +7,7 @@ from decimal import Decimal
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpuaccounting.admission_state import NamespaceAdmission
+from gpuaccounting.admission_state import NamespaceAdmission, default_priority_policy
 from gpuaccounting.wire import BudgetState, format_timestamp
 from timekeeper.admission.repository import AdmissionRepository
 from timekeeper.budgets.periods import PeriodKind, budget_state, period_containing
@@ -70,5 +70,6 @@ class AdmissionService:
                 max_gpu_share_per_pod=None
                 if default.max_gpu_share_per_pod is None
                 else float(default.max_gpu_share_per_pod),
+                priority_policy=default_priority_policy(),
             ),
         )

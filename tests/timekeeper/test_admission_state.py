@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
-from gpuaccounting.admission_state import AdmissionState
+from gpuaccounting.admission_state import AdmissionState, default_priority_policy
 from tests.support.timekeeper import Api, ok
 from tests.timekeeper.conftest import START
 from timekeeper.clock import ManualClock
@@ -34,8 +34,11 @@ async def test_the_snapshot_has_the_documented_shape(api: Api) -> None:
 
     assert etag == f'"{state["version"]}"'
     assert state["priority_classes"] == {"in_budget": "gpu-in-budget", "over_budget": "gpu-over-budget"}
-    assert state["default"] == {"state": "in_budget", "max_gpu_share_per_pod": 1.0}
-    assert state["namespaces"] == {"team-a": {"state": "exhausted", "max_gpu_share_per_pod": 4.0}}
+    policy = default_priority_policy()
+    assert state["default"] == {"state": "in_budget", "max_gpu_share_per_pod": 1.0, "priority_policy": policy}
+    assert state["namespaces"] == {
+        "team-a": {"state": "exhausted", "max_gpu_share_per_pod": 4.0, "priority_policy": policy}
+    }
     assert state["generated_at"] == "2026-03-18T12:00:00Z"
 
 

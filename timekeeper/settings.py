@@ -41,6 +41,10 @@ class Settings(BaseSettings):
     max_report_interval: timedelta = Field(
         default=timedelta(hours=1), description="Longest accepted interval."
     )
+    max_report_age: timedelta = Field(
+        default=timedelta(days=7),
+        description="Oldest accepted interval start; the roll-up has folded older time into hours.",
+    )
     max_gpu_share: float = Field(default=256.0, gt=0, description="Largest believable GPU share of one pod.")
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, description="Largest accepted request body.")
 
@@ -127,6 +131,7 @@ class Settings(BaseSettings):
     @field_validator(
         "clock_skew",
         "max_report_interval",
+        "max_report_age",
         "leader_retry_interval",
         "rollover_interval",
         "states_interval",

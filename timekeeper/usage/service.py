@@ -28,6 +28,12 @@ def check_report(settings: Settings, report: ReportIn, now: datetime) -> None:
             f"({settings.max_report_interval.total_seconds():g} s)",
             422,
         )
+    if report.interval_start < now - settings.max_report_age:
+        raise TimekeeperError(
+            "interval_start is older than the oldest accepted "
+            f"({settings.max_report_age.total_seconds():g} s ago); that time can no longer be charged",
+            422,
+        )
     if report.interval_end > now + settings.clock_skew:
         raise TimekeeperError(
             "interval_end is in the future "

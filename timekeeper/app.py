@@ -72,7 +72,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.engine = engine
     app.state.sessionmaker = build_sessionmaker(engine)
     app.state.access = await build_access_control(settings)
-    app.state.ingest = IngestBatcher(lambda: app.state.sessionmaker, app.state.clock)
+    app.state.metrics.outages.attach(engine)
+    app.state.ingest = IngestBatcher(
+        lambda: app.state.sessionmaker, settings, app.state.clock, app.state.metrics
+    )
     app.state.ingest.start()
     try:
         yield

@@ -90,3 +90,14 @@ class StrictJsonRoute(APIRoute):
             return await handler(StrictJsonRequest(request.scope, request.receive))
 
         return strict
+
+
+class RequestRoute(APIRoute):
+    """A route whose endpoint takes the Request alone and answers a Response itself (POST /reports, which
+    reads its body only once the caller is authenticated). FastAPI's request handler would have nothing
+    to resolve for it but would still cost about as much CPU as the endpoint (docs/performance.md), so
+    the endpoint is called directly; the operation is declared and documented as any other."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        endpoint: Callable[[Request], Coroutine[Any, Any, Response]] = self.endpoint
+        return endpoint

@@ -32,11 +32,14 @@ _LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 
 
 def _rfc3339(value: object) -> datetime:
-    """An RFC 3339 string, in UTC; pydantic's lax mode would also take Unix seconds and other forms."""
-    if not isinstance(value, str) or _RFC3339.fullmatch(value) is None:
+    """An RFC 3339 string, in UTC; pydantic's lax mode would also take Unix seconds and other forms. (A
+    datetime object, which JSON cannot carry, is taken as it is: the reconciler builds reports in Python.)"""
+    if not isinstance(value, str | datetime) or (
+        _RFC3339.fullmatch(value) is None if isinstance(value, str) else value.tzinfo is None
+    ):
         raise ValueError("must be an RFC 3339 timestamp string, e.g. 2026-03-18T12:00:00Z")
     try:
-        moment = parse_timestamp(value)
+        moment = parse_timestamp(value) if isinstance(value, str) else value.astimezone(UTC)
     except (ValueError, OverflowError) as error:
         raise ValueError(f"not a representable time: {error}") from None
     if not _EARLIEST <= moment < _LATEST:

@@ -42,8 +42,9 @@ class Settings(BaseSettings):
         default=timedelta(hours=1), description="Longest accepted interval."
     )
     max_report_age: timedelta = Field(
-        default=timedelta(days=7),
-        description="Oldest accepted interval start; the roll-up has folded older time into hours.",
+        default=timedelta(days=31),
+        description="Oldest accepted interval start: time a sidecar buffered through an outage still lands "
+        "in the previous period; anything older is refused.",
     )
     max_gpu_share: float = Field(default=256.0, gt=0, description="Largest believable GPU share of one pod.")
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, description="Largest accepted request body.")

@@ -29,8 +29,8 @@ from timekeeper.reconcile.service import EVICT_ANNOTATION, Reconciler, reconcile
 from timekeeper.scheduler.jobs import JOBS_BY_NAME, run_job
 from timekeeper.scheduler.repository import RUNNING_POD_SQL
 from timekeeper.settings import Settings
-from timekeeper.usage.repository import UsageRepository
 from timekeeper.usage.schemas import ReportIn
+from timekeeper.usage.service import IngestService
 
 GRACE = timedelta(minutes=5)
 
@@ -95,7 +95,9 @@ async def report(
         gpu_share=share,
     )
     async with sessionmaker() as session, session.begin():
-        outcome = await UsageRepository(session).ingest(ReportIn.model_validate(body), clock.now())
+        outcome = await IngestService(session, Settings()).charge_one(
+            ReportIn.model_validate(body), clock.now()
+        )
     return outcome.gpu_minutes
 
 

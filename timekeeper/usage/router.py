@@ -13,11 +13,11 @@ from timekeeper.auth.base import Action
 from timekeeper.auth.dependencies import Reader, authenticated, authorize, check_pod_identity
 from timekeeper.db.session import SessionDep
 from timekeeper.metrics import Metrics
-from timekeeper.routing import StrictJsonRoute, json_body
+from timekeeper.routing import RequestRoute, StrictJsonRoute, json_body
 from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
 from timekeeper.usage.repository import GroupBy
 from timekeeper.usage.schemas import ReportAck, ReportIn, UsageOut
-from timekeeper.usage.service import UsageService, ingest_report
+from timekeeper.usage.service import UsageService, check_report
 
 router = APIRouter(tags=["usage"], route_class=StrictJsonRoute)
 
@@ -27,17 +27,6 @@ REPORT_SCHEMAS: dict[str, Any] = models_json_schema(
 )[1]["$defs"]
 
 
-@router.post(
-    "/reports",
-    response_model=ReportAck,
-    responses=BODY_ERRORS | error_responses(409, 503),
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ReportIn"}}},
-        }
-    },
-)
 async def post_report(request: Request) -> Response:
     """Charge one interval of a pod's GPU use. A retry of the same (pod_uid, seq, interval) answers
     `duplicate: true` and charges nothing; time already charged is never charged again. Answered after
@@ -51,12 +40,29 @@ async def post_report(request: Request) -> Response:
     await authorize(request, principal, Action.REPORT, report.namespace)
     check_pod_identity(principal, report.namespace, report.pod, report.pod_uid)
     state = request.app.state
-    outcome = await ingest_report(state.ingest, state.settings, state.clock, report)
+    check_report(state.settings, report, state.clock.now())
+    outcome = await state.ingest.submit(report)
     metrics: Metrics = state.metrics
     metrics.reports.labels(result="duplicate" if outcome.duplicate else "charged").inc()
     metrics.ingest_seconds.observe(time.perf_counter() - started)
     ack = ReportAck(duplicate=outcome.duplicate, gpu_minutes=outcome.gpu_minutes, state=outcome.state)
     return Response(ack.model_dump_json(), media_type="application/json")
+
+
+router.add_api_route(
+    "/reports",
+    post_report,
+    methods=["POST"],
+    response_model=ReportAck,
+    responses=BODY_ERRORS | error_responses(409, 503),
+    route_class_override=RequestRoute,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ReportIn"}}},
+        }
+    },
+)
 
 
 @router.get("/namespaces/{namespace}/usage", response_model=UsageOut)

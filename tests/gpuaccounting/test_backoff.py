@@ -1,4 +1,4 @@
-"""The one backoff rule: full jitter under a bound that doubles per failure up to the cap, reset by a success."""
+"""One backoff rule: full jitter under a bound that doubles per failure up to the cap; success resets it."""
 
 from __future__ import annotations
 

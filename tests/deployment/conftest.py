@@ -88,7 +88,9 @@ def kustomize(directory: Path) -> tuple[dict[str, Any], ...]:
     command = kustomize_command()
     if command is None:
         pytest.skip("neither kustomize nor kubectl is installed (python-svc machines ship kubectl)")
-    done = subprocess.run([*command, str(directory)], capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [*command, str(directory)], capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == 0, f"kustomize failed on {directory}:\n{done.stderr}"
     return tuple(obj for obj in yaml.safe_load_all(done.stdout) if obj)
 

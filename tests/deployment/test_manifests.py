@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 
 from gpuaccounting import names
-from tests.deployment.conftest import BUILDS, INSTALLS, OVERLAYS, RENDERS, ROOT, find, one, pod_specs, render
+from tests.deployment.conftest import INSTALLS, OVERLAYS, RENDERS, ROOT, find, one, pod_specs, render
 
 # matchConditions are GA from 1.30: the oldest Kubernetes we support, and the newest schemas we have.
 KUBERNETES_VERSIONS = ["1.30.0", kubernetes_validate.utils.latest_version()]

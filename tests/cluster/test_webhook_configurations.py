@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from gpuaccounting import names
-from tests.cluster.harness import Kubectl, KubectlError, gpu_probe
+from tests.cluster.harness import Kubectl, admits, gpu_probe
 from tests.support.loopback import LoopbackServer, send_json
 from tests.support.pods import container, pod
 from tests.support.processes import REPO_ROOT, free_port, wait_until
@@ -40,15 +40,6 @@ def changed(kubectl: Kubectl, kind: str, operations: list[dict[str, Any]]) -> It
     finally:
         restore = [{"op": "replace", "path": "/webhooks", "value": webhooks}]
         kubectl.run("patch", kind, "gpu-timekeeper", "--type=json", "-p", json.dumps(restore))
-
-
-def admits(kubectl: Kubectl, obj: dict[str, Any]) -> bool:
-    """Whether `obj` passes admission now (a server-side dry run: nothing is stored)."""
-    try:
-        kubectl.create(obj, "--dry-run=server")
-    except KubectlError:
-        return False
-    return True
 
 
 @pytest.fixture

@@ -17,12 +17,11 @@ from webhook.injection import SidecarTemplate
 from webhook.metrics import WebhookMetrics
 from webhook.patch import diff
 from webhook.priority import PriorityPolicy
-from webhook.review import AdmissionRequest, AdmissionResponse, Denial
+from webhook.review import AdmissionRequest, AdmissionResponse, Denial, PodRequest
 from webhook.settings import WebhookSettings
 from webhook.state import BudgetStateCache
 
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
-CONTAINER_LISTS: Final = ("initContainers", "containers", "ephemeralContainers")
 CONTAINER_CAP_RULE: Final = "max-containers"
 
 SKIPPED: Final = AdmissionResponse("skipped")
@@ -66,13 +65,12 @@ class Admission:
         return request.namespace or (pod.get("metadata") or {}).get("namespace", "")
 
     def _over_container_cap(self, request: AdmissionRequest, pod: dict[str, Any]) -> AdmissionResponse | None:
-        """A denial for a new pod with more containers than any real one has; its decision is never run.
+        """A denial for a new pod with more containers than any real one has; the parse did not read it.
 
         CREATE only: what an UPDATE is judged on is linear in the pod, and a running pod (or one being
         deleted, its finalizers removed by UPDATEs) must never be stuck behind a limit set later.
         """
-        spec = pod.get("spec") or {}
-        count = sum(len(spec.get(key) or ()) for key in CONTAINER_LISTS)
+        count = request.container_count if isinstance(request, PodRequest) else 0
         if count <= self.settings.max_containers:
             return None
         message = (

@@ -87,7 +87,7 @@ def _endpoint(
     name: str,
     decide: Callable[[AdmissionRequest], AdmissionResponse],
     metrics: WebhookMetrics,
-    max_body_bytes: int,
+    settings: WebhookSettings,
 ) -> Callable[[Request], Any]:
     admissions = metrics.admissions
     latency = metrics.latency.labels(endpoint=name)
@@ -96,7 +96,7 @@ def _endpoint(
 
     async def handle(request: Request) -> Response:
         try:
-            body = await read_body(request, max_body_bytes)
+            body = await read_body(request, settings.max_body_bytes)
         except BodyTooLarge as error:
             too_large.inc()
             # The rest of the body may still be on its way: close rather than read it to reuse the connection.
@@ -105,7 +105,7 @@ def _endpoint(
             return Response(status_code=400)
         started = time.perf_counter()
         try:
-            review = parse_review(body)
+            review = parse_review(body, settings.max_containers)
         except MalformedReview as error:
             malformed.inc()
             return _refusal(error)
@@ -154,11 +154,12 @@ def create_app(settings: WebhookSettings | None = None) -> Starlette:
     async def metrics_endpoint(request: Request) -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    limit = settings.max_body_bytes
     app = Starlette(
         routes=[
-            Route("/mutate", _endpoint("mutate", admission.mutate, metrics, limit), methods=["POST"]),
-            Route("/validate", _endpoint("validate", admission.validate, metrics, limit), methods=["POST"]),
+            Route("/mutate", _endpoint("mutate", admission.mutate, metrics, settings), methods=["POST"]),
+            Route(
+                "/validate", _endpoint("validate", admission.validate, metrics, settings), methods=["POST"]
+            ),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
         ],

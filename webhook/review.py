@@ -14,7 +14,16 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Final, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 
 from webhook.podshape import PodObject
 
@@ -22,6 +31,7 @@ Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
 # What each decision answered: the `result` label of webhook_admissions_total.
 Result = Literal["patched", "unchanged", "non_gpu", "skipped", "allowed", "warned", "denied"]
 _ERRORS_SHOWN: Final = 3
+CONTAINER_LISTS: Final = ("initContainers", "containers", "ephemeralContainers")
 
 
 class WebhookError(Exception):
@@ -73,7 +83,22 @@ class PodRequest(_Request):
 
     object: PodObject | None = None
     old_object: PodObject | None = Field(default=None, alias="oldObject")
+    # The containers `object` lists (init, app, ephemeral), counted before it is read. The pod of a CREATE
+    # over the cap the parse is given is kept as its metadata only: it is denied, never read.
+    container_count: int = 0
     is_pod: ClassVar[bool] = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _count_containers(cls, data: Any, info: ValidationInfo) -> Any:
+        pod = data.get("object") if isinstance(data, dict) else None
+        if not isinstance(pod, dict) or not isinstance(spec := pod.get("spec"), dict):
+            return data
+        count = sum(len(listed) for key in CONTAINER_LISTS if isinstance(listed := spec.get(key), list))
+        cap = (info.context or {}).get("max_containers")
+        if cap is not None and count > cap and data.get("operation") == "CREATE":
+            pod = {key: pod[key] for key in ("apiVersion", "kind", "metadata") if key in pod}
+        return {**data, "object": pod, "container_count": count}
 
 
 class OtherRequest(_Request):
@@ -113,10 +138,18 @@ def _place(location: tuple[int | str, ...]) -> str:
     return ".".join(str(part) for part in location) or "body"
 
 
-def parse_review(body: bytes | bytearray) -> AdmissionReview:
-    """Parse an AdmissionReview; anything that is not one raises MalformedReview naming the places."""
+def parse_review(body: bytes, max_containers: int | None = None) -> AdmissionReview:
+    """Parse an AdmissionReview; anything that is not one raises MalformedReview naming the places.
+
+    orjson reads the JSON (faster than pydantic's reader on these bodies, and the pod-kind test and the
+    container count need the document first anyway); the model then validates it in one pass.
+    """
     try:
-        return AdmissionReview.model_validate_json(body)
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as error:
+        raise MalformedReview(f"body: not valid JSON: {error}") from None
+    try:
+        return AdmissionReview.model_validate(document, context={"max_containers": max_containers})
     except ValidationError as error:
         problems = error.errors(include_url=False, include_input=False)
         shown = "; ".join(f"{_place(p['loc'])}: {p['msg']}" for p in problems[:_ERRORS_SHOWN])

@@ -34,31 +34,31 @@ MALFORMED = {
     ),
     "metadata a string": (
         _with(("request", "object", "metadata"), "work"),
-        "request.object.metadata: Input should be an object",
+        "request.object.metadata: Input should be a valid dictionary",
     ),
     "annotations a list": (
         _with(("request", "object", "metadata", "annotations"), ["a"]),
-        "request.object.metadata.annotations: Input should be an object",
+        "request.object.metadata.annotations: Input should be a valid dictionary",
     ),
     "containers a number": (
         _with(("request", "object", "spec", "containers"), 5),
-        "request.object.spec.containers: Input should be a valid array",
+        "request.object.spec.containers: Input should be a valid list",
     ),
     "a container a string": (
         _with(("request", "object", "spec", "containers"), ["main"]),
-        "request.object.spec.containers.0: Input should be an object",
+        "request.object.spec.containers.0: Input should be a valid dictionary",
     ),
     "requests a list": (
         _with(("request", "object", "spec", "containers", 0, "resources", "requests"), [1]),
-        "request.object.spec.containers.0.resources.requests: Input should be an object",
+        "request.object.spec.containers.0.resources.requests: Input should be a valid dictionary",
     ),
     "volumes of numbers": (
         _with(("request", "object", "spec", "volumes"), [1]),
-        "request.object.spec.volumes.0: Input should be an object",
+        "request.object.spec.volumes.0: Input should be a valid dictionary",
     ),
     "oldObject spec a list": (
         _with(("request", "oldObject"), {"spec": []}, review(GPU_POD, operation="UPDATE")),
-        "request.oldObject.spec: Input should be an object",
+        "request.oldObject.spec: Input should be a valid dictionary",
     ),
 }
 

@@ -25,9 +25,9 @@ def _edited(path: tuple[str, ...], value: object = _DELETE) -> bytes:
 
 
 MALFORMED = {
-    "truncated JSON": (orjson.dumps(review(pod()))[:-20], "body: Invalid JSON: EOF"),
-    "empty body": (b"", "body: Invalid JSON: EOF"),
-    "a JSON list": (b"[1, 2]", "body: Input should be an object"),
+    "truncated JSON": (orjson.dumps(review(pod()))[:-20], "body: not valid JSON"),
+    "empty body": (b"", "body: not valid JSON"),
+    "a JSON list": (b"[1, 2]", "body: Input should be a valid dictionary"),
     "wrong apiVersion": (
         _edited(("apiVersion",), "admission.k8s.io/v2"),
         "apiVersion: Input should be 'admission.k8s.io/v1' or",
@@ -38,24 +38,27 @@ MALFORMED = {
     "uid not a string": (_edited(("request", "uid"), 7), "request.uid: Input should be a valid string"),
     "object not a dict": (
         _edited(("request", "object"), "a pod"),
-        "request.object: Input should be an object",
+        "request.object: Input should be a valid dictionary",
     ),
     "oldObject a list": (
         _edited(("request", "oldObject"), []),
-        "request.oldObject: Input should be an object",
+        "request.oldObject: Input should be a valid dictionary",
     ),
     "unknown operation": (
         _edited(("request", "operation"), "PATCH"),
         "request.operation: Input should be 'CREATE', 'UPDATE', 'DELETE' or 'CONNECT'",
     ),
-    "kind not an object": (_edited(("request", "kind"), "Pod"), "request.kind: Input should be an object"),
+    "kind not an object": (
+        _edited(("request", "kind"), "Pod"),
+        "request.kind: Input should be a valid dictionary",
+    ),
     "metadata a string": (
         _edited(("request", "object", "metadata"), "x"),
-        "request.object.metadata: Input should be an object",
+        "request.object.metadata: Input should be a valid dictionary",
     ),
     "annotations a list": (
         _edited(("request", "object", "metadata", "annotations"), ["a"]),
-        "request.object.metadata.annotations: Input should be an object",
+        "request.object.metadata.annotations: Input should be a valid dictionary",
     ),
     "label value a number": (
         _edited(("request", "object", "metadata", "labels"), {"clearml-injector/fraction": 0.5}),
@@ -63,15 +66,15 @@ MALFORMED = {
     ),
     "spec a list": (
         _edited(("request", "object", "spec"), []),
-        "request.object.spec: Input should be an object",
+        "request.object.spec: Input should be a valid dictionary",
     ),
     "containers a number": (
         _edited(("request", "object", "spec", "containers"), 3),
-        "request.object.spec.containers: Input should be a valid array",
+        "request.object.spec.containers: Input should be a valid list",
     ),
     "volumes of strings": (
         _edited(("request", "object", "spec", "volumes"), ["data"]),
-        "request.object.spec.volumes.0: Input should be an object",
+        "request.object.spec.volumes.0: Input should be a valid dictionary",
     ),
 }
 

@@ -27,12 +27,12 @@ import orjson
 
 from bench.common import PYTHON, REPO_ROOT, Figure, Section, free_port, process, write_results
 from tests.support.pods import container, pod, review
+from tests.support.raw_https import Connection, is_open, open_tls, post, send_endless_body
 from webhook.tls import generate_ca, generate_serving_cert
 
 OUT = REPO_ROOT / "bench" / "out" / "hostile.md"
 MIB = 2**20
 HUGE_BODY = 100_000_000
-CHUNK = 64 * 1024
 
 
 def _memory(pid: int) -> tuple[float, float]:
@@ -49,49 +49,21 @@ class Target:
         self.context = context
         self.pid = pid
 
-    async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        return await asyncio.open_connection(
-            "127.0.0.1", self.port, ssl=self.context, server_hostname="127.0.0.1", limit=2**24
-        )
+    async def connect(self) -> Connection:
+        return await open_tls(self.port, self.context)
 
     async def post(self, path: str, body: bytes) -> tuple[int, float]:
         """One request on a new connection: (status, seconds until the whole answer arrived)."""
         started = time.perf_counter()
-        reader, writer = await self.connect()
-        head = f"POST {path} HTTP/1.1\r\nHost: webhook\r\nContent-Type: application/json\r\n"
-        writer.write(f"{head}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
-        answer = await reader.read()
-        writer.close()
+        answer = await post(self.port, self.context, path, body)
         return int(answer.split(b" ", 2)[1]), time.perf_counter() - started
-
-
-async def _huge_body(target: Target, chunked: bool) -> tuple[str, int]:
-    """Send up to 100 MB while reading the answer; (status line or how it ended, bytes sent)."""
-    reader, writer = await target.connect()
-    framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {HUGE_BODY}"
-    writer.write(f"POST /mutate HTTP/1.1\r\nHost: webhook\r\n{framing}\r\n\r\n".encode())
-    answer = asyncio.create_task(reader.readline())
-    sent = 0
-    chunk = b"x" * CHUNK
-    try:
-        while sent < HUGE_BODY and not answer.done():
-            writer.write(b"%x\r\n%s\r\n" % (CHUNK, chunk) if chunked else chunk)
-            sent += CHUNK
-            await asyncio.wait_for(writer.drain(), timeout=10)
-        if chunked and not answer.done():
-            writer.write(b"0\r\n\r\n")
-        status = (await asyncio.wait_for(answer, timeout=60)).decode().strip() or "closed without answer"
-    except (ConnectionError, TimeoutError, ssl.SSLError) as error:
-        status = answer.result().decode().strip() if answer.done() else f"{type(error).__name__}"
-    writer.close()
-    return status, sent
 
 
 async def _slow_connections(target: Target, count: int, wait: float) -> tuple[int, int]:
     """`count` connections that complete TLS and send half a request head; (still open after 2 s, still
     open after `wait` s), as the client sees them (a refused one reads end-of-file)."""
 
-    async def one() -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+    async def one() -> Connection | None:
         try:
             reader, writer = await target.connect()
         except (ConnectionError, ssl.SSLError, TimeoutError):
@@ -102,15 +74,7 @@ async def _slow_connections(target: Target, count: int, wait: float) -> tuple[in
     opened = [c for c in await asyncio.gather(*(one() for _ in range(count))) if c is not None]
 
     async def still_open() -> int:
-        async def alive(reader: asyncio.StreamReader) -> bool:
-            try:
-                return await asyncio.wait_for(reader.read(1), timeout=0.01) != b""
-            except TimeoutError:
-                return True
-            except (ConnectionError, ssl.SSLError):
-                return False
-
-        return sum(await asyncio.gather(*(alive(reader) for reader, _ in opened)))
+        return sum(await asyncio.gather(*(is_open(reader, wait=0.01) for reader, _ in opened)))
 
     await asyncio.sleep(2)
     early = await still_open()
@@ -149,7 +113,7 @@ async def _beside_huge(target: Target, huge: bytes, normal: bytes) -> tuple[floa
 @contextlib.contextmanager
 def _webhook(directory: Path) -> Iterator[Target]:
     ca_cert, ca_key = generate_ca("bench CA")
-    cert, key = generate_serving_cert(ca_cert, ca_key, "webhook", "bench", extra_sans=("127.0.0.1",))
+    cert, key = generate_serving_cert(ca_cert, ca_key, "webhook", "bench", extra_sans=("localhost",))
     (directory / "tls.crt").write_bytes(cert)
     (directory / "tls.key").write_bytes(key)
     port = free_port()
@@ -174,7 +138,7 @@ def _memory_figures(section: Section, label: str, target: Target, at_rest: float
 async def _bodies(target: Target, section: Section) -> None:
     at_rest, _ = _memory(target.pid)
     for chunked in (False, True):
-        status, sent = await _huge_body(target, chunked)
+        status, sent = await send_endless_body(await target.connect(), HUGE_BODY, chunked=chunked)
         label = "chunked" if chunked else "declared by Content-Length"
         section.notes.append(f"100 MB body, {label}: `{status}` after {sent / MIB:,.1f} MiB were sent")
     _memory_figures(section, "two 100 MB bodies", target, at_rest)

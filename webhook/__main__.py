@@ -14,7 +14,7 @@ import uvicorn
 
 from gpuaccounting.logs import configure_logging
 from webhook.app import create_app
-from webhook.connections import ConnectionLimits, guarded_protocol
+from webhook.connections import ConnectionLimits, WebhookServer, guarded_protocol
 from webhook.settings import WebhookSettings, get_settings
 
 
@@ -36,7 +36,7 @@ def server(settings: WebhookSettings, host: str, port: int, **options: object) -
         port=port,
         ssl_certfile=str(settings.tls_cert_file),
         ssl_keyfile=str(settings.tls_key_file),
-        loop="uvloop",
+        loop="none",  # WebhookServer.run brings its own
         http=guarded_protocol(limits, app.state.metrics.refused),
         access_log=False,
         timeout_keep_alive=settings.keep_alive_timeout_seconds,
@@ -45,7 +45,7 @@ def server(settings: WebhookSettings, host: str, port: int, **options: object) -
     )
     config.load()
     app.state.ssl_context = config.ssl
-    return uvicorn.Server(config)
+    return WebhookServer(config, tls_timeout=settings.request_timeout_seconds)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,7 +10,10 @@ never closes the idle ones, so 2,000 silent connections are all held. This proto
 - a deadline to receive each whole request (head and body), from the connection's start or the next
   request's first byte: the connection is dropped when it passes;
 - a cap on the bytes of a request head (exact to within one read from the socket): 431, then closed;
-- a cap on open connections: one beyond it is dropped as soon as its TLS handshake completes.
+- a cap on open connections: one beyond it is dropped as soon as its TLS handshake completes;
+- the same deadline on a TLS handshake and on a TLS close, which uvicorn leaves at the event loop's
+  defaults (60 s and 30 s): a connection that never starts TLS, or whose peer never acknowledges the
+  close after a 413, is gone after `request_timeout_seconds` (`WebhookServer`).
 
 The body's limit is the app's (`webhook.app.read_body`), where the declared length can be answered 413.
 """
@@ -18,9 +21,12 @@ The body's limit is the app's (`webhook.app.read_body`), where the declared leng
 from __future__ import annotations
 
 import asyncio
+import socket
 from dataclasses import dataclass
 from typing import Any
 
+import uvicorn
+import uvloop
 from prometheus_client import Counter
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -102,3 +108,33 @@ def guarded_protocol(limits: ConnectionLimits, refused: Counter) -> type[asyncio
             super().connection_lost(exc)
 
     return GuardedProtocol
+
+
+class _TlsTimeoutLoop(uvloop.Loop):
+    """uvloop, with every TLS server's handshake and close bounded by `tls_timeout` seconds."""
+
+    tls_timeout: float
+
+    async def create_server(self, *args: Any, **kwargs: Any) -> asyncio.AbstractServer:  # type: ignore[override]
+        if kwargs.get("ssl") is not None:
+            kwargs.setdefault("ssl_handshake_timeout", self.tls_timeout)
+            kwargs.setdefault("ssl_shutdown_timeout", self.tls_timeout)
+        return await super().create_server(*args, **kwargs)
+
+
+class WebhookServer(uvicorn.Server):
+    """uvicorn's server on a loop whose TLS handshakes and closes time out after `tls_timeout` seconds
+    (uvicorn has no setting for either and passes none to the loop)."""
+
+    def __init__(self, config: uvicorn.Config, tls_timeout: float) -> None:
+        super().__init__(config)
+        self.tls_timeout = tls_timeout
+
+    def _new_loop(self) -> asyncio.AbstractEventLoop:
+        loop = _TlsTimeoutLoop()
+        loop.tls_timeout = self.tls_timeout
+        return loop
+
+    def run(self, sockets: list[socket.socket] | None = None) -> None:
+        with asyncio.Runner(loop_factory=self._new_loop) as runner:
+            runner.run(self.serve(sockets=sockets))

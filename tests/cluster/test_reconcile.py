@@ -163,8 +163,10 @@ def test_budget_state_changes_are_events_on_the_namespace(
         if e["reason"] == "GPUBudgetExhausted"
     ]
     assert exhausted["type"] == "Warning"
-    assert (
-        exhausted["involvedObject"] | {"kind": "Namespace", "name": namespace, "namespace": namespace}
-        == exhausted["involvedObject"]
+    involved = exhausted["involvedObject"]
+    assert (involved["kind"], involved["name"], involved.get("namespace")) == (
+        "Namespace",
+        namespace,
+        namespace,
     )
     assert "gpu-over-budget" in exhausted["message"]

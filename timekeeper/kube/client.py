@@ -159,6 +159,7 @@ class KubeClient:
         self._watches: set[urllib3.BaseHTTPResponse] = set()
         self._watches_lock = threading.Lock()
         self._closed = False
+        self._eviction_api_version: str | None = None
 
     @classmethod
     def from_config(cls, config: KubeConfig) -> KubeClient:
@@ -347,11 +348,25 @@ class KubeClient:
             response.close()
             response.release_conn()
 
+    def eviction_api_version(self) -> str:
+        """`policy/v1` where the API server serves it (1.22 on), else `policy/v1beta1` (1.20, 1.21): the
+        Eviction body must name a version the server knows. Asked once (discovery), then remembered."""
+        if self._eviction_api_version is None:
+            try:
+                group = self._call(kubernetes.client.PolicyApi(self._api).get_api_group)
+            except ApiException as exc:
+                raise KubeError(f"discovery of the policy API group: {exc.status} {exc.reason}") from exc
+            served = {version.version for version in group.versions or ()}
+            self._eviction_api_version = "policy/v1" if "v1" in served else "policy/v1beta1"
+        return self._eviction_api_version
+
     def evict_pod(self, namespace: str, name: str) -> EvictionResult:
         """Evict through the Eviction API, so PodDisruptionBudgets are honoured."""
-        body = kubernetes.client.V1Eviction(
-            metadata=kubernetes.client.V1ObjectMeta(name=name, namespace=namespace)
-        )
+        body = {
+            "apiVersion": self.eviction_api_version(),
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        }
         try:
             self._call(self._core.create_namespaced_pod_eviction, name, namespace, body)
         except ApiException as exc:
@@ -361,16 +376,6 @@ class KubeClient:
                 return EvictionResult.GONE
             raise KubeError(f"eviction of {namespace}/{name} refused: {exc.status} {exc.reason}") from exc
         return EvictionResult.EVICTED
-
-    def namespace_annotations(self, namespace: str) -> dict[str, str]:
-        """A namespace's annotations (where its owners state policy); empty when it does not exist."""
-        try:
-            found = self._call(self._core.read_namespace, namespace)
-        except ApiException as exc:
-            if exc.status == HTTP_NOT_FOUND:
-                return {}
-            raise KubeError(f"namespace {namespace}: {exc.status} {exc.reason}") from exc
-        return dict(found.metadata.annotations or {})
 
     # ---- quotas ----------------------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """SQL the reconciler needs beyond the report path: which pods have time not yet charged, keeping a
 charge by the pass from looking like a report, closing ended pods at their real end, the namespaces'
-states and concurrent limits."""
+states, which exhausted namespaces evict their running pods, and concurrent limits."""
 
 from __future__ import annotations
 
@@ -33,6 +33,15 @@ _LIMITS = sa.text(
     "LEFT JOIN namespace_budgets b ON b.namespace = n.namespace CROSS JOIN default_budget d"
 )
 
+# Exhausted namespaces whose budget (their own, else the default) says `evict`, with the classes their
+# priority policy exempts.
+_EVICTING = sa.text(
+    "SELECT s.namespace, coalesce(b.priority_policy, d.priority_policy) -> 'exempt_classes' AS exempt "
+    "FROM namespace_status s CROSS JOIN default_budget d "
+    "LEFT JOIN namespace_budgets b ON b.namespace = s.namespace "
+    "WHERE s.state = 'exhausted' AND coalesce(b.running_pod_action, d.running_pod_action) = 'evict'"
+)
+
 
 class ReconcileRepository:
     def __init__(self, session: AsyncSession) -> None:
@@ -54,6 +63,11 @@ class ReconcileRepository:
     async def states(self) -> dict[str, BudgetState]:
         result = await self.session.execute(sa.text("SELECT namespace, state FROM namespace_status"))
         return {row.namespace: row.state for row in result}
+
+    async def evicting(self) -> dict[str, frozenset[str]]:
+        """The namespaces whose running GPU pods are to be evicted, each with its exempt classes."""
+        result = await self.session.execute(_EVICTING)
+        return {row.namespace: frozenset(row.exempt) for row in result}
 
     async def concurrent_limits(self, extra_namespaces: Iterable[str]) -> dict[str, Decimal | None]:
         """Each known namespace's concurrent GPU limit: its own budget's, else the default's."""

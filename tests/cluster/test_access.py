@@ -62,7 +62,7 @@ def test_a_pod_bound_token_reports_for_its_pod_only(
     assert Decimal(str(api.budget(namespace)["used_gpu_minutes"])) == 1
 
 
-def test_tokens_for_another_audience_or_a_deleted_pod_cannot_report(
+def test_unknown_tokens_for_another_audience_or_a_deleted_pod_cannot_report(
     kubectl: Kubectl, core: client.CoreV1Api, api: TimekeeperApi, namespace: str
 ) -> None:
     trainer = gpu_pod(kubectl, namespace, "trainer")
@@ -70,6 +70,7 @@ def test_tokens_for_another_audience_or_a_deleted_pod_cannot_report(
     unbound = service_account_token(core, namespace, "default", audiences=("gpu-timekeeper",))
     bound = sidecar_token(core, trainer)
 
+    assert report(api, "not-a-token", trainer).status_code == 401
     assert report(api, api_audience, trainer).status_code == 403  # a user of the API server, not a pod
     assert report(api, unbound, trainer).status_code == 403  # no pod in the token
     kubectl.run("delete", "pod", "trainer", "-n", namespace, "--grace-period=0", "--force")

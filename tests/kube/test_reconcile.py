@@ -27,8 +27,9 @@ from timekeeper.kube import KubeClient, KubeUnavailableError, QuotaChange
 from timekeeper.kube.client import QUOTA_NAME
 from timekeeper.reconcile.service import Reconciler
 from timekeeper.scheduler.jobs import JOBS_BY_NAME, reconcile_job, run_job
-from timekeeper.scheduler.repository import RUNNING_POD_SQL
+from timekeeper.scheduler.repository import RUNNING_POD
 from timekeeper.settings import Settings
+from timekeeper.usage.models import PodCoverage
 from timekeeper.usage.repository import UsageRepository
 from timekeeper.usage.schemas import ReportIn
 
@@ -382,11 +383,12 @@ async def coverage(sessionmaker, uid: str) -> tuple[bool, datetime | None, datet
     async with sessionmaker() as session:
         row = (
             await session.execute(
-                sa.text(
-                    f"SELECT final, closed_at, last_report_at, {RUNNING_POD_SQL} AS running "
-                    "FROM pod_coverage WHERE pod_uid = :uid"
-                ),
-                {"uid": uid},
+                sa.select(
+                    PodCoverage.final,
+                    PodCoverage.closed_at,
+                    PodCoverage.last_report_at,
+                    RUNNING_POD.label("running"),
+                ).where(PodCoverage.pod_uid == uid)
             )
         ).one()
     return row.final, row.closed_at, row.last_report_at, row.running

@@ -421,7 +421,9 @@ class KubeClient:
         type_: str = "Normal",
         involved: ObjectReference | None = None,
     ) -> None:
-        """Record a Kubernetes Event (`kubectl describe namespace` shows it) about the namespace or a pod."""
+        """Record a Kubernetes Event (`kubectl get events -n <namespace>` shows it) about the namespace or a
+        pod. The API server refuses an Event whose involvedObject.namespace differs from its own namespace
+        (outside `default`), so one about the Namespace carries the namespace there too."""
         involved = involved or ObjectReference(kind="Namespace", name=namespace)
         now = datetime.now(UTC)
         body = client.CoreV1Event(
@@ -432,7 +434,7 @@ class KubeClient:
                 api_version=involved.api_version,
                 kind=involved.kind,
                 name=involved.name,
-                namespace=involved.namespace or (namespace if involved.kind != "Namespace" else None),
+                namespace=involved.namespace or namespace,
                 uid=involved.uid,
             ),
             reason=reason,

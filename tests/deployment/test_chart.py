@@ -36,6 +36,8 @@ from tests.deployment.test_manifests import KUBERNETES_VERSIONS
 from webhook.settings import WebhookSettings
 
 PRODUCTION_VALUES = CHART_VALUES["production"]
+# Labels that carry meaning beyond Helm's bookkeeping: role aggregation, Pod Security levels.
+KEPT_LABELS = ("rbac.authorization.k8s.io/", "pod-security.kubernetes.io/")
 # Env the chart gives the webhook beyond the overlay's: the priority classes it creates (one value feeds
 # both) and the sidecar's pull policy (image.pullPolicy).
 CHART_ONLY_WEBHOOK_ENV = {

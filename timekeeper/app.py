@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gpuaccounting.names import API_PREFIX
 from timekeeper.admission.router import router as admission_router
 from timekeeper.audit.router import router as audit_router
+from timekeeper.auth.digests import TokenDigests
 from timekeeper.auth.factory import build_access_control
 from timekeeper.budgets.router import router as budgets_router
 from timekeeper.clock import Clock
@@ -91,6 +92,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
     app.state.settings = settings
     app.state.clock = clock or default_clock(settings)
     app.state.metrics = Metrics()
+    app.state.metrics_tokens = TokenDigests(settings.metrics_token_sha256)
     install_error_handler(app)
     api = APIRouter(prefix=API_PREFIX)
     for router in (usage_router, budgets_router, audit_router, admission_router):

@@ -59,6 +59,33 @@ Reader = Annotated[Principal, Depends(require(Action.READ))]
 Admin = Annotated[Principal, Depends(require(Action.ADMIN))]
 
 
+async def _read_scope(request: Request, principal: AuthenticatedPrincipal) -> frozenset[str] | None:
+    """Which namespaces a listing may show the caller: a scoped credential's own, else (None) every
+    namespace, for a caller that may read cluster-wide."""
+    if principal.namespaces is not None:
+        return principal.namespaces
+    await authorize(request, principal, Action.READ, None)
+    return None
+
+
+ReadScope = Annotated[frozenset[str] | None, Depends(_read_scope)]
+
+
+async def _metrics_access(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> None:
+    """`TIMEKEEPER_METRICS_AUTH=token`: a metrics token, or a credential that may read every namespace
+    (the scrape shows them all)."""
+    if request.app.state.settings.metrics_auth == "open":
+        return
+    if credentials is not None and request.app.state.metrics_tokens.match(credentials.credentials):
+        return
+    await authorize(request, await _principal(request, credentials), Action.READ, None)
+
+
+MetricsAccess = Depends(_metrics_access)
+
+
 def check_pod_identity(principal: Principal, namespace: str, pod: str, pod_uid: str) -> None:
     """A credential bound to one pod may report only for that pod."""
     bound = principal.pod

@@ -1,5 +1,6 @@
 """SQL the reconciler needs beyond the report path: which pods have time not yet charged, closing ended
-pods at their real end, the namespaces' states and concurrent limits. Core statements on the models; the
+pods at their real end, the namespaces' states, which exhausted namespaces evict their running pods, and
+concurrent limits. Core statements on the models; the
 coverage test stays PostgreSQL (multirange arithmetic has no Core spelling)."""
 
 from __future__ import annotations
@@ -52,6 +53,20 @@ class ReconcileRepository:
     async def states(self) -> dict[str, BudgetState]:
         result = await self.session.execute(sa.select(NamespaceStatus.namespace, NamespaceStatus.state))
         return {row.namespace: row.state for row in result}
+
+    async def evicting(self) -> dict[str, frozenset[str]]:
+        """The exhausted namespaces whose budget (their own, else the default) says `evict`, each with the
+        classes its priority policy exempts."""
+        policy = sa.func.coalesce(NamespaceBudget.priority_policy, DefaultBudget.priority_policy)
+        action = sa.func.coalesce(NamespaceBudget.running_pod_action, DefaultBudget.running_pod_action)
+        result = await self.session.execute(
+            sa.select(NamespaceStatus.namespace, policy["exempt_classes"].label("exempt"))
+            .select_from(NamespaceStatus)
+            .outerjoin(NamespaceBudget, NamespaceBudget.namespace == NamespaceStatus.namespace)
+            .join(DefaultBudget, sa.true())
+            .where(NamespaceStatus.state == "exhausted", action == "evict")
+        )
+        return {row.namespace: frozenset(row.exempt) for row in result}
 
     async def concurrent_limits(self, extra_namespaces: Iterable[str]) -> dict[str, Decimal | None]:
         """Each known namespace's concurrent GPU limit (the known ones and `extra_namespaces`): its own

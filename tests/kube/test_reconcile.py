@@ -565,6 +565,30 @@ async def test_the_app_runs_the_reconciler_as_a_scheduler_job_when_asked(
     assert not reconciler.watching
 
 
+async def test_a_pass_waiting_for_the_list_is_woken_by_the_next_leaderships_watch(
+    apiserver: KubeApiServer, reconciler: Reconciler
+):
+    """Leadership lost and taken again (a leader check that timed out on a busy machine) while a pass
+    waits for the watch's first list: the new watch's list wakes it. When each leadership built a fresh
+    registry the pass waited on the old one's event, which nothing set, for the whole reconcile interval
+    (an hour in the app test above, which hung to the suite's timeout)."""
+    gpu_pod(apiserver, "team-a", "p")
+    await reconciler.start_leading()
+    waiting = asyncio.create_task(reconciler.wait_synced())
+    await asyncio.sleep(0)
+    assert not reconciler.registry.synced.is_set()  # the pass waits; the first watch has not listed
+    await reconciler.stop_leading()
+    await reconciler.start_leading()
+    try:
+        # Bounded, so the old hang fails this test rather than the suite's timeout.
+        await asyncio.wait({waiting}, timeout=15)
+        assert waiting.done() and waiting.exception() is None
+        assert [p.info.name for p in reconciler.registry.pods()] == ["p"]
+    finally:
+        waiting.cancel()
+        await reconciler.stop_leading()
+
+
 async def test_a_pod_that_never_started_is_forgotten_without_a_charge(
     apiserver: KubeApiServer, reconciler: Reconciler
 ):

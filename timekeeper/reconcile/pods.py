@@ -54,6 +54,14 @@ class PodRegistry:
         self._present: set[str] = set()  # uids the API still has
         self.synced = asyncio.Event()
 
+    def reset(self) -> None:
+        """Forget every pod: a new leadership's watch lists them again. The same `synced` event, cleared,
+        so a pass already waiting for a list is woken by the new watch's (a fresh registry would leave
+        it waiting on the old one's event, which nothing sets any more)."""
+        self._pods.clear()
+        self._present.clear()
+        self.synced.clear()
+
     def apply(self, item: PodSnapshot | PodEvent) -> None:
         if isinstance(item, PodSnapshot):
             seen = set()

@@ -103,9 +103,9 @@ class Reconciler:
         return self._watch is not None and not self._watch.done()
 
     async def start_leading(self) -> None:
-        """A fresh registry, filled by the watch's first list and kept current by it (a task on this
+        """An emptied registry, filled by the watch's first list and kept current by it (a task on this
         loop). The states are learnt anew, so a change of leader does not repeat old news."""
-        self.registry = PodRegistry(self.clock, self.hardware)
+        self.registry.reset()
         self._last_states = None
         self._watch = asyncio.create_task(self._follow(self.registry), name="pod-watch")
 
@@ -131,10 +131,13 @@ class Reconciler:
             raise
 
     async def wait_synced(self) -> None:
-        """Before a pass: the registry must hold a full list (a new leader's watch has just started)."""
+        """Before a pass: the registry must hold a full list (a new leader's watch has just started). Its
+        leadership may be lost and taken again meanwhile: then the new watch's list is the one awaited."""
         timeout = self.settings.reconcile_interval_seconds
         try:
-            await asyncio.wait_for(self.registry.synced.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                while not self.registry.synced.is_set():
+                    await self.registry.synced.wait()
         except TimeoutError:
             raise KubeUnavailableError(f"the pod watch has not listed the pods within {timeout} s") from None
 

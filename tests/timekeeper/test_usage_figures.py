@@ -103,7 +103,11 @@ async def test_a_lost_gpu_shows_its_status_beside_the_ones_that_answered(api: Ap
 
 async def test_energy_is_split_across_hours_by_time_and_never_counted_twice(api: Api) -> None:
     at = NOON + timedelta(minutes=50)
-    ok(await api.report(pod="a", pod_uid="uid-a", seq=1, start=at, minutes=20, gpus=[gpu(50.0, energy_joules=1200.0)]))
+    ok(
+        await api.report(
+            pod="a", pod_uid="uid-a", seq=1, start=at, minutes=20, gpus=[gpu(50.0, energy_joules=1200.0)]
+        )
+    )
     # Overlaps the first report's last 10 minutes: only its 10 new minutes (and their energy) count.
     ok(
         await api.report(

@@ -108,10 +108,11 @@ class FigureSums:
     def answer(self, prefix: str = "") -> dict[str, Any]:
         """The usage answer's figure fields (a row's, or with prefix "total_" the namespace's)."""
         mean_memory = _mean(self.mem_byte_seconds, self.mem_covered_seconds)
+        whole_bytes = None if mean_memory is None else int(mean_memory.quantize(Decimal(1), ROUND_HALF_EVEN))
         fields = {
             "mean_sm_util_pct": _rounded(_mean(self.util_seconds, self.util_covered_seconds), _PCT),
             "peak_sm_util_pct": _rounded(self.peak_sm_util_pct, _PCT),
-            "mean_mem_used_bytes": None if mean_memory is None else int(mean_memory.quantize(1, ROUND_HALF_EVEN)),
+            "mean_mem_used_bytes": whole_bytes,
             "peak_mem_used_bytes": self.peak_mem_used_bytes,
             "energy_joules": _rounded(self.energy_joules, _JOULES),
             "gpu_statuses": statuses_of(self.gpu_status_bits),

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from typing import Annotated, Any
 
 from fastapi import Path
-from pydantic import BaseModel, Field, PlainSerializer
+from pydantic import BaseModel, BeforeValidator, Field, GetJsonSchemaHandler, PlainSerializer
+from pydantic_core import CoreSchema
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -19,6 +21,33 @@ StoredText = Annotated[str, Field(pattern=r"^[^\x00]*$")]
 NamespacePath = Annotated[
     str, Path(min_length=1, max_length=63, pattern=DNS_LABEL, description="a namespace")
 ]
+
+# An amount a client sends: a JSON number, or a string holding a plain decimal number in this form
+# (pydantic alone would also take "1_000" and " 1.5 ", and document the string as any string at all).
+DECIMAL_TEXT = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?$"
+
+
+def _plain_decimal_text(value: object) -> object:
+    if isinstance(value, str) and re.fullmatch(DECIMAL_TEXT, value) is None:
+        raise ValueError(f"a number given as a string must match {DECIMAL_TEXT}")
+    return value
+
+
+class _DecimalTextSchema:
+    """Puts DECIMAL_TEXT on the string alternative of a Decimal's JSON schema, keeping its bounds."""
+
+    def __get_pydantic_json_schema__(
+        self, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> dict[str, Any]:
+        documented = handler(schema)
+        for alternative in documented.get("anyOf", [documented]):
+            if alternative.get("type") == "string":
+                alternative["pattern"] = DECIMAL_TEXT
+        return documented
+
+
+DecimalIn = Annotated[Decimal, BeforeValidator(_plain_decimal_text), _DecimalTextSchema()]
+OptionalDecimalIn = Annotated[Decimal | None, BeforeValidator(_plain_decimal_text), _DecimalTextSchema()]
 
 # Amounts are exact Decimals inside; on the wire they are plain JSON numbers.
 Amount = Annotated[Decimal, PlainSerializer(float, return_type=float, when_used="json")]

@@ -1,4 +1,5 @@
-"""One error type for everything the timekeeper refuses, rendered by one handler as `{"detail": ...}`.
+"""One error type for everything the timekeeper refuses, rendered by one handler as `{"detail": ...}`;
+a database outage is rendered by it too, as a 503 with Retry-After.
 
 Rejected reports are counted here too, whatever refused them (validation, auth, limits).
 """
@@ -9,10 +10,12 @@ from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from gpuaccounting.names import REPORTS_PATH
+from timekeeper.db.outage import RETRY_AFTER_SECONDS, is_outage
 
 
 class TimekeeperError(Exception):
@@ -26,6 +29,12 @@ class TimekeeperError(Exception):
 def _count_rejected(request: Request) -> None:
     if request.url.path == REPORTS_PATH and request.method == "POST":
         request.app.state.metrics.reports.labels(result="rejected").inc()
+
+
+def unavailable() -> TimekeeperError:
+    return TimekeeperError(
+        "the database does not answer; retry later", 503, {"Retry-After": str(RETRY_AFTER_SECONDS)}
+    )
 
 
 _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
@@ -44,6 +53,10 @@ def _allowed_methods(request: Request) -> str:
 
 
 async def _handle(request: Request, error: Exception) -> Response:
+    if isinstance(error, SQLAlchemyError):
+        if not is_outage(error):
+            raise error  # a bug: the server's 500, with its traceback logged
+        error = unavailable()
     _count_rejected(request)
     if isinstance(error, HTTPException) and error.status_code == 405:
         allow = {"Allow": _allowed_methods(request)}
@@ -59,5 +72,5 @@ async def _handle(request: Request, error: Exception) -> Response:
 
 
 def install_error_handler(app: FastAPI) -> None:
-    for error_type in (TimekeeperError, RequestValidationError, HTTPException):
+    for error_type in (TimekeeperError, RequestValidationError, HTTPException, SQLAlchemyError):
         app.add_exception_handler(error_type, _handle)

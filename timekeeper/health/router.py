@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from timekeeper.auth.base import Action
-from timekeeper.auth.dependencies import ANONYMOUS, bearer_principal
+from timekeeper.auth.dependencies import MetricsAccess, authenticated
 from timekeeper.budgets.service import BudgetService
 from timekeeper.db.session import SessionDep
 from timekeeper.errors import TimekeeperError
@@ -28,7 +28,8 @@ async def healthz() -> dict[str, str]:
 async def readyz(request: Request) -> dict[str, Any]:
     """Ready when the database answers; the replica's name and its jobs only for a cluster-wide reader
     (they name the host and process, which an anonymous prober has no need to learn)."""
-    principal = await bearer_principal(request)  # a token not accepted is 401, as anywhere
+    # No credentials: an anonymous prober (the kubelet); a token not accepted is 401, as anywhere.
+    principal = await authenticated(request) if request.headers.get("authorization") else None
     try:
         async with request.app.state.sessionmaker() as session:
             await session.execute(sa.text("SELECT 1"))
@@ -37,7 +38,7 @@ async def readyz(request: Request) -> dict[str, Any]:
     scheduler = getattr(request.app.state, "scheduler", None)
     if (
         scheduler is None
-        or principal is ANONYMOUS
+        or principal is None
         or not await request.app.state.access.authorize(principal, Action.READ, None)
     ):
         return {"status": "ready"}
@@ -45,7 +46,9 @@ async def readyz(request: Request) -> dict[str, Any]:
     return {"status": "ready", "scheduler": scheduler.status()}
 
 
-@router.get("/metrics", response_class=Response)
+@router.get(
+    "/metrics", response_class=Response, dependencies=[MetricsAccess], responses=error_responses(401, 403)
+)
 async def metrics(request: Request, session: SessionDep) -> Response:
     registry: Metrics = request.app.state.metrics
     statuses = await BudgetService(session, request.app.state.settings, request.app.state.clock).all()

@@ -25,6 +25,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 
+from timekeeper.auth.base import Action
+from timekeeper.auth.dependencies import authenticated, authorize
 from timekeeper.errors import TimekeeperError
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -78,9 +80,6 @@ async def json_body(request: Request, model: type[Model]) -> Model:
             [{**detail, "loc": ("body", *detail["loc"])} for detail in error.errors(include_url=False)]
         ) from None
 
-
-from timekeeper.auth.base import Action
-from timekeeper.auth.dependencies import authenticated, authorize
 
 _WITH_BODY = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 

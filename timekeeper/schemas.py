@@ -70,14 +70,21 @@ Timestamp = Annotated[
 DecimalNumber = Annotated[Decimal, BeforeValidator(_json_number), WithJsonSchema({"type": "number"})]
 
 
-# An amount a client sends: a JSON number, or a string holding a plain decimal number in this form
-# (pydantic alone would also take "1_000" and " 1.5 ", and document the string as any string at all).
-DECIMAL_TEXT = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?$"
+# An amount a client sends: a JSON number, or a string of at most 64 characters holding a plain decimal
+# number in this form (pydantic alone would also take "1_000" and " 1.5 ", and document the string as any
+# string at all; "0E-20000" or 20,000 decimals would overflow PostgreSQL's numeric).
+DECIMAL_TEXT = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]{1,3})?$"
+DECIMAL_TEXT_LENGTH = 64
 
 
 def _plain_decimal_text(value: object) -> object:
-    if isinstance(value, str) and re.fullmatch(DECIMAL_TEXT, value) is None:
-        raise ValueError(f"a number given as a string must match {DECIMAL_TEXT}")
+    if isinstance(value, str) and (
+        len(value) > DECIMAL_TEXT_LENGTH or re.fullmatch(DECIMAL_TEXT, value) is None
+    ):
+        raise ValueError(
+            f"a number given as a string must match {DECIMAL_TEXT}"
+            f" in at most {DECIMAL_TEXT_LENGTH} characters"
+        )
     return value
 
 
@@ -90,7 +97,7 @@ class _DecimalTextSchema:
         documented = handler(schema)
         for alternative in documented.get("anyOf", [documented]):
             if alternative.get("type") == "string":
-                alternative["pattern"] = DECIMAL_TEXT
+                alternative |= {"pattern": DECIMAL_TEXT, "maxLength": DECIMAL_TEXT_LENGTH}
         return documented
 
 

@@ -120,3 +120,24 @@ async def test_the_openapi_document_says_which_strings_an_amount_accepts(client:
 
 def _alternatives(schema: dict[str, Any]) -> list[dict[str, Any]]:
     return schema.get("anyOf", [schema])
+
+
+@pytest.mark.parametrize("amount", ["0E-20000", "0." + "0" * 70 + "1", "1_000", " 1.5"])
+async def test_an_amount_string_outside_the_documented_form_is_422(
+    client: httpx.AsyncClient, tokens: Tokens, amount: str
+) -> None:
+    """ "0E-20000" passed pydantic and overflowed PostgreSQL's numeric (a 500) until the form was bounded."""
+    response = await client.put(
+        "/namespaces/team-a/budget", json={"budget_gpu_minutes": amount}, headers=bearer(tokens.admin)
+    )
+    assert response.status_code == 422, response.text
+
+
+async def test_an_amount_string_in_the_documented_form_is_taken(
+    client: httpx.AsyncClient, tokens: Tokens
+) -> None:
+    response = await client.put(
+        "/namespaces/team-a/budget", json={"budget_gpu_minutes": "1.5e2"}, headers=bearer(tokens.admin)
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["budget_gpu_minutes"] == 150

@@ -1,4 +1,5 @@
-"""The ASGI app: `/mutate`, `/validate`, `/healthz`, `/metrics`; the state poller runs in its lifespan."""
+"""The ASGI app: `/mutate`, `/validate`, `/healthz`, `/metrics`; the state poller and the PriorityClass
+watch run in its lifespan."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from starlette.routing import Route
 from webhook.admission import Admission
 from webhook.certificates import CertificateReloader
 from webhook.metrics import WebhookMetrics
+from webhook.priorityclasses import PriorityClassCatalog, priority_class_watch
 from webhook.review import AdmissionRequest, MalformedReview, parse_review
 from webhook.settings import WebhookSettings, get_settings
 from webhook.state import BudgetStateCache, StatePoller
@@ -60,11 +62,16 @@ def create_app(settings: WebhookSettings | None = None) -> Starlette:
     settings = settings or get_settings()
     cache = BudgetStateCache(settings.state_max_age_seconds)
     metrics = WebhookMetrics(cache.age_seconds)
-    admission = Admission(settings, cache, metrics)
+    priority_classes = PriorityClassCatalog()
+    metrics.priority_classes.set_function(priority_classes.known)
+    admission = Admission(settings, cache, metrics, priority_classes)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with httpx.AsyncClient() as client:
+        async with (
+            httpx.AsyncClient() as client,
+            priority_class_watch(settings, priority_classes, metrics),
+        ):
             poller = StatePoller(settings, cache, metrics, client)
             tasks = [asyncio.create_task(poller.run(), name="admission-state-poller")]
             context = getattr(app.state, "ssl_context", None)

@@ -25,6 +25,7 @@ def test_module_serves_https_with_the_state_from_the_timekeeper(tls: Tls) -> Non
             "WEBHOOK_TLS_KEY_FILE": str(tls.key_file),
             "WEBHOOK_TIMEKEEPER_URL": state.url,
             "WEBHOOK_STATE_POLL_INTERVAL_SECONDS": "0.1",
+            "WEBHOOK_WATCH_PRIORITY_CLASSES": "false",
         }
 
         def has_the_state() -> bool:

@@ -10,6 +10,7 @@ import kubernetes_validate
 import pytest
 
 from gpuaccounting import names
+from tests.support.admission_state_server import entry
 from tests.support.pods import container, pod
 from tests.webhook.conftest import Publish, Tls, Webhook, serve_webhook
 
@@ -152,7 +153,7 @@ def test_user_supplied_share_annotation_is_overwritten(webhook: Webhook) -> None
 
 
 def test_exhausted_namespace_gets_the_reduced_class(webhook: Webhook, publish: Publish) -> None:
-    publish(namespaces={"team-a": {"state": "exhausted", "max_gpu_share_per_pod": None}})
+    publish(namespaces={"team-a": entry("exhausted")})
     patched = webhook.admit(pod(container("main", {"nvidia.com/gpu": 1})))
     spec = patched["spec"]
     assert (spec["priorityClassName"], spec["priority"], spec["preemptionPolicy"]) == (

@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import Any
 
 from gpuaccounting import names
-from tests.support.admission_state_server import run_state_server, snapshot
+from tests.support.admission_state_server import entry, run_state_server, snapshot
 from tests.support.pods import container, pod
 from tests.webhook.conftest import Tls, Webhook, serve_webhook
 
-EXHAUSTED = {"team-a": {"state": "exhausted", "max_gpu_share_per_pod": None}}
+EXHAUSTED = {"team-a": entry("exhausted")}
 
 
 def decision(webhook: Webhook) -> tuple[str, str, str]:

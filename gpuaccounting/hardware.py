@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ def _flag(key: str, value: Any) -> bool:
 
 def _fractions(key: str, value: Any) -> frozenset[Fraction]:
     if not isinstance(value, list) or not value:
-        raise ValueError(f"{key} must be a non-empty list of fractions such as \"1/8\" or 0.125")
+        raise ValueError(f'{key} must be a non-empty list of fractions such as "1/8" or 0.125')
     parsed = set()
     for item in value:
         try:
@@ -56,7 +57,11 @@ def _fractions(key: str, value: Any) -> frozenset[Fraction]:
     return frozenset(parsed)
 
 
-_READERS = {"int": _positive_int, "bool": _flag, "frozenset[Fraction]": _fractions}
+_READERS: dict[str, Callable[[str, Any], Any]] = {
+    "int": _positive_int,
+    "bool": _flag,
+    "frozenset[Fraction]": _fractions,
+}
 
 
 def parse_hardware(document: Any) -> GpuHardware:

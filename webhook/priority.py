@@ -116,9 +116,15 @@ class PriorityPolicy:
             ceiling = self.in_budget_class().value
         info = self.catalog.get(arrived or "")
         if info is not None and info.value <= ceiling:
-            return PriorityRule.USER_CLASS_KEPT, f"class {arrived} ({info.value}) at or below the ceiling {ceiling}"
+            return (
+                PriorityRule.USER_CLASS_KEPT,
+                f"class {arrived} ({info.value}) at or below the ceiling {ceiling}",
+            )
         value = "unknown value" if info is None else str(info.value)
-        return PriorityRule.USER_CLASS_ABOVE_CEILING, f"class {arrived} ({value}) above the ceiling {ceiling}, replaced"
+        return (
+            PriorityRule.USER_CLASS_ABOVE_CEILING,
+            f"class {arrived} ({value}) above the ceiling {ceiling}, replaced",
+        )
 
     def decide(
         self, spec: dict[str, Any], view: NamespaceView, previous: str | None = None

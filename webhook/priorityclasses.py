@@ -146,16 +146,24 @@ class PriorityClassWatcher:
         await asyncio.sleep(self.settings.kube_retry_interval_seconds)
 
 
+def _kubeconfig(settings: WebhookSettings) -> Path | None:
+    """The kubeconfig file to load; None in a cluster with no file configured (the pod's ServiceAccount)."""
+    if settings.kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return None
+    path = settings.kubeconfig or Path(config.KUBE_CONFIG_DEFAULT_LOCATION).expanduser()
+    if not path.is_file():
+        raise config.ConfigException(f"no kubeconfig at {path}")
+    return path
+
+
 async def api_client(settings: WebhookSettings) -> client.ApiClient:
     """A client for the configured cluster: `kubeconfig`, else the pod's ServiceAccount in a cluster,
     else the default kubeconfig file. A configuration that cannot be loaded stops the webhook at start."""
     configuration = client.Configuration()
-    path = settings.kubeconfig or Path(config.KUBE_CONFIG_DEFAULT_LOCATION).expanduser()
     try:
-        if settings.kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        path = _kubeconfig(settings)
+        if path is None:
             config.load_incluster_config(client_configuration=configuration)  # re-reads rotated tokens
-        elif not path.is_file():
-            raise config.ConfigException(f"no kubeconfig at {path}")
         else:
             await config.load_kube_config(
                 config_file=str(path), client_configuration=configuration, persist_config=False

@@ -6,12 +6,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from gpuaccounting import names
-from gpuaccounting.logs import LogFormat
 from gpuaccounting.hardware import load_hardware
+from gpuaccounting.logs import LogFormat
 from gpuaccounting.shares import GpuHardware, Rule
 
 PreemptionPolicy = Literal["PreemptLowerPriority", "Never"]
@@ -21,7 +21,6 @@ ALL_RULES = frozenset(rule.value for rule in Rule)
 
 class WebhookSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="WEBHOOK_", extra="ignore")
-    _hardware: GpuHardware = PrivateAttr()
 
     host: str = "0.0.0.0"
     port: int = 8443
@@ -101,15 +100,17 @@ class WebhookSettings(BaseSettings):
             raise ValueError(f"unknown rules {sorted(unknown)}; known: {sorted(ALL_RULES)}")
         return value
 
-    @model_validator(mode="after")
-    def _load_hardware(self) -> WebhookSettings:
-        """Read the hardware file once, at start: a broken one stops the webhook, not an admission."""
-        self._hardware = load_hardware(self.hardware_file)
-        return self
+    @field_validator("hardware_file")
+    @classmethod
+    def _hardware_is_usable(cls, value: Path | None) -> Path | None:
+        """A broken hardware file stops the webhook at start, not an admission."""
+        load_hardware(value)
+        return value
 
     @property
     def hardware(self) -> GpuHardware:
-        return self._hardware
+        """Read from the file on each call; the admission logic reads it once, at start."""
+        return load_hardware(self.hardware_file)
 
     def enforces(self, rule: str) -> bool:
         return rule not in self.disabled_rules

@@ -177,7 +177,11 @@ def test_the_timekeeper_may_review_tokens_and_access_and_the_webhook_only_reads_
     }
     assert webhook_roles == {"gpu-timekeeper-viewer", "gpu-timekeeper-webhook"}
     assert one(objects, "ClusterRole", "gpu-timekeeper-webhook")["rules"] == [
-        {"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"], "verbs": ["get", "list", "watch"]}
+        {
+            "apiGroups": ["scheduling.k8s.io"],
+            "resources": ["priorityclasses"],
+            "verbs": ["get", "list", "watch"],
+        }
     ]
 
 

@@ -83,9 +83,9 @@ def test_a_wrong_value_is_refused_with_its_key(tmp_path: Path, document: object,
 def test_a_file_that_is_not_json_or_not_there_is_refused(tmp_path: Path) -> None:
     broken = tmp_path / "broken.json"
     broken.write_text("{gpu_memory_mib: 1}")
-    with pytest.raises(HardwareConfigError, match="broken.json"):
+    with pytest.raises(HardwareConfigError, match=r"broken\.json"):
         load_hardware(broken)
-    with pytest.raises(HardwareConfigError, match="absent.json"):
+    with pytest.raises(HardwareConfigError, match=r"absent\.json"):
         load_hardware(tmp_path / "absent.json")
 
 

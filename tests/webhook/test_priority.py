@@ -59,7 +59,7 @@ REDUCED = ("gpu-over-budget", 100, "Never")
 IN_BUDGET = ("gpu-in-budget", 1000, "PreemptLowerPriority")
 
 
-# ---- exhausted: every GPU pod gets the reduced class, exempt classes aside ------------------------------
+# ---- exhausted: every GPU pod gets the reduced class, exempt classes aside ---------------------------------
 
 
 def test_global_default_class_in_an_exhausted_namespace_gets_the_reduced_class() -> None:
@@ -98,7 +98,7 @@ def test_the_exempt_list_is_the_namespaces_own() -> None:
     assert decide("system-node-critical", custom).rule == PriorityRule.EXHAUSTED
 
 
-# ---- in budget ----------------------------------------------------------------------------------------------
+# ---- in budget ---------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("state", ["in_budget", "warning", "unlimited"])
@@ -112,7 +112,10 @@ def test_no_class_or_the_global_default_class_gets_the_in_budget_class(state: Bu
 def test_user_class_above_the_ceiling_gets_the_in_budget_class() -> None:
     decision = decide("high", view())
     assert outcome(decision) == (PriorityRule.USER_CLASS_ABOVE_CEILING, *IN_BUDGET)
-    assert decision.annotation == "user-class-above-ceiling: class high (100000) above the ceiling 1000, replaced"
+    assert (
+        decision.annotation
+        == "user-class-above-ceiling: class high (100000) above the ceiling 1000, replaced"
+    )
 
 
 def test_user_class_at_or_below_the_ceiling_is_kept() -> None:
@@ -122,7 +125,9 @@ def test_user_class_at_or_below_the_ceiling_is_kept() -> None:
     at = PriorityClassInfo("at-ceiling", 1000, "PreemptLowerPriority", False)
     assert decide("at-ceiling", view(), catalog(*CLUSTER, at)).rule == PriorityRule.USER_CLASS_KEPT
     above = PriorityClassInfo("just-above", 1001, "PreemptLowerPriority", False)
-    assert decide("just-above", view(), catalog(*CLUSTER, above)).rule == PriorityRule.USER_CLASS_ABOVE_CEILING
+    assert (
+        decide("just-above", view(), catalog(*CLUSTER, above)).rule == PriorityRule.USER_CLASS_ABOVE_CEILING
+    )
 
 
 def test_an_explicit_ceiling_replaces_the_in_budget_value() -> None:
@@ -162,7 +167,7 @@ def test_our_own_classes_count_as_no_class_chosen() -> None:
     assert outcome(decide("gpu-over-budget", view())) == (PriorityRule.IN_BUDGET, *IN_BUDGET)
 
 
-# ---- the numbers written are the objects' own ---------------------------------------------------------------
+# ---- the numbers written are the objects' own --------------------------------------------------------------
 
 
 def test_our_classes_numbers_come_from_the_objects_and_the_settings_only_before_the_first_list() -> None:
@@ -188,7 +193,7 @@ def test_without_the_watch_only_an_absent_class_is_no_class_chosen() -> None:
     assert outcome(decide("default-batch", view("exhausted"), unlisted)) == (PriorityRule.EXHAUSTED, *REDUCED)
 
 
-# ---- stale and missing state ---------------------------------------------------------------------------------
+# ---- stale and missing state -------------------------------------------------------------------------------
 
 
 def test_stale_state_decides_with_the_last_known_state() -> None:
@@ -201,7 +206,10 @@ def test_stale_state_decides_with_the_last_known_state() -> None:
 
 @pytest.mark.parametrize(
     ("policy", "expected"),
-    [("in_budget", (PriorityRule.IN_BUDGET, *IN_BUDGET)), ("over_budget", (PriorityRule.EXHAUSTED, *REDUCED))],
+    [
+        ("in_budget", (PriorityRule.IN_BUDGET, *IN_BUDGET)),
+        ("over_budget", (PriorityRule.EXHAUSTED, *REDUCED)),
+    ],
 )
 def test_never_loaded_state_follows_the_missing_state_policy(policy: str, expected: tuple[Any, ...]) -> None:
     settings = WebhookSettings(watch_priority_classes=False, missing_state_policy=policy)
@@ -217,7 +225,7 @@ def test_never_loaded_state_uses_the_default_priority_policy() -> None:
     assert decide("high", NEVER_LOADED).rule == PriorityRule.USER_CLASS_ABOVE_CEILING
 
 
-# ---- re-invocation --------------------------------------------------------------------------------------------
+# ---- re-invocation -----------------------------------------------------------------------------------------
 
 
 def test_a_reinvoked_pod_keeps_the_words_of_the_decision_that_set_its_class() -> None:
@@ -239,10 +247,13 @@ def test_a_previous_decision_that_set_another_class_is_not_kept() -> None:
     # A user's own annotation cannot give a kept class to a pod that arrived with ours.
     forged = policy.decide({"priorityClassName": "gpu-in-budget"}, view(), "exempt: class x is exempt")
     assert forged.rule == PriorityRule.IN_BUDGET
-    assert policy.decide({"priorityClassName": "gpu-in-budget"}, view(), "garbage").rule == PriorityRule.IN_BUDGET
+    assert (
+        policy.decide({"priorityClassName": "gpu-in-budget"}, view(), "garbage").rule
+        == PriorityRule.IN_BUDGET
+    )
 
 
-# ---- counting and logging (the caller's, skipped for dryRun) ---------------------------------------------------
+# ---- counting and logging (the caller's, skipped for dryRun) -----------------------------------------------
 
 
 def test_the_recorder_counts_by_rule_and_logs_each_outage_once(caplog: pytest.LogCaptureFixture) -> None:

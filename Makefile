@@ -28,6 +28,10 @@ demo: $(STAMP) ## Run the local demo on an embedded PostgreSQL
 test: $(STAMP) ## Run the tests (TIMEKEEPER_TEST_DATABASE_URL, else an embedded PostgreSQL)
 	$(BIN)/python -m pytest $(ARGS)
 
+.PHONY: kube-binaries
+kube-binaries: ## Build kube-apiserver 1.20 for tests/cluster from Debian's source (~12 min, root) into .pytest-kube/bin
+	KUBE_CP_DIR=.pytest-kube hack/kube-control-plane.sh build
+
 .PHONY: lint
 lint: $(STAMP) ## ruff, mypy and the import contracts (import-linter)
 	$(BIN)/ruff check .
@@ -51,4 +55,4 @@ compose-env: ## Static-mode tokens for docker-compose.yml into .compose/ (git-ig
 
 .PHONY: clean
 clean: ## Remove the venv, caches and local data
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .pytest-pg .timekeeper-data
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .pytest-pg .pytest-kube .timekeeper-data

@@ -43,6 +43,9 @@ ENV_NAME = re.compile(r"(?<![A-Za-z0-9_])((?:TIMEKEEPER|WEBHOOK|SIDECAR)_[A-Z0-9
 # Names with our prefixes that are not a deployable's setting, each with the reason it may be mentioned.
 NOT_SETTINGS = {
     "TIMEKEEPER_TEST_DATABASE_URL": "the tests' PostgreSQL (tests/support/postgres.py), not the service's",
+    "TIMEKEEPER_TEST_KUBE_CONTROL_PLANE": "the cluster layer's control-plane script (tests/cluster)",
+    "TIMEKEEPER_TEST_KUBE_BIN_DIR": "the cluster layer's prebuilt kube binaries (tests/cluster)",
+    "TIMEKEEPER_TEST_REQUIRE_CLUSTER": "CI: the cluster layer fails instead of skipping (.ci/run)",
 }
 
 # Which pages hold each deployable's configuration reference.

@@ -76,3 +76,23 @@ def review(
     if subresource:
         request["subResource"] = subresource
     return {"apiVersion": api_version, "kind": "AdmissionReview", "request": request}
+
+
+# One valid GPU pod per sharing system (keyed by its `sharing-system` annotation value), with its share.
+GPU_PODS: dict[str, tuple[dict[str, Any], str]] = {
+    "nvidia": (pod(container("main", {"nvidia.com/gpu": 2})), "2"),
+    "nvidia-mig": (pod(container("main", {"nvidia.com/mig-3g.40gb": "1"})), "0.428571"),
+    "gpu-manager": (
+        pod(container("main", {"tencent.com/vcuda-core": 50, "tencent.com/vcuda-memory": 8})),
+        "0.5",
+    ),
+    "metagpu": (pod(container("main", {"cnvrg.io/metagpu": "25"})), "0.25"),
+    "aliyun-gpushare": (pod(container("main", {"aliyun.com/gpu-mem": 20})), "0.25"),
+    "hami": (pod(container("main", {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 30})), "0.3"),
+    "clearml": (pod(container("main"), labels={"clearml-injector/fraction": "0.125"}), "0.125"),
+    "kai": (pod(container("main"), annotations={"gpu-fraction": "0.5"}), "0.5"),
+    "volcano-vgpu": (
+        pod(container("main", {"volcano.sh/vgpu-number": 1, "volcano.sh/vgpu-memory": "40960"})),
+        "0.5",
+    ),
+}

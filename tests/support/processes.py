@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -115,3 +116,41 @@ class SidecarProcess:
         """SIGKILL: no chance to flush anything."""
         self.process.kill()
         self.process.wait(timeout=10)
+
+
+class WebhookProcess:
+    """`python -m webhook` over HTTPS on 127.0.0.1, trusted through the CA that signed its certificate."""
+
+    def __init__(self, env: dict[str, str], port: int, ca_pem: bytes, log_path: Path) -> None:
+        self.port = port
+        self.log_path = log_path
+        self.env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **env}
+        self.url = f"https://127.0.0.1:{port}"
+        self.client = httpx.Client(verify=ssl.create_default_context(cadata=ca_pem.decode()), timeout=5)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "webhook", "--host", "127.0.0.1", "--port", str(self.port)],
+                cwd=REPO_ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=log,
+            )
+        wait_until(self.healthy, timeout=60, what=f"the webhook on port {self.port}")
+
+    def healthy(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise AssertionError(f"webhook exited: {self.log_path.read_text()[-3000:]}")
+        try:
+            return self.client.get(f"{self.url}/healthz").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self) -> None:
+        self.client.close()  # first, so the server has no keep-alive connection to wait for
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(timeout=30)

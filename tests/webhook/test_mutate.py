@@ -11,29 +11,11 @@ import pytest
 
 from gpuaccounting import names
 from tests.support.admission_state_server import entry
-from tests.support.pods import container, pod
+from tests.support.pods import GPU_PODS, container, pod
 from tests.webhook.conftest import Publish, Tls, Webhook, serve_webhook
 
 # The oldest and newest Kubernetes schemas this kubernetes-validate ships at or after native sidecars (1.29).
 SCHEMA_VERSIONS = ("1.33", kubernetes_validate.utils.latest_version())
-
-VALID_PODS: dict[str, tuple[dict[str, Any], str]] = {
-    "nvidia": (pod(container("main", {"nvidia.com/gpu": 2})), "2"),
-    "nvidia-mig": (pod(container("main", {"nvidia.com/mig-3g.40gb": "1"})), "0.428571"),
-    "gpu-manager": (
-        pod(container("main", {"tencent.com/vcuda-core": 50, "tencent.com/vcuda-memory": 8})),
-        "0.5",
-    ),
-    "metagpu": (pod(container("main", {"cnvrg.io/metagpu": "25"})), "0.25"),
-    "aliyun-gpushare": (pod(container("main", {"aliyun.com/gpu-mem": 20})), "0.25"),
-    "hami": (pod(container("main", {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 30})), "0.3"),
-    "clearml": (pod(container("main"), labels={"clearml-injector/fraction": "0.125"}), "0.125"),
-    "kai": (pod(container("main"), annotations={"gpu-fraction": "0.5"}), "0.5"),
-    "volcano-vgpu": (
-        pod(container("main", {"volcano.sh/vgpu-number": 1, "volcano.sh/vgpu-memory": "40960"})),
-        "0.5",
-    ),
-}
 
 
 def sidecar_of(patched: dict[str, Any]) -> dict[str, Any]:
@@ -51,9 +33,9 @@ def env_of(sidecar: dict[str, Any]) -> dict[str, Any]:
     return {item["name"]: item.get("value", item.get("valueFrom")) for item in sidecar["env"]}
 
 
-@pytest.mark.parametrize("system", sorted(VALID_PODS))
+@pytest.mark.parametrize("system", sorted(GPU_PODS))
 def test_gpu_pod_gets_share_priority_and_a_native_sidecar(webhook: Webhook, system: str) -> None:
-    original, share = VALID_PODS[system]
+    original, share = GPU_PODS[system]
     patched = webhook.admit(copy.deepcopy(original))
     for version in SCHEMA_VERSIONS:
         kubernetes_validate.validate(patched, version, strict=True)

@@ -1,0 +1,266 @@
+"""The cluster layer: a real kube-apiserver 1.20 (+ etcd, kube-controller-manager) started once for this
+package, our shipped manifests applied to it, and our processes running locally against it — the
+timekeeper in `kubernetes` auth mode on a real PostgreSQL, the webhook over HTTPS with the certificate the
+self-signed bootstrap issued and registered.
+
+Every test here is marked `cluster` (and `e2e`). When no control plane can start, the whole layer is skipped
+with one line saying why (CI sets TIMEKEEPER_TEST_REQUIRE_CLUSTER=1: there it fails instead).
+
+For a new test: ask for `namespace` (a fresh namespace, with the webhook and the timekeeper running), then
+drive the cluster with `kubectl` (the real CLI, as cluster admin) or `kube` (the `kubernetes` client), and
+budgets with `api` (`api.set_budget(namespace, 0)` makes it exhausted; `wait_for_admission_state`
+waits until the webhook decides with it).
+"""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+
+from tests.cluster.harness import (
+    Kubectl,
+    TimekeeperApi,
+    kubeconfig_for_token,
+    render_manifests,
+    service_account_token,
+)
+from tests.support.control_plane import ControlPlane, Unavailable, required
+from tests.support.processes import REPO_ROOT, TimekeeperProcess, WebhookProcess, free_port, wait_until
+from tests.support.timekeeper import migrated_database
+
+HERE = Path(__file__).resolve().parent
+INSTALL_NAMESPACE = "gpu-timekeeper"  # deployment/'s namespace
+TOKEN_SECONDS = 24 * 3600
+SILENT_GRACE_SECONDS = 5
+
+
+SKIPPED = "cluster layer skipped: "
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE in item.path.parents:
+            item.add_marker(pytest.mark.cluster)
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item) -> Iterator[pytest.TestReport]:
+    """Every test the layer skips for want of a control plane is reported at one place, so `-ra` folds
+    them into one line."""
+    report: pytest.TestReport = yield
+    if report.skipped and isinstance(report.longrepr, tuple) and report.longrepr[2].startswith(SKIPPED):
+        report.longrepr = (__file__, 0, report.longrepr[2])
+    return report
+
+
+@pytest.fixture(scope="package")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    try:
+        plane = ControlPlane.up(tmp_path_factory.mktemp("kube-cp"))
+    except Unavailable as error:
+        if required():
+            pytest.fail(f"cluster layer: {error}", pytrace=False)
+        pytest.skip(f"{SKIPPED}{error}")
+    yield plane
+    plane.down()
+
+
+@pytest.fixture(scope="package")
+def kube(control_plane: ControlPlane) -> Iterator[client.ApiClient]:
+    """The `kubernetes` client as cluster admin."""
+    api_client = config.new_client_from_config(config_file=str(control_plane.kubeconfig))
+    yield api_client
+    api_client.close()
+
+
+@pytest.fixture(scope="package")
+def core(kube: client.ApiClient) -> client.CoreV1Api:
+    return client.CoreV1Api(kube)
+
+
+@pytest.fixture(scope="package")
+def kubectl(control_plane: ControlPlane) -> Kubectl:
+    return Kubectl(control_plane.kubeconfig)
+
+
+@dataclass(frozen=True)
+class Install:
+    """deployment/ as applied: where its webhook configurations send the API server."""
+
+    webhook_port: int
+    manifests: str
+
+    @property
+    def webhook_url(self) -> str:
+        return f"https://127.0.0.1:{self.webhook_port}"
+
+
+@pytest.fixture(scope="package")
+def install(kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory) -> Install:
+    """Our shipped manifests (tests/cluster/kustomization.yaml) applied with kubectl. `--validate=false`:
+    kubectl's own check against 1.20's schema refuses `matchConditions`, which this API server drops."""
+    port = free_port()
+    manifests = render_manifests(f"https://127.0.0.1:{port}", tmp_path_factory.mktemp("manifests"))
+    kubectl.run("apply", "--validate=false", "-f", "-", stdin=manifests)
+    return Install(port, manifests)
+
+
+def service_account_kubeconfig(
+    control_plane: ControlPlane, core: client.CoreV1Api, account: str, folder: Path
+) -> Path:
+    """A kubeconfig for one of deployment/'s ServiceAccounts: what runs as it has exactly the RBAC we ship."""
+    token = service_account_token(core, INSTALL_NAMESPACE, account, seconds=TOKEN_SECONDS)
+    return kubeconfig_for_token(control_plane, token, folder / f"{account}.kubeconfig")
+
+
+@dataclass(frozen=True)
+class WebhookTls:
+    cert: Path
+    key: Path
+    ca: bytes
+
+
+@pytest.fixture(scope="package")
+def webhook_tls(
+    control_plane: ControlPlane,
+    core: client.CoreV1Api,
+    install: Install,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> WebhookTls:
+    """The serving certificate from `python -m webhook.certbootstrap`, run as the bootstrap's own
+    ServiceAccount: it creates the CA and TLS Secrets and patches both configurations' caBundle, which is
+    how the API server comes to trust the webhook at all."""
+    folder = tmp_path_factory.mktemp("webhook-tls")
+    kubeconfig = service_account_kubeconfig(control_plane, core, "gpu-timekeeper-certbootstrap", folder)
+    run_certbootstrap(kubeconfig)
+    secret = core.read_namespaced_secret("gpu-timekeeper-webhook-tls", INSTALL_NAMESPACE)
+    data = {key: base64.b64decode(value) for key, value in secret.data.items()}
+    (folder / "tls.crt").write_bytes(data["tls.crt"])
+    (folder / "tls.key").write_bytes(data["tls.key"])
+    (folder / "tls.key").chmod(0o600)
+    return WebhookTls(folder / "tls.crt", folder / "tls.key", data["ca.crt"])
+
+
+def run_certbootstrap(kubeconfig: Path) -> str:
+    """`python -m webhook.certbootstrap` for deployment/'s names, with 127.0.0.1 (our URL) in the
+    certificate; its one-line JSON summary."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "webhook.certbootstrap",
+            f"--namespace={INSTALL_NAMESPACE}",
+            "--extra-san=127.0.0.1",
+            f"--kubeconfig={kubeconfig}",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="package")
+def timekeeper(
+    control_plane: ControlPlane,
+    core: client.CoreV1Api,
+    install: Install,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[TimekeeperProcess]:
+    """`python -m timekeeper` in `kubernetes` auth mode as deployment/'s gpu-timekeeper ServiceAccount, with
+    the reconcile pass (pod watch, silent time, quotas) every second."""
+    folder = tmp_path_factory.mktemp("timekeeper")
+    kubeconfig = service_account_kubeconfig(control_plane, core, "gpu-timekeeper", folder)
+    env = {
+        "TIMEKEEPER_AUTH_MODE": "kubernetes",
+        "TIMEKEEPER_KUBE_IN_CLUSTER": "false",
+        "TIMEKEEPER_KUBECONFIG": str(kubeconfig),
+        "TIMEKEEPER_RECONCILE": "true",
+        "TIMEKEEPER_RECONCILE_INTERVAL_SECONDS": "1",
+        "TIMEKEEPER_SILENT_GRACE_SECONDS": str(SILENT_GRACE_SECONDS),
+        "TIMEKEEPER_LEADER_RETRY_INTERVAL": "0.5",
+        "TIMEKEEPER_LOG_FORMAT": "json",
+    }
+    with migrated_database("gtk_cluster") as database:
+        process = TimekeeperProcess(database, env, free_port(), folder / "timekeeper.log")
+        process.start()
+        yield process
+        process.stop()
+
+
+@pytest.fixture(scope="package")
+def api(timekeeper: TimekeeperProcess, control_plane: ControlPlane) -> TimekeeperApi:
+    """The timekeeper's API as the cluster admin (system:masters: every SubjectAccessReview allows it)."""
+    return TimekeeperApi(timekeeper.url, control_plane.admin_token)
+
+
+@pytest.fixture(scope="package")
+def webhook(
+    core: client.CoreV1Api,
+    install: Install,
+    webhook_tls: WebhookTls,
+    timekeeper: TimekeeperProcess,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[WebhookProcess]:
+    """`python -m webhook` where the shipped configurations point, injecting the sidecar as a plain
+    container (1.20 has no native sidecars) and polling the timekeeper with a token of its own
+    ServiceAccount for audience gpu-timekeeper (the timekeeper reviews it; the shipped viewer binding
+    lets it read every namespace's state)."""
+    folder = tmp_path_factory.mktemp("webhook")
+    token = service_account_token(
+        core,
+        INSTALL_NAMESPACE,
+        "gpu-timekeeper-webhook",
+        audiences=("gpu-timekeeper",),
+        seconds=TOKEN_SECONDS,
+    )
+    (folder / "token").write_text(token)
+    env = {
+        "WEBHOOK_TLS_CERT_FILE": str(webhook_tls.cert),
+        "WEBHOOK_TLS_KEY_FILE": str(webhook_tls.key),
+        "WEBHOOK_TIMEKEEPER_URL": timekeeper.url,
+        "WEBHOOK_TIMEKEEPER_TOKEN_FILE": str(folder / "token"),
+        "WEBHOOK_STATE_POLL_INTERVAL_SECONDS": "0.2",
+        "WEBHOOK_SIDECAR_MODE": "container",
+        "WEBHOOK_LOG_FORMAT": "json",
+    }
+    process = WebhookProcess(env, install.webhook_port, webhook_tls.ca, folder / "webhook.log")
+    process.start()
+    wait_until(
+        lambda: "webhook_state_age_seconds -1.0" not in process.client.get(f"{process.url}/metrics").text,
+        timeout=30,
+        what="the webhook's first admission state",
+    )
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def namespace(
+    core: client.CoreV1Api, kubectl: Kubectl, webhook: WebhookProcess, request: pytest.FixtureRequest
+) -> Iterator[str]:
+    """A fresh namespace, ready for pods (its default ServiceAccount and token exist), with the webhook and
+    the timekeeper running; deleted afterwards."""
+    name = f"t-{request.node.name[:40].lower().strip('_-')}-{time.monotonic_ns() % 10**6}"
+    name = "".join(c if c.isalnum() or c == "-" else "-" for c in name)
+    kubectl.run("create", "namespace", name)
+
+    def ready() -> bool:
+        accounts = core.list_namespaced_service_account(name).items
+        return any(a.metadata.name == "default" and a.secrets for a in accounts)
+
+    wait_until(ready, timeout=30, what=f"the default ServiceAccount of {name}")
+    yield name
+    kubectl.run("delete", "namespace", name, "--wait=false")

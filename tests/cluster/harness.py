@@ -1,0 +1,213 @@
+"""What the cluster layer's tests drive: `kubectl` against the real API server, ServiceAccount tokens from
+its TokenRequest API, our shipped manifests rendered by kustomize, and the timekeeper's API over HTTP.
+
+The fixtures in conftest.py build these once per run; a test that needs more of the cluster uses `kube`
+(the `kubernetes` client as cluster admin) or `kubectl`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from kubernetes import client
+
+from gpuaccounting.names import ANNOTATION_BUDGET_STATE, TOKEN_AUDIENCE
+from tests.support.control_plane import ControlPlane
+from tests.support.processes import wait_until
+
+HERE = Path(__file__).resolve().parent
+KUBECTL_TIMEOUT_SECONDS = 60
+
+
+class KubectlError(AssertionError):
+    """kubectl exited non-zero; `stderr` is what a user would have read."""
+
+    def __init__(self, args: tuple[str, ...], stderr: str) -> None:
+        super().__init__(f"kubectl {' '.join(args)} failed: {stderr.strip()}")
+        self.stderr = stderr
+
+
+@dataclass(frozen=True)
+class Kubectl:
+    """The real kubectl with one kubeconfig (the cluster admin's unless given another)."""
+
+    kubeconfig: Path
+
+    def run(self, *args: str, stdin: str | None = None) -> str:
+        """Run `kubectl <args>`; its stdout, or KubectlError with its stderr."""
+        done = subprocess.run(
+            ["kubectl", *args],
+            input=stdin,
+            env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
+            capture_output=True,
+            text=True,
+            timeout=KUBECTL_TIMEOUT_SECONDS,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise KubectlError(args, done.stderr)
+        return done.stdout
+
+    def json(self, *args: str, stdin: str | None = None) -> Any:
+        return json.loads(self.run(*args, "-o", "json", stdin=stdin))
+
+    def create(self, obj: dict[str, Any], *options: str) -> dict[str, Any]:
+        """`kubectl create -f -` of one object; the object as the API server stored it (or would, with
+        `--dry-run=server`)."""
+        created: dict[str, Any] = self.json("create", "-f", "-", *options, stdin=json.dumps(obj))
+        return created
+
+    def refusal(self, obj: dict[str, Any]) -> str:
+        """What kubectl prints when the API server refuses to create `obj` (fails if it is created)."""
+        try:
+            created = self.create(obj)
+        except KubectlError as error:
+            return error.stderr
+        raise AssertionError(f"the API server accepted {created['metadata']['name']}")
+
+
+def kubeconfig_for_token(control_plane: ControlPlane, token: str, path: Path) -> Path:
+    """A kubeconfig that authenticates with a bearer token, as `kubectl config set-credentials` writes one."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "cluster",
+                "cluster": {"server": control_plane.server, "certificate-authority": str(control_plane.ca)},
+            }
+        ],
+        "users": [{"name": "user", "user": {"token": token}}],
+        "contexts": [{"name": "cluster", "context": {"cluster": "cluster", "user": "user"}}],
+        "current-context": "cluster",
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+def service_account_token(
+    core: client.CoreV1Api,
+    namespace: str,
+    name: str,
+    *,
+    audiences: tuple[str, ...] = (),
+    pod: dict[str, Any] | None = None,
+    seconds: int = 3600,
+) -> str:
+    """A token from the TokenRequest API, as the kubelet asks for a projected volume's; bound to `pod`
+    when given (the API server then adds its name and uid to the token's extras). No audiences: the API
+    server's own."""
+    bound = None
+    if pod is not None:
+        metadata = pod["metadata"]
+        bound = client.V1BoundObjectReference(
+            api_version="v1", kind="Pod", name=metadata["name"], uid=metadata["uid"]
+        )
+    request = client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(
+            audiences=list(audiences), expiration_seconds=seconds, bound_object_ref=bound
+        )
+    )
+    answer = core.create_namespaced_service_account_token(name, namespace, request)
+    return str(answer.status.token)
+
+
+def sidecar_token(core: client.CoreV1Api, pod: dict[str, Any]) -> str:
+    """The token the kubelet would put into the sidecar's projected volume: the pod's ServiceAccount,
+    audience gpu-timekeeper, bound to the pod."""
+    metadata = pod["metadata"]
+    account = pod["spec"].get("serviceAccountName", "default")
+    return service_account_token(core, metadata["namespace"], account, audiences=(TOKEN_AUDIENCE,), pod=pod)
+
+
+def render_manifests(webhook_url: str, workdir: Path) -> str:
+    """tests/cluster/kustomization.yaml (deployment/ as shipped, URLs instead of the Service) with the
+    webhooks' URLs pointed at `webhook_url`, rendered by kubectl's kustomize."""
+    overlay = workdir / "manifests"
+    overlay.mkdir(parents=True, exist_ok=True)
+    patches = [
+        {
+            "target": {"kind": kind, "name": "gpu-timekeeper"},
+            "patch": json.dumps(
+                [{"op": "replace", "path": "/webhooks/0/clientConfig/url", "value": f"{webhook_url}{path}"}]
+            ),
+        }
+        for kind, path in (
+            ("MutatingWebhookConfiguration", "/mutate"),
+            ("ValidatingWebhookConfiguration", "/validate"),
+        )
+    ]
+    # kustomize takes only relative paths to other kustomizations.
+    kustomization = {"resources": [os.path.relpath(HERE, overlay)], "patches": patches}
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    done = subprocess.run(
+        ["kubectl", "kustomize", str(overlay)], capture_output=True, text=True, timeout=60, check=False
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"kustomize failed: {done.stderr}")
+    return done.stdout
+
+
+@dataclass(frozen=True)
+class TimekeeperApi:
+    """The timekeeper's /api/v1 over HTTP, as the cluster admin (a token the API server accepts)."""
+
+    url: str
+    admin_token: str
+
+    def request(
+        self, method: str, path: str, *, token: str | None = None, body: dict[str, Any] | None = None
+    ) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token or self.admin_token}"}
+        return httpx.request(method, f"{self.url}/api/v1{path}", json=body, headers=headers, timeout=10)
+
+    def ok(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self.request(method, path, **kwargs)
+        assert response.is_success, f"{method} {path}: {response.status_code} {response.text}"
+        return response.json()
+
+    def set_budget(self, namespace: str, budget_gpu_minutes: float | None, **fields: Any) -> Any:
+        body = {"budget_gpu_minutes": budget_gpu_minutes, "period": "monthly", **fields}
+        return self.ok("PUT", f"/namespaces/{namespace}/budget", body=body)
+
+    def budget(self, namespace: str) -> dict[str, Any]:
+        answer: dict[str, Any] = self.ok("GET", f"/namespaces/{namespace}/budget")
+        return answer
+
+
+def gpu_probe(namespace: str) -> dict[str, Any]:
+    """A one-GPU pod to ask the admission chain about (with --dry-run=server: nothing is stored)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"probe-{uuid.uuid4().hex[:8]}", "namespace": namespace},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox:1.36",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                }
+            ]
+        },
+    }
+
+
+def wait_for_admission_state(kubectl: Kubectl, namespace: str, state: str, timeout: float = 20.0) -> None:
+    """Until the webhook decides new GPU pods of `namespace` with budget state `state` (it polls the
+    timekeeper in the background): asked through the API server with a server-side dry run."""
+
+    def decided() -> bool:
+        probe = kubectl.create(gpu_probe(namespace), "--dry-run=server")
+        return bool(probe["metadata"]["annotations"][ANNOTATION_BUDGET_STATE] == state)
+
+    wait_until(decided, timeout=timeout, what=f"the webhook to see {namespace} {state}")

@@ -143,12 +143,14 @@ class PriorityPolicy:
             exhausted = is_over_budget(state)
             context = f"; stale state, last known {state}" if view.freshness == "stale" else ""
         rule, words = self._rule(arrived, exhausted, policy)
-        chosen = {"reduced": self.reduced_class(), "in_budget": self.in_budget_class()}.get(_OUTCOME[rule])
+        outcome = _OUTCOME[rule]
+        chosen = {"reduced": self.reduced_class, "in_budget": self.in_budget_class}.get(outcome)
+        ours = chosen() if chosen else None
         decision = PriorityDecision(
             rule,
-            chosen.name if chosen else None,
-            chosen.value if chosen else None,
-            chosen.preemption_policy if chosen else None,
+            ours.name if ours else None,
+            ours.value if ours else None,
+            ours.preemption_policy if ours else None,
             state,
             view.freshness,
             words + context,
@@ -189,7 +191,5 @@ class DecisionRecorder:
             self.metrics.missing_decisions.inc()
         if decision.freshness not in self._logged:
             self._logged.add(decision.freshness)
-            log.warning(
-                f"admission_state_{decision.freshness}",
-                extra={"last_known_state": decision.budget_state, "rule": decision.rule.value},
-            )
+            event = "admission_state_stale" if decision.freshness == "stale" else "admission_state_missing"
+            log.warning(event, extra={"last_known_state": decision.budget_state, "rule": decision.rule.value})

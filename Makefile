@@ -53,6 +53,10 @@ bench: $(STAMP) ## Run the benchmarks and write bench/RESULTS.md
 compose-env: ## Static-mode tokens for docker-compose.yml into .compose/ (git-ignored)
 	$(PYTHON) deployment/compose/generate_tokens.py .compose
 
+.PHONY: chart-docs
+chart-docs: $(STAMP) ## Regenerate the Helm chart README's table of values from values.yaml
+	$(BIN)/python deployment/helm/chart_docs.py
+
 .PHONY: clean
 clean: ## Remove the venv, caches and local data
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .pytest-pg .pytest-kube .timekeeper-data

@@ -7,14 +7,31 @@ read exactly the same shape from one definition.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Literal, NotRequired, TypedDict
+from typing import Literal, NotRequired, TypedDict, cast
 
 BudgetState = Literal["in_budget", "warning", "exhausted", "unlimited"]
 BUDGET_STATES: tuple[BudgetState, ...] = ("in_budget", "warning", "exhausted", "unlimited")
 
+# How well a GPU could be read over an interval, best first: every figure; some figures not supported here
+# (MIG utilisation, energy on older boards...); none supported; the NVML library or node agent could not be
+# reached; the GPU stopped answering (fell off the bus, reset required).
+GpuStatus = Literal["ok", "partial", "not_supported", "unavailable", "lost"]
+GPU_STATUSES: tuple[GpuStatus, ...] = ("ok", "partial", "not_supported", "unavailable", "lost")
+
+
+def worst_status(statuses: list[GpuStatus]) -> GpuStatus:
+    """An interval's status is the worst any of its samples had ("ok" when there were none)."""
+    return max(statuses, key=GPU_STATUSES.index, default="ok")
+
 
 class GpuFigures(TypedDict):
-    """One GPU's measured figures over a report interval; None where the driver could not say."""
+    """One GPU's measured figures over a report interval; None where the driver could not say.
+
+    The device-wide figures (`sm_util_pct`, `mem_used_bytes`, `energy_joules`) include every tenant of a
+    shared GPU; the `pod_*` figures are this pod's own processes, present only where a node agent mapped
+    the GPU's processes to the pod (time-slicing, fractions). Fields after the first four were added
+    later: readers treat them as optional.
+    """
 
     uuid: str
     sm_util_pct: float | None
@@ -22,6 +39,29 @@ class GpuFigures(TypedDict):
     mem_total_bytes: int | None
     sm_util_max_pct: NotRequired[float | None]
     energy_joules: NotRequired[float | None]
+    status: NotRequired[GpuStatus]
+    name: NotRequired[str | None]
+    parent_uuid: NotRequired[str | None]
+    pod_sm_util_pct: NotRequired[float | None]
+    pod_sm_util_max_pct: NotRequired[float | None]
+    pod_mem_used_bytes: NotRequired[int | None]
+    pod_processes: NotRequired[int | None]
+
+
+# Added fields sent only when known, so reports stay small and a sidecar that cannot tell sends the v1 shape.
+_SENT_WHEN_KNOWN = (
+    "name",
+    "parent_uuid",
+    "pod_sm_util_pct",
+    "pod_sm_util_max_pct",
+    "pod_mem_used_bytes",
+    "pod_processes",
+)
+
+
+def compact_figures(figures: GpuFigures) -> GpuFigures:
+    """`figures` without the added fields that are None."""
+    return cast(GpuFigures, {k: v for k, v in figures.items() if v is not None or k not in _SENT_WHEN_KNOWN})
 
 
 class Report(TypedDict):

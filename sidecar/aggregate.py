@@ -7,9 +7,9 @@ growth over the interval (in joules). A figure no sample could give stays None.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from gpuaccounting.wire import GpuFigures
+from gpuaccounting.wire import GpuFigures, GpuStatus, compact_figures, worst_status
 from sidecar.gpus import GpuSample
 
 
@@ -19,14 +19,36 @@ def _max(values: Iterable[float | int | None]) -> float | int | None:
 
 
 @dataclass(slots=True)
+class _Mean:
+    """Mean and maximum of the samples that had a value."""
+
+    total: float = 0.0
+    count: int = 0
+    peak: float | None = None
+
+    def add(self, value: float | None) -> None:
+        if value is not None:
+            self.total += value
+            self.count += 1
+            self.peak = value if self.peak is None else max(self.peak, value)
+
+    def mean(self) -> float | None:
+        return round(self.total / self.count, 3) if self.count else None
+
+
+@dataclass(slots=True)
 class _Running:
-    util_sum: float = 0.0
-    util_count: int = 0
-    util_max: float | None = None
+    util: _Mean = field(default_factory=_Mean)
+    pod_util: _Mean = field(default_factory=_Mean)
     mem_used_max: int | None = None
     mem_total: int | None = None
     energy_last: int | None = None
     processes_max: int | None = None
+    pod_mem_used_max: int | None = None
+    pod_processes_max: int | None = None
+    statuses: set[GpuStatus] = field(default_factory=set)
+    name: str | None = None
+    parent_uuid: str | None = None
 
 
 class IntervalAggregate:
@@ -41,10 +63,13 @@ class IntervalAggregate:
     def add(self, samples: Iterable[GpuSample]) -> None:
         for sample in samples:
             running = self._running.setdefault(sample.uuid, _Running())
-            if sample.sm_util_pct is not None:
-                running.util_sum += sample.sm_util_pct
-                running.util_count += 1
-                running.util_max = _max((running.util_max, sample.sm_util_pct))
+            running.util.add(sample.sm_util_pct)
+            running.pod_util.add(sample.pod_sm_util_pct)
+            running.statuses.add(sample.status)
+            running.name = sample.name or running.name
+            running.parent_uuid = sample.parent_uuid or running.parent_uuid
+            running.pod_mem_used_max = _max((running.pod_mem_used_max, sample.pod_mem_used_bytes))  # type: ignore[assignment]
+            running.pod_processes_max = _max((running.pod_processes_max, sample.pod_process_count))  # type: ignore[assignment]
             running.mem_used_max = _max((running.mem_used_max, sample.mem_used_bytes))  # type: ignore[assignment]
             running.mem_total = _max((running.mem_total, sample.mem_total_bytes))  # type: ignore[assignment]
             running.processes_max = _max((running.processes_max, sample.process_count))  # type: ignore[assignment]
@@ -63,13 +88,22 @@ class IntervalAggregate:
     def cut(self) -> list[GpuFigures]:
         """The interval's figures, one entry per GPU seen; starts the next interval empty."""
         figures = [
-            GpuFigures(
-                uuid=uuid,
-                sm_util_pct=round(running.util_sum / running.util_count, 3) if running.util_count else None,
-                mem_used_bytes=running.mem_used_max,
-                mem_total_bytes=running.mem_total,
-                sm_util_max_pct=running.util_max,
-                energy_joules=self._energy_joules(uuid, running),
+            compact_figures(
+                GpuFigures(
+                    uuid=uuid,
+                    sm_util_pct=running.util.mean(),
+                    mem_used_bytes=running.mem_used_max,
+                    mem_total_bytes=running.mem_total,
+                    sm_util_max_pct=running.util.peak,
+                    energy_joules=self._energy_joules(uuid, running),
+                    status=worst_status(sorted(running.statuses)),
+                    name=running.name,
+                    parent_uuid=running.parent_uuid,
+                    pod_sm_util_pct=running.pod_util.mean(),
+                    pod_sm_util_max_pct=running.pod_util.peak,
+                    pod_mem_used_bytes=running.pod_mem_used_max,
+                    pod_processes=running.pod_processes_max,
+                )
             )
             for uuid, running in self._running.items()
         ]
@@ -82,27 +116,37 @@ class IntervalAggregate:
         return {uuid: running.processes_max for uuid, running in self._running.items()}
 
 
+def _weighted_mean(entries: list[tuple[int, GpuFigures]], key: str) -> float | None:
+    """The mean of one figure over several intervals, each weighted by its length."""
+    weighted = [(d, f.get(key)) for d, f in entries if f.get(key) is not None]
+    weight = sum(d for d, _ in weighted)
+    return round(sum(d * u for d, u in weighted) / weight, 3) if weighted and weight else None  # type: ignore[operator,misc]
+
+
 def merge_figures(parts: list[tuple[int, list[GpuFigures]]]) -> list[GpuFigures]:
-    """Figures of several contiguous intervals as one: utilisation weighted by each interval's length."""
+    """Figures of several contiguous intervals as one: utilisation weighted by each interval's length,
+    maxima kept, energy summed, the worst status kept."""
     merged: dict[str, list[tuple[int, GpuFigures]]] = {}
     for duration, figures in parts:
         for figure in figures:
             merged.setdefault(figure["uuid"], []).append((duration, figure))
     result: list[GpuFigures] = []
     for uuid, entries in merged.items():
-        weighted = [(d, f["sm_util_pct"]) for d, f in entries if f["sm_util_pct"] is not None]
-        weight = sum(d for d, _ in weighted)
         energies = [f.get("energy_joules") for _, f in entries if f.get("energy_joules") is not None]
-        result.append(
-            GpuFigures(
-                uuid=uuid,
-                sm_util_pct=(
-                    round(sum(d * u for d, u in weighted) / weight, 3) if weighted and weight else None  # type: ignore[operator]
-                ),
-                mem_used_bytes=_max(f["mem_used_bytes"] for _, f in entries),  # type: ignore[typeddict-item]
-                mem_total_bytes=_max(f["mem_total_bytes"] for _, f in entries),  # type: ignore[typeddict-item]
-                sm_util_max_pct=_max(f.get("sm_util_max_pct") for _, f in entries),
-                energy_joules=sum(energies) if energies else None,  # type: ignore[arg-type]
-            )
+        entry = GpuFigures(
+            uuid=uuid,
+            sm_util_pct=_weighted_mean(entries, "sm_util_pct"),
+            mem_used_bytes=_max(f["mem_used_bytes"] for _, f in entries),  # type: ignore[typeddict-item]
+            mem_total_bytes=_max(f["mem_total_bytes"] for _, f in entries),  # type: ignore[typeddict-item]
+            sm_util_max_pct=_max(f.get("sm_util_max_pct") for _, f in entries),
+            energy_joules=sum(energies) if energies else None,  # type: ignore[arg-type]
+            status=worst_status([f.get("status", "ok") for _, f in entries]),
+            name=next((f.get("name") for _, f in entries if f.get("name")), None),
+            parent_uuid=next((f.get("parent_uuid") for _, f in entries if f.get("parent_uuid")), None),
+            pod_sm_util_pct=_weighted_mean(entries, "pod_sm_util_pct"),
+            pod_sm_util_max_pct=_max(f.get("pod_sm_util_max_pct") for _, f in entries),
+            pod_mem_used_bytes=_max(f.get("pod_mem_used_bytes") for _, f in entries),  # type: ignore[typeddict-item]
+            pod_processes=_max(f.get("pod_processes") for _, f in entries),  # type: ignore[typeddict-item]
         )
+        result.append(compact_figures(entry))
     return result

@@ -131,14 +131,17 @@ class ReportBuffer:
         with self._lock:
             return self._pending[0] if self._pending else None
 
-    def remove(self, pending: Pending) -> None:
-        """Forget an acknowledged (or given-up) report; a no-op if a fold already absorbed it."""
+    def remove(self, pending: Pending) -> bool:
+        """Forget an acknowledged (or given-up) report; answers False (and does nothing) when a fold has
+        already absorbed it, so its time is still pending in the fold."""
         with self._lock:
-            if pending in self._pending:
+            present = pending in self._pending
+            if present:
                 self._pending.remove(pending)
                 pending.path.unlink(missing_ok=True)
             if not self._pending:
                 self._folding_announced = False
+            return present
 
     def replace(self, pending: Pending, report: Report) -> Pending | None:
         """Rewrite a pending report's body (same sequence number); None if a fold absorbed it meanwhile."""

@@ -20,6 +20,14 @@ GPUSHARE_INDEX = "ALIYUN_COM_GPU_MEM_IDX"
 
 _INDEX = re.compile(r"^\d+(:\d+)?$")
 _UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z/-]+$")
+# The device plugin's time-slicing replicas append `::<n>` to the device's UUID (GPU-... or MIG-...).
+_REPLICA = re.compile(r"::\d+$")
+
+
+def device_uuid(item: str) -> str | None:
+    """A GPU or MIG UUID from a device ID, a time-slicing replica suffix (`::3`) stripped; None otherwise."""
+    uuid = _REPLICA.sub("", item.strip())
+    return uuid if _UUID.match(uuid) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +59,9 @@ def parse_visible_devices(value: str | None) -> tuple[Selector, ...] | None:
     for item in (part.strip() for part in text.split(",")):
         if _INDEX.match(item):
             selectors.append(Selector("index", item))
-        elif _UUID.match(item):
-            selectors.append(Selector("uuid", item))
-    return tuple(selectors) or None
+        elif uuid := device_uuid(item):
+            selectors.append(Selector("uuid", uuid))
+    return tuple(dict.fromkeys(selectors)) or None
 
 
 def read_downward_file(path: Path) -> dict[str, str]:
@@ -81,8 +89,8 @@ def parse_hami_allocation(value: str) -> tuple[Selector, ...]:
     uuids: dict[str, None] = {}
     for container in value.split(";"):
         for device in container.split(":"):
-            uuid = device.split(",", 1)[0].strip()
-            if _UUID.match(uuid):
+            uuid = device_uuid(device.split(",", 1)[0])
+            if uuid:
                 uuids[uuid] = None
     return tuple(Selector("uuid", uuid) for uuid in uuids)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from sidecar.gpus import Device, GpuSample, Selector
+from sidecar.gpus import Device, GpuSample, Resolution, Selector
 
 _TOTAL_BYTES = 80 * 1024**3
 _UTIL_PATTERN = (10.0, 35.0, 60.0, 85.0, 60.0, 35.0)
@@ -36,7 +36,7 @@ class FakeBackend:
     def close(self) -> None:
         return None
 
-    def resolve(self, selectors: Sequence[Selector]) -> list[Device]:
+    def resolve(self, selectors: Sequence[Selector]) -> Resolution:
         chosen: dict[str, Device] = {}
         for selector in selectors:
             if selector.kind == "all":
@@ -48,7 +48,7 @@ class FakeBackend:
                 names = self._uuids[index : index + 1]
             for uuid in names:
                 chosen.setdefault(uuid, Device(uuid=uuid))
-        return list(chosen.values())
+        return Resolution(list(chosen.values()))
 
     def sample(self, device: Device) -> GpuSample:
         reading = self._readings.get(device.uuid, 0)
@@ -60,6 +60,7 @@ class FakeBackend:
         self._energy[device.uuid] = energy
         return GpuSample(
             uuid=device.uuid,
+            name="Fake GPU 80GB",
             sm_util_pct=utilization,
             mem_used_bytes=used,
             mem_total_bytes=_TOTAL_BYTES,

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from gpuaccounting.wire import GpuStatus
+
 SelectorKind = Literal["uuid", "index", "all"]
 
 # Figures a backend may be unable to give for a device; named so "not supported" is logged once per field.
@@ -32,19 +34,38 @@ class Device:
     uuid: str
     handle: object = None
     unsupported: set[str] = field(default_factory=set)
+    name: str | None = None
+    parent_uuid: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """What the selectors resolved to, and what could not be looked up because a GPU is lost (by UUID where
+    the selector named one): the monitor keeps retrying those instead of forgetting them."""
+
+    devices: list[Device]
+    missing_uuids: tuple[str, ...] = ()
+    incomplete: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class GpuSample:
-    """One reading of one device; None where the device could not say."""
+    """One reading of one device; None where the device could not say. The `pod_*` figures are this pod's
+    own processes on the device, where a node agent could attribute them (None: unknown)."""
 
     uuid: str
+    status: GpuStatus = "ok"
+    name: str | None = None
+    parent_uuid: str | None = None
     sm_util_pct: float | None = None
     mem_used_bytes: int | None = None
     mem_total_bytes: int | None = None
     energy_millijoules: int | None = None
     process_count: int | None = None
     process_mem_bytes: int | None = None
+    pod_sm_util_pct: float | None = None
+    pod_mem_used_bytes: int | None = None
+    pod_process_count: int | None = None
 
 
 class BackendUnavailable(Exception):
@@ -66,8 +87,8 @@ class GpuBackend(Protocol):
         """Release the library; safe to call when open failed."""
         ...
 
-    def resolve(self, selectors: Sequence[Selector]) -> list[Device]:
-        """Turn selectors into devices; selectors that match nothing are skipped."""
+    def resolve(self, selectors: Sequence[Selector]) -> Resolution:
+        """Turn selectors into devices; selectors that match nothing are skipped, lost ones are named."""
         ...
 
     def sample(self, device: Device) -> GpuSample:

@@ -35,7 +35,10 @@ class GpuMonitor:
         self._open = False
         self._devices: list[Device] = []
         self._known_uuids: tuple[str, ...] = ()
+        # GPUs that stopped answering: kept, reported as lost and looked up again until they answer.
         self._lost: set[str] = set()
+        # A selector could not be resolved because some GPU was lost (an index or `all`): retry too.
+        self._incomplete = False
         # What has been logged, kept across re-initialisations so each change is said once.
         self._announced_lost: set[str] = set()
         self._announced_unsupported: dict[str, set[str]] = {}
@@ -60,7 +63,7 @@ class GpuMonitor:
         try:
             description = self._backend.open()
             self._open = True
-            devices = self._backend.resolve(discovery.selectors)
+            resolution = self._backend.resolve(discovery.selectors)
         except BackendUnavailable as error:
             self._devices = []
             # Known UUIDs stay listed (figures None) so reports still say which GPUs the pod holds.
@@ -72,9 +75,11 @@ class GpuMonitor:
                 self._problem = str(error)
             self._schedule_retry(now)
             return
-        self._devices = devices
-        self._lost.clear()
-        uuids = tuple(device.uuid for device in devices)
+        resolved = {device.uuid for device in resolution.devices}
+        self._devices = resolution.devices
+        self._lost = (self._lost | set(resolution.missing_uuids)) - resolved
+        self._incomplete = resolution.incomplete
+        uuids = tuple(device.uuid for device in resolution.devices) + tuple(sorted(self._lost))
         if uuids != self._known_uuids or self._problem is not None:
             self._log.info(
                 "gpus_discovered",
@@ -85,10 +90,14 @@ class GpuMonitor:
             )
         self._known_uuids = uuids
         self._problem = None
+        if self._lost or self._incomplete:
+            self._schedule_retry(now)
 
     def _sample_one(self, device: Device, now: float) -> GpuSample:
         if device.uuid in self._lost:
-            return GpuSample(uuid=device.uuid)
+            return GpuSample(
+                uuid=device.uuid, status="lost", name=device.name, parent_uuid=device.parent_uuid
+            )
         try:
             sample = self._backend.sample(device)
         except DeviceLost as error:
@@ -97,7 +106,9 @@ class GpuMonitor:
                 self._announced_lost.add(device.uuid)
                 self._log.warning("gpu_lost", gpu=device.uuid, reason=str(error))
             self._schedule_retry(now)
-            return GpuSample(uuid=device.uuid)
+            return GpuSample(
+                uuid=device.uuid, status="lost", name=device.name, parent_uuid=device.parent_uuid
+            )
         if device.uuid in self._announced_lost:
             self._announced_lost.discard(device.uuid)
             self._log.info("gpu_recovered", gpu=device.uuid)
@@ -109,20 +120,22 @@ class GpuMonitor:
     def poll(self) -> list[GpuSample]:
         """One reading of every attributed device; None figures where a device or the library failed."""
         now = self._clock()
-        if (not self._open or self._lost) and now >= self._retry_at:
+        if (not self._open or self._lost or self._incomplete) and now >= self._retry_at:
             self._reopen(now)
         if not self._open:
-            return [GpuSample(uuid=uuid) for uuid in self._known_uuids]
+            return [GpuSample(uuid=uuid, status="unavailable") for uuid in self._known_uuids]
         try:
             samples = [self._sample_one(device, now) for device in self._devices]
+            resolved = {device.uuid for device in self._devices}
+            samples += [GpuSample(uuid=uuid, status="lost") for uuid in sorted(self._lost - resolved)]
         except BackendUnavailable as error:
             self._backend.close()
             self._open = False
             self._log.warning("nvml_unavailable", reason=str(error), retry_in_seconds=round(self._delay, 1))
             self._problem = str(error)
             self._schedule_retry(now)
-            return [GpuSample(uuid=uuid) for uuid in self._known_uuids]
-        if not self._lost:
+            return [GpuSample(uuid=uuid, status="unavailable") for uuid in self._known_uuids]
+        if not self._lost and not self._incomplete:
             self._delay = FIRST_RETRY_SECONDS
         return samples
 

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-from sidecar.gpus import BackendUnavailable, Device, DeviceLost, GpuSample, Selector
+from gpuaccounting.wire import GpuStatus
+from sidecar.gpus import FIELDS, BackendUnavailable, Device, DeviceLost, GpuSample, Resolution, Selector
 
 # Errors that mean "this library cannot work at all" rather than "this GPU has a problem".
 _FATAL = ("LibraryNotFound", "DriverNotLoaded", "Uninitialized", "LibRmVersionMismatch")
@@ -37,6 +38,7 @@ class PynvmlBackend:
     def __init__(self, library: Path | None = None) -> None:
         self._library = library
         self._nvml: ModuleType | None = None
+        self._v2_process_list = False
 
     def open(self) -> str:
         import pynvml
@@ -95,35 +97,75 @@ class PynvmlBackend:
                 continue
         return children
 
-    def _handles(self, selector: Selector) -> list[object]:
+    def _lookup(self, call: object, *args: object, expand: bool = True) -> tuple[list[object], bool]:
+        """One handle lookup, a GPU expanded to its MIG devices: (handles, lost). A lost GPU answers
+        ([], True) so the other GPUs carry on; a selector that names nothing answers ([], False)."""
+        nvml = self._module()
+        try:
+            handle = call(*args)  # type: ignore[operator]
+            return (self._expand(handle) if expand else [handle]), False
+        except nvml.NVMLError as error:
+            outcome = self._classify(error)
+            if outcome is BackendUnavailable:
+                raise BackendUnavailable(str(error)) from None
+            return [], type(error).__name__.removeprefix("NVMLError_") in _LOST
+
+    def _handles(self, selector: Selector) -> tuple[list[object], bool]:
         nvml = self._module()
         if selector.kind == "uuid":
-            return self._expand(nvml.nvmlDeviceGetHandleByUUID(selector.value))
+            return self._lookup(nvml.nvmlDeviceGetHandleByUUID, selector.value)
         if selector.kind == "all":
             handles: list[object] = []
+            lost = False
             for index in range(nvml.nvmlDeviceGetCount()):
-                handles.extend(self._expand(nvml.nvmlDeviceGetHandleByIndex(index)))
-            return handles
+                found, gone = self._lookup(nvml.nvmlDeviceGetHandleByIndex, index)
+                handles.extend(found)
+                lost = lost or gone
+            return handles, lost
         gpu_index, _, mig_index = selector.value.partition(":")
-        parent = nvml.nvmlDeviceGetHandleByIndex(int(gpu_index))
-        if mig_index:
-            return [nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, int(mig_index))]
-        return self._expand(parent)
+        parents, lost = self._lookup(nvml.nvmlDeviceGetHandleByIndex, int(gpu_index), expand=not mig_index)
+        if not mig_index or not parents:
+            return parents, lost
+        return self._lookup(
+            nvml.nvmlDeviceGetMigDeviceHandleByIndex, parents[0], int(mig_index), expand=False
+        )
 
-    def resolve(self, selectors: Sequence[Selector]) -> list[Device]:
+    def _identity(self, handle: object) -> tuple[str | None, str | None]:
+        """(product or MIG profile name, parent GPU UUID for a MIG device); None where NVML cannot say."""
+        nvml = self._module()
+        name = parent = None
+        with contextlib.suppress(nvml.NVMLError):
+            name = str(nvml.nvmlDeviceGetName(handle))
+        with contextlib.suppress(nvml.NVMLError):
+            if nvml.nvmlDeviceIsMigDeviceHandle(handle):
+                parent = str(
+                    nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle))
+                )
+        return name, parent
+
+    def resolve(self, selectors: Sequence[Selector]) -> Resolution:
         nvml = self._module()
         devices: dict[str, Device] = {}
+        missing: list[str] = []
+        incomplete = False
         for selector in selectors:
-            try:
-                handles = self._handles(selector)
-                for handle in handles:
+            handles, lost = self._handles(selector)
+            if lost:
+                incomplete = True
+                if selector.kind == "uuid":
+                    missing.append(selector.value)
+            for handle in handles:
+                try:
                     uuid = nvml.nvmlDeviceGetUUID(handle)
-                    devices.setdefault(uuid, Device(uuid=uuid, handle=handle))
-            except nvml.NVMLError as error:
-                if self._classify(error) is BackendUnavailable:
-                    raise BackendUnavailable(str(error)) from None
-                continue
-        return list(devices.values())
+                except nvml.NVMLError as error:
+                    if self._classify(error) is BackendUnavailable:
+                        raise BackendUnavailable(str(error)) from None
+                    incomplete = True
+                    continue
+                if uuid not in devices:
+                    name, parent = self._identity(handle)
+                    devices[uuid] = Device(uuid=uuid, handle=handle, name=name, parent_uuid=parent)
+        return Resolution(list(devices.values()), tuple(missing), incomplete)
 
     def _read(self, device: Device, field: str, call: object, *args: object) -> object | None:
         """One NVML call for one figure: None when absent (remembered, so it is not asked again)."""
@@ -139,15 +181,29 @@ class PynvmlBackend:
                 return None
             raise outcome(f"{device.uuid}: {error}") from None
 
+    def _process_list(self, handle: object) -> list[object]:
+        """The compute processes: the _v3 list, or _v2 on drivers before 510 that lack _v3 (pynvml raises
+        FunctionNotFound for a symbol the library does not export; the switch is kept)."""
+        nvml = self._module()
+        if not self._v2_process_list:
+            try:
+                return list(nvml.nvmlDeviceGetComputeRunningProcesses_v3(handle))
+            except nvml.NVMLError_FunctionNotFound:
+                self._v2_process_list = True
+        return list(nvml.nvmlDeviceGetComputeRunningProcesses_v2(handle))
+
     def sample(self, device: Device) -> GpuSample:
         nvml = self._module()
         utilization = self._read(device, "utilization", nvml.nvmlDeviceGetUtilizationRates)
         memory = self._read(device, "memory", nvml.nvmlDeviceGetMemoryInfo)
         energy = self._read(device, "energy", nvml.nvmlDeviceGetTotalEnergyConsumption)
-        processes = self._read(device, "processes", nvml.nvmlDeviceGetComputeRunningProcesses)
+        processes = self._read(device, "processes", self._process_list)
         process_list = list(processes) if isinstance(processes, list) else None
         return GpuSample(
             uuid=device.uuid,
+            status=figures_status(device.unsupported),
+            name=device.name,
+            parent_uuid=device.parent_uuid,
             sm_util_pct=float(utilization.gpu) if utilization is not None else None,  # type: ignore[attr-defined]
             mem_used_bytes=int(memory.used) if memory is not None else None,  # type: ignore[attr-defined]
             mem_total_bytes=int(memory.total) if memory is not None else None,  # type: ignore[attr-defined]
@@ -157,3 +213,10 @@ class PynvmlBackend:
                 sum(p.usedGpuMemory or 0 for p in process_list) if process_list is not None else None
             ),
         )
+
+
+def figures_status(unsupported: set[str]) -> GpuStatus:
+    """ok, partial (some figures not supported here) or not_supported (none are)."""
+    if not unsupported:
+        return "ok"
+    return "not_supported" if unsupported >= set(FIELDS) else "partial"

@@ -265,7 +265,10 @@ class Sender:
         return delay
 
     def _give_up(self, pending: Pending, detail: str) -> None:
-        self._buffer.remove(pending)
+        if not self._buffer.remove(pending):
+            # A fold absorbed this report while it was being sent: its time travels in the fold.
+            self._log.debug("report_folded_while_sending", seq=pending.seq, detail=detail)
+            return
         total, seconds = self._record_drop(pending.seconds)
         self._log.error(
             "report_dropped",

@@ -15,31 +15,31 @@ waits until the webhook decides with it).
 from __future__ import annotations
 
 import base64
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from kubernetes import client, config
 
 from tests.cluster.harness import (
+    INSTALL_NAMESPACE,
+    SILENT_GRACE_SECONDS,
+    TOKEN_SECONDS,
+    Install,
     Kubectl,
     TimekeeperApi,
-    kubeconfig_for_token,
+    WebhookTls,
     render_manifests,
+    run_certbootstrap,
+    service_account_kubeconfig,
     service_account_token,
 )
 from tests.support.control_plane import ControlPlane, Unavailable, required
-from tests.support.processes import REPO_ROOT, TimekeeperProcess, WebhookProcess, free_port, wait_until
+from tests.support.processes import TimekeeperProcess, WebhookProcess, free_port, wait_until
 from tests.support.timekeeper import migrated_database
 
 HERE = Path(__file__).resolve().parent
-INSTALL_NAMESPACE = "gpu-timekeeper"  # deployment/'s namespace
-TOKEN_SECONDS = 24 * 3600
-SILENT_GRACE_SECONDS = 5
 
 
 SKIPPED = "cluster layer skipped: "
@@ -92,18 +92,6 @@ def kubectl(control_plane: ControlPlane) -> Kubectl:
     return Kubectl(control_plane.kubeconfig)
 
 
-@dataclass(frozen=True)
-class Install:
-    """deployment/ as applied: where its webhook configurations send the API server."""
-
-    webhook_port: int
-    manifests: str
-
-    @property
-    def webhook_url(self) -> str:
-        return f"https://127.0.0.1:{self.webhook_port}"
-
-
 @pytest.fixture(scope="package")
 def install(kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory) -> Install:
     """Our shipped manifests (tests/cluster/kustomization.yaml) applied with kubectl. `--validate=false`:
@@ -112,21 +100,6 @@ def install(kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory) -> Insta
     manifests = render_manifests(f"https://127.0.0.1:{port}", tmp_path_factory.mktemp("manifests"))
     kubectl.run("apply", "--validate=false", "-f", "-", stdin=manifests)
     return Install(port, manifests)
-
-
-def service_account_kubeconfig(
-    control_plane: ControlPlane, core: client.CoreV1Api, account: str, folder: Path
-) -> Path:
-    """A kubeconfig for one of deployment/'s ServiceAccounts: what runs as it has exactly the RBAC we ship."""
-    token = service_account_token(core, INSTALL_NAMESPACE, account, seconds=TOKEN_SECONDS)
-    return kubeconfig_for_token(control_plane, token, folder / f"{account}.kubeconfig")
-
-
-@dataclass(frozen=True)
-class WebhookTls:
-    cert: Path
-    key: Path
-    ca: bytes
 
 
 @pytest.fixture(scope="package")
@@ -148,28 +121,6 @@ def webhook_tls(
     (folder / "tls.key").write_bytes(data["tls.key"])
     (folder / "tls.key").chmod(0o600)
     return WebhookTls(folder / "tls.crt", folder / "tls.key", data["ca.crt"])
-
-
-def run_certbootstrap(kubeconfig: Path) -> str:
-    """`python -m webhook.certbootstrap` for deployment/'s names, with 127.0.0.1 (our URL) in the
-    certificate; its one-line JSON summary."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "webhook.certbootstrap",
-            f"--namespace={INSTALL_NAMESPACE}",
-            "--extra-san=127.0.0.1",
-            f"--kubeconfig={kubeconfig}",
-        ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 @pytest.fixture(scope="package")

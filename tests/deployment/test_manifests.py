@@ -1,4 +1,5 @@
-"""Every kustomize build of deployment/ is schema-valid Kubernetes and keeps the invariants we rely on."""
+"""Every kustomize build of deployment/ and every rendering of the Helm chart is schema-valid Kubernetes and
+keeps the invariants we rely on."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import kubernetes_validate
 import pytest
 
 from gpuaccounting import names
-from tests.deployment.conftest import BUILDS, OVERLAYS, ROOT, find, one, pod_specs, render
+from tests.deployment.conftest import INSTALLS, OVERLAYS, RENDERS, ROOT, find, one, pod_specs, render
 
 # matchConditions are GA from 1.30: the oldest Kubernetes we support, and the newest schemas we have.
 KUBERNETES_VERSIONS = ["1.30.0", kubernetes_validate.utils.latest_version()]
@@ -21,7 +22,14 @@ OUR_IMAGES = (
     "ghcr.io/gpu-timekeeper/webhook",
     "ghcr.io/gpu-timekeeper/sidecar",
 )
-CERT_MANAGER_KINDS = {"Certificate", "Issuer"}
+# Kinds of operators (no schemas offline): checked structurally here, by their own tests elsewhere.
+OPERATOR_KINDS = {
+    "Certificate": "cert-manager.io/v1",
+    "Issuer": "cert-manager.io/v1",
+    "ServiceMonitor": "monitoring.coreos.com/v1",
+    "PrometheusRule": "monitoring.coreos.com/v1",
+    "Cluster": "postgresql.cnpg.io/v1",
+}
 WEBHOOK_TLS_SECRET = "gpu-timekeeper-webhook-tls"
 # Secrets an overlay may leave to the operator (docs/deployment.md says how to create them).
 OPERATOR_SECRETS = {"gpu-timekeeper-database"}
@@ -44,12 +52,12 @@ def webhook_configurations(objects) -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", RENDERS)
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_every_object_validates_against_the_kubernetes_schemas(build, version):
     for obj in render(build):
-        if obj["kind"] in CERT_MANAGER_KINDS:
-            assert obj["apiVersion"] == "cert-manager.io/v1"
+        if obj["kind"] in OPERATOR_KINDS:
+            assert obj["apiVersion"] == OPERATOR_KINDS[obj["kind"]]
             continue
         kubernetes_validate.validate(obj, version, strict=True)
 
@@ -65,10 +73,11 @@ def test_there_are_dev_and_production_overlays():
     assert {"dev", "production"} <= set(OVERLAYS)
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", RENDERS)
 def test_everything_namespaced_lives_in_our_namespace(build):
     objects = render(build)
-    assert one(objects, "Namespace", NAMESPACE)
+    if not build.startswith("helm/"):  # Helm installs into a namespace that exists (the chart's README)
+        assert one(objects, "Namespace", NAMESPACE)
     for obj in objects:
         if obj["kind"] not in {
             "Namespace",
@@ -81,7 +90,7 @@ def test_everything_namespaced_lives_in_our_namespace(build):
             assert obj["metadata"].get("namespace") == NAMESPACE, obj["metadata"]["name"]
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", RENDERS)
 def test_servers_are_replicated_probed_and_protected_by_a_disruption_budget(build):
     objects = render(build)
     budgets = find(objects, "PodDisruptionBudget")
@@ -96,7 +105,7 @@ def test_servers_are_replicated_probed_and_protected_by_a_disruption_budget(buil
         assert covering[0]["spec"].get("maxUnavailable", 0) < deployment["spec"]["replicas"]
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", RENDERS)
 def test_services_reach_a_named_port_of_the_pods_they_select(build):
     objects = render(build)
     templates = [o["spec"]["template"] for o in find(objects, "Deployment") + find(objects, "StatefulSet")]
@@ -110,7 +119,7 @@ def test_services_reach_a_named_port_of_the_pods_they_select(build):
             assert port["targetPort"] in port_names
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", RENDERS)
 def test_every_pod_is_non_root_with_a_read_only_root_filesystem_and_no_capabilities(build):
     for owner, spec in pod_specs(render(build)):
         pod_context = spec.get("securityContext", {})
@@ -124,7 +133,7 @@ def test_every_pod_is_non_root_with_a_read_only_root_filesystem_and_no_capabilit
             assert "memory" in container.get("resources", {}).get("limits", {}), owner
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", RENDERS)
 def test_images_are_pinned_and_ours_carry_the_project_version(build):
     tags = set()
     for owner, spec in pod_specs(render(build)):
@@ -143,7 +152,7 @@ def test_images_are_pinned_and_ours_carry_the_project_version(build):
     assert tags | {sidecar_tag} == {project_version()}
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", RENDERS)
 def test_rbac_is_least_privilege(build):
     objects = render(build)
     for role in find(objects, "ClusterRole") + find(objects, "Role"):
@@ -157,7 +166,7 @@ def test_rbac_is_least_privilege(build):
                 assert rule.get("resourceNames"), "writes to Secrets are limited to named ones"
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", RENDERS)
 def test_the_timekeeper_may_review_tokens_and_access_and_the_webhook_only_reads_priority_classes(build):
     objects = render(build)
     subject = {"kind": "ServiceAccount", "name": "gpu-timekeeper", "namespace": NAMESPACE}
@@ -185,7 +194,7 @@ def test_the_timekeeper_may_review_tokens_and_access_and_the_webhook_only_reads_
     ]
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", RENDERS)
 def test_webhook_and_timekeeper_read_the_one_hardware_config_map(build):
     objects = render(build)
     (config_map,) = [c for c in find(objects, "ConfigMap") if "hardware.json" in c.get("data", {})]
@@ -200,7 +209,7 @@ def test_webhook_and_timekeeper_read_the_one_hardware_config_map(build):
         assert env[variable] == f"{mount['mountPath']}/hardware.json", deployment
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", RENDERS)
 def test_network_policies_open_only_the_serving_ports(build):
     objects = render(build)
     for deployment, port_name, sources in (
@@ -221,7 +230,7 @@ def test_network_policies_open_only_the_serving_ports(build):
         assert port_name in {p["name"] for p in container["ports"]}
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", RENDERS)
 def test_viewer_and_admin_roles_cover_the_virtual_budget_resource(build):
     objects = render(build)
     expected = {
@@ -239,7 +248,7 @@ def test_viewer_and_admin_roles_cover_the_virtual_budget_resource(build):
     assert not any(k.startswith("rbac.authorization.k8s.io/aggregate-to") for k in admin_labels)
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", RENDERS)
 def test_priority_classes_rank_in_budget_pods_above_over_budget_ones(build):
     objects = render(build)
     in_budget = one(objects, "PriorityClass", names.DEFAULT_IN_BUDGET_PRIORITY_CLASS)
@@ -263,7 +272,7 @@ def test_priority_classes_match_what_the_webhook_writes_into_pods():
         assert priority_class["preemptionPolicy"] == defaults[f"{prefix}_preemption_policy"]
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", RENDERS)
 def test_webhooks_are_bounded_and_never_see_system_or_their_own_namespace(build):
     objects = render(build)
     webhook_namespace = one(objects, "Deployment", "gpu-timekeeper-webhook")["metadata"]["namespace"]
@@ -319,16 +328,17 @@ def _webhook_tls_sources(objects) -> list[str]:
     return sources
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_each_overlay_has_one_source_for_the_webhook_certificate(overlay):
-    objects = render(f"overlays/{overlay}")
+@pytest.mark.parametrize("build", INSTALLS)
+def test_each_overlay_has_one_source_for_the_webhook_certificate(build):
+    objects = render(build)
     sources = _webhook_tls_sources(objects)
     certificates = find(objects, "Certificate")
     if certificates:
         (certificate,) = certificates
         assert sources == [f"Certificate/{certificate['metadata']['name']}"]
-        issuer = one(objects, "Issuer", certificate["spec"]["issuerRef"]["name"])
-        assert issuer["metadata"]["namespace"] == NAMESPACE
+        if certificate["spec"]["issuerRef"]["kind"] == "Issuer":  # else the cluster's own ClusterIssuer
+            issuer = one(objects, "Issuer", certificate["spec"]["issuerRef"]["name"])
+            assert issuer["metadata"]["namespace"] == NAMESPACE
         assert f"gpu-timekeeper-webhook.{NAMESPACE}.svc" in certificate["spec"]["dnsNames"]
         injected = f"{NAMESPACE}/{certificate['metadata']['name']}"
         for obj in find(objects, "MutatingWebhookConfiguration") + find(
@@ -341,10 +351,10 @@ def test_each_overlay_has_one_source_for_the_webhook_certificate(overlay):
         assert cronjob["spec"]["concurrencyPolicy"] == "Forbid"
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_each_overlay_restarts_the_webhook_when_its_certificate_changes(overlay):
+@pytest.mark.parametrize("build", INSTALLS)
+def test_each_overlay_restarts_the_webhook_when_its_certificate_changes(build):
     """The webhook loads its certificate at start: something must roll it after every renewal."""
-    objects = render(f"overlays/{overlay}")
+    objects = render(build)
     restarters = [
         owner
         for owner, spec in pod_specs(objects)
@@ -379,11 +389,12 @@ def test_the_certificate_bootstrap_may_touch_only_its_own_objects():
     assert set(cluster_rule["verbs"]) == {"get", "patch"}
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_every_secret_a_pod_uses_exists_or_is_one_the_operator_creates(overlay):
-    objects = render(f"overlays/{overlay}")
+@pytest.mark.parametrize("build", INSTALLS)
+def test_every_secret_a_pod_uses_exists_or_is_one_the_operator_creates(build):
+    objects = render(build)
     provided = {s["metadata"]["name"] for s in find(objects, "Secret")}
     provided |= {c["spec"]["secretName"] for c in find(objects, "Certificate")}
+    provided |= {f"{c['metadata']['name']}-app" for c in find(objects, "Cluster")}  # CloudNativePG's
     provided |= {WEBHOOK_TLS_SECRET} if _webhook_tls_sources(objects) else set()
     for owner, spec in pod_specs(objects):
         used = {v["secret"]["secretName"] for v in spec.get("volumes", []) if "secret" in v}
@@ -403,21 +414,27 @@ def test_the_try_out_database_is_only_in_dev():
     assert not find(render("overlays/production"), "Secret")
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", RENDERS)
 def test_the_migration_job_runs_alembic_against_the_configured_database(build):
-    job = one(render(build), "Job", "gpu-timekeeper-migrate")
+    objects = render(build)
+    job = one(objects, "Job", "gpu-timekeeper-migrate")
     (container,) = job["spec"]["template"]["spec"]["containers"]
     assert container["args"] == ["alembic", "upgrade", "head"]
     assert re.fullmatch(r"ghcr\.io/gpu-timekeeper/timekeeper:.+", container["image"])
     env = {e["name"]: e for e in container["env"]}
-    assert env["TIMEKEEPER_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {
-        "name": "gpu-timekeeper-database",
-        "key": "url",
-    }
+    timekeeper = one(objects, "Deployment", "gpu-timekeeper")["spec"]["template"]["spec"]["containers"][0]
+    served = {e["name"]: e for e in timekeeper["env"]}
+    assert env["TIMEKEEPER_DATABASE_URL"] == served["TIMEKEEPER_DATABASE_URL"]
+    if build == "helm/cloudnativepg":  # the Secret CloudNativePG writes for the Cluster
+        expected = {"name": f"{one(objects, 'Cluster', 'gpu-timekeeper-postgres')['metadata']['name']}-app"}
+        expected["key"] = "uri"
+    else:
+        expected = {"name": "gpu-timekeeper-database", "key": "url"}
+    assert env["TIMEKEEPER_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == expected
     assert job["spec"]["ttlSecondsAfterFinished"] > 0
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", RENDERS)
 def test_the_timekeeper_authenticates_through_kubernetes_in_clusters(build):
     container = one(render(build), "Deployment", "gpu-timekeeper")["spec"]["template"]["spec"]["containers"][
         0
@@ -426,7 +443,7 @@ def test_the_timekeeper_authenticates_through_kubernetes_in_clusters(build):
     assert env["TIMEKEEPER_AUTH_MODE"] == "kubernetes"
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", RENDERS)
 def test_the_webhook_authenticates_to_the_timekeeper_with_an_audience_bound_token(build):
     spec = one(render(build), "Deployment", "gpu-timekeeper-webhook")["spec"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
@@ -441,7 +458,7 @@ def test_the_webhook_authenticates_to_the_timekeeper_with_an_audience_bound_toke
     assert volumes["tls"]["secret"]["secretName"] == WEBHOOK_TLS_SECRET
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", RENDERS)
 def test_the_timekeeper_url_resolves_from_every_namespace_the_sidecar_is_injected_into(build):
     objects = render(build)
     timekeeper = one(objects, "Service", "gpu-timekeeper")

@@ -3,7 +3,7 @@ timekeeper's own ServiceAccount (so every call also proves the RBAC rules we shi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,11 +25,11 @@ def apiserver() -> Iterator[KubeApiServer]:
 
 
 @pytest.fixture
-def kube(apiserver: KubeApiServer) -> Iterator[KubeClient]:
+async def kube(apiserver: KubeApiServer) -> AsyncIterator[KubeClient]:
     token = apiserver.add_service_account_token(TIMEKEEPER_NAMESPACE, TIMEKEEPER_SERVICE_ACCOUNT)
-    kube_client = KubeClient(apiserver.client_configuration(token), request_timeout_seconds=5)
+    kube_client = KubeClient(apiserver.asyncio_configuration(token), request_timeout_seconds=5)
     yield kube_client
-    kube_client.close()
+    await kube_client.close()
 
 
 # The app in Kubernetes auth mode: the timekeeper suite's database and app fixtures, with these settings.

@@ -12,6 +12,9 @@ from timekeeper.auth.base import Action, PodIdentity, Principal
 from timekeeper.auth.kubernetes import KubernetesAccessControl
 from timekeeper.kube import KubeClient
 
+# The client's connections belong to the loop of the fixture that built it (the session's).
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
 
 class FakeClock:
     """Time for the caches, moved by the test instead of slept through."""

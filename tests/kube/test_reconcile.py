@@ -26,12 +26,15 @@ from timekeeper.budgets.service import BudgetService
 from timekeeper.clock import ManualClock
 from timekeeper.kube import KubeClient, KubeUnavailableError, QuotaChange
 from timekeeper.kube.client import QUOTA_NAME
-from timekeeper.reconcile.service import EVICT_ANNOTATION, Reconciler, reconcile_job
-from timekeeper.scheduler.jobs import JOBS_BY_NAME, run_job
+from timekeeper.reconcile.service import EVICT_ANNOTATION, Reconciler
+from timekeeper.scheduler.jobs import JOBS_BY_NAME, reconcile_job, run_job
 from timekeeper.scheduler.repository import RUNNING_POD_SQL
 from timekeeper.settings import Settings
 from timekeeper.usage.repository import UsageRepository
 from timekeeper.usage.schemas import ReportIn
+
+# The client's connections belong to the loop of the fixture that built it (the session's).
+pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 GRACE = timedelta(minutes=5)
 
@@ -71,8 +74,8 @@ async def reconciler(
 
 
 async def sync(reconciler: Reconciler) -> None:
-    """What the watch thread does: bring the registry up to date (here from one list)."""
-    reconciler.registry.apply(await asyncio.to_thread(reconciler.kube.list_pods))
+    """What the watch does: bring the registry up to date (here from one list)."""
+    reconciler.registry.apply(await reconciler.kube.list_pods())
 
 
 async def report(
@@ -464,15 +467,25 @@ async def test_the_watch_runs_while_leading_and_stops_with_leadership(
         await asyncio.to_thread(wait_until, lambda: len(reconciler.registry.pods()) == 2, 10, "the new pod")
         assert sorted(p.info.name for p in reconciler.registry.pods()) == ["first", "second"]
     finally:
+        # Leadership lost while the watch waits on its open request (its server-side timeout is minutes
+        # away): the watch is cancelled there and then.
         await reconciler.stop_leading()
     assert not reconciler.watching
+    gpu_pod(apiserver, "team-a", "unseen")
+    assert apiserver.requests["watch", "pods"] == 1
+    assert sorted(p.info.name for p in reconciler.registry.pods()) == ["first", "second"]
 
     # Leading again starts over from a fresh list, on the same client.
     gpu_pod(apiserver, "team-a", "third")
     await reconciler.start_leading()
     try:
         await reconciler.wait_synced()
-        assert sorted(p.info.name for p in reconciler.registry.pods()) == ["first", "second", "third"]
+        assert sorted(p.info.name for p in reconciler.registry.pods()) == [
+            "first",
+            "second",
+            "third",
+            "unseen",
+        ]
     finally:
         await reconciler.aclose()
     assert not reconciler.watching

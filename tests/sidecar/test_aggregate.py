@@ -34,6 +34,7 @@ def test_interval_figures_are_mean_max_and_energy_growth() -> None:
         "mem_used_bytes": 700,
         "mem_total_bytes": 1000,
         "energy_joules": 3.0,
+        "status": "ok",
     }
 
 
@@ -73,6 +74,7 @@ def test_a_gpu_that_never_answered_is_listed_with_none_figures() -> None:
         "mem_used_bytes": None,
         "mem_total_bytes": None,
         "energy_joules": None,
+        "status": "ok",
     }
     assert aggregate.cut() == []
 
@@ -113,6 +115,7 @@ def test_merge_weights_utilisation_by_interval_length() -> None:
             "mem_used_bytes": 7,
             "mem_total_bytes": 9,
             "energy_joules": 1.0,
+            "status": "ok",
         },
-        third,
+        {**third, "status": "ok"},
     ]

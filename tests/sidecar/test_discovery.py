@@ -38,6 +38,14 @@ def test_visible_devices_list_of_uuids_mig_uuids_and_indices() -> None:
     )
 
 
+def test_time_slicing_replica_ids_are_stripped_to_their_device() -> None:
+    assert parse_visible_devices(f"{MIG_A}::3,{GPU_A}::0,{GPU_A}::1") == (
+        Selector("uuid", MIG_A),
+        Selector("uuid", GPU_A),
+    )
+    assert parse_hami_allocation(f"{GPU_B}::2,NVIDIA,3000,30:;") == (Selector("uuid", GPU_B),)
+
+
 def test_downward_file_values_are_unquoted(tmp_path: Path) -> None:
     (tmp_path / "annotations").write_text(
         'gpu-timekeeper.io/gpu-share="0.5"\n'

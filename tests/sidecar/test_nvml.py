@@ -18,6 +18,7 @@ from sidecar.logs import EventLog
 from sidecar.monitor import GpuMonitor
 from sidecar.nvml import PynvmlBackend
 from tests.sidecar.receiver import ReportReceiver
+from tests.support.fakenvml.build import build, find_compiler, find_nvml_header
 from tests.support.processes import REPO_ROOT, SidecarProcess, wait_until
 
 GPU_A = "GPU-11111111-2222-3333-4444-555555555555"
@@ -80,7 +81,7 @@ def test_all_devices_through_pynvml_gpus_and_mig_devices(fake_nvml_library: Path
     backend = PynvmlBackend(fake_nvml_library)
     assert backend.open() == "NVML driver 560.35.03"
 
-    devices = backend.resolve([Selector("all")])
+    devices = backend.resolve([Selector("all")]).devices
     samples = by_uuid([backend.sample(device) for device in devices])
     backend.close()
 
@@ -88,6 +89,7 @@ def test_all_devices_through_pynvml_gpus_and_mig_devices(fake_nvml_library: Path
     assert list(samples) == [GPU_A, MIG_B0, MIG_B1]
     assert samples[GPU_A] == GpuSample(
         uuid=GPU_A,
+        name="NVIDIA Fake GPU",
         sm_util_pct=10.0,
         mem_used_bytes=20 * GIB,
         mem_total_bytes=80 * GIB,
@@ -96,7 +98,14 @@ def test_all_devices_through_pynvml_gpus_and_mig_devices(fake_nvml_library: Path
         process_mem_bytes=3 * GIB,
     )
     assert samples[MIG_B1] == GpuSample(
-        uuid=MIG_B1, mem_used_bytes=2 * GIB, mem_total_bytes=10 * GIB, process_count=0, process_mem_bytes=0
+        uuid=MIG_B1,
+        status="partial",
+        name="NVIDIA Fake MIG 1g.10gb",
+        parent_uuid=GPU_B,
+        mem_used_bytes=2 * GIB,
+        mem_total_bytes=10 * GIB,
+        process_count=0,
+        process_mem_bytes=0,
     )
     assert {d.uuid: d.unsupported for d in devices}[MIG_B0] == {"utilization", "energy"}
     calls = set(traced(scenario))
@@ -127,11 +136,13 @@ def test_selectors_by_uuid_mig_uuid_and_index(fake_nvml_library: Path, scenario:
             Selector("index", "0"),
             Selector("index", "1:0"),
             Selector("uuid", "GPU-gone"),
+            Selector("index", "7"),
         ]
     )
     backend.close()
 
-    assert [device.uuid for device in chosen] == [MIG_B1, GPU_A, MIG_B0]
+    assert [device.uuid for device in chosen.devices] == [MIG_B1, GPU_A, MIG_B0]
+    assert not chosen.incomplete and chosen.missing_uuids == ()  # names nothing is not "lost"
     assert "nvmlDeviceGetHandleByUUID" in traced(scenario)
 
 
@@ -170,7 +181,7 @@ def test_a_gpu_lost_mid_run_degrades_only_that_gpu_then_reinitialises(
     monitor.close()
 
     for polled in lost_polls:
-        assert polled[GPU_A] == GpuSample(uuid=GPU_A)
+        assert polled[GPU_A].status == "lost" and polled[GPU_A].mem_used_bytes is None
         assert polled[MIG_B0].mem_used_bytes == GIB and polled[MIG_B1].mem_used_bytes == 2 * GIB
     assert recovered[GPU_A].mem_used_bytes == 20 * GIB
     assert traced(scenario).count("nvmlInitWithFlags") == 3
@@ -197,6 +208,82 @@ def test_lost_after_n_reads_recovers_at_the_next_init(
     assert figures == [20 * GIB, None, None, None, 20 * GIB]
 
 
+def test_a_gpu_lost_at_lookup_does_not_take_down_the_all_selector_and_is_added_when_it_answers(
+    fake_nvml_library: Path, scenario: Path, event_log: EventLog
+) -> None:
+    marker = scenario.with_name("gpu-a-lost")
+    marker.touch()
+    scenario.write_text(scenario_text(lost_marker=marker))
+    clock = FakeClock()
+    monitor = monitor_for(fake_nvml_library, (Selector("all"),), event_log, clock)
+
+    while_lost = by_uuid(monitor.poll())
+    marker.unlink()
+    clock.now += 1.5  # past the first retry
+    answered = by_uuid(monitor.poll())
+    monitor.close()
+
+    assert set(while_lost) == {MIG_B0, MIG_B1}
+    assert set(answered) == {GPU_A, MIG_B0, MIG_B1}
+    assert answered[GPU_A].status == "ok" and answered[GPU_A].mem_used_bytes == 20 * GIB
+
+
+def test_a_lost_gpu_named_by_uuid_is_reported_lost_and_re_added_when_it_answers(
+    fake_nvml_library: Path, scenario: Path, event_log: EventLog, caplog: pytest.LogCaptureFixture
+) -> None:
+    marker = scenario.with_name("gpu-a-lost")
+    scenario.write_text(scenario_text(lost_marker=marker))
+    clock = FakeClock()
+    monitor = monitor_for(fake_nvml_library, (Selector("uuid", GPU_A),), event_log, clock)
+    monitor.poll()
+
+    marker.touch()
+    polls = [monitor.poll()]
+    for _ in range(3):  # re-initialised at every backoff step; the handle lookup itself fails now
+        clock.now += 10
+        polls.append(monitor.poll())
+    marker.unlink()
+    clock.now += 10
+    (back,) = monitor.poll()
+    monitor.close()
+
+    assert all(
+        [(g.uuid, g.status, g.mem_used_bytes) for g in polled] == [(GPU_A, "lost", None)] for polled in polls
+    )
+    assert back.status == "ok" and back.mem_used_bytes == 20 * GIB
+    assert [r.getMessage() for r in caplog.records][-1] == "gpu_recovered"
+
+
+def test_process_lists_fall_back_to_v2_on_drivers_without_v3(
+    tmp_path: Path, scenario: Path, event_log: EventLog
+) -> None:
+    compiler, header = find_compiler(), find_nvml_header()
+    if compiler is None or header is None:
+        pytest.skip("no C compiler or nvml.h")
+    old_driver = build(tmp_path / "old", compiler, header, old_driver=True)
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from sidecar.nvml import PynvmlBackend\n"
+        "from sidecar.gpus import Selector\n"
+        "backend = PynvmlBackend(Path(sys.argv[1]))\n"
+        "backend.open()\n"
+        "(device,) = backend.resolve([Selector('index', '0')]).devices\n"
+        "for _ in range(2):\n"
+        "    sample = backend.sample(device)\n"
+        "    print(sample.process_count, sample.process_mem_bytes, sample.status)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(old_driver)], env=env, capture_output=True, text=True, check=True
+    )
+
+    assert result.stdout.splitlines() == [f"2 {3 * GIB} ok", f"2 {3 * GIB} ok"]
+    calls = traced(scenario)
+    assert "nvmlDeviceGetComputeRunningProcesses_v3" not in calls
+    assert calls.count("nvmlDeviceGetComputeRunningProcesses_v2") == 4  # per sample: size, then the list
+
+
 def test_a_driver_that_will_not_load_is_retried_with_backoff(
     fake_nvml_library: Path, scenario: Path, event_log: EventLog, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -214,7 +301,7 @@ def test_a_driver_that_will_not_load_is_retried_with_backoff(
     (after,) = monitor.poll()
     monitor.close()
 
-    assert all(polled == [GpuSample(uuid=GPU_A)] for polled in while_down)
+    assert all(polled == [GpuSample(uuid=GPU_A, status="unavailable")] for polled in while_down)
     assert inits_while_down == 2  # at 0 s and after the 1 s backoff; the next try waits 2 s
     assert after.sm_util_pct is not None
     messages = [r.getMessage() for r in caplog.records]
@@ -305,6 +392,7 @@ def test_without_the_library_the_sidecar_still_reports_allocation(
             "mem_total_bytes": None,
             "sm_util_max_pct": None,
             "energy_joules": None,
+            "status": "unavailable",
         }
     ]
     assert sidecar.event_names().count("nvml_unavailable") == 1

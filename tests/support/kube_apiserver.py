@@ -1,8 +1,8 @@
 """A stand-in kube-apiserver: a real HTTP server on 127.0.0.1 speaking the Kubernetes JSON.
 
-No kube-apiserver can run in the tests, so the timekeeper's Kubernetes boundary is tested against this, driven
-by the real `kubernetes` client. It reproduces the semantics the timekeeper relies on, as the real server
-answers them:
+No kube-apiserver runs in the unit tests, so the timekeeper's Kubernetes boundary is tested against this,
+driven by the real clients (`kubernetes_asyncio` for the timekeeper, `kubernetes` for the webhook's
+bootstrap). It reproduces the semantics the timekeeper relies on, as the real server answers them:
 
 - a generic object store (core and `/apis/<group>/<version>` paths, namespaced and cluster-scoped: the kinds
   in `RESOURCE_TYPES`, e.g. Secrets, Deployments, webhook configurations) with
@@ -47,6 +47,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import jsonpatch
 import kubernetes
+import kubernetes_asyncio
 
 from tests.support.loopback import LoopbackServer, send_json
 
@@ -323,6 +324,12 @@ class KubeApiServer:
         config = kubernetes.client.Configuration(host=self.url)
         config.api_key = {"authorization": token}
         config.api_key_prefix = {"authorization": "Bearer"}
+        return config
+
+    def asyncio_configuration(self, token: str) -> kubernetes_asyncio.client.Configuration:
+        """The same for kubernetes_asyncio (the timekeeper's client)."""
+        config = kubernetes_asyncio.client.Configuration(host=self.url)
+        config.api_key = {"BearerToken": f"Bearer {token}"}
         return config
 
     def write_kubeconfig(self, path: Path, token: str) -> Path:

@@ -4,16 +4,22 @@ and JSON answers with a Content-Length (so keep-alive clients, like the `kuberne
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
 class LoopbackServer:
-    """A ThreadingHTTPServer for `handler` on a free loopback port; `stop()` it when the test is done."""
+    """A ThreadingHTTPServer for `handler` on a free loopback port (HTTPS with `tls`); `stop()` it when
+    the test is done."""
 
-    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+    def __init__(self, handler: type[BaseHTTPRequestHandler], tls: ssl.SSLContext | None = None) -> None:
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._scheme = "http"
+        if tls is not None:
+            self._httpd.socket = tls.wrap_socket(self._httpd.socket, server_side=True)
+            self._scheme = "https"
         # Request threads never block stop(): an open watch or a slow client ends with the test.
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(
@@ -27,7 +33,7 @@ class LoopbackServer:
     @property
     def url(self) -> str:
         host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"{self._scheme}://{host}:{port}"
 
     def stop(self) -> None:
         self._httpd.shutdown()

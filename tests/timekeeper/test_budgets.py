@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from gpuaccounting.admission_state import default_priority_policy
 from tests.support.timekeeper import Api, ok
 from tests.timekeeper.conftest import START
 from timekeeper.clock import ManualClock
@@ -209,5 +210,7 @@ async def test_defaults_read_back_as_written(api: Api) -> None:
             "warn_at_fraction": 0.5,
             "max_gpu_share_per_pod": 2.0,
             "concurrent_gpu_limit": None,
+            "priority_policy": default_priority_policy(),
+            "running_pod_action": "none",
         }
     )

@@ -31,7 +31,7 @@ _SNAPSHOT = sa.text(
                 'state', s.state,
                 'max_gpu_share_per_pod', CAST(CASE WHEN b.namespace IS NULL THEN d.max_gpu_share_per_pod
                                                    ELSE b.max_gpu_share_per_pod END AS float8),
-                'priority_policy', CAST(:default AS json) -> 'priority_policy'))
+                'priority_policy', CAST(coalesce(b.priority_policy, d.priority_policy) AS json)))
             FROM namespace_status s
             CROSS JOIN default_budget d
             LEFT JOIN namespace_budgets b ON b.namespace = s.namespace

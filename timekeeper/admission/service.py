@@ -7,7 +7,7 @@ from decimal import Decimal
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpuaccounting.admission_state import NamespaceAdmission, default_priority_policy
+from gpuaccounting.admission_state import NamespaceAdmission
 from gpuaccounting.wire import BudgetState, format_timestamp
 from timekeeper.admission.repository import AdmissionRepository
 from timekeeper.budgets.periods import PeriodKind, budget_state, period_containing
@@ -53,7 +53,8 @@ class AdmissionService:
 
     async def snapshot_json(self, now: datetime, version: int) -> str:
         """The gpuaccounting.admission_state.AdmissionState document under `version`, built by the
-        database in one statement (cheap for 10,000 namespaces). Read after the version, so a change
+        database in one statement (cheap for 10,000 namespaces), each namespace with its resolved
+        priority policy (its own, else the default's). Read after the version, so a change
         racing this read shows up under the next version rather than hiding under this one."""
         default = await self.budgets.default()
         return await self.repository.snapshot_json(
@@ -70,6 +71,6 @@ class AdmissionService:
                 max_gpu_share_per_pod=None
                 if default.max_gpu_share_per_pod is None
                 else float(default.max_gpu_share_per_pod),
-                priority_policy=default_priority_policy(),
+                priority_policy=default.priority_policy,
             ),
         )

@@ -23,12 +23,11 @@ the user, groups and question, so steady traffic costs the API server almost not
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from cachetools import TTLCache
 
@@ -61,11 +60,10 @@ def principal_from_review(review: TokenReviewResult, pod_bound: bool = True) -> 
     return Principal(name=review.username, pod=pod, groups=review.groups)
 
 
-async def _ask(call: Callable[..., T], *args: Any) -> T:
-    """Run a blocking review off the event loop; an API server that fails us is a 503 (retry later),
-    not a refusal and not a 500."""
+async def _ask(review: Awaitable[T]) -> T:
+    """Await a review; an API server that fails us is a 503 (retry later), not a refusal and not a 500."""
     try:
-        return await asyncio.to_thread(call, *args)
+        return await review
     except KubeError as error:
         log.warning("kubernetes_review_failed", extra={"error": str(error)})
         raise TimekeeperError("the Kubernetes API cannot review credentials now; retry later", 503) from error
@@ -107,11 +105,11 @@ class KubernetesAccessControl:
         principal = self._accepted.get(key)
         if principal is not None:
             return principal
-        review = await _ask(self._kube.token_review, token, self._audiences)
+        review = await _ask(self._kube.token_review(token, self._audiences))
         principal = principal_from_review(review)
         if principal is None and self._accept_api_tokens:
             # An empty audience list means the API server's own audiences.
-            review = await _ask(self._kube.token_review, token, ())
+            review = await _ask(self._kube.token_review(token, ()))
             principal = principal_from_review(review, pod_bound=False)
         if principal is None:
             self._rejected[key] = True
@@ -128,13 +126,9 @@ class KubernetesAccessControl:
         decision = self._decisions.get(key)
         if decision is None:
             decision = await _ask(
-                self._kube.subject_access_review,
-                principal.name,
-                principal.groups,
-                verb,
-                BUDGET_RESOURCE,
-                BUDGET_GROUP,
-                namespace,
+                self._kube.subject_access_review(
+                    principal.name, principal.groups, verb, BUDGET_RESOURCE, BUDGET_GROUP, namespace
+                )
             )
             self._decisions[key] = decision
         return decision
@@ -145,10 +139,10 @@ class KubernetesAccessControl:
         self._rejected.clear()
         self._decisions.clear()
         if self._owns_client:
-            await asyncio.to_thread(self._kube.close)
+            await self._kube.close()
 
 
-def build_access_control(settings: Settings) -> KubernetesAccessControl:
+async def build_access_control(settings: Settings) -> KubernetesAccessControl:
     """The factory's entry for `TIMEKEEPER_AUTH_MODE=kubernetes` (called in the lifespan)."""
-    kube = KubeClient.from_config(KubeConfig.from_settings(settings))
+    kube = await KubeClient.from_config(KubeConfig.from_settings(settings))
     return KubernetesAccessControl(kube, owns_client=True)

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from decimal import Decimal
+from typing import Any, Literal, get_args
 
 from sqlalchemy import BigInteger, Boolean, CheckConstraint, DateTime, Index, Numeric, Text, func, text
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
+from gpuaccounting.admission_state import default_priority_policy
 from timekeeper.db.base import Base
 
 GPU_MINUTES = Numeric(24, 9)  # exact, to the nano-GPU-minute
 PERIOD_KINDS_SQL = "period IN ('daily', 'weekly', 'monthly', 'none')"
+# What the reconcile pass does to an exhausted namespace's running GPU pods (docs/kubernetes.md).
+RunningPodAction = Literal["none", "evict"]
+SHIPPED_RUNNING_POD_ACTION: RunningPodAction = "none"
+RUNNING_POD_ACTIONS_SQL = f"running_pod_action IN {tuple(get_args(RunningPodAction))}"
+POLICY_IS_OBJECT_SQL = "jsonb_typeof(priority_policy) = 'object'"
+SHIPPED_POLICY_SQL = f"'{json.dumps(default_priority_policy())}'::jsonb"
 
 
 class _BudgetColumns:
@@ -29,9 +39,14 @@ class NamespaceBudget(_BudgetColumns, Base):
     __table_args__ = (
         CheckConstraint(PERIOD_KINDS_SQL, name="period_kind"),
         CheckConstraint("warn_at_fraction > 0 AND warn_at_fraction <= 1", name="warn_fraction"),
+        CheckConstraint(RUNNING_POD_ACTIONS_SQL, name="running_pod_action"),
+        CheckConstraint(POLICY_IS_OBJECT_SQL, name="priority_policy_object"),
     )
 
     namespace: Mapped[str] = mapped_column(Text, primary_key=True)
+    # NULL: the namespace follows the default's (the budget API's "inherit").
+    priority_policy: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    running_pod_action: Mapped[str | None] = mapped_column(Text)
 
 
 class DefaultBudget(_BudgetColumns, Base):
@@ -42,9 +57,13 @@ class DefaultBudget(_BudgetColumns, Base):
         CheckConstraint("id", name="singleton"),
         CheckConstraint(PERIOD_KINDS_SQL, name="period_kind"),
         CheckConstraint("warn_at_fraction > 0 AND warn_at_fraction <= 1", name="warn_fraction"),
+        CheckConstraint(RUNNING_POD_ACTIONS_SQL, name="running_pod_action"),
+        CheckConstraint(POLICY_IS_OBJECT_SQL, name="priority_policy_object"),
     )
 
     id: Mapped[bool] = mapped_column(Boolean, primary_key=True, server_default=text("true"))
+    priority_policy: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text(SHIPPED_POLICY_SQL))
+    running_pod_action: Mapped[str] = mapped_column(Text, server_default=SHIPPED_RUNNING_POD_ACTION)
 
 
 class Grant(Base):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -10,6 +11,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gpuaccounting.admission_state import PriorityPolicy
+from timekeeper.budgets.models import RunningPodAction
 from timekeeper.budgets.periods import PeriodKind, current_period_starts
 
 BUDGET_FIELDS = (
@@ -29,9 +32,23 @@ class BudgetConfig:
     max_gpu_share_per_pod: Decimal | None
     concurrent_gpu_limit: Decimal | None
     explicit: bool  # the namespace's own budget rather than the default
+    # Resolved (the namespace's own, else the default's); `own_*`: set on the namespace itself.
+    priority_policy: PriorityPolicy
+    running_pod_action: RunningPodAction
+    own_priority_policy: bool
+    own_running_pod_action: bool
+
+    @property
+    def stored_priority_policy(self) -> PriorityPolicy | None:
+        """As stored: None when it follows the default."""
+        return self.priority_policy if self.own_priority_policy else None
+
+    @property
+    def stored_running_pod_action(self) -> RunningPodAction | None:
+        return self.running_pod_action if self.own_running_pod_action else None
 
     def as_json(self) -> dict[str, Any]:
-        """The audit log's view of a budget."""
+        """The audit log's view of a budget (null policy fields: following the default)."""
 
         def number(value: Decimal | None) -> str | None:
             return None if value is None else format(value.normalize(), "f")
@@ -42,6 +59,8 @@ class BudgetConfig:
             "warn_at_fraction": number(self.warn_at_fraction),
             "max_gpu_share_per_pod": number(self.max_gpu_share_per_pod),
             "concurrent_gpu_limit": number(self.concurrent_gpu_limit),
+            "priority_policy": self.stored_priority_policy,
+            "running_pod_action": self.stored_running_pod_action,
         }
 
 
@@ -61,26 +80,50 @@ def _config(row: Any) -> BudgetConfig:
         max_gpu_share_per_pod=row.max_gpu_share_per_pod,
         concurrent_gpu_limit=row.concurrent_gpu_limit,
         explicit=row.explicit,
+        priority_policy=row.priority_policy,
+        running_pod_action=row.running_pod_action,
+        own_priority_policy=row.own_priority_policy,
+        own_running_pod_action=row.own_running_pod_action,
     )
 
 
 _COLUMNS = ", ".join(BUDGET_FIELDS)
 _F = BUDGET_FIELDS
-_EFFECTIVE = sa.text(
-    f"SELECT {_COLUMNS}, true AS explicit FROM namespace_budgets WHERE namespace = :namespace "
-    f"UNION ALL SELECT {_COLUMNS}, false FROM default_budget ORDER BY explicit DESC LIMIT 1"
+# A namespace's effective budget from `b` (its own row, NULL columns when it has none) and `d` (the
+# default): the budget fields come whole from one or the other; the policy fields each from the
+# namespace's own row where set there (non-NULL), else from the default.
+_RESOLVED = ", ".join(
+    [
+        *(f"CASE WHEN b.namespace IS NULL THEN d.{f} ELSE b.{f} END AS {f}" for f in _F),
+        "b.namespace IS NOT NULL AS explicit",
+        "coalesce(b.priority_policy, d.priority_policy) AS priority_policy",
+        "b.priority_policy IS NOT NULL AS own_priority_policy",
+        "coalesce(b.running_pod_action, d.running_pod_action) AS running_pod_action",
+        "b.running_pod_action IS NOT NULL AS own_running_pod_action",
+    ]
 )
-_DEFAULT = sa.text(f"SELECT {_COLUMNS}, false AS explicit FROM default_budget")
-_OWN = sa.text(f"SELECT {_COLUMNS}, true AS explicit FROM namespace_budgets WHERE namespace = :namespace")
+_EFFECTIVE = sa.text(
+    f"SELECT {_RESOLVED} FROM default_budget d LEFT JOIN namespace_budgets b ON b.namespace = :namespace"
+)
+_OWN = sa.text(
+    f"SELECT {_RESOLVED} FROM default_budget d JOIN namespace_budgets b ON b.namespace = :namespace"
+)
+_DEFAULT = sa.text(
+    f"SELECT {_COLUMNS}, false AS explicit, priority_policy, true AS own_priority_policy, "
+    "running_pod_action, true AS own_running_pod_action FROM default_budget"
+)
+_STORED = (*BUDGET_FIELDS, "priority_policy", "running_pod_action")
 _UPSERT_OWN = sa.text(
-    f"INSERT INTO namespace_budgets (namespace, {_COLUMNS}, updated_at, updated_by) "
+    f"INSERT INTO namespace_budgets (namespace, {', '.join(_STORED)}, updated_at, updated_by) "
     "VALUES (:namespace, :budget_gpu_minutes, :period, :warn_at_fraction, :max_gpu_share_per_pod, "
-    ":concurrent_gpu_limit, :now, :actor) ON CONFLICT (namespace) DO UPDATE SET "
-    + ", ".join(f"{field} = excluded.{field}" for field in (*BUDGET_FIELDS, "updated_at", "updated_by"))
+    ":concurrent_gpu_limit, CAST(:priority_policy AS jsonb), :running_pod_action, :now, :actor) "
+    "ON CONFLICT (namespace) DO UPDATE SET "
+    + ", ".join(f"{field} = excluded.{field}" for field in (*_STORED, "updated_at", "updated_by"))
 )
 _UPDATE_DEFAULT = sa.text(
     "UPDATE default_budget SET "
     + ", ".join(f"{field} = :{field}" for field in BUDGET_FIELDS)
+    + ", priority_policy = CAST(:priority_policy AS jsonb), running_pod_action = :running_pod_action"
     + ", updated_at = :now, updated_by = :actor"
 )
 # Known namespaces (or exactly the listed ones, known or not) with their effective budget and the totals
@@ -91,8 +134,7 @@ _FIGURES = sa.text(
         SELECT namespace FROM namespace_status WHERE CAST(:namespaces AS text[]) IS NULL
         UNION SELECT unnest(CAST(:namespaces AS text[]))
     ), effective AS (
-        SELECT w.namespace, b.namespace IS NOT NULL AS explicit,
-               {", ".join(f"CASE WHEN b.namespace IS NULL THEN d.{f} ELSE b.{f} END AS {f}" for f in _F)}
+        SELECT w.namespace, {_RESOLVED}
         FROM wanted w
         CROSS JOIN default_budget d
         LEFT JOIN namespace_budgets b ON b.namespace = w.namespace
@@ -148,6 +190,11 @@ _REBUILD = sa.text(
 )
 
 
+def _stored(values: dict[str, Any]) -> dict[str, Any]:
+    policy = values["priority_policy"]
+    return {**values, "priority_policy": None if policy is None else json.dumps(policy)}
+
+
 class BudgetRepository:
     def __init__(self, session: AsyncSession) -> None:
         self.session = session
@@ -163,8 +210,9 @@ class BudgetRepository:
         return _config((await self.session.execute(_DEFAULT)).one())
 
     async def put_own(self, namespace: str, values: dict[str, Any], actor: str, now: datetime) -> None:
+        """`values`: the budget fields, and the policy fields as stored (None: follow the default)."""
         await self.session.execute(
-            _UPSERT_OWN, {**values, "namespace": namespace, "actor": actor, "now": now}
+            _UPSERT_OWN, {**_stored(values), "namespace": namespace, "actor": actor, "now": now}
         )
 
     async def delete_own(self, namespace: str) -> None:
@@ -173,7 +221,7 @@ class BudgetRepository:
         )
 
     async def put_default(self, values: dict[str, Any], actor: str, now: datetime) -> None:
-        await self.session.execute(_UPDATE_DEFAULT, {**values, "actor": actor, "now": now})
+        await self.session.execute(_UPDATE_DEFAULT, {**_stored(values), "actor": actor, "now": now})
 
     async def namespaces_following_default(self) -> list[str]:
         result = await self.session.execute(

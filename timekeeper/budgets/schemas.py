@@ -4,19 +4,49 @@ from __future__ import annotations
 
 from datetime import datetime
 from decimal import Decimal
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
+from gpuaccounting.admission_state import PriorityPolicy, UserClassRule
 from gpuaccounting.wire import BudgetState
+from timekeeper.budgets.models import RunningPodAction
 from timekeeper.budgets.periods import PeriodKind
-from timekeeper.schemas import Amount, OptionalAmount, StoredText
+from timekeeper.schemas import DNS_SUBDOMAIN, Amount, OptionalAmount, StoredText
 
 LARGEST_AMOUNT = Decimal("1e12")  # a trillion GPU-minutes: anything above is a typo
+INT32_MAX = 2**31 - 1  # a PriorityClass value is an int32
+
+PriorityClassName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
+Source = Literal["namespace", "default"]
+
+
+class PriorityPolicyBody(BaseModel):
+    """How the webhook chooses a GPU pod's PriorityClass (gpuaccounting/admission_state.py). Every field
+    is required: an enforcement policy is stated whole, never half-guessed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    exempt_classes: list[PriorityClassName] = Field(max_length=100)
+    user_classes: UserClassRule
+    ceiling: StrictInt | None = Field(ge=0, le=INT32_MAX)
+
+    @field_validator("exempt_classes")
+    @classmethod
+    def _sorted_once(cls, value: list[str]) -> list[str]:
+        return sorted(set(value))
+
+    def as_policy(self) -> PriorityPolicy:
+        return PriorityPolicy(
+            exempt_classes=list(self.exempt_classes), user_classes=self.user_classes, ceiling=self.ceiling
+        )
 
 
 class BudgetIn(BaseModel):
-    """PUT /namespaces/{ns}/budget and PUT /defaults. A null budget means unlimited."""
+    """PUT /namespaces/{ns}/budget and PUT /defaults: a full replacement of the v1 fields (omitted ones
+    take their defaults; a null budget means unlimited). The enforcement fields are not v1: omitted, each
+    keeps its current value, so a client that predates them changes nothing it does not know about; null
+    makes a namespace follow the default's value (on /defaults: the shipped default)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -25,6 +55,8 @@ class BudgetIn(BaseModel):
     warn_at_fraction: Decimal = Field(default=Decimal("0.8"), gt=0, le=1, decimal_places=4)
     max_gpu_share_per_pod: Decimal | None = Field(default=None, gt=0, le=10_000, allow_inf_nan=False)
     concurrent_gpu_limit: Decimal | None = Field(default=None, gt=0, le=1_000_000, allow_inf_nan=False)
+    priority_policy: PriorityPolicyBody | None = None
+    running_pod_action: RunningPodAction | None = None
 
 
 class BudgetConfigOut(BaseModel):
@@ -33,6 +65,8 @@ class BudgetConfigOut(BaseModel):
     warn_at_fraction: Amount
     max_gpu_share_per_pod: OptionalAmount
     concurrent_gpu_limit: OptionalAmount
+    priority_policy: PriorityPolicyBody
+    running_pod_action: RunningPodAction
 
 
 class PeriodOut(BaseModel):
@@ -43,7 +77,7 @@ class PeriodOut(BaseModel):
 
 class NamespaceBudgetOut(BaseModel):
     namespace: str
-    source: Literal["namespace", "default"]
+    source: Source
     period: PeriodOut
     budget_gpu_minutes: OptionalAmount
     granted_gpu_minutes: Amount
@@ -54,6 +88,11 @@ class NamespaceBudgetOut(BaseModel):
     warn_at_fraction: Amount
     max_gpu_share_per_pod: OptionalAmount
     concurrent_gpu_limit: OptionalAmount
+    # Effective values, and whether the namespace sets each itself or follows the default.
+    priority_policy: PriorityPolicyBody
+    priority_policy_source: Source
+    running_pod_action: RunningPodAction
+    running_pod_action_source: Source
 
 
 class GrantIn(BaseModel):

@@ -4,13 +4,15 @@ it affects and gives the admission snapshot a new version, all in the request's 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpuaccounting.admission_state import is_over_budget
+from gpuaccounting.admission_state import default_priority_policy, is_over_budget
 from timekeeper.admission.service import AdmissionService, figures_state
 from timekeeper.audit.repository import AuditRepository
 from timekeeper.auth.base import Principal
+from timekeeper.budgets.models import SHIPPED_RUNNING_POD_ACTION
 from timekeeper.budgets.periods import EPOCH, PeriodKind, period_containing
 from timekeeper.budgets.repository import BudgetConfig, BudgetRepository, NamespaceFigures
 from timekeeper.budgets.schemas import (
@@ -20,6 +22,7 @@ from timekeeper.budgets.schemas import (
     GrantOut,
     NamespaceBudgetOut,
     PeriodOut,
+    PriorityPolicyBody,
 )
 from timekeeper.clock import Clock
 from timekeeper.errors import TimekeeperError
@@ -38,7 +41,25 @@ def config_out(config: BudgetConfig) -> BudgetConfigOut:
         warn_at_fraction=config.warn_at_fraction,
         max_gpu_share_per_pod=config.max_gpu_share_per_pod,
         concurrent_gpu_limit=config.concurrent_gpu_limit,
+        priority_policy=PriorityPolicyBody.model_validate(config.priority_policy),
+        running_pod_action=config.running_pod_action,
     )
+
+
+def stored_values(body: BudgetIn, current: BudgetConfig | None) -> dict[str, Any]:
+    """What a PUT stores: the v1 fields as given (a full replacement); each enforcement field as given
+    (None: follow the default), or as it is now when the body leaves it out (BudgetIn's docstring)."""
+    values = body.model_dump(exclude={"priority_policy", "running_pod_action"})
+    given = body.model_fields_set
+    if "priority_policy" in given:
+        values["priority_policy"] = None if body.priority_policy is None else body.priority_policy.as_policy()
+    else:
+        values["priority_policy"] = None if current is None else current.stored_priority_policy
+    if "running_pod_action" in given:
+        values["running_pod_action"] = body.running_pod_action
+    else:
+        values["running_pod_action"] = None if current is None else current.stored_running_pod_action
+    return values
 
 
 class BudgetService:
@@ -72,6 +93,10 @@ class BudgetService:
             warn_at_fraction=config.warn_at_fraction,
             max_gpu_share_per_pod=config.max_gpu_share_per_pod,
             concurrent_gpu_limit=config.concurrent_gpu_limit,
+            priority_policy=PriorityPolicyBody.model_validate(config.priority_policy),
+            priority_policy_source="namespace" if config.own_priority_policy else "default",
+            running_pod_action=config.running_pod_action,
+            running_pod_action_source="namespace" if config.own_running_pod_action else "default",
         )
 
     async def status(self, namespace: str) -> NamespaceBudgetOut:
@@ -101,7 +126,9 @@ class BudgetService:
     async def put(self, namespace: str, body: BudgetIn, principal: Principal) -> NamespaceBudgetOut:
         previous = await self.repository.own(namespace)
         before = await self.repository.effective(namespace)
-        await self.repository.put_own(namespace, body.model_dump(), principal.name, self.clock.now())
+        await self.repository.put_own(
+            namespace, stored_values(body, previous), principal.name, self.clock.now()
+        )
         after = await self.repository.effective(namespace)
         await self.audit.record(
             self.clock.now(),
@@ -132,7 +159,11 @@ class BudgetService:
 
     async def put_default(self, body: BudgetIn, principal: Principal) -> BudgetConfigOut:
         previous = await self.repository.default()
-        await self.repository.put_default(body.model_dump(), principal.name, self.clock.now())
+        values = stored_values(body, previous)
+        # The default follows nothing: a null there means the shipped default.
+        values["priority_policy"] = values["priority_policy"] or default_priority_policy()
+        values["running_pod_action"] = values["running_pod_action"] or SHIPPED_RUNNING_POD_ACTION
+        await self.repository.put_default(values, principal.name, self.clock.now())
         after = await self.repository.default()
         await self.audit.record(
             self.clock.now(), principal.name, "defaults.put", None, previous.as_json(), after.as_json()

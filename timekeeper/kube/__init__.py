@@ -1,8 +1,10 @@
-"""The timekeeper's boundary over the Kubernetes API: nothing else in the timekeeper imports `kubernetes`."""
+"""The timekeeper's boundary over the Kubernetes API: nothing else in the timekeeper imports
+`kubernetes_asyncio`."""
 
-from timekeeper.kube.client import Backoff, KubeClient, KubeConfig
+from timekeeper.kube.client import KubeClient, KubeConfig
 from timekeeper.kube.types import (
     EvictionResult,
+    KubeApiError,
     KubeError,
     KubeUnavailableError,
     ObjectReference,
@@ -14,8 +16,8 @@ from timekeeper.kube.types import (
 )
 
 __all__ = [
-    "Backoff",
     "EvictionResult",
+    "KubeApiError",
     "KubeClient",
     "KubeConfig",
     "KubeError",

@@ -21,6 +21,14 @@ class KubeError(Exception):
     """The Kubernetes API failed or answered something the timekeeper cannot act on."""
 
 
+class KubeApiError(KubeError):
+    """The API server refused the request (a 4xx); `status` says how (404, 409, 429 mean something)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"kubernetes API error {status}: {reason}")
+        self.status = status
+
+
 class KubeUnavailableError(KubeError):
     """The Kubernetes API could not be reached or answered a server error: worth retrying later."""
 

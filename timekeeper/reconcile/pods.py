@@ -1,9 +1,9 @@
-"""What the timekeeper knows of every GPU pod, kept current by the pod watch (a thread) and read by the
-reconcile pass (the event loop)."""
+"""What the timekeeper knows of every GPU pod, kept current by the pod watch and read by the reconcile
+pass (both on the event loop: no locks)."""
 
 from __future__ import annotations
 
-import threading
+import asyncio
 from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
@@ -50,27 +50,25 @@ class PodRegistry:
     def __init__(self, clock: Clock, hardware: GpuHardware | None = None) -> None:
         self._clock = clock
         self._hardware = hardware or GpuHardware()
-        self._lock = threading.Lock()
         self._pods: dict[str, TrackedPod] = {}
         self._present: set[str] = set()  # uids the API still has
-        self.synced = threading.Event()
+        self.synced = asyncio.Event()
 
     def apply(self, item: PodSnapshot | PodEvent) -> None:
-        with self._lock:
-            if isinstance(item, PodSnapshot):
-                seen = set()
-                for pod in item.pods:
-                    seen.add(pod.uid)
-                    self._upsert(pod)
-                for uid in self._present - seen:
-                    self._gone(uid)
-                self._present = seen & set(self._pods)
-                self.synced.set()
-            elif item.type == "DELETED":
-                self._upsert(item.pod)
-                self._gone(item.pod.uid)
-            else:
-                self._upsert(item.pod)
+        if isinstance(item, PodSnapshot):
+            seen = set()
+            for pod in item.pods:
+                seen.add(pod.uid)
+                self._upsert(pod)
+            for uid in self._present - seen:
+                self._gone(uid)
+            self._present = seen & set(self._pods)
+            self.synced.set()
+        elif item.type == "DELETED":
+            self._upsert(item.pod)
+            self._gone(item.pod.uid)
+        else:
+            self._upsert(item.pod)
 
     def _upsert(self, pod: PodInfo) -> None:
         tracked = self._pods.get(pod.uid)
@@ -96,16 +94,14 @@ class PodRegistry:
             self._pods[uid] = replace(tracked, ended_at=tracked.info.finished_at or self._clock.now())
 
     def pods(self) -> list[TrackedPod]:
-        with self._lock:
-            return list(self._pods.values())
+        return list(self._pods.values())
 
     def mark_closed(self, uid: str) -> None:
         """The pod's final charge is done: forget it once the API no longer has it."""
-        with self._lock:
-            tracked = self._pods.get(uid)
-            if tracked is None:
-                return
-            if uid in self._present:
-                self._pods[uid] = replace(tracked, closed=True)
-            else:
-                del self._pods[uid]
+        tracked = self._pods.get(uid)
+        if tracked is None:
+            return
+        if uid in self._present:
+            self._pods[uid] = replace(tracked, closed=True)
+        else:
+            del self._pods[uid]

@@ -1,6 +1,6 @@
 """The reconciler: the `reconcile` job of the scheduler, run by its elected leader alone. While this replica
-leads, the pod watch feeds a PodRegistry (in a thread); each pass charges, closes out, announces,
-downgrades and applies quotas.
+leads, the pod watch (a task on the event loop) feeds a PodRegistry; each pass charges, closes out,
+announces, downgrades and applies quotas.
 
 Charging goes through the very function reports use (`UsageRepository.ingest`), so each pod's coverage
 ranges decide what is still uncharged: the pass charges a running pod's silent time (older than the
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -37,7 +37,6 @@ from timekeeper.kube import (
 from timekeeper.reconcile.pods import PodRegistry, TrackedPod
 from timekeeper.reconcile.quotas import quota_hard
 from timekeeper.reconcile.repository import ReconcileRepository
-from timekeeper.scheduler.jobs import Job, SchedulerService, floor_to
 from timekeeper.settings import Settings
 from timekeeper.usage.repository import UsageRepository
 from timekeeper.usage.schemas import ReportIn
@@ -93,51 +92,49 @@ class Reconciler:
         self.hardware = settings.hardware  # the webhook's sizes too: shares and quotas agree with admission
         self.registry = PodRegistry(clock, self.hardware)
         self._last_states: dict[str, BudgetState] | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._watch: asyncio.Task[None] | None = None
 
     # ---- leadership: the watch runs only on the leader, whose passes it feeds ----------------------------
 
     @property
     def watching(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._watch is not None and not self._watch.done()
 
     async def start_leading(self) -> None:
-        """A fresh registry, filled by the watch's first list and kept current by it (in a thread: the
-        client blocks). The states are learnt anew, so a change of leader does not repeat old news."""
+        """A fresh registry, filled by the watch's first list and kept current by it (a task on this
+        loop). The states are learnt anew, so a change of leader does not repeat old news."""
         self.registry = PodRegistry(self.clock, self.hardware)
         self._last_states = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._watch, args=(self.registry, self._stop), name="pod-watch", daemon=True
-        )
-        self._thread.start()
+        self._watch = asyncio.create_task(self._follow(self.registry), name="pod-watch")
 
     async def stop_leading(self) -> None:
-        """End the watch (the new leader lists the pods itself); the client stays open for next time."""
-        self._stop.set()
-        await asyncio.to_thread(self.kube.end_watches)
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, 5)
-            self._thread = None
+        """Cancel the watch: its open request ends with the task, nothing is left waiting (the next
+        leader lists the pods itself). The client stays open for next time."""
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
 
     async def aclose(self) -> None:
         await self.stop_leading()
-        await asyncio.to_thread(self.kube.close)
+        await self.kube.close()
 
-    def _watch(self, registry: PodRegistry, stop: threading.Event) -> None:
-        for item in self.kube.watch_pods(stop, timeout_seconds=300):
-            registry.apply(item)
+    async def _follow(self, registry: PodRegistry) -> None:
+        try:
+            async with aclosing(self.kube.watch_pods(timeout_seconds=300)) as stream:
+                async for item in stream:
+                    registry.apply(item)
+        except Exception:
+            log.exception("pod_watch_crashed")
+            raise
 
     async def wait_synced(self) -> None:
-        """Before a pass: the registry must hold a full list (a new leader's watch has just started).
-        Polled on the loop rather than waited for in a thread, so a cancelled wait leaves nothing behind."""
+        """Before a pass: the registry must hold a full list (a new leader's watch has just started)."""
         timeout = self.settings.reconcile_interval_seconds
-        deadline = asyncio.get_running_loop().time() + timeout
-        while not self.registry.synced.is_set():
-            if asyncio.get_running_loop().time() >= deadline:
-                raise KubeUnavailableError(f"the pod watch has not listed the pods within {timeout} s")
-            await asyncio.sleep(min(0.05, timeout))
+        try:
+            await asyncio.wait_for(self.registry.synced.wait(), timeout)
+        except TimeoutError:
+            raise KubeUnavailableError(f"the pod watch has not listed the pods within {timeout} s") from None
 
     # ---- one pass ----------------------------------------------------------------------------------------
 
@@ -264,7 +261,7 @@ class Reconciler:
         for namespace, pods in sorted(by_namespace.items()):
             try:
                 if policy == "annotated":
-                    annotations = await asyncio.to_thread(self.kube.namespace_annotations, namespace)
+                    annotations = await self.kube.namespace_annotations(namespace)
                     if annotations.get(EVICT_ANNOTATION) != "true":
                         continue
                 for pod in pods:
@@ -274,7 +271,7 @@ class Reconciler:
 
     async def _evict(self, pod: TrackedPod, result: PassResult) -> None:
         info = pod.info
-        outcome = await asyncio.to_thread(self.kube.evict_pod, info.namespace, info.name)
+        outcome = await self.kube.evict_pod(info.namespace, info.name)
         if outcome is EvictionResult.BLOCKED_BY_PDB:
             result.blocked.append((info.namespace, info.name))
             log.info("downgrade_blocked_by_pdb", extra={"namespace": info.namespace, "pod": info.name})
@@ -295,14 +292,14 @@ class Reconciler:
     async def _apply_quotas(self, limits: dict[str, Decimal | None], result: PassResult) -> None:
         """Each namespace's concurrent GPU limit as our ResourceQuota; ours removed where no limit is."""
         try:
-            managed = await asyncio.to_thread(self.kube.managed_quota_namespaces)
+            managed = await self.kube.managed_quota_namespaces()
             for namespace in sorted(set(limits) | managed):
                 limit = limits.get(namespace)
                 if limit is not None:
                     hard = quota_hard(limit, self.hardware)
-                    change = await asyncio.to_thread(self.kube.apply_resource_quota, namespace, hard)
+                    change = await self.kube.apply_resource_quota(namespace, hard)
                 elif namespace in managed:
-                    change = await asyncio.to_thread(self.kube.delete_resource_quota, namespace)
+                    change = await self.kube.delete_resource_quota(namespace)
                 else:
                     continue
                 if change is not QuotaChange.UNCHANGED:
@@ -320,33 +317,14 @@ class Reconciler:
         involved: ObjectReference | None = None,
     ) -> None:
         try:
-            await asyncio.to_thread(self.kube.post_event, namespace, reason, message, type_, involved)
+            await self.kube.post_event(namespace, reason, message, type_, involved)
         except KubeError as error:
             log.warning("event_failed", extra={"namespace": namespace, "reason": reason, "error": str(error)})
 
 
-def build_reconciler(
+async def build_reconciler(
     settings: Settings, sessionmaker: async_sessionmaker[AsyncSession], clock: Clock
 ) -> Reconciler:
     """The scheduler's reconciler, with a client of its own (closed by `aclose`)."""
-    return Reconciler(
-        KubeClient.from_config(KubeConfig.from_settings(settings)), sessionmaker, settings, clock
-    )
-
-
-def reconcile_job(reconciler: Reconciler) -> Job:
-    """The pass as a scheduler job: every reconcile interval, on the leader, once per window."""
-
-    def interval(settings: Settings) -> timedelta:
-        return timedelta(seconds=settings.reconcile_interval_seconds)
-
-    async def work(service: SchedulerService, now: datetime, window: datetime) -> dict[str, Any]:
-        return (await reconciler.run_pass()).as_detail()
-
-    return Job(
-        "reconcile",
-        interval,
-        lambda now, settings: floor_to(now, interval(settings)),
-        work,
-        prepare=reconciler.wait_synced,
-    )
+    kube = await KubeClient.from_config(KubeConfig.from_settings(settings))
+    return Reconciler(kube, sessionmaker, settings, clock)

@@ -11,7 +11,6 @@ import signal
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from timekeeper.app import default_clock
 from timekeeper.db.session import build_engine, build_sessionmaker, resolve_database_url
 from timekeeper.scheduler.runner import build_runner
 from timekeeper.settings import get_settings
@@ -24,8 +23,8 @@ async def serve(metrics_port: int | None) -> None:
     registry = CollectorRegistry()
     if metrics_port is not None:
         start_http_server(metrics_port, registry=registry)
-    runner = build_runner(
-        database_url, build_sessionmaker(engine), settings, default_clock(settings), registry
+    runner = await build_runner(
+        database_url, build_sessionmaker(engine), settings, settings.clock(), registry
     )
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

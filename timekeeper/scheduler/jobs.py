@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -106,6 +106,37 @@ JOBS: tuple[Job, ...] = (
     ),
 )
 JOBS_BY_NAME = {job.name: job for job in JOBS}
+
+
+class PassResult(Protocol):
+    def as_detail(self) -> dict[str, Any]: ...
+
+
+class LeaderPass(Protocol):
+    """A pass that needs state of the leader's own before it runs (the reconciler's pod watch)."""
+
+    async def wait_synced(self) -> None: ...
+
+    async def run_pass(self) -> PassResult: ...
+
+
+def reconcile_job(reconciler: LeaderPass) -> Job:
+    """The reconcile pass as a job: every reconcile interval, on the leader, once per window; no window is
+    claimed before the leader's pod watch has listed the pods."""
+
+    def interval(settings: Settings) -> timedelta:
+        return timedelta(seconds=settings.reconcile_interval_seconds)
+
+    async def work(service: SchedulerService, now: datetime, window: datetime) -> dict[str, Any]:
+        return (await reconciler.run_pass()).as_detail()
+
+    return Job(
+        "reconcile",
+        interval,
+        lambda now, settings: floor_to(now, interval(settings)),
+        work,
+        prepare=reconciler.wait_synced,
+    )
 
 
 @dataclass(frozen=True, slots=True)

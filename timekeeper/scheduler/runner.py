@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from timekeeper.clock import Clock
-from timekeeper.scheduler.jobs import JOBS, Job, run_job
+from timekeeper.scheduler.jobs import JOBS, Job, reconcile_job, run_job
 from timekeeper.scheduler.leader import LeaderElection
 from timekeeper.settings import Settings
 
@@ -225,7 +225,7 @@ class SchedulerCollector(Collector):
         yield from (leader, last_run, last_success, duration, outcome, runs)
 
 
-def build_runner(
+async def build_runner(
     database_url: str,
     sessionmaker: async_sessionmaker[AsyncSession],
     settings: Settings,
@@ -236,10 +236,11 @@ def build_runner(
     (both the leader's alone), wherever the scheduler runs: in the API process or on its own."""
     if not settings.reconcile:
         return SchedulerRunner(database_url, sessionmaker, settings, clock, registry)
-    # Imported only when asked for: it needs a cluster (docs/kubernetes.md).
-    from timekeeper.reconcile.service import build_reconciler, reconcile_job
+    # Imported only when asked for: it needs a cluster, and its Kubernetes client costs a process about
+    # 50 MB and seconds of start-up (docs/kubernetes.md).
+    from timekeeper.reconcile.service import build_reconciler
 
-    reconciler = build_reconciler(settings, sessionmaker, clock)
+    reconciler = await build_reconciler(settings, sessionmaker, clock)
     return SchedulerRunner(
         database_url,
         sessionmaker,
@@ -263,7 +264,7 @@ def with_scheduler(
             settings: Settings = app.state.settings
             runner = None
             if settings.scheduler_enabled:
-                runner = build_runner(
+                runner = await build_runner(
                     app.state.engine.url.render_as_string(hide_password=False),
                     app.state.sessionmaker,
                     settings,

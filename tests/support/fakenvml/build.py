@@ -35,8 +35,11 @@ def find_nvml_header() -> Path | None:
     return None
 
 
-def build(output_dir: Path, compiler: str, header: Path) -> Path:
-    """Compile into `output_dir`; warnings are errors, so a signature that drifts from nvml.h fails."""
+def build(output_dir: Path, compiler: str, header: Path, *, old_driver: bool = False) -> Path:
+    """Compile into `output_dir`; warnings are errors, so a signature that drifts from nvml.h fails.
+
+    NVML_NO_UNVERSIONED_FUNC_DEFS makes nvml.h declare the older entry points (the _v2 process list) so
+    they are signature-checked too; `old_driver` leaves out the _v3 process list, as drivers before 510."""
     output_dir.mkdir(parents=True, exist_ok=True)
     library = output_dir / LIBRARY_NAME
     subprocess.run(
@@ -49,6 +52,8 @@ def build(output_dir: Path, compiler: str, header: Path) -> Path:
             "-Wextra",
             "-Werror",
             f"-I{header.parent}",
+            "-DNVML_NO_UNVERSIONED_FUNC_DEFS",
+            *(["-DFAKE_NVML_OLD_DRIVER"] if old_driver else []),
             f"-Wl,-soname,{LIBRARY_NAME}",
             "-o",
             str(library),

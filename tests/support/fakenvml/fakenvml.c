@@ -13,7 +13,12 @@
  * mem_used=<bytes> energy_mj=<start> energy_step_mj=<per read> procs=<pid>:<bytes>[,...]
  * unsupported=utilization,memory,energy,processes (those calls answer NVML_ERROR_NOT_SUPPORTED)
  * lost_after=<n> (after n memory reads every sampling call answers NVML_ERROR_GPU_IS_LOST, until the
- * next nvmlInit) lost_marker=<path> (lost while that file exists).
+ * next nvmlInit) lost_marker=<path> (lost while that file exists; handle lookups of a lost GPU answer
+ * GPU_IS_LOST too, as the driver's do) proc_util=<pid>:<sm pct>[,...] (per-process SM utilisation samples,
+ * nvmlDeviceGetProcessUtilization; MIG devices answer NOT_SUPPORTED there, as real ones do).
+ *
+ * Compiled with -DFAKE_NVML_OLD_DRIVER the library lacks nvmlDeviceGetComputeRunningProcesses_v3, like a
+ * driver older than 510, so only the _v2 process list exists.
  *
  * When FAKE_NVML_TRACE names a file, every entry point appends its name to it, so a test can check
  * which real NVML calls pynvml made.
@@ -43,6 +48,10 @@ struct nvmlDevice_st {
     unsigned int proc_pid[MAX_PROCS];
     unsigned long long proc_mem[MAX_PROCS];
     int proc_count;
+    unsigned int util_pid[MAX_PROCS];
+    unsigned int util_sm[MAX_PROCS];
+    int util_proc_count;
+    unsigned long long util_stamp;
     unsigned int unsupported;
     long lost_after;
     unsigned long memory_reads;
@@ -92,6 +101,17 @@ static void apply_option(struct nvmlDevice_st *d, const char *key, const char *v
         if (strstr(value, "memory")) d->unsupported |= F_MEMORY;
         if (strstr(value, "energy")) d->unsupported |= F_ENERGY;
         if (strstr(value, "processes")) d->unsupported |= F_PROCESSES;
+    } else if (!strcmp(key, "proc_util")) {
+        char copy[512];
+        snprintf(copy, sizeof copy, "%s", value);
+        d->util_proc_count = 0;
+        for (char *save = NULL, *item = strtok_r(copy, ",", &save); item && d->util_proc_count < MAX_PROCS;
+             item = strtok_r(NULL, ",", &save)) {
+            char *colon = strchr(item, ':');
+            d->util_pid[d->util_proc_count] = (unsigned int)strtoul(item, NULL, 10);
+            d->util_sm[d->util_proc_count] = colon ? (unsigned int)strtoul(colon + 1, NULL, 10) : 0;
+            d->util_proc_count++;
+        }
     } else if (!strcmp(key, "procs")) {
         char copy[512];
         snprintf(copy, sizeof copy, "%s", value);
@@ -240,6 +260,7 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev
     for (int i = 0; i < device_count; i++) {
         if (devices[i].parent >= 0) continue;
         if (seen++ == index) {
+            if (is_lost(&devices[i])) return NVML_ERROR_GPU_IS_LOST;
             *device = &devices[i];
             return NVML_SUCCESS;
         }
@@ -252,6 +273,7 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
     if (!initialized) return NVML_ERROR_UNINITIALIZED;
     int index = uuid ? find_uuid(uuid) : -1;
     if (index < 0) return NVML_ERROR_NOT_FOUND;
+    if (is_lost(&devices[index])) return NVML_ERROR_GPU_IS_LOST;
     *device = &devices[index];
     return NVML_SUCCESS;
 }
@@ -317,9 +339,8 @@ nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned l
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
-                                                     nvmlProcessInfo_t *infos) {
-    trace("nvmlDeviceGetComputeRunningProcesses_v3");
+/* One process list for both versions: _v3 (drivers 510+) and _v2 share the nvmlProcessInfo_v2_t layout. */
+static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v2_t *infos) {
     nvmlReturn_t result = check(device, F_PROCESSES);
     if (result != NVML_SUCCESS) return result;
     unsigned int wanted = (unsigned int)device->proc_count;
@@ -334,6 +355,49 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsign
         infos[i].computeInstanceId = device->parent >= 0 ? 0 : 0xFFFFFFFFu;
     }
     *infoCount = wanted;
+    return NVML_SUCCESS;
+}
+
+#ifndef FAKE_NVML_OLD_DRIVER
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                     nvmlProcessInfo_t *infos) {
+    trace("nvmlDeviceGetComputeRunningProcesses_v3");
+    return running_processes(device, infoCount, infos);
+}
+#endif
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
+                                                     nvmlProcessInfo_v2_t *infos) {
+    trace("nvmlDeviceGetComputeRunningProcesses_v2");
+    return running_processes(device, infoCount, infos);
+}
+
+/* Per-process SM utilisation: one fresh sample per process per call, stamped after lastSeenTimeStamp. */
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
+                                             unsigned int *processSamplesCount,
+                                             unsigned long long lastSeenTimeStamp) {
+    trace("nvmlDeviceGetProcessUtilization");
+    if (!initialized) return NVML_ERROR_UNINITIALIZED;
+    if (!valid(device) || !processSamplesCount) return NVML_ERROR_INVALID_ARGUMENT;
+    if (is_lost(device)) return NVML_ERROR_GPU_IS_LOST;
+    if (device->parent >= 0 || device->mig_children || (device->unsupported & F_UTIL))
+        return NVML_ERROR_NOT_SUPPORTED;
+    unsigned int wanted = (unsigned int)device->util_proc_count;
+    if (!wanted) return NVML_ERROR_NOT_FOUND;
+    if (!utilization || *processSamplesCount < wanted) {
+        *processSamplesCount = wanted;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    device->util_stamp = (lastSeenTimeStamp > device->util_stamp ? lastSeenTimeStamp : device->util_stamp) + 1000;
+    for (unsigned int i = 0; i < wanted; i++) {
+        utilization[i].pid = device->util_pid[i];
+        utilization[i].timeStamp = device->util_stamp;
+        utilization[i].smUtil = device->util_sm[i];
+        utilization[i].memUtil = device->util_sm[i] / 2;
+        utilization[i].encUtil = 0;
+        utilization[i].decUtil = 0;
+    }
+    *processSamplesCount = wanted;
     return NVML_SUCCESS;
 }
 

@@ -1,0 +1,148 @@
+"""Who may call the timekeeper, decided by the real API server: TokenReview for a pod-bound projected token,
+SubjectAccessReview against the ClusterRoles deployment/ ships (aggregated into `view` by the real
+controller manager)."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import httpx
+from kubernetes import client
+
+from tests.cluster.harness import (
+    Kubectl,
+    TimekeeperApi,
+    gpu_probe,
+    service_account_token,
+    sidecar_token,
+)
+from tests.support.processes import wait_until
+from tests.support.timekeeper import report_body
+
+
+def gpu_pod(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    """A one-GPU pod created through the webhook (it is what gives the pod its token volume)."""
+    body = copy.deepcopy(gpu_probe(namespace))
+    body["metadata"]["name"] = name
+    return kubectl.create(body)
+
+
+def report(
+    api: TimekeeperApi, token: str, pod: dict[str, Any], seq: int = 1, **overrides: Any
+) -> httpx.Response:
+    """One minute of `pod`'s use, as its sidecar reports it (fields in `overrides` replaced)."""
+    metadata = pod["metadata"]
+    identity = {"namespace": metadata["namespace"], "pod": metadata["name"], "pod_uid": metadata["uid"]}
+    start = datetime.now(UTC) - timedelta(minutes=2)
+    body = report_body(**(identity | overrides), seq=seq, start=start, minutes=1)
+    return httpx.post(
+        f"{api.url}/api/v1/reports", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=10
+    )
+
+
+def test_a_pod_bound_token_reports_for_its_pod_only(
+    kubectl: Kubectl, core: client.CoreV1Api, api: TimekeeperApi, namespace: str
+) -> None:
+    """The token the kubelet would project into the sidecar (TokenRequest: audience gpu-timekeeper, bound
+    to the pod) authenticates through a real TokenReview, whose pod-name/pod-uid extras tie it to its pod."""
+    trainer = gpu_pod(kubectl, namespace, "trainer")
+    other = gpu_pod(kubectl, namespace, "other")
+    token = sidecar_token(core, trainer)
+
+    accepted = report(api, token, trainer)
+    for_another = report(api, token, other)
+    wrong_uid = report(api, token, trainer, seq=2, pod_uid=other["metadata"]["uid"])
+
+    assert accepted.status_code == 200, accepted.text
+    assert Decimal(str(accepted.json()["gpu_minutes"])) == 1
+    assert (for_another.status_code, wrong_uid.status_code) == (403, 403)
+    assert Decimal(str(api.budget(namespace)["used_gpu_minutes"])) == 1
+
+
+def test_unknown_tokens_for_another_audience_or_a_deleted_pod_cannot_report(
+    kubectl: Kubectl, core: client.CoreV1Api, api: TimekeeperApi, namespace: str
+) -> None:
+    trainer = gpu_pod(kubectl, namespace, "trainer")
+    api_audience = service_account_token(core, namespace, "default", pod=trainer)
+    unbound = service_account_token(core, namespace, "default", audiences=("gpu-timekeeper",))
+    bound = sidecar_token(core, trainer)
+
+    assert report(api, "not-a-token", trainer).status_code == 401
+    assert report(api, api_audience, trainer).status_code == 403  # a user of the API server, not a pod
+    assert report(api, unbound, trainer).status_code == 403  # no pod in the token
+    kubectl.run("delete", "pod", "trainer", "-n", namespace, "--grace-period=0", "--force")
+    wait_until(
+        lambda: report(api, bound, trainer).status_code == 401,
+        timeout=20,
+        what="the deleted pod's token refused",
+    )
+    assert Decimal(str(api.budget(namespace)["used_gpu_minutes"])) == 0
+
+
+def member_token(
+    kubectl: Kubectl, core: client.CoreV1Api, namespace: str, cluster_role: str, account: str = "member"
+) -> str:
+    """A token of a new ServiceAccount bound to `cluster_role` in `namespace` only (a RoleBinding)."""
+    kubectl.run("create", "serviceaccount", account, "-n", namespace)
+    kubectl.run(
+        "create",
+        "rolebinding",
+        account,
+        f"--clusterrole={cluster_role}",
+        f"--serviceaccount={namespace}:{account}",
+        "-n",
+        namespace,
+    )
+    return service_account_token(core, namespace, account)
+
+
+def view_aggregates_budgets(kubectl: Kubectl) -> bool:
+    rules = kubectl.json("get", "clusterrole", "view").get("rules") or []
+    return any("gpubudgets" in rule.get("resources", []) for rule in rules)
+
+
+def test_a_namespace_member_reads_their_own_budget_and_not_anothers(
+    kubectl: Kubectl, core: client.CoreV1Api, api: TimekeeperApi, namespace: str
+) -> None:
+    """`gpu-timekeeper-viewer` is aggregated into the built-in `view`: a RoleBinding to `view` in a
+    namespace lets its holder read that namespace's budget and usage (SubjectAccessReview), nothing else."""
+    wait_until(lambda: view_aggregates_budgets(kubectl), timeout=30, what="view to aggregate gpubudgets")
+    token = member_token(kubectl, core, namespace, "view")
+    api.set_budget(namespace, 100)
+
+    own = api.request("GET", f"/namespaces/{namespace}/budget", token=token)
+    usage = api.request("GET", f"/namespaces/{namespace}/usage", token=token)
+    another = api.request("GET", "/namespaces/kube-system/budget", token=token)
+    every = api.request("GET", "/namespaces", token=token)
+    raise_own = api.request(
+        "PUT", f"/namespaces/{namespace}/budget", token=token, body={"budget_gpu_minutes": 10**6}
+    )
+
+    assert own.status_code == 200 and Decimal(str(own.json()["budget_gpu_minutes"])) == 100
+    assert usage.status_code == 200
+    assert (another.status_code, every.status_code, raise_own.status_code) == (403, 403, 403)
+
+
+def test_a_namespace_admin_cannot_raise_their_own_budget(
+    kubectl: Kubectl, core: client.CoreV1Api, api: TimekeeperApi, namespace: str
+) -> None:
+    """`gpu-timekeeper-admin` is deliberately not aggregated into `admin`; bound in one namespace it
+    delegates that namespace's budget, not the cluster's defaults."""
+    wait_until(lambda: view_aggregates_budgets(kubectl), timeout=30, what="admin to aggregate gpubudgets")
+    namespace_admin = member_token(kubectl, core, namespace, "admin")
+    raise_own = api.request(
+        "PUT", f"/namespaces/{namespace}/budget", token=namespace_admin, body={"budget_gpu_minutes": 10**6}
+    )
+    read_own = api.request("GET", f"/namespaces/{namespace}/budget", token=namespace_admin)
+    assert (raise_own.status_code, read_own.status_code) == (403, 200)
+
+    budget_admin = member_token(kubectl, core, namespace, "gpu-timekeeper-admin", account="budget-admin")
+    body = {"budget_gpu_minutes": 500, "period": "monthly"}
+    raised = api.request("PUT", f"/namespaces/{namespace}/budget", token=budget_admin, body=body)
+    defaults = api.request("PUT", "/defaults", token=budget_admin, body=body)
+
+    assert (raised.status_code, defaults.status_code) == (200, 403)
+    assert Decimal(str(api.budget(namespace)["budget_gpu_minutes"])) == 500

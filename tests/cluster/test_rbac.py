@@ -1,0 +1,96 @@
+"""The RBAC deployment/ ships, judged by the real API server's authorizer (SubjectAccessReview): it grants
+the timekeeper every rule docs/kubernetes.md lists, and the webhook what it reads and nothing more; the
+API roles work for groups, as platform admins are usually bound."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client
+
+from tests.cluster.harness import INSTALL_NAMESPACE, Kubectl, TimekeeperApi, service_account_token
+from tests.support.kube_rbac import timekeeper_rules
+
+pytestmark = pytest.mark.usefixtures("install")  # deployment/ applied
+
+
+def allowed(
+    kube: client.ApiClient, account: str, verb: str, group: str, resource: str, namespace: str | None
+) -> bool:
+    """What the API server answers for deployment/'s ServiceAccount `account` (with the groups every
+    ServiceAccount token carries)."""
+    review = client.V1SubjectAccessReview(
+        spec=client.V1SubjectAccessReviewSpec(
+            user=f"system:serviceaccount:{INSTALL_NAMESPACE}:{account}",
+            groups=[
+                "system:serviceaccounts",
+                f"system:serviceaccounts:{INSTALL_NAMESPACE}",
+                "system:authenticated",
+            ],
+            resource_attributes=client.V1ResourceAttributes(
+                verb=verb,
+                group=group,
+                resource=resource.split("/")[0],
+                subresource=_subresource(resource),
+                namespace=namespace,
+            ),
+        )
+    )
+    return bool(client.AuthorizationV1Api(kube).create_subject_access_review(review).status.allowed)
+
+
+def _subresource(resource: str) -> str | None:
+    return resource.split("/", 1)[1] if "/" in resource else None
+
+
+def test_deployment_grants_the_timekeeper_every_rule_it_needs(kube: client.ApiClient) -> None:
+    missing = [
+        (verb, group, resource)
+        for rule in timekeeper_rules()
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+        if not allowed(kube, "gpu-timekeeper", verb, group, resource, "team-a")
+    ]
+    assert missing == []
+
+
+def test_the_webhook_may_read_every_namespaces_budget_and_nothing_more(kube: client.ApiClient) -> None:
+    """GET /admission-state is a cluster-wide read: `list gpubudgets` at cluster scope."""
+    budgets = ("gpu-timekeeper.io", "gpubudgets")
+
+    assert allowed(kube, "gpu-timekeeper-webhook", "list", *budgets, None)
+    assert not allowed(kube, "gpu-timekeeper-webhook", "update", *budgets, None)
+    assert not allowed(kube, "gpu-timekeeper-webhook", "update", *budgets, "team-a")
+    assert not allowed(kube, "gpu-timekeeper-webhook", "list", "", "secrets", None)
+
+
+def test_platform_admins_bound_as_a_group_administer_everywhere(
+    kubectl: Kubectl, core: client.CoreV1Api, api: TimekeeperApi, namespace: str
+) -> None:
+    """`gpu-timekeeper-admin` bound cluster-wide to a group (here every ServiceAccount of one namespace):
+    its members change any namespace's budget and read the audit log, which names them."""
+    group = f"system:serviceaccounts:{namespace}"
+    binding = f"{namespace}-platform-admins"
+    kubectl.run(
+        "create", "clusterrolebinding", binding, "--clusterrole=gpu-timekeeper-admin", f"--group={group}"
+    )
+    try:
+        kubectl.run("create", "serviceaccount", "carol", "-n", namespace)
+        carol = service_account_token(core, namespace, "carol")
+        outsider = service_account_token(core, namespace="default", name="default")
+
+        changed = api.request(
+            "PUT",
+            "/namespaces/kube-public/budget",
+            token=carol,
+            body={"budget_gpu_minutes": 7, "period": "daily"},
+        )
+        audit = api.request("GET", "/audit", token=carol)
+        refused = api.request("GET", "/audit", token=outsider)
+    finally:
+        kubectl.run("delete", "clusterrolebinding", binding)
+
+    assert changed.status_code == 200, changed.text
+    assert audit.status_code == 200 and refused.status_code == 403
+    actors = {(entry["actor"], entry["namespace"]) for entry in audit.json()}
+    assert (f"system:serviceaccount:{namespace}:carol", "kube-public") in actors

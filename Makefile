@@ -36,7 +36,7 @@ kube-binaries: ## Build kube-apiserver 1.20 for tests/cluster from Debian's sour
 lint: $(STAMP) ## ruff, mypy and the import contracts (import-linter)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy gpuaccounting timekeeper webhook sidecar
+	$(BIN)/mypy gpuaccounting timekeeper webhook sidecar nodeagent
 	$(BIN)/lint-imports
 
 .PHONY: fmt

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import copy
 import os
 import tempfile
@@ -40,7 +39,7 @@ from bench.wrk import WrkResult, run_wrk
 from gpuaccounting.admission_state import AdmissionState, default_priority_policy
 from tests.support.pods import review
 from webhook.app import create_app
-from webhook.review import AdmissionRequest, parse_review
+from webhook.review import AdmissionReview, parse_review
 from webhook.settings import WebhookSettings
 from webhook.tls import generate_ca, generate_serving_cert
 
@@ -112,11 +111,11 @@ def _snapshot(namespaces: int) -> AdmissionState:
 def _mutated(pod: dict[str, Any]) -> dict[str, Any]:
     app = create_app(WebhookSettings(watch_priority_classes=False))
     app.state.cache.store(_snapshot(10), '"1"')
-    answer = orjson.loads(app.state.admission.mutate(_parse(pod))[0])
-    return jsonpatch.apply_patch(pod, orjson.loads(base64.b64decode(answer["response"]["patch"])))
+    answer = app.state.admission.mutate(_parse(pod).request)
+    return jsonpatch.apply_patch(pod, list(answer.patch))
 
 
-def _parse(pod: dict[str, Any]) -> AdmissionRequest:
+def _parse(pod: dict[str, Any]) -> AdmissionReview:
     return parse_review(
         orjson.dumps(
             {

@@ -37,10 +37,19 @@ _SUFFIX_MULTIPLIERS: Final[dict[str, Decimal]] = {
 
 _LARGEST: Final = Decimal(2**63 - 1)
 _SMALLEST_EXPONENT: Final = -9
+# Kubernetes writes a quantity in at most 19 integer digits, 9 decimals and a suffix; 64 characters leave
+# room for other spellings (leading zeros, an exponent). A longer string is no quantity, and reading it
+# would cost time quadratic in its length (a 400,000-digit value took seconds).
+LONGEST: Final = 64
 
 
 class QuantityError(ValueError):
     """The value is not a Kubernetes quantity."""
+
+
+def shorten(text: str, limit: int = LONGEST) -> str:
+    """`text` cut to `limit` characters, for messages that echo what a user sent."""
+    return text if len(text) <= limit else f"{text[: limit - 1]}…"
 
 
 def parse_quantity(value: object) -> Decimal:
@@ -50,8 +59,13 @@ def parse_quantity(value: object) -> Decimal:
 
 def parse_decimal(value: object) -> Decimal:
     """A plain decimal number (a label or annotation such as "0.125"), in the same bounds as a quantity."""
+    text = str(value).strip()
+    if len(text) > LONGEST:
+        raise QuantityError(
+            f"{shorten(repr(value))} is longer than any Kubernetes quantity ({LONGEST} characters)"
+        )
     try:
-        amount = Decimal(str(value).strip())
+        amount = Decimal(text)
     except ArithmeticError:
         raise QuantityError(f"{value!r} is not a decimal number") from None
     if not amount.is_finite():
@@ -74,6 +88,10 @@ def _parse(value: object) -> Decimal:
     if isinstance(value, bool):
         raise QuantityError(f"{value!r} is a boolean, not a quantity")
     if isinstance(value, int):
+        if abs(value) > _LARGEST:  # before Decimal(), whose conversion grows with the digits
+            raise QuantityError(
+                f"{shorten(repr(value))} is beyond the largest Kubernetes quantity (±(2^63-1))"
+            )
         return Decimal(value)
     if isinstance(value, float):
         if value != value or value in (float("inf"), float("-inf")):
@@ -81,6 +99,10 @@ def _parse(value: object) -> Decimal:
         return Decimal(repr(value))
     if not isinstance(value, str):
         raise QuantityError(f"{value!r} is neither a string nor a number")
+    if len(value) > LONGEST:
+        raise QuantityError(
+            f"{shorten(repr(value))} is longer than any Kubernetes quantity ({LONGEST} characters)"
+        )
     match = _QUANTITY.match(value)
     if match is None:
         raise QuantityError(f"{value!r} is not a Kubernetes quantity")

@@ -22,7 +22,7 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any, Final
 
-from gpuaccounting.quantity import QuantityError, parse_decimal, parse_quantity
+from gpuaccounting.quantity import QuantityError, parse_decimal, parse_quantity, shorten
 
 
 class SharingSystem(StrEnum):
@@ -202,7 +202,7 @@ class _Reader:
         self.violations: list[Violation] = []
 
     def flag(self, rule: Rule, message: str, resource: str | None = None, value: object = None) -> None:
-        shown = None if value is None else str(value)
+        shown = None if value is None else shorten(str(value))  # echo the value, not a megabyte of it
         self.violations.append(Violation(rule, message, self.container, resource, shown))
 
     def number(self, resource: str, raw: object) -> Fraction | None:

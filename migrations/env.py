@@ -8,14 +8,22 @@ from logging.config import fileConfig
 import sqlalchemy as sa
 from alembic import context
 
+from timekeeper.admission import models as admission
+from timekeeper.audit import models as audit
+from timekeeper.budgets import models as budgets
+from timekeeper.db.base import Base
 from timekeeper.db.embedded import embedded_database_url
-from timekeeper.db.models import Base
+from timekeeper.scheduler import models as scheduler
 from timekeeper.settings import Settings, normalise_database_url
+from timekeeper.usage import models as usage
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logging", True):
     fileConfig(config.config_file_name, disable_existing_loggers=False)
 
+# Every domain's models, gathered here (not in timekeeper/db/, which the domains build on): importing a
+# models module registers its tables on Base.metadata, the schema autogenerate and `alembic check` compare.
+MODELS = (admission, audit, budgets, scheduler, usage)
 target_metadata = Base.metadata
 
 

@@ -38,11 +38,24 @@ def grid_floor(anchor_us: int, interval_us: int, moment_us: int) -> int:
 def make_backend(config: Config) -> GpuBackend:
     if config.nvml_backend == "fake":
         return FakeBackend(seed=config.pod_uid, count=config.fake_gpu_count)
+    if config.nvml_backend == "nodeagent":
+        from sidecar.nodeagent import NodeAgentBackend
+
+        return NodeAgentBackend(
+            config.nodeagent_url or "",
+            config.nodeagent_token_file,
+            timeout=config.request_timeout_seconds,
+            # One request serves every device of a sample tick.
+            max_age_seconds=config.sample_interval_seconds / 2,
+        )
     return PynvmlBackend(config.nvml_library)
 
 
 def make_discovery(config: Config) -> Discovery:
-    """Discovery by the ordered strategies; the fake backend's GPUs stand in when none answers."""
+    """Discovery by the ordered strategies; the fake backend's GPUs stand in when none answers. The node
+    agent knows the pod's devices itself."""
+    if config.nvml_backend == "nodeagent":
+        return Discovery("nodeagent", ())
     found = discover(config.visible_devices, config.podinfo_dir)
     if found.selectors or config.nvml_backend != "fake":
         return found

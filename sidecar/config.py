@@ -18,7 +18,7 @@ from gpuaccounting.clock import WallClock, build_clock
 from gpuaccounting.logs import LogFormat
 from gpuaccounting.names import TOKEN_AUDIENCE
 
-Backend = Literal["pynvml", "fake"]
+Backend = Literal["pynvml", "fake", "nodeagent"]
 
 PREFIX = "SIDECAR_"
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -116,6 +116,8 @@ class Config:
     nvml_backend: Backend = "pynvml"
     nvml_library: Path | None = None
     nvml_retry_max_seconds: float = 300.0
+    nodeagent_url: str | None = None
+    nodeagent_token_file: Path = Path(f"/var/run/secrets/{TOKEN_AUDIENCE}/nodeagent-token")
     visible_devices: str | None = None
     fake_gpu_count: int = 1
     buffer_max_reports: int = 2880
@@ -165,6 +167,14 @@ class Config:
         retry_max = _positive_seconds(env, f"{PREFIX}RETRY_MAX_SECONDS", 60.0)
         if retry_max < retry_base:
             raise ConfigError(f"{PREFIX}RETRY_MAX_SECONDS must not be below {PREFIX}RETRY_BASE_SECONDS")
+        backend = cast(
+            Backend, _choice(env, f"{PREFIX}NVML_BACKEND", "pynvml", ("pynvml", "fake", "nodeagent"))
+        )
+        nodeagent_url = _raw(env, f"{PREFIX}NODEAGENT_URL")
+        if backend == "nodeagent" and not (nodeagent_url or "").startswith("http://"):
+            raise ConfigError(
+                f"{PREFIX}NVML_BACKEND=nodeagent needs {PREFIX}NODEAGENT_URL, e.g. http://$(HOST_IP):9402"
+            )
         return cls(
             namespace=_required(env, "POD_NAMESPACE"),
             pod_name=_required(env, "POD_NAME"),
@@ -177,7 +187,12 @@ class Config:
             report_interval_seconds=report_interval,
             max_report_interval_seconds=max_interval,
             sample_interval_seconds=sample_interval,
-            nvml_backend=cast(Backend, _choice(env, f"{PREFIX}NVML_BACKEND", "pynvml", ("pynvml", "fake"))),
+            nvml_backend=backend,
+            nodeagent_url=nodeagent_url,
+            nodeagent_token_file=Path(
+                _raw(env, f"{PREFIX}NODEAGENT_TOKEN_FILE")
+                or f"/var/run/secrets/{TOKEN_AUDIENCE}/nodeagent-token"
+            ),
             nvml_library=Path(library) if library else None,
             nvml_retry_max_seconds=_positive_seconds(env, f"{PREFIX}NVML_RETRY_MAX_SECONDS", 300.0),
             visible_devices=env.get("NVIDIA_VISIBLE_DEVICES"),

@@ -13,23 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
+from gpuaccounting.nvmlerrors import LOST, classify, error_name
 from gpuaccounting.wire import GpuStatus
 from sidecar.gpus import FIELDS, BackendUnavailable, Device, DeviceLost, GpuSample, Resolution, Selector
-
-# Errors that mean "this library cannot work at all" rather than "this GPU has a problem".
-_FATAL = ("LibraryNotFound", "DriverNotLoaded", "Uninitialized", "LibRmVersionMismatch")
-# Errors that take one device out until the library is re-initialised.
-_LOST = ("GpuIsLost", "ResetRequired", "GpuNotFound", "Unknown")
-# Errors that mean "this figure is not available here"; the device carries on without it. pynvml turns a
-# missing versioned symbol into NVMLLibraryMismatchError: an older driver, so the figure is absent too.
-_ABSENT = (
-    "NotSupported",
-    "NoPermission",
-    "NotFound",
-    "FunctionNotFound",
-    "NoData",
-    "NVMLLibraryMismatchError",
-)
 
 
 class PynvmlBackend:
@@ -71,14 +57,10 @@ class PynvmlBackend:
 
     def _classify(self, error: Exception) -> type[Exception] | None:
         """Which of our outcomes a pynvml error means; None for "this figure is absent"."""
-        name = type(error).__name__.removeprefix("NVMLError_")
-        if name in _ABSENT:
+        outcome = classify(error)
+        if outcome == "absent":
             return None
-        if name in _LOST:
-            return DeviceLost
-        if name in _FATAL:
-            return BackendUnavailable
-        return DeviceLost
+        return BackendUnavailable if outcome == "fatal" else DeviceLost
 
     def _expand(self, handle: object) -> list[object]:
         """A GPU in MIG mode is measured through its MIG devices; otherwise the GPU itself."""
@@ -108,7 +90,7 @@ class PynvmlBackend:
             outcome = self._classify(error)
             if outcome is BackendUnavailable:
                 raise BackendUnavailable(str(error)) from None
-            return [], type(error).__name__.removeprefix("NVMLError_") in _LOST
+            return [], error_name(error) in LOST
 
     def _handles(self, selector: Selector) -> tuple[list[object], bool]:
         nvml = self._module()

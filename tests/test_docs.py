@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from nodeagent.config import Settings as NodeAgentSettings
 from sidecar.config import Config
 from timekeeper.app import create_app as create_timekeeper_app
 from timekeeper.settings import Settings
@@ -35,10 +36,10 @@ CONFIG_SOURCES = [
     ROOT / "webhook" / "injection.py",  # the sidecar's environment, as the webhook writes it
 ]
 
-PREFIXES = ("TIMEKEEPER_", "WEBHOOK_", "SIDECAR_")
+PREFIXES = ("TIMEKEEPER_", "WEBHOOK_", "SIDECAR_", "NODEAGENT_")
 # A name with one of our prefixes, not inside a longer name (GPU_TIMEKEEPER_COMPOSE_DIR); a trailing `*`
 # (`TIMEKEEPER_CLOCK_*`) makes it a family of names.
-ENV_NAME = re.compile(r"(?<![A-Za-z0-9_])((?:TIMEKEEPER|WEBHOOK|SIDECAR)_[A-Z0-9_]*)(\*?)")
+ENV_NAME = re.compile(r"(?<![A-Za-z0-9_])((?:TIMEKEEPER|WEBHOOK|SIDECAR|NODEAGENT)_[A-Z0-9_]*)(\*?)")
 
 # Names with our prefixes that are not a deployable's setting, each with the reason it may be mentioned.
 NOT_SETTINGS = {
@@ -53,6 +54,7 @@ REFERENCE_PAGES = {
     "timekeeper": ("timekeeper.md", "kubernetes.md", "scheduler.md"),
     "webhook": ("webhook.md",),
     "sidecar": ("sidecar.md",),
+    "nodeagent": ("nodeagent.md",),
 }
 
 
@@ -84,7 +86,9 @@ class _RecordingEnv(Mapping[str, str]):
         return len(self._values)
 
 
-def _pydantic_names(settings: type[Settings] | type[WebhookSettings], prefix: str) -> set[str]:
+def _pydantic_names(
+    settings: type[Settings] | type[WebhookSettings] | type[NodeAgentSettings], prefix: str
+) -> set[str]:
     assert settings.model_config.get("env_prefix") == prefix
     fields = settings.model_fields
     assert not [name for name, field in fields.items() if field.alias or field.validation_alias], (
@@ -105,6 +109,7 @@ SETTINGS = {
     "timekeeper": _pydantic_names(Settings, "TIMEKEEPER_"),
     "webhook": _pydantic_names(WebhookSettings, "WEBHOOK_"),
     "sidecar": _sidecar_names(),
+    "nodeagent": _pydantic_names(NodeAgentSettings, "NODEAGENT_"),
 }
 KNOWN = set().union(*SETTINGS.values())
 
@@ -240,7 +245,7 @@ def test_every_python_module_mentioned_runs() -> None:
 
 
 REPO_PATH = re.compile(
-    r"`((?:timekeeper|webhook|sidecar|gpuaccounting|tests|deployment|bench|demo|migrations|docs)/[\w./-]*)"
+    r"`((?:timekeeper|webhook|sidecar|nodeagent|gpuaccounting|tests|deployment|bench|demo|migrations|docs)/[\w./-]*)"
     r"(?::(\w+))?`"
 )
 # Paths the pages name that a command writes rather than the repository holds.
@@ -265,7 +270,7 @@ def test_code_paths_named_exist(page: Path) -> None:
 
 
 def _string_literals() -> set[str]:
-    sources = (ROOT / part for part in ("timekeeper", "webhook", "sidecar", "gpuaccounting"))
+    sources = (ROOT / part for part in ("timekeeper", "webhook", "sidecar", "nodeagent", "gpuaccounting"))
     text = "\n".join(path.read_text(encoding="utf-8") for source in sources for path in source.rglob("*.py"))
     return set(re.findall(r"""["']([a-z][a-z0-9_]*)["']""", text))
 
@@ -285,7 +290,11 @@ def test_metric_and_event_names_exist(page: Path) -> None:
 def _defaults() -> dict[str, object]:
     """Each variable's effective default, read from the classes (the sidecar's from a minimal start)."""
     defaults: dict[str, object] = {}
-    for settings, prefix in ((Settings, "TIMEKEEPER_"), (WebhookSettings, "WEBHOOK_")):
+    for settings, prefix in (
+        (Settings, "TIMEKEEPER_"),
+        (WebhookSettings, "WEBHOOK_"),
+        (NodeAgentSettings, "NODEAGENT_"),
+    ):
         defaults |= {prefix + name.upper(): field.default for name, field in settings.model_fields.items()}
     config = Config.from_env(SIDECAR_REQUIRED)
     for name in SETTINGS["sidecar"]:

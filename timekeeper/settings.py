@@ -68,10 +68,8 @@ class Settings(BaseSettings):
         ge=0,
         description="How long a running pod's sidecar may be silent before the time is charged.",
     )
-    evict_when_exhausted: Literal["never", "annotated", "always"] = Field(
-        default="annotated",
-        description="Evict running in-budget pods of an exhausted namespace: never, only in namespaces "
-        "annotated gpu-timekeeper.io/evict-when-exhausted=true, or always.",
+    evictions_per_pass: int = Field(
+        default=10, ge=1, description="At most this many evictions per reconcile pass; the rest wait."
     )
     evict_bare_pods: bool = Field(default=False, description="Also evict pods without a controller.")
     hardware_file: Path | None = Field(

@@ -1,7 +1,8 @@
 """`python -m webhook`: serve the admission webhooks over HTTPS (TLS from WEBHOOK_TLS_CERT_FILE/KEY_FILE).
 
 One process per replica (replicas are stateless; scale with the Deployment). The server's SSLContext is
-handed to the app, whose lifespan reloads a rotated certificate into it.
+handed to the app, whose lifespan reloads a rotated certificate into it. The connection limits uvicorn
+has no setting for come from `webhook.connections`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import uvicorn
 
 from gpuaccounting.logs import configure_logging
 from webhook.app import create_app
+from webhook.connections import ConnectionLimits, WebhookServer, guarded_protocol
 from webhook.settings import WebhookSettings, get_settings
 
 
@@ -23,22 +25,27 @@ def server(settings: WebhookSettings, host: str, port: int, **options: object) -
             "WEBHOOK_TLS_CERT_FILE and WEBHOOK_TLS_KEY_FILE are required: the API server speaks HTTPS only"
         )
     app = create_app(settings)
+    limits = ConnectionLimits(
+        max_connections=settings.max_connections,
+        max_header_bytes=settings.max_header_bytes,
+        request_timeout_seconds=settings.request_timeout_seconds,
+    )
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
         ssl_certfile=str(settings.tls_cert_file),
         ssl_keyfile=str(settings.tls_key_file),
-        loop="uvloop",
-        http="httptools",
+        loop="none",  # WebhookServer.run brings its own
+        http=guarded_protocol(limits, app.state.metrics.refused),
         access_log=False,
-        timeout_keep_alive=30,
+        timeout_keep_alive=settings.keep_alive_timeout_seconds,
         lifespan="on",
         **options,  # type: ignore[arg-type]
     )
     config.load()
     app.state.ssl_context = config.ssl
-    return uvicorn.Server(config)
+    return WebhookServer(config, tls_timeout=settings.request_timeout_seconds)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,13 +1,14 @@
 """The admission decisions over parsed requests: `/mutate` (priority and injection) and `/validate`.
 
-Nothing here waits on the network: the budget state is read from the in-memory cache. dryRun requests
-get the same answer as real ones but leave no trace in the decision metrics or logs.
+Each decision returns a typed `AdmissionResponse`; the endpoint encodes it, and counts and logs it unless
+the request is a dryRun. Nothing here waits on the network: the budget state is read from the in-memory
+cache. The work is bounded before it starts: a pod with more containers than `max_containers` is denied
+at once, and the body limit bounds everything else that grows with the pod.
 """
 
 from __future__ import annotations
 
-import logging
-from typing import Any
+from typing import Any, Final
 
 from gpuaccounting import names
 from gpuaccounting.shares import PodShare, Violation, format_share, read_pod
@@ -17,19 +18,30 @@ from webhook.metrics import WebhookMetrics
 from webhook.patch import diff
 from webhook.priority import DecisionRecorder, PriorityPolicy
 from webhook.priorityclasses import PriorityClassCatalog
-from webhook.review import AdmissionDenied, AdmissionRequest, build_response
+from webhook.review import AdmissionRequest, AdmissionResponse, Denial, PodRequest
 from webhook.settings import WebhookSettings
 from webhook.state import BudgetStateCache
 
-log = logging.getLogger("webhook.admission")
-
-
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
+CONTAINER_CAP_RULE: Final = "max-containers"
+
+SKIPPED: Final = AdmissionResponse("skipped")
+NON_GPU: Final = AdmissionResponse("non_gpu")
+ALLOWED: Final = AdmissionResponse("allowed")
 
 
 def _is_mirror(pod: dict[str, Any]) -> bool:
     """A kubelet's static pod: it runs whatever we answer, and may not carry ServiceAccount tokens."""
     return MIRROR_POD_ANNOTATION in ((pod.get("metadata") or {}).get("annotations") or {})
+
+
+def _new_pod(request: AdmissionRequest) -> dict[str, Any] | None:
+    """The pod of a Pod CREATE the decisions judge; None for what is answered as it is (other kinds and
+    operations, subresources, mirror pods)."""
+    pod = request.object
+    if not request.is_pod or request.operation != "CREATE" or request.subresource or pod is None:
+        return None
+    return None if _is_mirror(pod) else pod
 
 
 def _describe_pod(request: AdmissionRequest, pod: dict[str, Any]) -> str:
@@ -60,20 +72,31 @@ class Admission:
     def _namespace(self, request: AdmissionRequest, pod: dict[str, Any]) -> str:
         return request.namespace or (pod.get("metadata") or {}).get("namespace", "")
 
-    def mutate(self, request: AdmissionRequest) -> tuple[bytes, str]:
-        """The answer and the result label; only a Pod CREATE of a GPU pod is ever changed."""
-        pod = request.object
-        if (
-            not request.is_pod
-            or request.operation != "CREATE"
-            or request.subresource
-            or pod is None
-            or _is_mirror(pod)
-        ):
-            return build_response(request), "skipped"
+    def _over_container_cap(self, request: AdmissionRequest, pod: dict[str, Any]) -> AdmissionResponse | None:
+        """A denial for a new pod with more containers than any real one has; the parse did not read it.
+
+        CREATE only: what an UPDATE is judged on is linear in the pod, and a running pod (or one being
+        deleted, its finalizers removed by UPDATEs) must never be stuck behind a limit set later.
+        """
+        count = request.container_count if isinstance(request, PodRequest) else 0
+        if count <= self.settings.max_containers:
+            return None
+        message = (
+            f"{_describe_pod(request, pod)}: has {count} containers (init, app and ephemeral), more than the"
+            f" {self.settings.max_containers} gpu-timekeeper admits (WEBHOOK_MAX_CONTAINERS)"
+        )
+        return AdmissionResponse("denied", denial=Denial(message, (CONTAINER_CAP_RULE,)))
+
+    def mutate(self, request: AdmissionRequest) -> AdmissionResponse:
+        """Only a Pod CREATE of a GPU pod is ever changed."""
+        pod = _new_pod(request)
+        if pod is None:
+            return SKIPPED
+        if (too_many := self._over_container_cap(request, pod)) is not None:
+            return too_many
         share = self.read(pod)
         if not share.uses_gpu:
-            return build_response(request), "non_gpu"
+            return NON_GPU
         metadata = dict(pod.get("metadata") or {})
         spec = dict(pod.get("spec") or {})
         annotations = metadata.get("annotations") or {}
@@ -93,7 +116,7 @@ class Admission:
         }
         self.sidecar.inject(spec, share_text)
         patch = diff(pod, {**pod, "metadata": metadata, "spec": spec})
-        return build_response(request, patch=patch), "patched" if patch else "unchanged"
+        return AdmissionResponse("patched", patch=tuple(patch)) if patch else AdmissionResponse("unchanged")
 
     def violations(self, request: AdmissionRequest) -> list[Violation]:
         pod = request.object
@@ -114,23 +137,19 @@ class Admission:
         view = self.cache.view(self._namespace(request, pod))
         return governance.on_create(pod, share, view, self.settings)
 
-    def validate(self, request: AdmissionRequest) -> tuple[bytes, str]:
+    def validate(self, request: AdmissionRequest) -> AdmissionResponse:
+        pod = _new_pod(request)
+        if pod is not None and (too_many := self._over_container_cap(request, pod)) is not None:
+            return too_many
         found = self.violations(request)
         if not found:
-            return build_response(request), "allowed"
-        denials = [v.describe() for v in found if self.settings.enforces(v.rule)]
-        warnings = [v.describe() for v in found if not self.settings.enforces(v.rule)]
-        if not denials:
-            return build_response(request, warnings=warnings), "warned"
-        message = f"{_describe_pod(request, request.object or {})}: " + "; ".join(denials)
-        if not request.dry_run:
-            log.info(
-                "admission_denied",
-                extra={
-                    "namespace": request.namespace,
-                    "pod": request.name or (request.object or {}).get("metadata", {}).get("generateName", ""),
-                    "operation": request.operation,
-                    "rules": sorted({v.rule for v in found if self.settings.enforces(v.rule)}),
-                },
-            )
-        return build_response(request, denied=AdmissionDenied(message), warnings=warnings), "denied"
+            return ALLOWED
+        enforced = [v for v in found if self.settings.enforces(v.rule)]
+        warnings = tuple(v.describe() for v in found if not self.settings.enforces(v.rule))
+        if not enforced:
+            return AdmissionResponse("warned", warnings=warnings)
+        message = f"{_describe_pod(request, request.object or {})}: " + "; ".join(
+            v.describe() for v in enforced
+        )
+        rules = tuple(sorted({str(v.rule) for v in enforced}))
+        return AdmissionResponse("denied", warnings=warnings, denial=Denial(message, rules))

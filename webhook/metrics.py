@@ -31,6 +31,12 @@ class WebhookMetrics:
             ["endpoint"],
             registry=self.registry,
         )
+        self.refused = Counter(
+            "webhook_requests_refused",
+            "Requests and connections refused by a limit (docs/webhook.md, Limits), by reason",
+            ["reason"],
+            registry=self.registry,
+        )
         self.stale_decisions = Counter(
             "webhook_state_stale_decisions",
             "Priority decisions made on budget state older than the maximum age",

@@ -1,24 +1,37 @@
-"""AdmissionReview in and out: a typed request parsed from raw JSON, and a pure response builder.
+"""AdmissionReview in and out: one typed model parsed once from the body, and a pure response builder.
 
-Two kinds of "no" are kept apart, as kopf does: `AdmissionDenied` is a well-formed request the rules refuse
-(an answer of `allowed: false`, code 403, with the message), `MalformedReview` is a body that is not an
-AdmissionReview at all (an HTTP 400, the API server then applies the webhook's failurePolicy).
+Two kinds of "no" are kept apart, as kopf does: a decision that refuses a well-formed request returns an
+`AdmissionResponse` with a `Denial` (answered 200 with `allowed: false`, code 403 and the message), while
+a body that is not an AdmissionReview raises `MalformedReview` (an HTTP 400; the API server then applies
+the webhook's failurePolicy). A Pod's object is checked against the shape the decisions read
+(`webhook/podshape.py`) in the same validation, so a decision never meets a field of the wrong type.
 """
 
 from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
-from typing import Any, Final, Literal, cast
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 import orjson
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 
-from webhook.podshape import pod_shape_error
-
-API_VERSIONS: Final = frozenset({"admission.k8s.io/v1", "admission.k8s.io/v1beta1"})
-OPERATIONS: Final = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
+from webhook.podshape import PodObject
 
 Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
+# What each decision answered: the `result` label of webhook_admissions_total.
+Result = Literal["patched", "unchanged", "non_gpu", "skipped", "allowed", "warned", "denied"]
+_ERRORS_SHOWN: Final = 3
+CONTAINER_LISTS: Final = ("initContainers", "containers", "ephemeralContainers")
 
 
 class WebhookError(Exception):
@@ -35,113 +48,141 @@ class MalformedReview(WebhookError):
     status_code = 400
 
 
-class AdmissionDenied(WebhookError):
-    """The request is well formed and refused; answered inside a 200 AdmissionReview."""
+class _Model(BaseModel):
+    # Strict: the API server sends exactly these JSON types, anything else is a broken client.
+    model_config = ConfigDict(strict=True, frozen=True, extra="ignore")
 
-    status_code = 403
+
+class GroupVersionKind(_Model):
+    group: str = ""
+    version: str = ""
+    kind: str
+
+
+class UserInfo(_Model):
+    username: str = ""
+
+
+class _Request(_Model):
+    uid: Annotated[str, Field(min_length=1)]
+    kind: GroupVersionKind
+    operation: Operation
+    namespace: str | None = None
+    name: str | None = None
+    subresource: str | None = Field(default=None, alias="subResource")
+    dry_run: bool = Field(default=False, alias="dryRun")
+    user_info: UserInfo | None = Field(default=None, alias="userInfo")
+
+    @property
+    def username(self) -> str:
+        return self.user_info.username if self.user_info else ""
+
+
+class PodRequest(_Request):
+    """A request about a core/v1 Pod: its objects have the shape the decisions read."""
+
+    object: PodObject | None = None
+    old_object: PodObject | None = Field(default=None, alias="oldObject")
+    # The containers `object` lists (init, app, ephemeral), counted before it is read. The pod of a CREATE
+    # over the cap the parse is given is kept as its metadata only: it is denied, never read.
+    container_count: int = 0
+    is_pod: ClassVar[bool] = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _count_containers(cls, data: Any, info: ValidationInfo) -> Any:
+        pod = data.get("object") if isinstance(data, dict) else None
+        if not isinstance(pod, dict) or not isinstance(spec := pod.get("spec"), dict):
+            return data
+        count = sum(len(listed) for key in CONTAINER_LISTS if isinstance(listed := spec.get(key), list))
+        cap = (info.context or {}).get("max_containers")
+        if cap is not None and count > cap and data.get("operation") == "CREATE":
+            pod = {key: pod[key] for key in ("apiVersion", "kind", "metadata") if key in pod}
+        return {**data, "object": pod, "container_count": count}
+
+
+class OtherRequest(_Request):
+    """A request about anything else (the webhook is registered for Pods only): answered unchanged."""
+
+    object: dict[str, Any] | None = None
+    old_object: dict[str, Any] | None = Field(default=None, alias="oldObject")
+    is_pod: ClassVar[bool] = False
+
+
+def _request_kind(request: Any) -> str:
+    kind = request.get("kind") if isinstance(request, dict) else None
+    if isinstance(kind, dict) and (kind.get("group") or "", kind.get("version"), kind.get("kind")) == (
+        "",
+        "v1",
+        "Pod",
+    ):
+        return "pod"
+    return "other"
+
+
+AdmissionRequest = Annotated[
+    Annotated[PodRequest, Tag("pod")] | Annotated[OtherRequest, Tag("other")], Discriminator(_request_kind)
+]
+
+
+class AdmissionReview(_Model):
+    api_version: Literal["admission.k8s.io/v1", "admission.k8s.io/v1beta1"] = Field(alias="apiVersion")
+    kind: Literal["AdmissionReview"]
+    request: AdmissionRequest
+
+
+def _place(location: tuple[int | str, ...]) -> str:
+    """A pydantic error location as a path in the review; the union's tag is not part of the body."""
+    if location[:1] == ("request",) and location[1:2] in (("pod",), ("other",)):
+        location = location[:1] + location[2:]
+    return ".".join(str(part) for part in location) or "body"
+
+
+def parse_review(body: bytes, max_containers: int | None = None) -> AdmissionReview:
+    """Parse an AdmissionReview; anything that is not one raises MalformedReview naming the places.
+
+    orjson reads the JSON (faster than pydantic's reader on these bodies, and the pod-kind test and the
+    container count need the document first anyway); the model then validates it in one pass.
+    """
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as error:
+        raise MalformedReview(f"body: not valid JSON: {error}") from None
+    try:
+        return AdmissionReview.model_validate(document, context={"max_containers": max_containers})
+    except ValidationError as error:
+        problems = error.errors(include_url=False, include_input=False)
+        shown = "; ".join(f"{_place(p['loc'])}: {p['msg']}" for p in problems[:_ERRORS_SHOWN])
+        more = len(problems) - _ERRORS_SHOWN
+        raise MalformedReview(shown + (f" (and {more} more)" if more > 0 else "")) from None
 
 
 @dataclass(frozen=True, slots=True)
-class AdmissionRequest:
-    api_version: str
-    uid: str
-    kind: str
-    group: str
-    version: str
-    operation: Operation
-    namespace: str
-    name: str
-    subresource: str
-    dry_run: bool
-    username: str
-    object: dict[str, Any] | None
-    old_object: dict[str, Any] | None
+class Denial:
+    """Why a well-formed request is refused: the message a user reads and the rules that refused it."""
 
-    @property
-    def is_pod(self) -> bool:
-        return self.kind == "Pod" and self.group == "" and self.version == "v1"
+    message: str
+    rules: tuple[str, ...]
 
 
-def _optional_object(request: dict[str, Any], key: str) -> dict[str, Any] | None:
-    value = request.get(key)
-    if value is None or isinstance(value, dict):
-        return value
-    raise MalformedReview(f"request.{key} must be an object or null, got {type(value).__name__}")
+@dataclass(frozen=True, slots=True)
+class AdmissionResponse:
+    """A decision, before it is encoded: the endpoint serialises it and counts it by `result`."""
+
+    result: Result
+    patch: tuple[dict[str, Any], ...] = ()
+    warnings: tuple[str, ...] = ()
+    denial: Denial | None = None
 
 
-def _text(container: dict[str, Any], key: str, where: str, *, required: bool = False) -> str:
-    value = container.get(key)
-    if value is None:
-        if required:
-            raise MalformedReview(f"{where}.{key} is missing")
-        return ""
-    if not isinstance(value, str):
-        raise MalformedReview(f"{where}.{key} must be a string, got {type(value).__name__}")
-    return value
-
-
-def parse_review(body: bytes) -> AdmissionRequest:
-    """Parse an AdmissionReview body; anything that is not one raises MalformedReview with the reason."""
-    try:
-        review = orjson.loads(body)
-    except orjson.JSONDecodeError as error:
-        raise MalformedReview(f"body is not valid JSON: {error}") from None
-    if not isinstance(review, dict):
-        raise MalformedReview("body must be a JSON object (an AdmissionReview)")
-    api_version = review.get("apiVersion")
-    if not isinstance(api_version, str) or api_version not in API_VERSIONS:
-        raise MalformedReview(f"apiVersion must be one of {sorted(API_VERSIONS)}, got {api_version!r}")
-    if review.get("kind") != "AdmissionReview":
-        raise MalformedReview(f"kind must be 'AdmissionReview', got {review.get('kind')!r}")
-    request = review.get("request")
-    if not isinstance(request, dict):
-        raise MalformedReview("request is missing or not an object")
-    uid = _text(request, "uid", "request", required=True)
-    if not uid:
-        raise MalformedReview("request.uid is empty")
-    kind = request.get("kind")
-    if not isinstance(kind, dict):
-        raise MalformedReview("request.kind must be an object {group, version, kind}")
-    operation = request.get("operation")
-    if not isinstance(operation, str) or operation not in OPERATIONS:
-        raise MalformedReview(f"request.operation must be one of {sorted(OPERATIONS)}, got {operation!r}")
-    user_info = request.get("userInfo")
-    parsed = AdmissionRequest(
-        api_version=api_version,
-        uid=uid,
-        kind=_text(kind, "kind", "request.kind", required=True),
-        group=_text(kind, "group", "request.kind"),
-        version=_text(kind, "version", "request.kind"),
-        operation=cast(Operation, operation),  # checked against OPERATIONS above
-        namespace=_text(request, "namespace", "request"),
-        name=_text(request, "name", "request"),
-        subresource=_text(request, "subResource", "request"),
-        dry_run=request.get("dryRun") is True,
-        username=_text(user_info, "username", "request.userInfo") if isinstance(user_info, dict) else "",
-        object=_optional_object(request, "object"),
-        old_object=_optional_object(request, "oldObject"),
-    )
-    if parsed.is_pod:
-        for key, pod in (("object", parsed.object), ("oldObject", parsed.old_object)):
-            if pod is not None and (problem := pod_shape_error(pod)) is not None:
-                raise MalformedReview(f"request.{key} is not a Pod the webhook can read: {problem}")
-    return parsed
-
-
-def build_response(
-    request: AdmissionRequest,
-    *,
-    patch: list[dict[str, Any]] | None = None,
-    denied: AdmissionDenied | None = None,
-    warnings: list[str] | None = None,
-) -> bytes:
+def build_response(review: AdmissionReview, answer: AdmissionResponse) -> bytes:
     """The AdmissionReview answer, in the request's apiVersion; a patch is base64-encoded JSONPatch."""
-    response: dict[str, Any] = {"uid": request.uid, "allowed": denied is None}
-    if denied is not None:
-        response["status"] = {"code": denied.status_code, "reason": "Forbidden", "message": denied.message}
-    elif patch:
+    response: dict[str, Any] = {"uid": review.request.uid, "allowed": answer.denial is None}
+    if answer.denial is not None:
+        response["status"] = {"code": 403, "reason": "Forbidden", "message": answer.denial.message}
+    elif answer.patch:
         response["patchType"] = "JSONPatch"
-        response["patch"] = base64.b64encode(orjson.dumps(patch)).decode()
-    if warnings:
-        response["warnings"] = warnings
-    return orjson.dumps({"apiVersion": request.api_version, "kind": "AdmissionReview", "response": response})
+        response["patch"] = base64.b64encode(orjson.dumps(answer.patch)).decode()
+    if answer.warnings:
+        response["warnings"] = answer.warnings
+    return orjson.dumps({"apiVersion": review.api_version, "kind": "AdmissionReview", "response": response})

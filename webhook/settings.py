@@ -29,6 +29,14 @@ class WebhookSettings(BaseSettings):
     tls_reload_interval_seconds: float = Field(default=60.0, gt=0)  # how often to look for a rotated cert
     log_format: LogFormat = "auto"  # JSON unless stderr is a terminal
 
+    # What one client may cost (docs/webhook.md, "Limits"): the API server sends small reviews at once.
+    max_body_bytes: int = Field(default=1024 * 1024, gt=0)  # a real pod's review is 2-20 KB
+    max_header_bytes: int = Field(default=16 * 1024, gt=0)
+    request_timeout_seconds: float = Field(default=10.0, gt=0)  # to receive a whole request
+    keep_alive_timeout_seconds: int = Field(default=30, gt=0)  # an idle connection between requests
+    max_connections: int = Field(default=100, gt=0)
+    max_containers: int = Field(default=100, gt=0)  # init, app and ephemeral, in a pod being created
+
     # Budget state, polled from the timekeeper in the background.
     timekeeper_url: str = "http://gpu-timekeeper.gpu-timekeeper.svc:8080"
     timekeeper_token_file: Path | None = None  # re-read on every poll: projected tokens rotate

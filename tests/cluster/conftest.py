@@ -131,7 +131,7 @@ def timekeeper(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[TimekeeperProcess]:
     """`python -m timekeeper` in `kubernetes` auth mode as deployment/'s gpu-timekeeper ServiceAccount, with
-    the reconcile pass (pod watch, silent time, quotas) every second."""
+    the reconcile pass (pod watch, silent time, quotas, Events) and the state sweep every second."""
     folder = tmp_path_factory.mktemp("timekeeper")
     kubeconfig = service_account_kubeconfig(control_plane, core, "gpu-timekeeper", folder)
     env = {
@@ -142,6 +142,7 @@ def timekeeper(
         "TIMEKEEPER_RECONCILE_INTERVAL_SECONDS": "1",
         "TIMEKEEPER_SILENT_GRACE_SECONDS": str(SILENT_GRACE_SECONDS),
         "TIMEKEEPER_LEADER_RETRY_INTERVAL": "0.5",
+        "TIMEKEEPER_STATES_INTERVAL": "1",  # the state sweep the pass's Events compare
         "TIMEKEEPER_LOG_FORMAT": "json",
     }
     with migrated_database("gtk_cluster") as database:

@@ -1,6 +1,6 @@
 """The reconcile pass against a real API server: its pod watch sees pods created through the webhook, the
-time their sidecars never reported is charged, and a namespace's `concurrent_gpu_limit` becomes a
-ResourceQuota the API server enforces.
+time their sidecars never reported is charged, a namespace's `concurrent_gpu_limit` becomes a
+ResourceQuota the API server enforces, and budget state changes become Events on the namespace.
 
 There is no kubelet: the tests write pods' phases and times through the status subresource, as a kubelet
 would. The timekeeper runs the pass every second with a silent grace of SILENT_GRACE_SECONDS.
@@ -125,3 +125,48 @@ def test_concurrent_gpu_limit_becomes_a_quota_the_api_server_enforces(
     assert quota["spec"]["hard"]["requests.nvidia.com/gpu"] == "1"
     assert "exceeded quota: gpu-timekeeper, requested: requests.nvidia.com/gpu=2" in refused_two
     assert "used: requests.nvidia.com/gpu=1, limited: requests.nvidia.com/gpu=1" in refused_another
+
+
+def test_the_quota_follows_the_limit_drift_is_corrected_and_it_goes_with_the_limit(
+    kubectl: Kubectl, api: TimekeeperApi, namespace: str
+) -> None:
+    def hard() -> str | None:
+        quotas = kubectl.json("get", "resourcequota", "-n", namespace)["items"]
+        found = [q["spec"]["hard"].get("requests.nvidia.com/gpu") for q in quotas]
+        return found[0] if found else None
+
+    api.set_budget(namespace, 1000, concurrent_gpu_limit=2)
+    wait_until(lambda: hard() == "2", timeout=30, what="the quota for a limit of 2")
+    drift = json.dumps({"spec": {"hard": {"requests.nvidia.com/gpu": "50"}}})
+    kubectl.run("patch", "resourcequota", "gpu-timekeeper", "-n", namespace, "--type=merge", "-p", drift)
+    wait_until(lambda: hard() == "2", timeout=30, what="the pass to correct the drift")
+
+    api.set_budget(namespace, 1000, concurrent_gpu_limit=None)
+    wait_until(lambda: hard() is None, timeout=30, what="the pass to delete the quota")
+
+
+def test_budget_state_changes_are_events_on_the_namespace(
+    kubectl: Kubectl, api: TimekeeperApi, namespace: str
+) -> None:
+    def reasons() -> list[str]:
+        events = kubectl.json("get", "events", "-n", namespace)["items"]
+        return [e["reason"] for e in sorted(events, key=lambda e: e["metadata"]["creationTimestamp"])]
+
+    api.set_budget(namespace, 0)
+    wait_until(lambda: "GPUBudgetExhausted" in reasons(), timeout=30, what="the exhausted Event")
+    api.ok("POST", f"/namespaces/{namespace}/grants", body={"gpu_minutes": 10, "reason": "cluster test"})
+    wait_until(lambda: "GPUBudgetRestored" in reasons(), timeout=30, what="the restored Event")
+
+    (exhausted,) = [
+        e
+        for e in kubectl.json("get", "events", "-n", namespace)["items"]
+        if e["reason"] == "GPUBudgetExhausted"
+    ]
+    assert exhausted["type"] == "Warning"
+    involved = exhausted["involvedObject"]
+    assert (involved["kind"], involved["name"], involved.get("namespace")) == (
+        "Namespace",
+        namespace,
+        namespace,
+    )
+    assert "gpu-over-budget" in exhausted["message"]

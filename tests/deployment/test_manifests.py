@@ -13,6 +13,7 @@ import pytest
 
 from gpuaccounting import names
 from tests.deployment.conftest import INSTALLS, OVERLAYS, RENDERS, ROOT, find, one, pod_specs, render
+from tests.support.kube_rbac import timekeeper_rules
 
 # matchConditions are GA from 1.30: the oldest Kubernetes we support, and the newest schemas we have.
 KUBERNETES_VERSIONS = ["1.30.0", kubernetes_validate.utils.latest_version()]
@@ -441,6 +442,37 @@ def test_the_timekeeper_authenticates_through_kubernetes_in_clusters(build):
     ]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["TIMEKEEPER_AUTH_MODE"] == "kubernetes"
+
+
+@pytest.mark.parametrize("build", RENDERS)
+def test_the_reconciler_runs_with_exactly_the_rbac_it_needs(build):
+    """On in every overlay, in the API process whose replicas elect the scheduler's one leader; its
+    ClusterRole is the reconcile rules tests/kube runs the client with (the reviews come through
+    system:auth-delegator), nothing more."""
+    objects = render(build)
+    container = one(objects, "Deployment", "gpu-timekeeper")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TIMEKEEPER_RECONCILE"] == "true"
+    assert env.get("TIMEKEEPER_SCHEDULER_ENABLED", "true") == "true"
+    binding = one(objects, "ClusterRoleBinding", "gpu-timekeeper")
+    assert binding["roleRef"]["name"] == "gpu-timekeeper"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gpu-timekeeper", "namespace": NAMESPACE}
+    ]
+
+    def grants(rules):
+        return {
+            (group, resource, verb)
+            for rule in rules
+            for group in rule["apiGroups"]
+            for resource in rule["resources"]
+            for verb in rule["verbs"]
+        }
+
+    reviews = {"authentication.k8s.io", "authorization.k8s.io"}
+    needed = {grant for grant in grants(timekeeper_rules()) if grant[0] not in reviews}
+    assert grants(one(objects, "ClusterRole", "gpu-timekeeper")["rules"]) == needed
+    assert ("", "pods/eviction", "create") in needed and ("", "events", "create") in needed
 
 
 @pytest.mark.parametrize("build", RENDERS)

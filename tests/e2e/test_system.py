@@ -10,10 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import ssl
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,9 +25,9 @@ from gpuaccounting.names import ANNOTATION_GPU_SHARE, SIDECAR_CONTAINER_NAME
 from tests.sidecar.coverage import persisted_state
 from tests.support.pods import container, pod, review
 from tests.support.processes import (
-    REPO_ROOT,
     SidecarProcess,
     TimekeeperProcess,
+    WebhookProcess,
     free_port,
     wait_until,
 )
@@ -134,7 +130,7 @@ def system(tmp_path: Path) -> Iterator[System]:
     tokens = Tokens()
     ca_cert, ca_key = generate_ca("e2e CA")
     cert, key = generate_serving_cert(
-        ca_cert, ca_key, "gpu-timekeeper-webhook", "gpu-timekeeper", extra_sans=("localhost",)
+        ca_cert, ca_key, "gpu-timekeeper-webhook", "gpu-timekeeper", extra_sans=("127.0.0.1",)
     )
     (tmp_path / "tls.crt").write_bytes(cert)
     (tmp_path / "tls.key").write_bytes(key)
@@ -142,44 +138,25 @@ def system(tmp_path: Path) -> Iterator[System]:
     with migrated_database("gtk_e2e") as database:
         timekeeper = TimekeeperProcess(database, tokens.env(), free_port(), tmp_path / "timekeeper.log")
         timekeeper.start()
-        webhook_port = free_port()
-        webhook_log = tmp_path / "webhook.log"
-        with open(webhook_log, "ab") as log:
-            webhook = subprocess.Popen(
-                [sys.executable, "-m", "webhook", "--host", "127.0.0.1", "--port", str(webhook_port)],
-                cwd=REPO_ROOT,
-                env={
-                    **os.environ,
-                    "PYTHONPATH": str(REPO_ROOT),
-                    "WEBHOOK_TLS_CERT_FILE": str(tmp_path / "tls.crt"),
-                    "WEBHOOK_TLS_KEY_FILE": str(tmp_path / "tls.key"),
-                    "WEBHOOK_TIMEKEEPER_URL": timekeeper.url,
-                    "WEBHOOK_TIMEKEEPER_TOKEN_FILE": str(tmp_path / "webhook-token"),
-                    "WEBHOOK_STATE_POLL_INTERVAL_SECONDS": "0.2",
-                    "WEBHOOK_SIDECAR_REPORT_INTERVAL_SECONDS": "1",
-                    "WEBHOOK_WATCH_PRIORITY_CLASSES": "false",  # no API server in this test
-                },
-                stdout=log,
-                stderr=log,
-            )
-        client = httpx.Client(verify=ssl.create_default_context(cadata=ca_cert.decode()), timeout=5)
-        url = f"https://localhost:{webhook_port}"
-
-        def webhook_ready() -> bool:
-            if webhook.poll() is not None:
-                raise AssertionError(f"webhook exited: {webhook_log.read_text()[-3000:]}")
-            try:
-                return client.get(f"{url}/healthz").status_code == 200
-            except httpx.HTTPError:
-                return False
-
+        webhook = WebhookProcess(
+            {
+                "WEBHOOK_TLS_CERT_FILE": str(tmp_path / "tls.crt"),
+                "WEBHOOK_TLS_KEY_FILE": str(tmp_path / "tls.key"),
+                "WEBHOOK_TIMEKEEPER_URL": timekeeper.url,
+                "WEBHOOK_TIMEKEEPER_TOKEN_FILE": str(tmp_path / "webhook-token"),
+                "WEBHOOK_STATE_POLL_INTERVAL_SECONDS": "0.2",
+                "WEBHOOK_SIDECAR_REPORT_INTERVAL_SECONDS": "1",
+                "WEBHOOK_WATCH_PRIORITY_CLASSES": "false",  # no API server in this test
+            },
+            free_port(),
+            ca_cert,
+            tmp_path / "webhook.log",
+        )
         try:
-            wait_until(webhook_ready, timeout=30, what="the webhook")
-            yield System(timekeeper, url, client, tokens, tmp_path)
+            webhook.start()
+            yield System(timekeeper, webhook.url, webhook.client, tokens, tmp_path)
         finally:
-            client.close()
-            webhook.terminate()
-            webhook.wait(timeout=10)
+            webhook.stop()
             timekeeper.stop()
 
 

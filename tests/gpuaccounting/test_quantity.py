@@ -4,7 +4,7 @@ from decimal import Decimal
 
 import pytest
 
-from gpuaccounting.quantity import QuantityError, parse_quantity
+from gpuaccounting.quantity import QuantityError, parse_decimal, parse_quantity
 
 
 @pytest.mark.parametrize(
@@ -51,3 +51,18 @@ def test_non_finite_numbers_are_refused() -> None:
         parse_quantity(float("nan"))
     with pytest.raises(QuantityError):
         parse_quantity(float("inf"))
+
+
+def test_a_string_longer_than_any_kubernetes_quantity_is_refused_unread() -> None:
+    """A 400,000-digit value once took seconds to turn into a fraction; now its length refuses it."""
+    within_nano = "0." + "0" * 8 + "1" * 400_000
+    with pytest.raises(QuantityError, match="longer than any Kubernetes quantity"):
+        parse_quantity(within_nano)
+    with pytest.raises(QuantityError, match="longer than any Kubernetes quantity"):
+        parse_decimal(within_nano)
+    assert parse_quantity("0" * 53 + "1.000000001") == Decimal("1.000000001")  # 64 characters
+
+
+def test_an_integer_beyond_int64_is_refused_before_conversion() -> None:
+    with pytest.raises(QuantityError, match="beyond the largest"):
+        parse_quantity(10**4000)

@@ -237,3 +237,12 @@ def test_malformed_pod_shapes_do_not_raise() -> None:
         read_pod({"spec": {"containers": ["not a container", {"name": "x", "resources": "no"}]}}).uses_gpu
         is False
     )
+
+
+def test_a_denial_echoes_a_value_shortened_not_whole() -> None:
+    huge = "1" * 100_000
+    share = read_pod(pod(container("main", {"nvidia.com/gpu": huge})))
+
+    (violation,) = share.violations
+    assert violation.rule is Rule.QUANTITY
+    assert violation.value == "1" * 63 + "…"

@@ -20,9 +20,10 @@ def gpu_pod(
     controlled: bool = True,
     started_at: str | None = "2026-11-22T00:00:00Z",
     finished_at: str | None = None,
-    priority_class: str = DEFAULT_IN_BUDGET_PRIORITY_CLASS,
+    priority_class: str | None = DEFAULT_IN_BUDGET_PRIORITY_CLASS,
 ) -> dict[str, Any]:
-    """A GPU pod as the webhook leaves it (share annotation) and the kubelet reports it (phase, times)."""
+    """A GPU pod as the webhook leaves it (share annotation, class; None: no class) and the kubelet
+    reports it (phase, times)."""
     metadata: dict[str, Any] = {
         "name": name,
         "namespace": namespace,
@@ -46,20 +47,16 @@ def gpu_pod(
         status["containerStatuses"] = [
             {"name": "main", "state": {"terminated": {"exitCode": 0, "finishedAt": finished_at}}}
         ]
+    spec: dict[str, Any] = {
+        "nodeName": "gpu-node-1",
+        "containers": [
+            {"name": "main", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
+        ],
+    }
+    if priority_class is not None:
+        spec["priorityClassName"] = priority_class
     return server.put(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": metadata,
-            "spec": {
-                "nodeName": "gpu-node-1",
-                "priorityClassName": priority_class,
-                "containers": [
-                    {"name": "main", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
-                ],
-            },
-            "status": status,
-        }
+        {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec, "status": status}
     )
 
 

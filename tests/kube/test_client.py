@@ -237,6 +237,23 @@ async def test_eviction_allowed_by_a_budget_spends_it(apiserver: KubeApiServer, 
     assert await kube.evict_pod("team-a", "r2") is EvictionResult.BLOCKED_BY_PDB
 
 
+@pytest.mark.parametrize(
+    ("served", "sent"),
+    [(("v1", "v1beta1"), "policy/v1"), (("v1beta1",), "policy/v1beta1")],
+    ids=["1.22-and-later", "1.20"],
+)
+async def test_eviction_speaks_the_policy_version_the_server_serves(
+    apiserver: KubeApiServer, kube: KubeClient, served: tuple[str, ...], sent: str
+):
+    """The stand-in refuses an Eviction of a version it does not serve, as a 1.20 API server refuses
+    policy/v1."""
+    apiserver.eviction_versions = served
+    gpu_pod(apiserver, "team-a", "trainer")
+
+    assert await kube.evict_pod("team-a", "trainer") is EvictionResult.EVICTED
+    assert await kube.eviction_api_version() == sent
+
+
 async def test_quota_is_created_labelled_then_drift_is_corrected(apiserver: KubeApiServer, kube: KubeClient):
     hard = {"requests.nvidia.com/gpu": "4", "requests.tencent.com/vcuda-core": "400"}
 

@@ -26,10 +26,11 @@ from timekeeper.budgets.service import BudgetService
 from timekeeper.clock import ManualClock
 from timekeeper.kube import KubeClient, KubeUnavailableError, QuotaChange
 from timekeeper.kube.client import QUOTA_NAME
-from timekeeper.reconcile.service import EVICT_ANNOTATION, Reconciler
+from timekeeper.reconcile.service import Reconciler
 from timekeeper.scheduler.jobs import JOBS_BY_NAME, reconcile_job, run_job
-from timekeeper.scheduler.repository import RUNNING_POD_SQL
+from timekeeper.scheduler.repository import RUNNING_POD
 from timekeeper.settings import Settings
+from timekeeper.usage.models import PodCoverage
 from timekeeper.usage.repository import UsageRepository
 from timekeeper.usage.schemas import ReportIn
 
@@ -103,10 +104,14 @@ async def report(
     return outcome.gpu_minutes
 
 
-async def set_budget(sessionmaker, reconciler: Reconciler, namespace: str, **fields) -> None:
+async def set_budget(sessionmaker, reconciler: Reconciler, namespace: str | None, **fields) -> None:
+    """Through the budget API's service, as an admin would; `None`: the defaults."""
     async with sessionmaker() as session, session.begin():
         service = BudgetService(session, reconciler.settings, reconciler.clock)
-        await service.put(namespace, BudgetIn(**fields), Principal(name="admin"))
+        if namespace is None:
+            await service.put_default(BudgetIn(**fields), Principal(name="admin"))
+        else:
+            await service.put(namespace, BudgetIn(**fields), Principal(name="admin"))
 
 
 # ---- charging ----------------------------------------------------------------------------------------
@@ -219,12 +224,21 @@ async def test_the_share_is_recomputed_when_the_annotation_is_missing(
 # ---- announcements and downgrades --------------------------------------------------------------------
 
 
-async def _exhaust(apiserver: KubeApiServer, reconciler: Reconciler, sessionmaker, namespace: str) -> None:
-    """A first pass learns the states; the namespace then spends its 10 GPU-minutes by one silent pod."""
-    await set_budget(sessionmaker, reconciler, namespace, budget_gpu_minutes=10)
+async def _exhaust(
+    apiserver: KubeApiServer, reconciler: Reconciler, sessionmaker, *namespaces: str, **budget
+) -> None:
+    """The namespaces get a budget of 10 GPU-minutes (and the other `budget` fields); a first pass learns
+    the states; each namespace then spends its budget by one silent pod, `spender`."""
+    for namespace in namespaces:
+        await set_budget(sessionmaker, reconciler, namespace, budget_gpu_minutes=10, **budget)
     await reconciler.run_pass()
-    gpu_pod(apiserver, namespace, "spender", share="1", started_at=iso(START - timedelta(minutes=30)))
+    for namespace in namespaces:
+        gpu_pod(apiserver, namespace, "spender", share="1", started_at=iso(START - timedelta(minutes=30)))
     await sync(reconciler)
+
+
+def deleting(apiserver: KubeApiServer, namespace: str, name: str) -> bool:
+    return bool(apiserver.get("v1", "Pod", namespace, name)["metadata"].get("deletionTimestamp"))
 
 
 async def test_an_exhausted_namespace_gets_an_event(
@@ -243,58 +257,93 @@ async def test_an_exhausted_namespace_gets_an_event(
     assert "gpu-over-budget" in events[0]["message"]
 
 
-async def test_exhausted_annotated_namespaces_evict_in_budget_pods_respecting_pdbs(
+async def test_exhausted_namespaces_whose_budget_says_evict_lose_their_pods_above_the_reduced_class(
     apiserver: KubeApiServer, reconciler: Reconciler, sessionmaker
 ):
-    apiserver.put(
-        {
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {"name": "team-a", "annotations": {EVICT_ANNOTATION: "true"}},
-        }
-    )
+    """Evicted: the in-budget class, a user's own class, no class at all. Kept: the reduced class, a class
+    the namespace's policy exempts, a bare pod, a pod its PDB protects (retried next pass)."""
     gpu_pod(apiserver, "team-a", "web", labels={"app": "web"})
-    gpu_pod(apiserver, "team-a", "guarded", labels={"app": "guarded"})
+    gpu_pod(apiserver, "team-a", "users-own", labels={"app": "own"}, priority_class="high")
+    gpu_pod(apiserver, "team-a", "classless", labels={"app": "classless"}, priority_class=None)
+    gpu_pod(apiserver, "team-a", "exempt", labels={"app": "exempt"}, priority_class="research-critical")
+    gpu_pod(apiserver, "team-a", "reduced", labels={"app": "reduced"}, priority_class="gpu-over-budget")
     gpu_pod(apiserver, "team-a", "bare", labels={"app": "bare"}, controlled=False)
-    gpu_pod(apiserver, "team-a", "already-reduced", labels={"app": "r"}, priority_class="gpu-over-budget")
+    gpu_pod(apiserver, "team-a", "guarded", labels={"app": "guarded"})
     pdb(apiserver, "team-a", "guarded", {"app": "guarded"}, allowed=0)
-    await _exhaust(apiserver, reconciler, sessionmaker, "team-a")
+    policy = {"exempt_classes": ["research-critical"], "user_classes": "replace", "ceiling": None}
+    await _exhaust(
+        apiserver, reconciler, sessionmaker, "team-a", running_pod_action="evict", priority_policy=policy
+    )
 
     result = await reconciler.run_pass()
 
-    assert result is not None
-    assert sorted(result.evicted) == [("team-a", "spender"), ("team-a", "web")]
+    evicted = ["classless", "spender", "users-own", "web"]
+    assert sorted(result.evicted) == [("team-a", name) for name in evicted]
     assert result.blocked == [("team-a", "guarded")]
-    assert apiserver.get("v1", "Pod", "team-a", "web")["metadata"].get("deletionTimestamp")
-    assert not apiserver.get("v1", "Pod", "team-a", "bare")["metadata"].get("deletionTimestamp")
+    assert all(deleting(apiserver, "team-a", name) for name in evicted)
+    assert not any(deleting(apiserver, "team-a", name) for name in ("exempt", "reduced", "bare", "guarded"))
     pod_events = [e for e in apiserver.list("v1", "Event", "team-a") if e["involvedObject"]["kind"] == "Pod"]
-    assert {e["involvedObject"]["name"] for e in pod_events} == {"spender", "web"}
+    assert sorted((e["involvedObject"]["name"], e["reason"]) for e in pod_events) == [
+        (name, "GPUBudgetDowngrade") for name in evicted
+    ]
 
 
-async def test_without_the_annotation_nothing_is_evicted(
+async def test_the_running_pod_action_is_the_namespaces_own_else_the_defaults(
     apiserver: KubeApiServer, reconciler: Reconciler, sessionmaker
 ):
+    await set_budget(sessionmaker, reconciler, None, budget_gpu_minutes=None, running_pod_action="evict")
+    await set_budget(sessionmaker, reconciler, "team-a", budget_gpu_minutes=10, running_pod_action="none")
+    await _exhaust(apiserver, reconciler, sessionmaker, "team-b")  # its own budget, the default's action
+    gpu_pod(apiserver, "team-a", "spender", share="1", started_at=iso(START - timedelta(minutes=30)))
+    await sync(reconciler)
+
+    result = await reconciler.run_pass()
+
+    assert set(result.transitions) == {"team-a", "team-b"}
+    assert result.evicted == [("team-b", "spender")]
+    assert not deleting(apiserver, "team-a", "spender")
+
+
+async def test_nothing_is_evicted_by_default(apiserver: KubeApiServer, reconciler: Reconciler, sessionmaker):
     gpu_pod(apiserver, "team-a", "web")
     await _exhaust(apiserver, reconciler, sessionmaker, "team-a")
 
     result = await reconciler.run_pass()
 
-    assert result is not None and result.transitions and result.evicted == []
+    assert result.transitions and result.evicted == []
+    assert not any(call.resource == "pods/eviction" for call in apiserver.calls)
 
 
 async def test_bare_pods_are_evicted_only_when_configured(
     apiserver: KubeApiServer, reconciler: Reconciler, sessionmaker
 ):
-    reconciler.settings = reconciler.settings.model_copy(
-        update={"evict_when_exhausted": "always", "evict_bare_pods": True}
-    )
+    reconciler.settings = reconciler.settings.model_copy(update={"evict_bare_pods": True})
     gpu_pod(apiserver, "team-a", "bare", controlled=False)
-    await _exhaust(apiserver, reconciler, sessionmaker, "team-a")
+    await _exhaust(apiserver, reconciler, sessionmaker, "team-a", running_pod_action="evict")
 
     result = await reconciler.run_pass()
 
-    assert result is not None
     assert ("team-a", "bare") in result.evicted
+
+
+async def test_a_pass_evicts_at_most_its_limit_the_longest_running_first(
+    apiserver: KubeApiServer, reconciler: Reconciler, sessionmaker
+):
+    reconciler.settings = reconciler.settings.model_copy(update={"evictions_per_pass": 2})
+    for name, hours in (("newest", 1), ("oldest", 3), ("older", 2)):
+        gpu_pod(
+            apiserver, "team-a", name, labels={"app": name}, started_at=iso(START - timedelta(hours=hours))
+        )
+    await _exhaust(apiserver, reconciler, sessionmaker, "team-a", running_pod_action="evict")
+
+    first = await reconciler.run_pass()
+    await sync(reconciler)
+    second = await reconciler.run_pass()
+
+    assert first.evicted == [("team-a", "oldest"), ("team-a", "older")]
+    assert first.deferred == [("team-a", "newest"), ("team-a", "spender")]
+    assert second.evicted == [("team-a", "newest"), ("team-a", "spender")]
+    assert second.deferred == []
 
 
 # ---- quotas ------------------------------------------------------------------------------------------
@@ -335,11 +384,12 @@ async def coverage(sessionmaker, uid: str) -> tuple[bool, datetime | None, datet
     async with sessionmaker() as session:
         row = (
             await session.execute(
-                sa.text(
-                    f"SELECT final, closed_at, last_report_at, {RUNNING_POD_SQL} AS running "
-                    "FROM pod_coverage WHERE pod_uid = :uid"
-                ),
-                {"uid": uid},
+                sa.select(
+                    PodCoverage.final,
+                    PodCoverage.closed_at,
+                    PodCoverage.last_report_at,
+                    RUNNING_POD.label("running"),
+                ).where(PodCoverage.pod_uid == uid)
             )
         ).one()
     return row.final, row.closed_at, row.last_report_at, row.running

@@ -12,19 +12,7 @@ import pytest
 
 from sidecar.logs import EventLog
 from tests.sidecar.receiver import ReportReceiver
-from tests.support.fakenvml.build import build, find_compiler, find_nvml_header
-
-
-@pytest.fixture(scope="session")
-def fake_nvml_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The fake libnvidia-ml.so.1, compiled once per run against nvidia-nvml-dev's nvml.h."""
-    compiler = find_compiler()
-    if compiler is None:
-        pytest.skip("no C compiler (cc, gcc or clang) on PATH: cannot build the fake libnvidia-ml.so.1")
-    header = find_nvml_header()
-    if header is None:
-        pytest.skip("nvml.h not found: install the dev extra (nvidia-nvml-dev)")
-    return build(tmp_path_factory.mktemp("fakenvml"), compiler, header)
+from tests.support.fakenvml.fixtures import fake_nvml_library
 
 
 @pytest.fixture
@@ -67,3 +55,6 @@ def sidecar_env(tmp_path: Path, receiver: ReportReceiver, token_file: Path) -> d
         "SIDECAR_NVML_BACKEND": "fake",
         "SIDECAR_LOG_FORMAT": "json",
     }
+
+
+__all__ = ["fake_nvml_library"]

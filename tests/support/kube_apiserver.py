@@ -19,6 +19,8 @@ bootstrap). It reproduces the semantics the timekeeper relies on, as the real se
   their pod is gone) and SubjectAccessReview evaluated against the same RBAC;
 - pods/eviction honouring PodDisruptionBudgets (429 TooManyRequests when `disruptionsAllowed` is 0), and
   graceful deletion of running pods (deletionTimestamp first, the object goes when `finish_pod_deletion`);
+  the Eviction body's `policy/<version>` must be one the server serves (`eviction_versions`: v1 and v1beta1
+  as from 1.22, set `("v1beta1",)` to answer as 1.20 does), and `GET /apis/policy` discovers them;
 - every resource request logged in `calls` (verb, resource, namespace, name, answer code), so a test can say
   exactly what a client wrote, or that an idempotent run wrote nothing.
 
@@ -295,6 +297,8 @@ class KubeApiServer:
         self._tokens: dict[str, TokenInfo] = {}
         self._stopping = False
         self._server: LoopbackServer | None = None
+        # The policy/ versions whose Eviction the server accepts (and discovery lists).
+        self.eviction_versions: tuple[str, ...] = ("v1", "v1beta1")
         # (verb, resource plural[/subresource]) of every authorised request, for assertions on traffic.
         self.requests: Counter[tuple[str, str]] = Counter()
         # Every resource request in order, with its answer, for assertions on exactly what was written.
@@ -752,7 +756,26 @@ class KubeApiServer:
         fields = query.get("fieldSelector")
         return not fields or _string_selector_matches(fields, lambda path: _field(obj, path))
 
+    def policy_group(self) -> JSON:
+        """`GET /apis/policy`: the APIGroup discovery document."""
+        versions = [{"groupVersion": f"policy/{v}", "version": v} for v in self.eviction_versions]
+        return {
+            "kind": "APIGroup",
+            "apiVersion": "v1",
+            "name": "policy",
+            "versions": versions,
+            "preferredVersion": versions[0],
+        }
+
     def _evict(self, r: Request) -> tuple[int, JSON]:
+        body = r.body if isinstance(r.body, dict) else {}
+        served = {f"policy/{v}" for v in self.eviction_versions}
+        if body.get("kind") != "Eviction" or body.get("apiVersion") not in served:
+            raise ApiError(
+                400,
+                "BadRequest",
+                f'no kind "{body.get("kind")}" is registered for version "{body.get("apiVersion")}"',
+            )
         pod = self._objects.get((r.rtype, r.namespace, r.name))
         if pod is None:
             raise ApiError.not_found("pods", r.name or "")
@@ -952,6 +975,10 @@ class _Handler(BaseHTTPRequestHandler):
                 self._authorize(user, "create", "authorization.k8s.io", "subjectaccessreviews", None, None)
                 state.requests["create", "subjectaccessreviews"] += 1
                 self._reply(201, state.review_access(body or {}))
+                return
+            if urlsplit(self.path).path.rstrip("/") == "/apis/policy" and method == "GET":
+                # Discovery: every authenticated user may read it (system:discovery).
+                self._reply(200, state.policy_group())
                 return
             request = state.parse(method, self.path, body, content_type)
             resource = request.rtype.plural + (f"/{request.subresource}" if request.subresource else "")

@@ -25,7 +25,6 @@ def timekeeper_rules() -> list[dict[str, Any]]:
         {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
         {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
-        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
         {
             "apiGroups": [""],

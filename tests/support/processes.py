@@ -80,14 +80,15 @@ class TimekeeperProcess:
 
 
 class SidecarProcess:
-    """One sidecar process; its stderr (the JSON log) goes to a file that `events()` parses."""
+    """One sidecar process (or, with `module="nodeagent"`, a node agent); its stderr (the JSON log) goes
+    to a file that `events()` parses."""
 
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, env: dict[str, str], log_path: Path, module: str = "sidecar") -> None:
         self.log_path = log_path
         full_env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO_ROOT), **env}
         with open(log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "sidecar"],
+                [sys.executable, "-m", module],
                 cwd=REPO_ROOT,
                 env=full_env,
                 stdout=subprocess.DEVNULL,

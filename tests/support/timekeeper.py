@@ -20,12 +20,18 @@ from gpuaccounting.wire import build_report
 from tests.support.postgres import REPO_ROOT, create_database, drop_database, url_string
 
 
-def migrate(url: URL, revision: str = "head") -> None:
-    """`alembic upgrade head` (or down to an older revision, "base" for none) through alembic's own
-    command API, on the given database."""
+def alembic_config(url: URL) -> Config:
+    """The repository's alembic.ini, aimed at the given database."""
     config = Config(str(REPO_ROOT / "alembic.ini"))
     config.attributes["database_url"] = url_string(url)
     config.attributes["configure_logging"] = False
+    return config
+
+
+def migrate(url: URL, revision: str = "head") -> None:
+    """`alembic upgrade head` (or down to an older revision, "base" for none) through alembic's own
+    command API, on the given database."""
+    config = alembic_config(url)
     if revision == "head":
         command.upgrade(config, revision)
     else:

@@ -265,6 +265,6 @@ def test_a_review_of_a_pod_with_garbage_answers_200_or_400_naming_the_place(
     response = post(client, path, encoded(body))
 
     if response.status_code == 400:
-        assert "is not a Pod the webhook can read: " in response.json()["detail"]
+        assert response.json()["detail"].startswith(("request.object.", "request.oldObject."))
     else:
         assert_answered(response, body)

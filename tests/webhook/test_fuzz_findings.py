@@ -24,32 +24,41 @@ def _with(path: tuple[Any, ...], value: Any, body: dict[str, Any] | None = None)
 
 
 MALFORMED = {
-    "apiVersion a list": (_with(("apiVersion",), ["admission.k8s.io/v1"]), "apiVersion must be one of"),
+    "apiVersion a list": (
+        _with(("apiVersion",), ["admission.k8s.io/v1"]),
+        "apiVersion: Input should be 'admission.k8s.io/v1' or",
+    ),
     "operation an object": (
         _with(("request", "operation"), {"CREATE": 1}),
-        "request.operation must be one of",
+        "request.operation: Input should be 'CREATE', 'UPDATE', 'DELETE' or 'CONNECT'",
     ),
     "metadata a string": (
         _with(("request", "object", "metadata"), "work"),
-        "request.object is not a Pod the webhook can read: metadata",
+        "request.object.metadata: Input should be a valid dictionary",
     ),
     "annotations a list": (
         _with(("request", "object", "metadata", "annotations"), ["a"]),
-        "metadata.annotations",
+        "request.object.metadata.annotations: Input should be a valid dictionary",
     ),
-    "containers a number": (_with(("request", "object", "spec", "containers"), 5), "spec.containers"),
+    "containers a number": (
+        _with(("request", "object", "spec", "containers"), 5),
+        "request.object.spec.containers: Input should be a valid list",
+    ),
     "a container a string": (
         _with(("request", "object", "spec", "containers"), ["main"]),
-        "spec.containers.0",
+        "request.object.spec.containers.0: Input should be a valid dictionary",
     ),
     "requests a list": (
         _with(("request", "object", "spec", "containers", 0, "resources", "requests"), [1]),
-        "spec.containers.0.resources.requests",
+        "request.object.spec.containers.0.resources.requests: Input should be a valid dictionary",
     ),
-    "volumes of numbers": (_with(("request", "object", "spec", "volumes"), [1]), "spec.volumes.0"),
+    "volumes of numbers": (
+        _with(("request", "object", "spec", "volumes"), [1]),
+        "request.object.spec.volumes.0: Input should be a valid dictionary",
+    ),
     "oldObject spec a list": (
         _with(("request", "oldObject"), {"spec": []}, review(GPU_POD, operation="UPDATE")),
-        "request.oldObject is not a Pod the webhook can read: spec",
+        "request.oldObject.spec: Input should be a valid dictionary",
     ),
 }
 

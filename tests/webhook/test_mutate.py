@@ -174,10 +174,16 @@ def test_dry_run_answers_alike_and_leaves_no_trace(tls: Tls) -> None:
 
     with run_state_server(None) as never_loaded, serve_webhook(tls, never_loaded) as served:
         gpu_pod = pod(container("main", {"nvidia.com/gpu": 1}))
+        patched = {"endpoint": "mutate", "operation": "CREATE", "result": "patched"}
         dry = served.mutate(gpu_pod, dry_run=True)
         assert served.metric("webhook_state_missing_decisions_total") == 0
+        assert served.metric("webhook_admissions_total", **patched) == 0
         real = served.mutate(gpu_pod)
         assert served.metric("webhook_state_missing_decisions_total") == 1
+        assert served.metric("webhook_admissions_total", **patched) == 1
+        denied = {"endpoint": "validate", "operation": "CREATE", "result": "denied"}
+        assert not served.validate(gpu_pod, dry_run=True).allowed  # no sidecar: denied
+        assert served.metric("webhook_admissions_total", **denied) == 0
     assert dry.patch == real.patch != []
 
 
@@ -207,6 +213,9 @@ def test_other_kinds_and_v1beta1_reviews_are_answered(webhook: Webhook) -> None:
     }
     answer = webhook.mutate(deployment, kind=("apps", "v1", "Deployment"))
     assert answer.allowed and answer.patch == []
+    # Only a Pod is read, so only a Pod's shape is checked: another kind is answered whatever it holds.
+    odd = {**deployment, "spec": {"containers": 3, "template": {"spec": {"containers": []}}}}
+    assert webhook.validate(odd, kind=("apps", "v1", "Deployment")).allowed
     beta = webhook.mutate(
         pod(container("main", {"nvidia.com/gpu": 1})), api_version="admission.k8s.io/v1beta1"
     )

@@ -8,8 +8,6 @@ import pytest
 from tests.support.pods import container, pod, review
 from tests.webhook.conftest import Webhook
 
-UNREADABLE = "request.object is not a Pod the webhook can read: "
-
 _DELETE = object()
 
 
@@ -27,44 +25,56 @@ def _edited(path: tuple[str, ...], value: object = _DELETE) -> bytes:
 
 
 MALFORMED = {
-    "truncated JSON": (orjson.dumps(review(pod()))[:-20], "not valid JSON"),
-    "empty body": (b"", "not valid JSON"),
-    "a JSON list": (b"[1, 2]", "must be a JSON object"),
-    "wrong apiVersion": (_edited(("apiVersion",), "admission.k8s.io/v2"), "apiVersion must be one of"),
-    "wrong kind": (_edited(("kind",), "Pod"), "kind must be 'AdmissionReview'"),
-    "no request": (_edited(("request",)), "request is missing"),
-    "missing uid": (_edited(("request", "uid")), "request.uid is missing"),
-    "uid not a string": (_edited(("request", "uid"), 7), "request.uid must be a string"),
-    "object not a dict": (_edited(("request", "object"), "a pod"), "request.object must be an object"),
-    "oldObject a list": (_edited(("request", "oldObject"), []), "request.oldObject must be an object"),
+    "truncated JSON": (orjson.dumps(review(pod()))[:-20], "body: not valid JSON"),
+    "empty body": (b"", "body: not valid JSON"),
+    "a JSON list": (b"[1, 2]", "body: Input should be a valid dictionary"),
+    "wrong apiVersion": (
+        _edited(("apiVersion",), "admission.k8s.io/v2"),
+        "apiVersion: Input should be 'admission.k8s.io/v1' or",
+    ),
+    "wrong kind": (_edited(("kind",), "Pod"), "kind: Input should be 'AdmissionReview'"),
+    "no request": (_edited(("request",)), "request: Field required"),
+    "missing uid": (_edited(("request", "uid")), "request.uid: Field required"),
+    "uid not a string": (_edited(("request", "uid"), 7), "request.uid: Input should be a valid string"),
+    "object not a dict": (
+        _edited(("request", "object"), "a pod"),
+        "request.object: Input should be a valid dictionary",
+    ),
+    "oldObject a list": (
+        _edited(("request", "oldObject"), []),
+        "request.oldObject: Input should be a valid dictionary",
+    ),
     "unknown operation": (
         _edited(("request", "operation"), "PATCH"),
-        "request.operation must be one of",
+        "request.operation: Input should be 'CREATE', 'UPDATE', 'DELETE' or 'CONNECT'",
     ),
-    "kind not an object": (_edited(("request", "kind"), "Pod"), "request.kind must be an object"),
+    "kind not an object": (
+        _edited(("request", "kind"), "Pod"),
+        "request.kind: Input should be a valid dictionary",
+    ),
     "metadata a string": (
         _edited(("request", "object", "metadata"), "x"),
-        UNREADABLE + "metadata: Input should be a valid dictionary",
+        "request.object.metadata: Input should be a valid dictionary",
     ),
     "annotations a list": (
         _edited(("request", "object", "metadata", "annotations"), ["a"]),
-        UNREADABLE + "metadata.annotations: Input should be a valid dictionary",
+        "request.object.metadata.annotations: Input should be a valid dictionary",
     ),
     "label value a number": (
         _edited(("request", "object", "metadata", "labels"), {"clearml-injector/fraction": 0.5}),
-        UNREADABLE + "metadata.labels.clearml-injector/fraction: Input should be a valid string",
+        "request.object.metadata.labels.clearml-injector/fraction: Input should be a valid string",
     ),
     "spec a list": (
         _edited(("request", "object", "spec"), []),
-        UNREADABLE + "spec: Input should be a valid dictionary",
+        "request.object.spec: Input should be a valid dictionary",
     ),
     "containers a number": (
         _edited(("request", "object", "spec", "containers"), 3),
-        UNREADABLE + "spec.containers: Input should be a valid list",
+        "request.object.spec.containers: Input should be a valid list",
     ),
     "volumes of strings": (
         _edited(("request", "object", "spec", "volumes"), ["data"]),
-        UNREADABLE + "spec.volumes.0: Input should be a valid dictionary",
+        "request.object.spec.volumes.0: Input should be a valid dictionary",
     ),
 }
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import logging
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
+
+from timekeeper.audit.models import AuditEntry
 
 log = logging.getLogger(__name__)
 
@@ -21,33 +23,28 @@ class AuditRepository:
         self, at: datetime, actor: str, action: str, namespace: str | None, old: Any, new: Any
     ) -> None:
         log.info("admin_change", extra={"action": action, "namespace": namespace, "actor": actor})
+        # Core, not session.add(): the audit row is written as one statement in the caller's transaction,
+        # and JSON null stays SQL NULL (none_as_null is not the column's default).
         await self.session.execute(
-            sa.text(
-                "INSERT INTO audit_log (at, actor, action, namespace, old_value, new_value) "
-                "VALUES (:at, :actor, :action, :namespace, CAST(:old AS jsonb), CAST(:new AS jsonb))"
-            ),
-            {
-                "at": at,
-                "actor": actor,
-                "action": action,
-                "namespace": namespace,
-                "old": None if old is None else json.dumps(old),
-                "new": None if new is None else json.dumps(new),
-            },
+            sa.insert(AuditEntry).values(
+                at=at,
+                actor=actor,
+                action=action,
+                namespace=namespace,
+                old_value=sa.null() if old is None else old,
+                new_value=sa.null() if new is None else new,
+            )
         )
 
     async def entries(
         self, namespace: str | None, since: datetime | None, limit: int, before_id: int | None
-    ) -> list[Any]:
+    ) -> Sequence[AuditEntry]:
         """Newest first; page with before_id."""
-        result = await self.session.execute(
-            sa.text(
-                "SELECT id, at, actor, action, namespace, old_value, new_value FROM audit_log "
-                "WHERE (CAST(:namespace AS text) IS NULL OR namespace = :namespace) "
-                "AND (CAST(:since AS timestamptz) IS NULL OR at >= :since) "
-                "AND (CAST(:before_id AS bigint) IS NULL OR id < :before_id) "
-                "ORDER BY id DESC LIMIT :limit"
-            ),
-            {"namespace": namespace, "since": since, "limit": limit, "before_id": before_id},
-        )
-        return list(result)
+        query = sa.select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
+        if namespace is not None:
+            query = query.where(AuditEntry.namespace == namespace)
+        if since is not None:
+            query = query.where(AuditEntry.at >= since)
+        if before_id is not None:
+            query = query.where(AuditEntry.id < before_id)
+        return (await self.session.scalars(query)).all()

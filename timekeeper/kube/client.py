@@ -148,6 +148,7 @@ class KubeClient:
         self._authz = client.AuthorizationV1Api(self._api)
         self._timeout = request_timeout_seconds
         self._instance = os.environ.get("HOSTNAME", COMPONENT)
+        self._eviction_api_version: str | None = None
 
     @classmethod
     async def from_config(cls, config_: KubeConfig) -> KubeClient:
@@ -303,9 +304,24 @@ class KubeClient:
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise KubeUnavailableError(f"pod watch interrupted: {exc!r}") from exc
 
+    async def eviction_api_version(self) -> str:
+        """`policy/v1` where the API server serves it (1.22 on), else `policy/v1beta1` (1.20, 1.21): the
+        Eviction body must name a version the server knows. Asked once (discovery), then remembered."""
+        if self._eviction_api_version is None:
+            group = await self._call(
+                client.PolicyApi(self._api).get_api_group(_request_timeout=self._timeout)
+            )
+            served = {version.version for version in group.versions or ()}
+            self._eviction_api_version = "policy/v1" if "v1" in served else "policy/v1beta1"
+        return self._eviction_api_version
+
     async def evict_pod(self, namespace: str, name: str) -> EvictionResult:
         """Evict through the Eviction API, so PodDisruptionBudgets are honoured."""
-        body = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace))
+        body = client.V1Eviction(
+            api_version=await self.eviction_api_version(),
+            kind="Eviction",
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+        )
         try:
             await self._call(
                 self._core.create_namespaced_pod_eviction(
@@ -319,16 +335,6 @@ class KubeClient:
                 return EvictionResult.GONE
             raise
         return EvictionResult.EVICTED
-
-    async def namespace_annotations(self, namespace: str) -> dict[str, str]:
-        """A namespace's annotations (where its owners state policy); empty when it does not exist."""
-        try:
-            found = await self._call(self._core.read_namespace(namespace, _request_timeout=self._timeout))
-        except KubeApiError as error:
-            if error.status == HTTP_NOT_FOUND:
-                return {}
-            raise
-        return dict(found.metadata.annotations or {})
 
     # ---- quotas ----------------------------------------------------------------------------------------
 
@@ -415,7 +421,9 @@ class KubeClient:
         type_: str = "Normal",
         involved: ObjectReference | None = None,
     ) -> None:
-        """Record a Kubernetes Event (`kubectl describe namespace` shows it) about the namespace or a pod."""
+        """Record a Kubernetes Event (`kubectl get events -n <namespace>` shows it) about the namespace or a
+        pod. The API server refuses an Event whose involvedObject.namespace differs from its own namespace
+        (outside `default`), so one about the Namespace carries the namespace there too."""
         involved = involved or ObjectReference(kind="Namespace", name=namespace)
         now = datetime.now(UTC)
         body = client.CoreV1Event(
@@ -426,7 +434,7 @@ class KubeClient:
                 api_version=involved.api_version,
                 kind=involved.kind,
                 name=involved.name,
-                namespace=involved.namespace or (namespace if involved.kind != "Namespace" else None),
+                namespace=involved.namespace or namespace,
                 uid=involved.uid,
             ),
             reason=reason,

@@ -1,6 +1,7 @@
-"""SQL the reconciler needs beyond the report path: which pods have time not yet charged, keeping a
-charge by the pass from looking like a report, closing ended pods at their real end, the namespaces'
-states and concurrent limits."""
+"""SQL the reconciler needs beyond the report path: which pods have time not yet charged, closing ended
+pods at their real end, the namespaces' states, which exhausted namespaces evict their running pods, and
+concurrent limits. Core statements on the models; the
+coverage test stays PostgreSQL (multirange arithmetic has no Core spelling)."""
 
 from __future__ import annotations
 
@@ -9,28 +10,20 @@ from datetime import datetime
 from decimal import Decimal
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.wire import BudgetState
+from timekeeper.admission.models import NamespaceStatus
+from timekeeper.budgets.models import DefaultBudget, NamespaceBudget
+from timekeeper.usage.models import PodCoverage
 
-# Ended: no longer running, closed at its real end (whatever the close-out job set on noticing silence).
-_CLOSE_AT = sa.text(
-    "UPDATE pod_coverage SET final = true, closed_at = :ended_at "
-    "WHERE pod_uid = :pod_uid AND NOT (final AND closed_at IS NOT DISTINCT FROM :ended_at)"
-)
 _UNCOVERED = sa.text(
     "SELECT c.uid FROM unnest(CAST(:uids AS text[]), CAST(:starts AS timestamptz[]), "
     "CAST(:ends AS timestamptz[])) AS c(uid, lower_bound, upper_bound) "
     "LEFT JOIN pod_coverage p ON p.pod_uid = c.uid "
     "WHERE NOT isempty(tstzmultirange(tstzrange(c.lower_bound, c.upper_bound)) "
     "- COALESCE(p.covered, '{}'::tstzmultirange))"
-)
-_LIMITS = sa.text(
-    "SELECT n.namespace, CASE WHEN b.namespace IS NULL THEN d.concurrent_gpu_limit "
-    "ELSE b.concurrent_gpu_limit END AS concurrent_gpu_limit "
-    "FROM (SELECT namespace FROM namespace_status UNION SELECT namespace FROM namespace_budgets "
-    "UNION SELECT unnest(CAST(:extra AS text[]))) AS n(namespace) "
-    "LEFT JOIN namespace_budgets b ON b.namespace = n.namespace CROSS JOIN default_budget d"
 )
 
 
@@ -40,7 +33,13 @@ class ReconcileRepository:
 
     async def close_at(self, pod_uid: str, ended_at: datetime) -> None:
         """The pod ended: `final`, closed at its real end (overriding a close-out's time of noticing)."""
-        await self.session.execute(_CLOSE_AT, {"pod_uid": pod_uid, "ended_at": ended_at})
+        already = sa.and_(PodCoverage.final, PodCoverage.closed_at.is_not_distinct_from(ended_at))
+        await self.session.execute(
+            sa.update(PodCoverage)
+            .where(PodCoverage.pod_uid == pod_uid, sa.not_(already))
+            .values(final=True, closed_at=ended_at)
+            .execution_options(synchronize_session=False)
+        )
 
     async def with_uncovered_time(self, spans: Iterable[tuple[str, datetime, datetime]]) -> set[str]:
         """The pod uids whose span holds time no report (nor earlier pass) has charged."""
@@ -52,10 +51,38 @@ class ReconcileRepository:
         return set(result.scalars())
 
     async def states(self) -> dict[str, BudgetState]:
-        result = await self.session.execute(sa.text("SELECT namespace, state FROM namespace_status"))
+        result = await self.session.execute(sa.select(NamespaceStatus.namespace, NamespaceStatus.state))
         return {row.namespace: row.state for row in result}
 
+    async def evicting(self) -> dict[str, frozenset[str]]:
+        """The exhausted namespaces whose budget (their own, else the default) says `evict`, each with the
+        classes its priority policy exempts."""
+        policy = sa.func.coalesce(NamespaceBudget.priority_policy, DefaultBudget.priority_policy)
+        action = sa.func.coalesce(NamespaceBudget.running_pod_action, DefaultBudget.running_pod_action)
+        result = await self.session.execute(
+            sa.select(NamespaceStatus.namespace, policy["exempt_classes"].label("exempt"))
+            .select_from(NamespaceStatus)
+            .outerjoin(NamespaceBudget, NamespaceBudget.namespace == NamespaceStatus.namespace)
+            .join(DefaultBudget, sa.true())
+            .where(NamespaceStatus.state == "exhausted", action == "evict")
+        )
+        return {row.namespace: frozenset(row.exempt) for row in result}
+
     async def concurrent_limits(self, extra_namespaces: Iterable[str]) -> dict[str, Decimal | None]:
-        """Each known namespace's concurrent GPU limit: its own budget's, else the default's."""
-        result = await self.session.execute(_LIMITS, {"extra": sorted(set(extra_namespaces))})
+        """Each known namespace's concurrent GPU limit (the known ones and `extra_namespaces`): its own
+        budget's, else the default's."""
+        extra = sa.literal(sorted(set(extra_namespaces)), ARRAY(sa.Text))
+        names = sa.union(
+            sa.select(NamespaceStatus.namespace),
+            sa.select(NamespaceBudget.namespace),
+            sa.select(sa.func.unnest(extra)),
+        ).subquery("names")
+        own = NamespaceBudget.namespace.is_not(None)
+        limit = sa.case((own, NamespaceBudget.concurrent_gpu_limit), else_=DefaultBudget.concurrent_gpu_limit)
+        result = await self.session.execute(
+            sa.select(names.c.namespace, limit.label("concurrent_gpu_limit"))
+            .select_from(names)
+            .outerjoin(NamespaceBudget, NamespaceBudget.namespace == names.c.namespace)
+            .join(DefaultBudget, sa.true())
+        )
         return {row.namespace: row.concurrent_gpu_limit for row in result}

@@ -22,7 +22,6 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gpuaccounting.names import DOMAIN
 from gpuaccounting.wire import BudgetState
 from timekeeper.clock import Clock
 from timekeeper.kube import (
@@ -45,7 +44,6 @@ log = logging.getLogger(__name__)
 
 # A sequence number no sidecar reaches; coverage, not the number, is what prevents double charging.
 RECONCILER_SEQ = 2**62
-EVICT_ANNOTATION = f"{DOMAIN}/evict-when-exhausted"
 
 _TRANSITION_EVENTS: dict[BudgetState, tuple[str, str]] = {
     "exhausted": ("GPUBudgetExhausted", "Warning"),
@@ -63,7 +61,8 @@ class PassResult:
     closed: list[str] = field(default_factory=list)
     transitions: dict[str, tuple[BudgetState | None, BudgetState]] = field(default_factory=dict)
     evicted: list[tuple[str, str]] = field(default_factory=list)
-    blocked: list[tuple[str, str]] = field(default_factory=list)
+    blocked: list[tuple[str, str]] = field(default_factory=list)  # by a PodDisruptionBudget
+    deferred: list[tuple[str, str]] = field(default_factory=list)  # past the pass's eviction limit
     quotas: dict[str, QuotaChange] = field(default_factory=dict)
 
     def as_detail(self) -> dict[str, Any]:
@@ -73,6 +72,7 @@ class PassResult:
             "transitions": {ns: list(change) for ns, change in self.transitions.items()},
             "evicted": [list(pod) for pod in self.evicted],
             "blocked": [list(pod) for pod in self.blocked],
+            "deferred": [list(pod) for pod in self.deferred],
             "quotas": {ns: change.value for ns, change in self.quotas.items()},
         }
 
@@ -146,10 +146,11 @@ class Reconciler:
         async with self.sessionmaker() as session:
             repository = ReconcileRepository(session)
             states = await repository.states()
+            evicting = await repository.evicting()
             namespaces = {p.info.namespace for p in self.registry.pods()}
             limits = await repository.concurrent_limits(namespaces)
         await self._announce(states, result)
-        await self._downgrade(states, result)
+        await self._downgrade(evicting, result)
         await self._apply_quotas(limits, result)
         return result
 
@@ -240,34 +241,39 @@ class Reconciler:
                 message += f"; new GPU pods get PriorityClass {self.settings.over_budget_priority_class}"
             await self._post_event(namespace, reason, message, type_)
 
-    async def _downgrade(self, states: dict[str, BudgetState], result: PassResult) -> None:
-        """Evict running pods admitted in budget in exhausted namespaces whose policy asks for it, so
-        their controllers recreate them at the reduced class. Bare pods only when configured."""
-        policy = self.settings.evict_when_exhausted
-        if policy == "never":
+    async def _downgrade(self, evicting: dict[str, frozenset[str]], result: PassResult) -> None:
+        """Evict the running GPU pods of exhausted namespaces whose budget's `running_pod_action` is
+        `evict` and that still run above the reduced class (neither at it nor at a class their priority
+        policy exempts). A pod's priority is immutable: its controller recreates it and the webhook gives
+        the new pod the reduced class. Through the Eviction API, so PodDisruptionBudgets are honoured;
+        bare pods only when configured (nothing would recreate them); at most `evictions_per_pass` per
+        pass, the longest-running first, the rest deferred to the next pass."""
+        if not evicting:
             return
-        in_budget_class = self.settings.in_budget_priority_class
-        by_namespace: dict[str, list[TrackedPod]] = {}
+        reduced = self.settings.over_budget_priority_class
+        candidates: list[TrackedPod] = []
         for pod in self.registry.pods():
             info = pod.info
-            if (
-                states.get(info.namespace) == "exhausted"
-                and pod.running
-                and info.deleting_since is None
-                and (info.raw.get("spec") or {}).get("priorityClassName") == in_budget_class
-                and (info.has_controller or self.settings.evict_bare_pods)
-            ):
-                by_namespace.setdefault(info.namespace, []).append(pod)
-        for namespace, pods in sorted(by_namespace.items()):
+            exempt = evicting.get(info.namespace)
+            if exempt is None or not pod.running or info.deleting_since is not None:
+                continue
+            priority_class = (info.raw.get("spec") or {}).get("priorityClassName")
+            if priority_class == reduced or priority_class in exempt:
+                continue
+            if info.has_controller or self.settings.evict_bare_pods:
+                candidates.append(pod)
+        candidates.sort(key=lambda pod: (pod.info.started_at or self.clock.now(), pod.info.uid))
+        for pod in candidates:
+            if len(result.evicted) >= self.settings.evictions_per_pass:
+                result.deferred.append((pod.info.namespace, pod.info.name))
+                continue
             try:
-                if policy == "annotated":
-                    annotations = await self.kube.namespace_annotations(namespace)
-                    if annotations.get(EVICT_ANNOTATION) != "true":
-                        continue
-                for pod in pods:
-                    await self._evict(pod, result)
+                await self._evict(pod, result)
             except KubeError as error:
-                log.warning("downgrade_failed", extra={"namespace": namespace, "error": str(error)})
+                log.warning(
+                    "downgrade_failed",
+                    extra={"namespace": pod.info.namespace, "pod": pod.info.name, "error": str(error)},
+                )
 
     async def _evict(self, pod: TrackedPod, result: PassResult) -> None:
         info = pod.info

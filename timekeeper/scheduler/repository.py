@@ -1,31 +1,25 @@
 """SQL for the periodic jobs: claiming a job's window, closing out silent pods, folding old ledger rows
-into hourly aggregates."""
+into hourly aggregates. Core statements on the models; the roll-up stays one PostgreSQL statement (its
+multirange arithmetic has no Core spelling)."""
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-# A second claim of the same window conflicts: at once when the first is committed, after waiting on the
-# first's row lock when it is not (and it goes ahead if the first rolled back).
-_CLAIM = sa.text(
-    "INSERT INTO job_runs (job, window_start, ran_at, replica, detail) "
-    "VALUES (:job, :window_start, :now, :replica, '{}') ON CONFLICT DO NOTHING RETURNING job"
-)
-_RECORD = sa.text(
-    "UPDATE job_runs SET detail = CAST(:detail AS jsonb) WHERE job = :job AND window_start = :window_start"
-)
+from timekeeper.admission.models import NamespaceStatus
+from timekeeper.scheduler.models import JobRun
+from timekeeper.usage.models import PodCoverage
+
 # A pod counts as running until it sent its final report or was closed out after its last report.
-RUNNING_POD_SQL = "NOT final AND (closed_at IS NULL OR closed_at <= last_report_at)"
-_CLOSE_OUT = sa.text(
-    f"UPDATE pod_coverage SET closed_at = :now WHERE {RUNNING_POD_SQL} AND last_report_at < :silent_since "
-    "RETURNING namespace, pod, pod_uid"
+RUNNING_POD = sa.and_(
+    sa.not_(PodCoverage.final),
+    sa.or_(PodCoverage.closed_at.is_(None), PodCoverage.closed_at <= PodCoverage.last_report_at),
 )
-_RUNNING = sa.text(f"SELECT count(*) FROM pod_coverage WHERE {RUNNING_POD_SQL}")
 # Ledger rows that ended before the cutoff are deleted and their charged time, split at hour boundaries,
 # is added to the (pod, hour, share) aggregate, in one statement: exactly the deleted rows are folded.
 # A row counts once in each hour its charged time touches (as the usage query's hour grouping does).
@@ -69,15 +63,24 @@ class SchedulerRepository:
         self.session = session
 
     async def claim(self, job: str, window_start: datetime, now: datetime, replica: str) -> bool:
-        """Record the job's run for the window; False when the window already ran (nothing to do)."""
-        result = await self.session.execute(
-            _CLAIM, {"job": job, "window_start": window_start, "now": now, "replica": replica}
+        """Record the job's run for the window; False when the window already ran (nothing to do).
+
+        A second claim of the same window conflicts: at once when the first is committed, after waiting
+        on the first's row lock when it is not (and it goes ahead if the first rolled back)."""
+        claimed = await self.session.execute(
+            insert(JobRun)
+            .values(job=job, window_start=window_start, ran_at=now, replica=replica, detail={})
+            .on_conflict_do_nothing()
+            .returning(JobRun.job)
         )
-        return result.first() is not None
+        return claimed.first() is not None
 
     async def record(self, job: str, window_start: datetime, detail: dict[str, Any]) -> None:
         await self.session.execute(
-            _RECORD, {"job": job, "window_start": window_start, "detail": json.dumps(detail)}
+            sa.update(JobRun)
+            .where(JobRun.job == job, JobRun.window_start == window_start)
+            .values(detail=detail)
+            .execution_options(synchronize_session=False)
         )
 
     async def lock_states(self) -> None:
@@ -85,16 +88,25 @@ class SchedulerRepository:
         meanwhile then writes its state after ours, and one that committed first is in the totals we read
         next. Without it, a sweep could overwrite a fresher state with one computed from older totals."""
         await self.session.execute(
-            sa.text("SELECT namespace FROM namespace_status ORDER BY namespace FOR UPDATE")
+            sa.select(NamespaceStatus.namespace).order_by(NamespaceStatus.namespace).with_for_update()
         )
 
     async def close_out(self, now: datetime, silent_since: datetime) -> list[tuple[str, str, str]]:
         """Close the pods that are running but sent nothing since `silent_since`."""
-        result = await self.session.execute(_CLOSE_OUT, {"now": now, "silent_since": silent_since})
+        result = await self.session.execute(
+            sa.update(PodCoverage)
+            .where(RUNNING_POD, PodCoverage.last_report_at < silent_since)
+            .values(closed_at=now)
+            .returning(PodCoverage.namespace, PodCoverage.pod, PodCoverage.pod_uid)
+            .execution_options(synchronize_session=False)
+        )
         return [(row.namespace, row.pod, row.pod_uid) for row in result]
 
     async def running_pods(self) -> int:
-        return int((await self.session.execute(_RUNNING)).scalar_one())
+        count = await self.session.scalar(
+            sa.select(sa.func.count()).select_from(PodCoverage).where(RUNNING_POD)
+        )
+        return int(count or 0)
 
     async def roll_up(self, cutoff: datetime) -> tuple[int, int]:
         """(ledger rows folded, hourly rows written) for the rows that ended by the cutoff."""

@@ -1,0 +1,60 @@
+"""The kubelet's PodResources API (v1, `List`) over its unix socket: which devices each pod was given.
+
+Device plugins' device IDs are GPU UUIDs (`nvidia.com/gpu`), MIG UUIDs (`nvidia.com/mig-1g.10gb`), UUIDs
+with a time-slicing replica suffix (`GPU-...::3`), or scheduler-specific IDs that embed a UUID (HAMi's
+`GPU-...-0`); DRA claims name their devices through CDI device names and driver/pool/device triplets. The
+agent keeps every ID and matches it against the node's NVML UUIDs (`nodeagent.attribution`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from nodeagent.podresources.v1 import api_pb2, api_pb2_grpc
+
+
+@dataclass(frozen=True, slots=True)
+class PodAllocation:
+    """Every device ID the kubelet lists for one pod, over all its containers (device plugins and DRA)."""
+
+    device_ids: tuple[str, ...] = ()
+    dra_devices: tuple[str, ...] = field(default=())
+
+
+def allocations(response: api_pb2.ListPodResourcesResponse) -> dict[tuple[str, str], PodAllocation]:
+    """(namespace, pod name) -> the pod's device IDs, from a List answer."""
+    found: dict[tuple[str, str], PodAllocation] = {}
+    for pod in response.pod_resources:
+        device_ids: list[str] = []
+        dra: list[str] = []
+        for container in pod.containers:
+            for devices in container.devices:
+                device_ids.extend(devices.device_ids)
+            for claim in container.dynamic_resources:
+                for resource in claim.claim_resources:
+                    dra.append(resource.device_name)
+                    dra.extend(cdi.name for cdi in resource.cdi_devices)
+        if device_ids or dra:
+            found[(pod.namespace, pod.name)] = PodAllocation(
+                tuple(dict.fromkeys(device_ids)), tuple(dict.fromkeys(dra))
+            )
+    return found
+
+
+class PodResourcesClient:
+    """A gRPC channel to the kubelet's pod-resources socket; `list()` once per sample."""
+
+    def __init__(self, socket: Path, timeout_seconds: float) -> None:
+        self._channel = grpc.insecure_channel(f"unix://{socket}")
+        self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
+        self._timeout = timeout_seconds
+
+    def list(self) -> dict[tuple[str, str], PodAllocation]:
+        """Raises grpc.RpcError when the kubelet does not answer."""
+        return allocations(self._stub.List(api_pb2.ListPodResourcesRequest(), timeout=self._timeout))
+
+    def close(self) -> None:
+        self._channel.close()

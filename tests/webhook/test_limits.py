@@ -1,0 +1,248 @@
+"""What one client may cost the webhook (docs/webhook.md, "Limits"), over real HTTPS.
+
+Each limit is held against the probe that found it unbounded (issue #20): a 100 MB body read whole, slow
+request heads held for ever, 2,000 idle connections all kept, a 10,000-container review stalling others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import yaml
+
+from tests.support.admission_state_server import StateServer
+from tests.support.pods import container, pod, review
+from tests.support.processes import REPO_ROOT, free_port
+from tests.support.raw_https import is_open, open_tls, post, send_endless_body
+from tests.webhook.conftest import Tls, Webhook, running_module, serve_webhook
+
+MIB = 2**20
+
+
+def _context(tls: Tls) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(tls.ca_file))
+
+
+def _peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM in /proc")
+
+
+@contextlib.contextmanager
+def _webhook_process(tls: Tls, state: StateServer) -> Iterator[tuple[int, int]]:
+    """`python -m webhook` with its default limits; (port, pid)."""
+    port = free_port()
+    env = {
+        "WEBHOOK_TLS_CERT_FILE": str(tls.cert_file),
+        "WEBHOOK_TLS_KEY_FILE": str(tls.key_file),
+        "WEBHOOK_TIMEKEEPER_URL": state.url,
+    }
+
+    def ready() -> bool:  # a connection per probe: an idle one would hold up the process's exit
+        return httpx.get(f"https://localhost:{port}/healthz", verify=_context(tls)).status_code == 200
+
+    with running_module("webhook", port, env, ready) as child:
+        yield port, child.pid
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_a_100_mb_body_is_refused_without_being_read_whole(
+    tls: Tls, state: StateServer, chunked: bool
+) -> None:
+    with _webhook_process(tls, state) as (port, pid):
+        at_rest = _peak_rss_mib(pid)
+
+        async def probe() -> tuple[str, int]:
+            return await send_endless_body(await open_tls(port, _context(tls)), 100_000_000, chunked=chunked)
+
+        status, sent = asyncio.run(probe())
+        peak = _peak_rss_mib(pid)
+
+    assert status.startswith("HTTP/1.1 413")
+    assert sent < 20 * MIB  # answered long before the client was done
+    assert peak - at_rest < 16  # MiB: the body's first megabyte, never its hundred
+
+
+def test_a_body_over_the_limit_is_refused_413_with_the_reason(webhook: Webhook) -> None:
+    big = orjson.dumps(review(pod(container("main"), annotations={"note": "x" * 2 * MIB})))
+    answer = webhook.post("/mutate", big)
+
+    assert answer.status_code == 413
+    assert answer.body["detail"] == f"the body ({len(big)} bytes) is over the limit of {MIB} bytes"
+    assert webhook.metric("webhook_requests_refused_total", reason="body_too_large") >= 1
+
+
+@pytest.fixture(scope="module")
+def strict(tls: Tls, state: StateServer) -> Iterator[Webhook]:
+    """A webhook with small limits: 3 connections, a request in 1 s, a 2 KiB head, 5 containers."""
+    with serve_webhook(
+        tls,
+        state,
+        max_connections=3,
+        request_timeout_seconds=1.0,
+        max_header_bytes=2048,
+        max_containers=5,
+    ) as served:
+        yield served
+
+
+def test_a_slow_request_head_is_timed_out(strict: Webhook, tls: Tls) -> None:
+    port = httpx.URL(strict.url).port
+    assert port is not None
+    before = strict.metric("webhook_requests_refused_total", reason="request_timeout")
+
+    async def slow_then_whole() -> tuple[bool, bool, bytes]:
+        reader, writer = await open_tls(port, _context(tls))
+        writer.write(b"POST /mutate HTTP/1.1\r\nHost: webhook\r\n")  # and nothing more
+        held_at_first = await is_open(reader)
+        dropped = await asyncio.wait_for(reader.read(), timeout=20) == b""
+        writer.close()
+        return held_at_first, dropped, await post(port, _context(tls), "/mutate", b"{")
+
+    held_at_first, dropped, after = asyncio.run(slow_then_whole())
+
+    assert held_at_first and dropped
+    assert strict.metric("webhook_requests_refused_total", reason="request_timeout") == before + 1
+    assert after.startswith(b"HTTP/1.1 400")  # a whole request on a new connection is served
+
+
+def test_a_body_trickled_past_the_deadline_is_dropped(strict: Webhook, tls: Tls) -> None:
+    port = httpx.URL(strict.url).port
+    assert port is not None
+
+    async def trickle() -> bool:
+        reader, writer = await open_tls(port, _context(tls))
+        writer.write(b"POST /mutate HTTP/1.1\r\nHost: webhook\r\nContent-Length: 1000\r\n\r\n{")
+        for _ in range(40):
+            if not await is_open(reader, wait=0.5):
+                return True
+            writer.write(b" ")
+        return False
+
+    assert asyncio.run(trickle())
+
+
+def test_a_request_head_over_the_limit_answers_431(strict: Webhook, tls: Tls) -> None:
+    port = httpx.URL(strict.url).port
+    assert port is not None
+
+    async def long_head() -> bytes:
+        reader, writer = await open_tls(port, _context(tls))
+        writer.write(b"POST /mutate HTTP/1.1\r\nHost: webhook\r\n")
+        with contextlib.suppress(ConnectionError):  # the server may close while we still write
+            for _ in range(10):
+                writer.write(b"X-Padding: " + b"p" * 1000 + b"\r\n")
+                await writer.drain()
+                await asyncio.sleep(0.01)
+        answer = await asyncio.wait_for(reader.read(), timeout=20)
+        writer.close()
+        return answer
+
+    assert asyncio.run(long_head()).startswith(b"HTTP/1.1 431")
+
+
+def test_connections_beyond_the_cap_are_dropped(strict: Webhook, tls: Tls) -> None:
+    port = httpx.URL(strict.url).port
+    assert port is not None
+    before = strict.metric("webhook_requests_refused_total", reason="over_capacity")  # its own connection
+
+    async def fill() -> tuple[list[bool], bool, bool]:
+        held = [await open_tls(port, _context(tls)) for _ in range(2)]  # with the client's: the cap of 3
+        kept = [await is_open(reader) for reader, _ in held]
+        extra_reader, extra = await open_tls(port, _context(tls))
+        refused = not await is_open(extra_reader, wait=5)
+        extra.close()
+        for _, writer in held:
+            writer.close()
+        for _ in range(50):  # until the server has seen them close
+            with contextlib.suppress(ConnectionError, ssl.SSLError):
+                if (await post(port, _context(tls), "/mutate", b"{")).startswith(b"HTTP/1.1 400"):
+                    return kept, refused, True
+            await asyncio.sleep(0.1)
+        return kept, refused, False
+
+    kept, refused, served_after = asyncio.run(fill())
+
+    assert kept == [True, True]
+    assert refused
+    assert served_after
+    assert strict.metric("webhook_requests_refused_total", reason="over_capacity") == before + 1
+
+
+def _pod_with(count: int, **overrides: Any) -> dict[str, Any]:
+    """A GPU pod of `count` lean containers (10,000 of them fit in the 1 MiB body limit)."""
+    lean = ({"name": f"c{i}", "resources": {"limits": {"nvidia.com/gpu": 1}}} for i in range(count))
+    return pod(*lean, **overrides)
+
+
+@pytest.mark.parametrize("path", ["/mutate", "/validate"])
+def test_a_pod_over_the_container_cap_is_denied_with_the_reason(strict: Webhook, path: str) -> None:
+    answer = strict.post(path, review(_pod_with(6)))
+
+    assert answer.status_code == 200
+    assert not answer.allowed
+    assert answer.message == (
+        "pod work in namespace team-a: has 6 containers (init, app and ephemeral), more than the 5"
+        " gpu-timekeeper admits (WEBHOOK_MAX_CONTAINERS)"
+    )
+    assert strict.post(path, review(_pod_with(5))).status_code == 200
+
+
+def test_a_pod_over_the_cap_is_denied_unread(strict: Webhook) -> None:
+    """Garbage in the containers would be a 400 if the pod were read; over the cap it is not."""
+    unread = _pod_with(6)
+    unread["spec"]["containers"][3]["resources"] = "not an object"
+    answer = strict.post("/validate", review(unread))
+
+    assert answer.status_code == 200 and "has 6 containers" in answer.message
+    read = _pod_with(5)
+    read["spec"]["containers"][3]["resources"] = "not an object"
+    assert strict.post("/validate", review(read)).status_code == 400
+
+
+def test_the_cap_counts_init_and_ephemeral_containers_and_spares_updates(strict: Webhook) -> None:
+    within = _pod_with(2, init=(container("i1"), container("i2")), ephemeralContainers=[container("debug")])
+    assert "containers (init, app and ephemeral)" not in strict.validate(within).message
+    within["spec"]["ephemeralContainers"].append(container("debug-2"))
+    assert "has 6 containers" in strict.validate(within).message
+    running = _pod_with(6)
+    assert strict.validate(running, operation="UPDATE", old=running).allowed  # never stuck on a later cap
+
+
+def _api_server_timeout_seconds() -> float:
+    """The shortest timeoutSeconds deployment/ registers the webhooks with: the API server's patience."""
+    manifests = yaml.safe_load_all(
+        (REPO_ROOT / "deployment/base/webhook/webhookconfigurations.yaml").read_text()
+    )
+    return min(hook["timeoutSeconds"] for manifest in manifests for hook in manifest["webhooks"])
+
+
+def test_reviews_of_10000_containers_do_not_hold_up_a_normal_admission(webhook: Webhook, tls: Tls) -> None:
+    port = httpx.URL(webhook.url).port
+    assert port is not None
+    huge = orjson.dumps(review(_pod_with(10_000)))
+    normal = orjson.dumps(review(pod(container("main", {"nvidia.com/gpu": 1}))))
+
+    async def beside() -> tuple[list[bytes], bytes]:
+        huge_calls = [asyncio.create_task(post(port, _context(tls), "/validate", huge)) for _ in range(4)]
+        await asyncio.sleep(0.05)
+        answer = await asyncio.wait_for(
+            post(port, _context(tls), "/mutate", normal), timeout=_api_server_timeout_seconds()
+        )
+        return await asyncio.gather(*huge_calls), answer
+
+    huge_answers, answer = asyncio.run(beside())
+
+    assert answer.startswith(b"HTTP/1.1 200") and b'"patchType":"JSONPatch"' in answer
+    for huge_answer in huge_answers:
+        assert b"has 10000 containers" in huge_answer

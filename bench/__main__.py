@@ -1,9 +1,9 @@
 """`make bench`: every benchmark, one after the other on this machine, into bench/RESULTS.md.
 
 Sections: timekeeper ingest, budget reads and the admission snapshot (bench.ingest); webhook admissions
-(bench.admission); the sidecar's footprint (bench.sidecar_bench). Each runs on its own so they never
-compete for the cores; the machine's load average before and after is recorded, because figures taken
-on a busy machine are lower than the machine can do.
+(bench.admission) and the webhook under hostile clients (bench.hostile); the sidecar's footprint
+(bench.sidecar_bench). Each runs on its own so they never compete for the cores; the machine's load
+average before and after is recorded, because figures taken on a busy machine are lower than it can do.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from bench import admission, ingest, sidecar_bench
-from bench.common import RESULTS_FILE, Section, write_results
+from bench import admission, hostile, ingest, sidecar_bench
+from bench.common import RESULTS_FILE, Section, progress, write_results
 
 
 def _load() -> str:
@@ -32,7 +32,11 @@ def main() -> None:
     args = parser.parse_args()
     before = _load()
     sections = ingest.run(args.seconds, args.connections, args.workers, args.replicas)
+    progress("webhook admissions")
     sections.append(admission.run(args.seconds))
+    progress("webhook under hostile input")
+    sections.append(hostile.run())
+    progress(f"sidecar footprint, {args.sidecar_seconds:g}s")
     sections.append(sidecar_bench.run(args.sidecar_seconds))
     sections.append(
         Section(

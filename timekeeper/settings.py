@@ -14,6 +14,7 @@ from gpuaccounting.clock import WallClock, build_clock
 from gpuaccounting.hardware import load_hardware
 from gpuaccounting.names import DEFAULT_IN_BUDGET_PRIORITY_CLASS, DEFAULT_OVER_BUDGET_PRIORITY_CLASS
 from gpuaccounting.shares import GpuHardware
+from timekeeper.schemas import NamespaceName
 
 TokenDigests = Annotated[tuple[str, ...], NoDecode]
 
@@ -32,7 +33,16 @@ class Settings(BaseSettings):
     admin_token_sha256: TokenDigests = ()
     reporter_token_sha256: TokenDigests = ()
     reader_token_sha256: TokenDigests = ()
+    reader_tokens: dict[str, tuple[NamespaceName, ...]] = Field(
+        default_factory=dict,
+        description='Static mode: reader tokens scoped to namespaces, JSON {"<sha256>": ["team-a", ...]}.',
+    )
     anonymous_read: bool = False
+    metrics_auth: Literal["open", "token"] = Field(
+        default="open",
+        description="token: /metrics needs a metrics token or a credential that may read every namespace.",
+    )
+    metrics_token_sha256: TokenDigests = ()
 
     in_budget_priority_class: str = DEFAULT_IN_BUDGET_PRIORITY_CLASS
     over_budget_priority_class: str = DEFAULT_OVER_BUDGET_PRIORITY_CLASS
@@ -42,6 +52,11 @@ class Settings(BaseSettings):
     )
     max_report_interval: timedelta = Field(
         default=timedelta(hours=1), description="Longest accepted interval."
+    )
+    max_report_age: timedelta = Field(
+        default=timedelta(days=31),
+        description="Oldest accepted interval start: time a sidecar buffered through an outage still lands "
+        "in the previous period; anything older is refused.",
     )
     max_gpu_share: float = Field(default=256.0, gt=0, description="Largest believable GPU share of one pod.")
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, description="Largest accepted request body.")
@@ -115,23 +130,48 @@ class Settings(BaseSettings):
         default=timedelta(days=7), description="Raw ledger rows older than this are folded into hours."
     )
 
-    @field_validator("admin_token_sha256", "reporter_token_sha256", "reader_token_sha256", mode="before")
+    @field_validator(
+        "admin_token_sha256",
+        "reporter_token_sha256",
+        "reader_token_sha256",
+        "metrics_token_sha256",
+        mode="before",
+    )
     @classmethod
     def _split_digests(cls, value: object) -> object:
         """Comma-separated hex digests; a malformed one fails at start rather than never matching."""
         if isinstance(value, str):
             value = [part.strip() for part in value.split(",") if part.strip()]
         if isinstance(value, list | tuple):
-            digests = tuple(str(part).lower() for part in value)
-            for digest in digests:
-                if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-                    raise ValueError("token digests must be 64 hex characters (SHA-256)")
-            return digests
+            return tuple(_digest(str(part)) for part in value)
         return value
+
+    @field_validator("reader_tokens")
+    @classmethod
+    def _scoped_readers(cls, value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        """Each digest well formed and given at least one namespace (a token scoped to nothing is a typo)."""
+        scoped = {_digest(digest): tuple(sorted(set(namespaces))) for digest, namespaces in value.items()}
+        if any(not namespaces for namespaces in scoped.values()):
+            raise ValueError("a scoped reader token needs at least one namespace")
+        return scoped
+
+    @model_validator(mode="after")
+    def _one_role_per_token(self) -> Settings:
+        """A digest configured twice would hold whichever role was looked up first: refused at start."""
+        digests = [
+            *self.admin_token_sha256,
+            *self.reporter_token_sha256,
+            *self.reader_token_sha256,
+            *self.reader_tokens,
+        ]
+        if len(digests) != len(set(digests)):
+            raise ValueError("a token digest is configured for more than one role")
+        return self
 
     @field_validator(
         "clock_skew",
         "max_report_interval",
+        "max_report_age",
         "leader_retry_interval",
         "rollover_interval",
         "states_interval",
@@ -176,6 +216,13 @@ class Settings(BaseSettings):
     @classmethod
     def _normalise_url(cls, value: str | None) -> str | None:
         return normalise_database_url(value) if value else None
+
+
+def _digest(value: str) -> str:
+    digest = value.strip().lower()
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise ValueError("token digests must be 64 hex characters (SHA-256)")
+    return digest
 
 
 def normalise_database_url(url: str) -> str:

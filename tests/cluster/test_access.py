@@ -55,10 +55,11 @@ def test_a_pod_bound_token_reports_for_its_pod_only(
     accepted = report(api, token, trainer)
     for_another = report(api, token, other)
     wrong_uid = report(api, token, trainer, seq=2, pod_uid=other["metadata"]["uid"])
+    elsewhere = report(api, token, trainer, seq=3, namespace="kube-system")
 
     assert accepted.status_code == 200, accepted.text
     assert Decimal(str(accepted.json()["gpu_minutes"])) == 1
-    assert (for_another.status_code, wrong_uid.status_code) == (403, 403)
+    assert (for_another.status_code, wrong_uid.status_code, elsewhere.status_code) == (403, 403, 403)
     assert Decimal(str(api.budget(namespace)["used_gpu_minutes"])) == 1
 
 
@@ -67,10 +68,12 @@ def test_unknown_tokens_for_another_audience_or_a_deleted_pod_cannot_report(
 ) -> None:
     trainer = gpu_pod(kubectl, namespace, "trainer")
     api_audience = service_account_token(core, namespace, "default", pod=trainer)
+    vault = service_account_token(core, namespace, "default", audiences=("vault",), pod=trainer)
     unbound = service_account_token(core, namespace, "default", audiences=("gpu-timekeeper",))
     bound = sidecar_token(core, trainer)
 
     assert report(api, "not-a-token", trainer).status_code == 401
+    assert report(api, vault, trainer).status_code == 401  # pod-bound, but for another service
     assert report(api, api_audience, trainer).status_code == 403  # a user of the API server, not a pod
     assert report(api, unbound, trainer).status_code == 403  # no pod in the token
     kubectl.run("delete", "pod", "trainer", "-n", namespace, "--grace-period=0", "--force")

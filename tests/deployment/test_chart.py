@@ -16,6 +16,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -31,9 +32,12 @@ from tests.deployment.conftest import (
     one,
     pod_specs,
 )
+from tests.deployment.test_manifests import KUBERNETES_VERSIONS
 from webhook.settings import WebhookSettings
 
 PRODUCTION_VALUES = CHART_VALUES["production"]
+# Labels that carry meaning beyond Helm's bookkeeping: role aggregation, Pod Security levels.
+KEPT_LABELS = ("rbac.authorization.k8s.io/", "pod-security.kubernetes.io/")
 # Env the chart gives the webhook beyond the overlay's: the priority classes it creates (one value feeds
 # both) and the sidecar's pull policy (image.pullPolicy).
 CHART_ONLY_WEBHOOK_ENV = {
@@ -124,7 +128,7 @@ def _normalised(obj: dict[str, Any]) -> dict[str, Any]:
     the selectors built from them, and the pull policy the chart makes a value."""
     obj = copy.deepcopy(obj)
     metadata = obj.pop("metadata")
-    kept_labels = {k: v for k, v in metadata.get("labels", {}).items() if k.startswith("rbac.authorization")}
+    kept_labels = {k: v for k, v in metadata.get("labels", {}).items() if k.startswith(KEPT_LABELS)}
     kept_annotations = {
         k: v for k, v in metadata.get("annotations", {}).items() if k.startswith("cert-manager.io")
     }
@@ -333,7 +337,25 @@ def test_network_policies_open_only_the_serving_ports():
         for p in find(objects, "NetworkPolicy")
         if p["metadata"]["name"] != "gpu-timekeeper-postgres"
     }
+<<<<<<< HEAD
     assert ports == {
         "gpu-timekeeper": [{"port": "http", "protocol": "TCP"}],
         "gpu-timekeeper-webhook": [{"port": "https", "protocol": "TCP"}],
     }
+=======
+    assert ports == {"gpu-timekeeper": [{"port": "http"}], "gpu-timekeeper-webhook": [{"port": "https"}]}
+
+
+def test_the_node_agent_is_deployment_nodeagent_in_its_own_namespace():
+    """Opt-in; the same objects and fields as `kubectl apply -k deployment/nodeagent`."""
+    assert not [o for o in helm_template() if o["metadata"].get("namespace") == "gpu-timekeeper-node"]
+    objects = helm_template("--set", "nodeAgent.enabled=true")
+    chart = {(o["kind"], o["metadata"]["name"]): o for o in objects if "nodeagent" in o["metadata"]["name"]}
+    chart[("Namespace", "gpu-timekeeper-node")] = one(objects, "Namespace", "gpu-timekeeper-node")
+    kustomized = {(o["kind"], o["metadata"]["name"]): o for o in kustomize(DEPLOYMENT / "nodeagent")}
+    assert set(chart) == set(kustomized)
+    for key, expected in kustomized.items():
+        assert _normalised(chart[key]) == _normalised(expected), key
+    for obj in chart.values():
+        kubernetes_validate.validate(obj, KUBERNETES_VERSIONS[-1], strict=True)
+>>>>>>> main

@@ -112,10 +112,3 @@ def bind_namespace_viewer(server: KubeApiServer, namespace: str, user: str) -> N
     """Make `user` a member of `namespace` the usual way: the `view` ClusterRole bound in the namespace."""
     subject = {"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}
     server.put(_binding("RoleBinding", f"{user}-view", "view", subject, namespace))
-
-
-def bind_cluster_role(server: KubeApiServer, role: str, user: str, namespace: str | None = None) -> None:
-    """Grant a ClusterRole to a user cluster-wide, or (with `namespace`) in one namespace only."""
-    subject = {"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}
-    kind = "RoleBinding" if namespace else "ClusterRoleBinding"
-    server.put(_binding(kind, f"{user}-{role}", role, subject, namespace))

@@ -37,9 +37,13 @@ async def _principal(
     return principal
 
 
-async def bearer_principal(request: Request) -> Principal:
-    """The request's principal without FastAPI's dependency resolution (the ingest hot path)."""
-    return await _principal(request, await _bearer(request))
+async def authenticated(request: Request) -> Principal:
+    """The request's principal, refusing anonymous callers (401), for an endpoint that authenticates
+    before it reads its body (POST /reports)."""
+    principal = await _principal(request, await _bearer(request))
+    if principal is ANONYMOUS:
+        raise TimekeeperError("authentication required", 401, _UNAUTHENTICATED)
+    return principal
 
 
 AuthenticatedPrincipal = Annotated[Principal, Depends(_principal)]
@@ -57,6 +61,33 @@ def require(action: Action) -> Callable[..., Awaitable[Principal]]:
 
 Reader = Annotated[Principal, Depends(require(Action.READ))]
 Admin = Annotated[Principal, Depends(require(Action.ADMIN))]
+
+
+async def _read_scope(request: Request, principal: AuthenticatedPrincipal) -> frozenset[str] | None:
+    """Which namespaces a listing may show the caller: a scoped credential's own, else (None) every
+    namespace, for a caller that may read cluster-wide."""
+    if principal.namespaces is not None:
+        return principal.namespaces
+    await authorize(request, principal, Action.READ, None)
+    return None
+
+
+ReadScope = Annotated[frozenset[str] | None, Depends(_read_scope)]
+
+
+async def _metrics_access(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> None:
+    """`TIMEKEEPER_METRICS_AUTH=token`: a metrics token, or a credential that may read every namespace
+    (the scrape shows them all)."""
+    if request.app.state.settings.metrics_auth == "open":
+        return
+    if credentials is not None and request.app.state.metrics_tokens.match(credentials.credentials):
+        return
+    await authorize(request, await _principal(request, credentials), Action.READ, None)
+
+
+MetricsAccess = Depends(_metrics_access)
 
 
 def check_pod_identity(principal: Principal, namespace: str, pod: str, pod_uid: str) -> None:

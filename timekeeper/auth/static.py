@@ -1,17 +1,18 @@
 """Static mode: bearer tokens checked against SHA-256 digests kept in settings, for clusters-less runs.
 
 Roles: admin tokens may do everything; reporter tokens may report for any pod and read; reader tokens
-may read. The principal's name (what the audit log records) names the role and the digest's first
-characters, never the token.
+may read, every namespace (`TIMEKEEPER_READER_TOKEN_SHA256`) or only the namespaces they are scoped to
+(`TIMEKEEPER_READER_TOKENS`). The principal's name (what the audit log records) names the role and the
+digest's first characters, never the token.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from timekeeper.auth.base import Action, Principal
+from timekeeper.auth.digests import TokenDigests
 from timekeeper.settings import Settings
 
 _ROLE_ACTIONS: dict[str, frozenset[Action]] = {
@@ -21,31 +22,42 @@ _ROLE_ACTIONS: dict[str, frozenset[Action]] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class _Grant:
+    role: str
+    namespaces: frozenset[str] | None  # None: every namespace
+
+
 class StaticAccessControl:
-    def __init__(self, admin: Iterable[str], reporter: Iterable[str], reader: Iterable[str]) -> None:
-        self._digests: list[tuple[bytes, str]] = [
-            (digest.lower().encode(), role)
-            for role, digests in (("admin", admin), ("reporter", reporter), ("reader", reader))
-            for digest in digests
-        ]
+    def __init__(
+        self,
+        admin: Iterable[str],
+        reporter: Iterable[str],
+        reader: Iterable[str],
+        scoped_readers: Mapping[str, Iterable[str]] | None = None,
+    ) -> None:
+        self._grants: dict[str, _Grant] = {}
+        for role, digests in (("admin", admin), ("reporter", reporter), ("reader", reader)):
+            self._grants.update((digest.lower(), _Grant(role, None)) for digest in digests)
+        for digest, namespaces in (scoped_readers or {}).items():
+            self._grants[digest.lower()] = _Grant("reader", frozenset(namespaces))
+        self._accepted = TokenDigests(self._grants)
         self._roles: dict[str, str] = {}
 
     async def authenticate(self, token: str) -> Principal | None:
-        presented = hashlib.sha256(token.encode()).hexdigest().encode()
-        matched: str | None = None
-        # Compare against every digest without stopping early, so timing says nothing about which matched.
-        for digest, role in self._digests:
-            if hmac.compare_digest(presented, digest) and matched is None:
-                matched = role
-        if matched is None:
+        digest = self._accepted.match(token)
+        if digest is None:
             return None
-        name = f"{matched}-token:{presented[:12].decode()}"
-        self._roles[name] = matched
-        return Principal(name=name)
+        grant = self._grants[digest]
+        name = f"{grant.role}-token:{digest[:12]}"
+        self._roles[name] = grant.role
+        return Principal(name=name, namespaces=grant.namespaces)
 
     async def authorize(self, principal: Principal, action: Action, namespace: str | None) -> bool:
         role = self._roles.get(principal.name)
-        return role is not None and action in _ROLE_ACTIONS[role]
+        if role is None or action not in _ROLE_ACTIONS[role]:
+            return False
+        return principal.namespaces is None or namespace in principal.namespaces
 
     async def aclose(self) -> None:
         self._roles.clear()
@@ -53,5 +65,8 @@ class StaticAccessControl:
 
 def build_static(settings: Settings) -> StaticAccessControl:
     return StaticAccessControl(
-        settings.admin_token_sha256, settings.reporter_token_sha256, settings.reader_token_sha256
+        settings.admin_token_sha256,
+        settings.reporter_token_sha256,
+        settings.reader_token_sha256,
+        settings.reader_tokens,
     )

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 
-from timekeeper.auth.dependencies import Admin, Reader
+from timekeeper.auth.dependencies import Admin, Reader, ReadScope
 from timekeeper.budgets.schemas import BudgetConfigOut, BudgetIn, GrantIn, GrantOut, NamespaceBudgetOut
 from timekeeper.budgets.service import BudgetService
 from timekeeper.db.session import SessionDep
@@ -24,8 +24,9 @@ Service = Annotated[BudgetService, Depends(_service)]
 
 
 @router.get("/namespaces", response_model=list[NamespaceBudgetOut])
-async def list_namespaces(service: Service, _: Reader) -> list[NamespaceBudgetOut]:
-    return await service.all()
+async def list_namespaces(service: Service, scope: ReadScope) -> list[NamespaceBudgetOut]:
+    """Every known namespace; for a credential scoped to namespaces, exactly those."""
+    return await service.all() if scope is None else await service.some(sorted(scope))
 
 
 @router.get("/namespaces/{namespace}/budget", response_model=NamespaceBudgetOut)

@@ -109,6 +109,11 @@ class BudgetService:
         now = self.clock.now()
         return [self._out(figures, now) for figures in await self.repository.figures(now)]
 
+    async def some(self, namespaces: list[str]) -> list[NamespaceBudgetOut]:
+        """Exactly these namespaces (known or not, as `status`)."""
+        now = self.clock.now()
+        return [self._out(figures, now) for figures in await self.repository.figures(now, namespaces)]
+
     async def _settle(
         self, namespaces: list[str] | None, kind_before: PeriodKind, kind_after: PeriodKind
     ) -> None:

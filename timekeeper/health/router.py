@@ -8,6 +8,7 @@ import sqlalchemy as sa
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from timekeeper.auth.dependencies import MetricsAccess
 from timekeeper.budgets.service import BudgetService
 from timekeeper.db.session import SessionDep
 from timekeeper.errors import TimekeeperError
@@ -34,7 +35,9 @@ async def readyz(request: Request) -> dict[str, Any]:
     return {"status": "ready"} | ({} if scheduler is None else {"scheduler": scheduler.status()})
 
 
-@router.get("/metrics", response_class=Response)
+@router.get(
+    "/metrics", response_class=Response, dependencies=[MetricsAccess], responses=error_responses(401, 403)
+)
 async def metrics(request: Request, session: SessionDep) -> Response:
     registry: Metrics = request.app.state.metrics
     statuses = await BudgetService(session, request.app.state.settings, request.app.state.clock).all()

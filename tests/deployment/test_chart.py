@@ -337,13 +337,10 @@ def test_network_policies_open_only_the_serving_ports():
         for p in find(objects, "NetworkPolicy")
         if p["metadata"]["name"] != "gpu-timekeeper-postgres"
     }
-<<<<<<< HEAD
     assert ports == {
         "gpu-timekeeper": [{"port": "http", "protocol": "TCP"}],
         "gpu-timekeeper-webhook": [{"port": "https", "protocol": "TCP"}],
     }
-=======
-    assert ports == {"gpu-timekeeper": [{"port": "http"}], "gpu-timekeeper-webhook": [{"port": "https"}]}
 
 
 def test_the_node_agent_is_deployment_nodeagent_in_its_own_namespace():
@@ -358,4 +355,3 @@ def test_the_node_agent_is_deployment_nodeagent_in_its_own_namespace():
         assert _normalised(chart[key]) == _normalised(expected), key
     for obj in chart.values():
         kubernetes_validate.validate(obj, KUBERNETES_VERSIONS[-1], strict=True)
->>>>>>> main

@@ -12,7 +12,7 @@ import argparse
 import os
 
 from bench import admission, hostile, ingest, sidecar_bench
-from bench.common import RESULTS_FILE, Section, write_results
+from bench.common import RESULTS_FILE, Section, progress, write_results
 
 
 def _load() -> str:
@@ -32,8 +32,11 @@ def main() -> None:
     args = parser.parse_args()
     before = _load()
     sections = ingest.run(args.seconds, args.connections, args.workers, args.replicas)
+    progress("webhook admissions")
     sections.append(admission.run(args.seconds))
+    progress("webhook under hostile input")
     sections.append(hostile.run())
+    progress(f"sidecar footprint, {args.sidecar_seconds:g}s")
     sections.append(sidecar_bench.run(args.sidecar_seconds))
     sections.append(
         Section(

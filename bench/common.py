@@ -49,6 +49,12 @@ class Section:
     notes: list[str] = field(default_factory=list)
 
 
+def progress(message: str) -> None:
+    """One line on stderr as each step begins, so a long `make bench` is never silent."""
+    one, _, _ = os.getloadavg()
+    print(f"[bench {datetime.now(UTC):%H:%M:%S} load {one:.1f}] {message}", file=sys.stderr, flush=True)
+
+
 def percentile(samples: Sequence[float], fraction: float) -> float:
     """Nearest-rank percentile; fraction in [0, 1]."""
     if not samples:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import secrets
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -23,7 +25,17 @@ import httpx
 import psycopg
 
 from bench.baseline_db import insert_commit_rate
-from bench.common import PYTHON, REPO_ROOT, Figure, Section, free_port, percentile, process, write_results
+from bench.common import (
+    PYTHON,
+    REPO_ROOT,
+    Figure,
+    Section,
+    free_port,
+    percentile,
+    process,
+    progress,
+    write_results,
+)
 from bench.wrk import WrkResult, combine, run_wrk
 from tests.support.postgres import url_string
 from tests.support.timekeeper import migrated_database
@@ -31,6 +43,16 @@ from tests.support.timekeeper import migrated_database
 OUT = REPO_ROOT / "bench" / "out" / "ingest.md"
 UVICORN_OPTIONS = ["--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning"]
 NAMESPACES = 10_000
+POISON_PER_SECOND = 10
+# What issue #20's probe sent: a report dated before year 1 in UTC (it answered 500 and made its whole batch
+# be charged again one report at a time) and one whose repeated key would have charged a share of 200.
+POISON = (
+    b'{"namespace":"bench-0","pod":"poison","pod_uid":"poison-0","seq":1,'
+    b'"interval_start":"0001-01-01T00:00:00+01:00","interval_end":"0001-01-01T00:00:30+01:00",'
+    b'"gpu_share":0.5}',
+    b'{"namespace":"bench-0","pod":"poison","pod_uid":"poison-1","seq":1,'
+    b'"interval_start":"%s","interval_end":"%s","gpu_share":0.5,"gpu_share":200}',
+)
 
 
 @dataclass(frozen=True)
@@ -95,6 +117,35 @@ def _reports(urls: list[str], token: str, seconds: int, connections: int) -> Wrk
         return combine([run.result() for run in runs])
 
 
+@contextmanager
+def _poison(urls: list[str], token: str) -> Iterator[Counter[int]]:
+    """POISON_PER_SECOND poison reports a second, spread over the servers, while the block runs; the
+    counter collects their status codes."""
+    stop = threading.Event()
+    codes: Counter[int] = Counter()
+    now = time.time()
+    stamps = tuple(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - 3600 + d)).encode() for d in (0, 30))
+
+    def send() -> None:
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        with httpx.Client(headers=headers) as client:
+            sent = 0
+            started = time.monotonic()
+            while not stop.is_set():
+                body = POISON[0] if sent % 2 == 0 else POISON[1] % stamps
+                codes[client.post(f"{urls[sent % len(urls)]}/api/v1/reports", content=body).status_code] += 1
+                sent += 1
+                stop.wait(max(0.0, started + sent / POISON_PER_SECOND - time.monotonic()))
+
+    sender = threading.Thread(target=send, name="poison")
+    sender.start()
+    try:
+        yield codes
+    finally:
+        stop.set()
+        sender.join()
+
+
 def _seed_namespaces(dsn: str, count: int) -> None:
     """`count` known namespaces with states, as a cluster of that size would have."""
     with psycopg.connect(dsn, autocommit=True) as connection:
@@ -126,19 +177,28 @@ def _snapshot_latencies(server: Server, samples: int) -> tuple[list[float], int]
 def run(seconds: int = 10, connections: int = 64, workers: int = 1, replicas: int = 2) -> list[Section]:
     light = max(1, connections // 4)
     with bare_asgi() as url:
+        progress(f"ingest: bare ASGI baseline, {seconds}s of reports and {seconds}s of GETs")
         bare = _reports([url], "unused", seconds, connections)
         bare_get = run_wrk(url, "get.lua", ["unused", "/"], seconds=seconds, connections=2)
     with timekeeper(workers, replicas) as server:
+        progress("ingest: bare INSERT+COMMIT baseline")
         db_rate = insert_commit_rate(server.dsn, connections=16, seconds=seconds / 2)
+        progress(f"ingest: {connections} clients, {seconds}s")
         ingest = _reports(server.urls, server.token, seconds, connections)
+        progress(f"ingest: {connections} clients with {POISON_PER_SECOND} poison reports/s, {seconds}s")
+        with _poison(server.urls, server.token) as poison_codes:
+            poisoned = _reports(server.urls, server.token, seconds, connections)
+        progress(f"ingest: {light} clients, {seconds}s")
         lighter = _reports(server.urls, server.token, seconds, light)
         _seed_namespaces(server.dsn, NAMESPACES)
+        progress(f"budget reads, {seconds}s; admission snapshots")
         paths = ",".join(f"/api/v1/namespaces/bench-{i}/budget" for i in range(100))
         reads = run_wrk(server.url, "get.lua", [server.token, paths], seconds=seconds, connections=2)
         snapshot, snapshot_bytes = _snapshot_latencies(server, 200)
     for name, result in (
         ("ingest", ingest),
         ("ingest", lighter),
+        ("ingest with poison", poisoned),
         ("bare ASGI", bare),
         ("budget reads", reads),
     ):
@@ -171,6 +231,15 @@ def run(seconds: int = 10, connections: int = 64, workers: int = 1, replicas: in
                 baseline=bare.p99_ms,
                 baseline_name="bare ASGI p99",
             ),
+            Figure(
+                f"good reports/s with {POISON_PER_SECOND} poison reports/s mixed in",
+                poisoned.rate,
+                "reports/s",
+                target="within 10 % of without",
+                baseline=ingest.rate,
+                baseline_name="the same load without poison, this run",
+            ),
+            Figure("ingest p99 with poison mixed in", poisoned.p99_ms, "ms", target="< 50 ms"),
             Figure(f"reports/s with {light} clients", lighter.rate, "reports/s"),
             Figure(f"ingest p50 with {light} clients", lighter.p50_ms, "ms"),
             Figure(f"ingest p99 with {light} clients", lighter.p99_ms, "ms", target="< 50 ms"),
@@ -182,7 +251,10 @@ def run(seconds: int = 10, connections: int = 64, workers: int = 1, replicas: in
             f"{replicas} x `python -m timekeeper --workers {workers}` (replicas on one database, each"
             f" driven by its own wrk with {connections // replicas} of the connections); PostgreSQL on the"
             " same machine",
-            f"{ingest.requests + lighter.requests:,} reports acknowledged, 0 errors",
+            f"{ingest.requests + poisoned.requests + lighter.requests:,} reports acknowledged, 0 errors",
+            f"poison: {sum(poison_codes.values())} reports at {POISON_PER_SECOND}/s beside the load (a report"
+            " dated year 1 at +01:00, and one repeating gpu_share), answered"
+            f" {', '.join(f'{n} x {code}' for code, n in sorted(poison_codes.items()))}",
             f"load generator: wrk used {ingest.client_cpu_pct:.0f} % of one core against the timekeeper and"
             f" drove the bare ASGI endpoint at {bare.rate:,.0f} req/s ({bare.client_cpu_pct:.0f} % of a core)"
             " with the same script and connections, so it can offer far more load than the timekeeper took",

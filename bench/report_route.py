@@ -22,15 +22,15 @@ from tests.support.timekeeper import report_body
 from timekeeper.app import create_app
 from timekeeper.auth.factory import build_access_control
 from timekeeper.settings import Settings
-from timekeeper.usage.repository import IngestOutcome
 from timekeeper.usage.schemas import ReportIn
+from timekeeper.usage.service import IngestOutcome
 
 
 class InstantBatcher:
     """Stands in for the IngestBatcher: every report is answered as charged, without a database."""
 
     async def submit(self, report: ReportIn) -> IngestOutcome:
-        return IngestOutcome(duplicate=False, gpu_minutes=Decimal("0.25"), state="ok")
+        return IngestOutcome(duplicate=False, gpu_minutes=Decimal("0.25"), state="in_budget")
 
 
 async def cpu_per_report(requests: int) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse
@@ -26,6 +27,7 @@ from timekeeper.scheduler.runner import with_scheduler
 from timekeeper.schemas import API_ERRORS
 from timekeeper.settings import Settings, get_settings
 from timekeeper.usage.batcher import IngestBatcher
+from timekeeper.usage.router import REPORT_SCHEMAS
 from timekeeper.usage.router import router as usage_router
 
 
@@ -71,7 +73,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.engine = engine
     app.state.sessionmaker = build_sessionmaker(engine)
     app.state.access = await build_access_control(settings)
-    app.state.ingest = IngestBatcher(lambda: app.state.sessionmaker, app.state.clock)
+    app.state.metrics.outages.attach(engine)
+    app.state.ingest = IngestBatcher(
+        lambda: app.state.sessionmaker, settings, app.state.clock, app.state.metrics
+    )
     app.state.ingest.start()
     try:
         yield
@@ -102,4 +107,17 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
     # Probes and scrapers expect these at the root as well.
     app.include_router(health_router, include_in_schema=False)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    _document_schemas(app, REPORT_SCHEMAS)
     return app
+
+
+def _document_schemas(app: FastAPI, schemas: dict[str, Any]) -> None:
+    """Adds to the OpenAPI components the schemas of bodies an endpoint reads itself (POST /reports)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            build().setdefault("components", {}).setdefault("schemas", {}).update(schemas)
+        return build()
+
+    app.openapi = openapi  # type: ignore[method-assign]

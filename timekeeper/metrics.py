@@ -9,6 +9,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpuaccounting.wire import BUDGET_STATES
+from timekeeper.db.outage import OutageWatch
 
 
 class NamespaceCollector(Collector):
@@ -62,5 +63,18 @@ class Metrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
             registry=self.registry,
         )
+        self.batch_size = Histogram(
+            "timekeeper_ingest_batch_reports",
+            "Reports per ingest batch (one transaction)",
+            buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500),
+            registry=self.registry,
+        )
+        self.batch_failures = Counter(
+            "timekeeper_ingest_batch_failures",
+            "Failed ingest batches: outage (answered 503) or refused (its reports retried one by one)",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.outages = OutageWatch(self.registry)
         self.namespaces = NamespaceCollector()
         self.registry.register(self.namespaces)

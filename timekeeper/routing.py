@@ -3,23 +3,80 @@
 Python's json module accepts `NaN` and `Infinity`, reads `1e400` as infinity and lone surrogates
 (`"\\ud800"`) as text; pydantic then refuses them, but the 422 that echoes the input back cannot be
 rendered (non-finite floats and surrogates are not JSON), so the client got a 500. orjson refuses all of them
-while parsing, which FastAPI answers as a 422 `json_invalid`.
+while parsing, which FastAPI answers as a 422 `json_invalid`. Every JSON parser keeps the last of duplicate
+keys (`"gpu_share": 0.5, "gpu_share": 200` would charge 200), so an object with a repeated key is refused too.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
+from pydantic import BaseModel, ValidationError
+
+from timekeeper.errors import TimekeeperError
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        keys = [key for key, _ in pairs]
+        raise ValueError(f"duplicate key {next(key for key in keys if keys.count(key) > 1)!r}")
+    return value
+
+
+def loads_strict(body: bytes) -> Any:
+    """The body as JSON, or json.JSONDecodeError (orjson's is one) for anything not strict RFC 8259
+    JSON or with a key repeated in one object. orjson decides strictness; the standard parser, given
+    only what orjson accepted, finds repeated keys (orjson cannot tell)."""
+    value = orjson.loads(body)
+    if isinstance(value, dict | list):
+        try:
+            json.loads(body, object_pairs_hook=_unique_keys)
+        except ValueError as error:
+            raise json.JSONDecodeError(str(error), body.decode(), 0) from None
+    return value
+
+
+async def json_body(request: Request, model: type[Model]) -> Model:
+    """The request's body validated as `model`, refused as FastAPI refuses a declared body (422 with
+    pydantic's errors under "body"), for an endpoint that must act before the body is read."""
+    if request.headers.get("content-type", "").partition(";")[0].strip().lower() != "application/json":
+        raise TimekeeperError("the body must be application/json", 422)
+    body = await request.body()
+    try:
+        value = loads_strict(body)
+    except json.JSONDecodeError as error:
+        raise RequestValidationError(
+            [
+                {
+                    "type": "json_invalid",
+                    "loc": ("body", error.pos),
+                    "msg": "JSON decode error",
+                    "input": {},
+                    "ctx": {"error": error.msg},
+                }
+            ]
+        ) from None
+    try:
+        return model.model_validate(value)
+    except ValidationError as error:
+        raise RequestValidationError(
+            [{**detail, "loc": ("body", *detail["loc"])} for detail in error.errors(include_url=False)]
+        ) from None
 
 
 class StrictJsonRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
-            self._json = orjson.loads(await self.body())
+            self._json = loads_strict(await self.body())
         return self._json
 
 
@@ -33,3 +90,14 @@ class StrictJsonRoute(APIRoute):
             return await handler(StrictJsonRequest(request.scope, request.receive))
 
         return strict
+
+
+class RequestRoute(APIRoute):
+    """A route whose endpoint takes the Request alone and answers a Response itself (POST /reports, which
+    reads its body only once the caller is authenticated). FastAPI's request handler would have nothing
+    to resolve for it but would still cost about as much CPU as the endpoint (docs/performance.md), so
+    the endpoint is called directly; the operation is declared and documented as any other."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        endpoint: Callable[[Request], Coroutine[Any, Any, Response]] = self.endpoint
+        return endpoint

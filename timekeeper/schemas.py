@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Annotated, Any
 
 from fastapi import Path
-from pydantic import BaseModel, Field, PlainSerializer
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, Field, PlainSerializer, WithJsonSchema
+
+from gpuaccounting.wire import parse_timestamp
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -19,6 +23,42 @@ StoredText = Annotated[str, Field(pattern=r"^[^\x00]*$")]
 NamespacePath = Annotated[
     str, Path(min_length=1, max_length=63, pattern=DNS_LABEL, description="a namespace")
 ]
+
+_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})")
+# Before the Unix epoch nothing reports GPU use; a timestamp outside [1970, 9000) is refused here, so the
+# period arithmetic never meets a date it cannot represent (year 1 at +01:00 is before year 1 in UTC).
+_EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+_LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+
+
+def _rfc3339(value: object) -> datetime:
+    """An RFC 3339 string, in UTC; pydantic's lax mode would also take Unix seconds and other forms. (A
+    datetime object, which JSON cannot carry, is taken as it is: the reconciler builds reports in Python.)"""
+    if not isinstance(value, str | datetime) or (
+        _RFC3339.fullmatch(value) is None if isinstance(value, str) else value.tzinfo is None
+    ):
+        raise ValueError("must be an RFC 3339 timestamp string, e.g. 2026-03-18T12:00:00Z")
+    try:
+        moment = parse_timestamp(value) if isinstance(value, str) else value.astimezone(UTC)
+    except (ValueError, OverflowError) as error:
+        raise ValueError(f"not a representable time: {error}") from None
+    if not _EARLIEST <= moment < _LATEST:
+        raise ValueError("must lie between 1970 and 9000")
+    return moment
+
+
+def _json_number(value: object) -> object:
+    """A JSON number; pydantic's lax mode would also take the string "0.5" and true."""
+    if isinstance(value, bool) or not isinstance(value, int | float | Decimal):
+        raise ValueError("must be a JSON number")
+    return value
+
+
+Timestamp = Annotated[
+    AwareDatetime, BeforeValidator(_rfc3339), WithJsonSchema({"type": "string", "format": "date-time"})
+]
+# An exact decimal inside, sent as a JSON number (the OpenAPI says so rather than "number or any string").
+DecimalNumber = Annotated[Decimal, BeforeValidator(_json_number), WithJsonSchema({"type": "number"})]
 
 # Amounts are exact Decimals inside; on the wire they are plain JSON numbers.
 Amount = Annotated[Decimal, PlainSerializer(float, return_type=float, when_used="json")]

@@ -51,6 +51,11 @@ class Settings(BaseSettings):
     max_report_interval: timedelta = Field(
         default=timedelta(hours=1), description="Longest accepted interval."
     )
+    max_report_age: timedelta = Field(
+        default=timedelta(days=31),
+        description="Oldest accepted interval start: time a sidecar buffered through an outage still lands "
+        "in the previous period; anything older is refused.",
+    )
     max_gpu_share: float = Field(default=256.0, gt=0, description="Largest believable GPU share of one pod.")
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, description="Largest accepted request body.")
 
@@ -159,6 +164,7 @@ class Settings(BaseSettings):
     @field_validator(
         "clock_skew",
         "max_report_interval",
+        "max_report_age",
         "leader_retry_interval",
         "rollover_interval",
         "states_interval",

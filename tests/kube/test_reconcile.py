@@ -30,8 +30,8 @@ from timekeeper.scheduler.jobs import JOBS_BY_NAME, reconcile_job, run_job
 from timekeeper.scheduler.repository import RUNNING_POD
 from timekeeper.settings import Settings
 from timekeeper.usage.models import PodCoverage
-from timekeeper.usage.repository import UsageRepository
 from timekeeper.usage.schemas import ReportIn
+from timekeeper.usage.service import IngestService
 
 # The client's connections belong to the loop of the fixture that built it (the session's).
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -99,7 +99,9 @@ async def report(
         gpu_share=share,
     )
     async with sessionmaker() as session, session.begin():
-        outcome = await UsageRepository(session).ingest(ReportIn.model_validate(body), clock.now())
+        outcome = await IngestService(session, Settings()).charge_one(
+            ReportIn.model_validate(body), clock.now()
+        )
     return outcome.gpu_minutes
 
 

@@ -31,6 +31,11 @@ class ThrowawayPostgres:
     def restart(self) -> None:
         """Crash and recover: `pg_ctl stop -m immediate` (no checkpoint, every connection cut, as if the
         server died), then start it again the way the wheel does, through crash recovery."""
+        self.crash()
+        self.server.ensure_postgres_running()
+
+    def crash(self) -> None:
+        """Stop the server as if it died (every connection cut); `restart` or `start` brings it back."""
         server = self.server
         try:
             pgexec(
@@ -44,7 +49,10 @@ class ThrowawayPostgres:
             raise RuntimeError(
                 f"pg_ctl stop failed; the server's log ends:\n{server.log.read_text()[-1500:]}"
             ) from error
-        server.ensure_postgres_running()
+
+    def start(self) -> None:
+        """Start a crashed server again, on the same port, through crash recovery."""
+        self.server.ensure_postgres_running()
 
 
 @contextmanager

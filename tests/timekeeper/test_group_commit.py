@@ -17,9 +17,11 @@ from tests.support.timekeeper import report_body
 from tests.timekeeper.conftest import START
 from timekeeper.clock import ManualClock
 from timekeeper.errors import TimekeeperError
+from timekeeper.metrics import Metrics
+from timekeeper.settings import Settings
 from timekeeper.usage.batcher import IngestBatcher
-from timekeeper.usage.repository import IngestOutcome
 from timekeeper.usage.schemas import ReportIn
+from timekeeper.usage.service import IngestOutcome
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -42,12 +44,19 @@ def report(
 
 
 @pytest.fixture
-async def batcher(connection: AsyncConnection, clock: ManualClock) -> AsyncIterator[IngestBatcher]:
+def metrics() -> Metrics:
+    return Metrics()
+
+
+@pytest.fixture
+async def batcher(
+    connection: AsyncConnection, settings: Settings, clock: ManualClock, metrics: Metrics
+) -> AsyncIterator[IngestBatcher]:
     """One batch at a time on the test's connection (which a second concurrent batch could not share)."""
     sessions = async_sessionmaker(
         bind=connection, expire_on_commit=False, join_transaction_mode="create_savepoint"
     )
-    batcher = IngestBatcher(lambda: sessions, clock, in_flight=1)
+    batcher = IngestBatcher(lambda: sessions, settings, clock, metrics, in_flight=1)
     yield batcher
     await batcher.aclose()
 
@@ -83,8 +92,13 @@ async def test_a_refused_report_fails_alone_and_the_rest_of_its_batch_is_charged
     assert ledger.one() == (6, Decimal(11))
 
 
+def sample(metrics: Metrics, name: str, **labels: str) -> float:
+    value = metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
 async def test_a_pods_overlapping_reports_queued_together_are_charged_once(
-    batcher: IngestBatcher, connection: AsyncConnection
+    batcher: IngestBatcher, connection: AsyncConnection, metrics: Metrics
 ) -> None:
     outcomes = await charge_together(
         batcher,
@@ -100,3 +114,29 @@ async def test_a_pods_overlapping_reports_queued_together_are_charged_once(
         sa.text("SELECT sum(upper(r) - lower(r)) FROM usage_ledger, unnest(charged) AS r")
     )
     assert covered.scalar_one() == timedelta(minutes=3)
+    # One report per pod in a batch: three batches, none of which failed (two reports of one pod in one
+    # batch would fail it, and the retry one by one would hide that in the figures above).
+    assert sample(metrics, "timekeeper_ingest_batch_reports_count") == 3
+    assert sample(metrics, "timekeeper_ingest_batch_failures_total", reason="refused") == 0
+
+
+async def test_a_report_the_database_refuses_fails_alone_and_its_batch_is_retried_once(
+    batcher: IngestBatcher, connection: AsyncConnection, metrics: Metrics
+) -> None:
+    # Past validation nothing should reach the database that it refuses; a NUL in a pod name (text
+    # cannot hold it) stands for whatever might.
+    poison = report("uid-poison", 1, 0, 1).model_copy(update={"pod": "bad\x00pod"})
+    good = [report(f"uid-{i}", 1, 0, 2) for i in range(5)]
+
+    outcomes = await charge_together(batcher, [good[0], poison, *good[1:]])
+
+    refused = outcomes.pop(1)
+    assert not isinstance(refused, IngestOutcome | TimekeeperError)  # the database's own error, a 500
+    assert [(o.duplicate, o.gpu_minutes) for o in outcomes if isinstance(o, IngestOutcome)] == [
+        (False, Decimal(2))
+    ] * 5
+    # The batch of six, then each report once on its own: one retry for every good report.
+    assert sample(metrics, "timekeeper_ingest_batch_reports_count") == 1 + 6
+    assert sample(metrics, "timekeeper_ingest_batch_failures_total", reason="refused") == 2
+    ledger = await connection.execute(sa.text("SELECT count(*), sum(gpu_minutes) FROM usage_ledger"))
+    assert ledger.one() == (5, Decimal(10))

@@ -1,5 +1,5 @@
-"""POST /reports serves well-formed reports on a lean path (timekeeper.usage.router.ReportRoute) and
-everything else through FastAPI's handler: both must answer as the one declared operation does."""
+"""POST /reports reads its body itself (timekeeper.usage.router.post_report): content types, charsets and
+tokens are answered as a declared FastAPI body would be, with authentication first."""
 
 from __future__ import annotations
 

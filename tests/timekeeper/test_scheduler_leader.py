@@ -21,6 +21,7 @@ from tests.support.timekeeper import migrated_database
 from timekeeper.clock import ManualClock, SystemClock
 from timekeeper.db.session import build_engine, build_sessionmaker
 from timekeeper.scheduler.jobs import JOBS_BY_NAME, run_job
+from timekeeper.scheduler.leader import LeaderElection
 from timekeeper.scheduler.runner import SchedulerRunner
 from timekeeper.settings import Settings
 
@@ -102,6 +103,32 @@ async def test_one_replica_leads_and_another_takes_over_when_its_session_dies(
     finally:
         await first.stop()
         await second.stop()
+
+
+@on_session_loop
+async def test_a_replica_stopped_just_as_a_round_ends_stops(fast_settings: Settings) -> None:
+    """A stop (the task cancelled) that arrives in the very turn an election round finishes is not
+    lost. With asyncio.wait_for around the round (Python 3.11) it was: the round's own task had finished,
+    wait_for returned its result instead of the cancellation, the loop went on leading and the runner's
+    stop() waited for it forever. Here the round that elects the replica cancels it."""
+    assert fast_settings.database_url is not None
+
+    async def elected() -> None:
+        election_task.cancel()
+
+    async def lost() -> None:
+        return None
+
+    election = LeaderElection(fast_settings.database_url, 4242, 0.2, elected, lost)
+    election_task = asyncio.create_task(election.run())
+    try:
+        # Bounded, so the old hang is a failure of this test rather than the suite's timeout.
+        await asyncio.wait({election_task}, timeout=15)
+        assert election_task.cancelled()
+        assert not election.leading
+    finally:
+        election_task.cancel()
+        await asyncio.gather(election_task, return_exceptions=True)
 
 
 @on_session_loop

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import orjson
 import pytest
 
 from tests.support.timekeeper import Api, bearer, ok, report_body
@@ -40,6 +41,20 @@ BAD_REPORTS = {
     "utilisation above 100": report(gpus=[{"uuid": "GPU-0", "sm_util_pct": 101}]),
     "gpu without uuid": report(gpus=[{"sm_util_pct": 10}]),
     "missing field": {key: value for key, value in report().items() if key != "pod_uid"},
+    "year 1 at +01:00, before year 1 in UTC": report(interval_start="0001-01-01T00:00:00+01:00"),
+    "before the Unix epoch": report(
+        interval_start="1969-12-31T23:59:00Z", interval_end="1970-01-01T00:00:00Z"
+    ),
+    "older than the oldest accepted": report(start=START - timedelta(days=31, minutes=1)),
+    "unix seconds for a timestamp": report(interval_start=int(EARLIER.timestamp())),
+    "unix seconds as a string": report(interval_start=str(int(EARLIER.timestamp()))),
+    "a date without a time": report(interval_start="2026-03-18"),
+    "share as a string": report(gpu_share="0.5"),
+    "share as a boolean": report(gpu_share=True),
+    "share absurdly small": report(gpu_share=1e-300),
+    "seq as a string": report(seq="1"),
+    "final as a number": report(final=1),
+    "utilisation as a string": report(gpus=[{"uuid": "GPU-0", "sm_util_pct": "50"}]),
 }
 
 
@@ -50,6 +65,52 @@ async def test_a_bad_report_is_answered_422_and_charges_nothing(api: Api, body: 
     assert response.status_code == 422, response.text
     assert response.json()["detail"]
     assert (await api.budget("team-a"))["used_gpu_minutes"] == 0
+
+
+async def test_a_report_with_a_repeated_key_is_refused_and_charges_nothing(api: Api) -> None:
+    body = orjson.dumps(report(gpu_share=0.5))[:-1] + b',"gpu_share":200}'
+    headers = {**bearer(api.tokens.reporter), "Content-Type": "application/json"}
+
+    response = await api.client.post("/reports", content=body, headers=headers)
+
+    assert response.status_code == 422, response.text
+    [error] = response.json()["detail"]
+    assert error["type"] == "json_invalid" and "gpu_share" in error["ctx"]["error"]
+    assert (await api.budget("team-a"))["used_gpu_minutes"] == 0
+
+
+async def test_a_repeated_key_inside_a_gpu_is_refused_too(api: Api) -> None:
+    body = orjson.dumps(report(gpus=[{"uuid": "GPU-0"}])).replace(b'"GPU-0"', b'"GPU-0","uuid":"GPU-1"')
+    headers = {**bearer(api.tokens.reporter), "Content-Type": "application/json"}
+
+    response = await api.client.post("/reports", content=body, headers=headers)
+
+    assert response.status_code == 422, response.text
+
+
+async def test_a_report_just_within_the_oldest_accepted_is_charged(api: Api) -> None:
+    ack = ok(await api.report(start=START - timedelta(days=31) + timedelta(minutes=1)))
+
+    assert ack["gpu_minutes"] == 1
+
+
+@pytest.mark.parametrize("body", [b"{not json", b'{"gpu_share": "lots"}'])
+async def test_no_token_is_a_401_whatever_the_body(api: Api, body: bytes) -> None:
+    response = await api.client.post("/reports", content=body, headers={"Content-Type": "application/json"})
+
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"] == "Bearer"
+
+
+async def test_the_openapi_says_what_a_report_accepts(api: Api) -> None:
+    schemas = ok(await api.client.get("http://timekeeper/openapi.json"))["components"]["schemas"]
+    fields = schemas["ReportIn"]["properties"]
+
+    assert fields["interval_start"] == {"type": "string", "format": "date-time", "title": "Interval Start"}
+    assert fields["gpu_share"]["type"] == "number" and fields["gpu_share"]["minimum"] > 0
+    assert fields["seq"]["type"] == "integer"
+    assert fields["gpus"]["items"] == {"$ref": "#/components/schemas/GpuFiguresIn"}
+    assert "GpuFiguresIn" in schemas
 
 
 async def test_a_report_within_the_skew_allowance_is_accepted(api: Api) -> None:

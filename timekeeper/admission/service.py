@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
 
@@ -32,12 +33,20 @@ class AdmissionService:
         self.settings = settings
 
     async def restate(self, now: datetime, namespaces: list[str] | None, *, config_changed: bool) -> None:
-        """Recompute the namespaces' stored states (all known ones when None); bump the snapshot version
-        when a state changed, or always when a budget's configuration did."""
-        figures = await self.budgets.figures(now, namespaces)
-        changed = await self.repository.set_states({f.namespace: figures_state(f) for f in figures})
+        """Recompute the namespaces' stored states (all known ones when None) from their figures now."""
+        await self.record(await self.budgets.figures(now, namespaces), config_changed=config_changed)
+
+    async def record(
+        self, figures: Sequence[NamespaceFigures], *, config_changed: bool
+    ) -> tuple[dict[str, BudgetState], set[str]]:
+        """The one restate path (ingest, the scheduler's jobs, budget changes): store the state the
+        figures put each namespace in, and bump the snapshot version when a state changed, or always when
+        a budget's configuration did. Answers the states and the namespaces whose state changed."""
+        states = {f.namespace: figures_state(f) for f in figures}
+        changed = await self.repository.set_states(states)
         if changed or config_changed:
             await self.repository.bump_version()
+        return states, changed
 
     async def version(self, now: datetime) -> int:
         """The snapshot's version. Periods all begin at midnight UTC: the first reader after one

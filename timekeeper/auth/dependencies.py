@@ -37,9 +37,13 @@ async def _principal(
     return principal
 
 
-async def bearer_principal(request: Request) -> Principal:
-    """The request's principal without FastAPI's dependency resolution (the ingest hot path)."""
-    return await _principal(request, await _bearer(request))
+async def authenticated(request: Request) -> Principal:
+    """The request's principal, refusing anonymous callers (401), for an endpoint that authenticates
+    before it reads its body (POST /reports)."""
+    principal = await _principal(request, await _bearer(request))
+    if principal is ANONYMOUS:
+        raise TimekeeperError("authentication required", 401, _UNAUTHENTICATED)
+    return principal
 
 
 AuthenticatedPrincipal = Annotated[Principal, Depends(_principal)]

@@ -2,7 +2,7 @@
 leads, the pod watch (a task on the event loop) feeds a PodRegistry; each pass charges, closes out,
 announces, downgrades and applies quotas.
 
-Charging goes through the very function reports use (`UsageRepository.ingest`), so each pod's coverage
+Charging goes through the very function reports use (`IngestService.charge`), so each pod's coverage
 ranges decide what is still uncharged: the pass charges a running pod's silent time (older than the
 grace), a late sidecar report afterwards charges only what the pass did not, and vice versa. A charge by
 the pass is not a report: the pod's `last_report_at` (the scheduler's close-out reads it) is left as the
@@ -38,8 +38,8 @@ from timekeeper.reconcile.pods import PodRegistry, TrackedPod
 from timekeeper.reconcile.quotas import quota_hard
 from timekeeper.reconcile.repository import ReconcileRepository
 from timekeeper.settings import Settings
-from timekeeper.usage.repository import UsageRepository
 from timekeeper.usage.schemas import ReportIn
+from timekeeper.usage.service import IngestService
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ class Reconciler:
             )
             return Decimal(0)
         async with self.sessionmaker() as session, session.begin():
-            outcome = await UsageRepository(session).ingest(report, now, from_sidecar=False)
+            outcome = await IngestService(session, self.settings).charge_one(report, now, from_sidecar=False)
             if final:
                 await ReconcileRepository(session).close_at(info.uid, end)
         log.info(

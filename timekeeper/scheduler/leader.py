@@ -37,6 +37,9 @@ class LeaderElection:
         self.on_elected = on_elected
         self.on_lost = on_lost
         self.leading = False
+        # Connecting is given longer than a check: a busy server may take seconds to start a session,
+        # and a follower that can never connect in time could never lead.
+        self._connect_seconds = max(5, int(retry_seconds * 2))
         self._connection: psycopg.AsyncConnection[tuple[object, ...]] | None = None
 
     async def _connect(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
@@ -46,7 +49,7 @@ class LeaderElection:
         return await psycopg.AsyncConnection.connect(
             self.conninfo,
             autocommit=True,
-            connect_timeout=max(2, int(self.retry_seconds * 2)),
+            connect_timeout=self._connect_seconds,
             keepalives=1,
             keepalives_idle=max(1, int(self.retry_seconds)),
             keepalives_interval=max(1, int(self.retry_seconds)),
@@ -56,14 +59,20 @@ class LeaderElection:
         )
 
     async def _attempt(self) -> None:
-        """One round: connect if needed; a follower tries the lock, the leader checks its connection."""
+        """One round: connect if needed; a follower tries the lock, the leader checks its connection.
+        Each step has its own time limit, in this task (asyncio.timeout): asyncio.wait_for in Python
+        3.11 runs the step in a task of its own and loses a cancellation that arrives as that task
+        finishes, after which `run` never ended and the runner's stop() hung. Becoming leader (starting
+        the jobs) is not part of the check's time."""
         if self._connection is None or self._connection.closed:
-            self._connection = await self._connect()
-        if self.leading:
-            await self._connection.execute("SELECT 1")
-            return
-        cursor = await self._connection.execute("SELECT pg_try_advisory_lock(%s)", (self.lock_key,))
-        row = await cursor.fetchone()
+            async with asyncio.timeout(self._connect_seconds + 1):
+                self._connection = await self._connect()
+        async with asyncio.timeout(self.retry_seconds * 2):
+            if self.leading:
+                await self._connection.execute("SELECT 1")
+                return
+            cursor = await self._connection.execute("SELECT pg_try_advisory_lock(%s)", (self.lock_key,))
+            row = await cursor.fetchone()
         if row is not None and row[0]:
             self.leading = True
             log.info("scheduler_leader_elected", extra={"lock_key": self.lock_key})
@@ -82,7 +91,7 @@ class LeaderElection:
         try:
             while True:
                 try:
-                    await asyncio.wait_for(self._attempt(), timeout=self.retry_seconds * 2)
+                    await self._attempt()
                 except (psycopg.Error, OSError, TimeoutError) as error:
                     log.warning("scheduler_leader_check_failed", extra={"error": type(error).__name__})
                     await self._give_up()

@@ -4,7 +4,12 @@ together in the next one, and each is answered only after the commit that made i
 One commit (and a handful of set-based statements) per batch instead of several round trips and a commit
 per report is what lets one timekeeper acknowledge thousands of reports a second. A batch holds at most
 one report per pod (a pod's second report waits for the next batch, so it sees the first one's coverage).
-When a batch fails, its reports are charged again one by one, so one bad report fails only itself.
+
+A failed batch is logged and counted. When the database refused it (a single report's data, say; the
+validation in front is meant to stop such reports before they get here), each report is charged again on
+its own, so a bad report fails only itself and costs the others one retry. When the database does not
+answer (an outage), every report of the batch is answered 503 with Retry-After at once: retrying them one
+by one would only multiply the failing round trips.
 """
 
 from __future__ import annotations
@@ -18,10 +23,13 @@ from contextlib import suppress
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from timekeeper.clock import Clock
+from timekeeper.db.outage import is_outage
 from timekeeper.db.session import transaction
-from timekeeper.errors import TimekeeperError
-from timekeeper.usage.repository import IngestOutcome, UsageRepository
+from timekeeper.errors import TimekeeperError, unavailable
+from timekeeper.metrics import Metrics
+from timekeeper.settings import Settings
 from timekeeper.usage.schemas import ReportIn
+from timekeeper.usage.service import IngestOutcome, IngestService
 
 Pending = tuple[ReportIn, "asyncio.Future[IngestOutcome]"]
 log = logging.getLogger(__name__)
@@ -31,7 +39,9 @@ class IngestBatcher:
     def __init__(
         self,
         sessions: Callable[[], async_sessionmaker[AsyncSession]],
+        settings: Settings,
         clock: Clock,
+        metrics: Metrics,
         max_batch: int = 500,
         in_flight: int = 2,
     ) -> None:
@@ -39,7 +49,9 @@ class IngestBatcher:
         `in_flight` batches run at once: while one commits the next gathers and charges, instead of the
         reports that arrive during a commit waiting for it."""
         self._sessions = sessions
+        self._settings = settings
         self._clock = clock
+        self._metrics = metrics
         self._max_batch = max_batch
         self._in_flight = in_flight
         self._queue: deque[Pending] = deque()
@@ -101,23 +113,31 @@ class IngestBatcher:
 
     async def _charge(self, batch: list[Pending]) -> None:
         outcomes: list[IngestOutcome | Exception]
+        self._metrics.batch_size.observe(len(batch))
         try:
             async with transaction(self._sessions()) as session:
                 outcomes = [
-                    *await UsageRepository(session).ingest_batch(
+                    *await IngestService(session, self._settings).charge(
                         [report for report, _ in batch], self._clock.now()
                     )
                 ]
         except Exception as error:
-            if len(batch) > 1:
+            outage = is_outage(error)
+            self._metrics.batch_failures.labels(reason="outage" if outage else "refused").inc()
+            if outage:  # logged once per outage, by timekeeper.db.outage.OutageWatch
+                outcomes = [unavailable() for _ in batch]
+            elif len(batch) > 1:
+                log.warning("ingest_batch_failed", extra={"reports": len(batch), "error": repr(error)})
                 for pending in batch:
                     await self._charge([pending])
                 return
-            log.warning(
-                "report_ingest_failed",
-                extra={"namespace": batch[0][0].namespace, "pod": batch[0][0].pod, "error": repr(error)},
-            )
-            outcomes = [error]
+            else:
+                report = batch[0][0]
+                log.warning(
+                    "report_ingest_failed",
+                    extra={"namespace": report.namespace, "pod": report.pod, "error": repr(error)},
+                )
+                outcomes = [error]
         for (_, future), outcome in zip(batch, outcomes, strict=True):
             if future.done():
                 continue

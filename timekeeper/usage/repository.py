@@ -1,29 +1,26 @@
-"""SQL for the usage ledger: the report ingest path (one function, core SQL) and the usage queries."""
+"""SQL for the usage ledger: the ingest statements (each only reads or writes; what to charge is the
+ingest service's plan) and the usage queries."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, Literal
 
 import orjson
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpuaccounting.wire import BudgetState
-from timekeeper.admission.repository import AdmissionRepository
-from timekeeper.budgets.periods import Period, PeriodKind, budget_state, period_containing
-from timekeeper.budgets.repository import BudgetRepository, NamespaceFigures
-from timekeeper.errors import TimekeeperError
-from timekeeper.usage.charging import split_charge
-from timekeeper.usage.schemas import ReportIn
+from timekeeper.budgets.models import UsageTotal
+from timekeeper.usage.models import PodCoverage
+from timekeeper.usage.planning import Interval, TotalKey
 
-# A batch holds at most one report per pod (ON CONFLICT may touch a row once per statement). Each array is
-# one column of the batch, in pod_uid order: every writer locks pods, then totals, then namespace states,
-# then the snapshot version, each in key order, so concurrent batches (and replicas) never deadlock.
+# A batch holds at most one report per pod (ON CONFLICT may touch a row once per statement), as one JSON
+# array of rows in pod_uid order: every writer locks pods, then totals, then namespace states, then the
+# snapshot version, each in key order, so concurrent batches (and replicas) never deadlock. Multiranges
+# and jsonb_to_recordset keep these statements as text.
 _REPORTS = (
     "jsonb_to_recordset(CAST(:reports AS jsonb)) AS r(pod_uid text, namespace text, pod text, seq bigint, "
     "interval_start timestamptz, interval_end timestamptz, final boolean, gpu_share numeric, "
@@ -46,9 +43,6 @@ _LOCK_PODS = sa.text(
     "SELECT r.pod_uid, tstzmultirange(tstzrange(r.interval_start, r.interval_end)) - locked.covered "
     "AS uncovered FROM r JOIN locked USING (pod_uid)"
 )
-_OWNERS = sa.text(
-    "SELECT pod_uid, namespace FROM pod_coverage WHERE pod_uid = ANY(CAST(:pod_uids AS text[]))"
-)
 # Answers the reports that were new; a repeat of (pod_uid, seq, interval) inserts nothing.
 _INSERT_LEDGER = sa.text(
     "INSERT INTO usage_ledger (namespace, pod, pod_uid, seq, interval_start, interval_end, gpu_share, "
@@ -64,15 +58,6 @@ _COVER = sa.text(
     "r.interval_end)), last_seq = r.seq, pod = r.pod, final = p.final OR r.final "
     f"FROM {_REPORTS} WHERE p.pod_uid = r.pod_uid"
 )
-_ADD_USED = sa.text(
-    "INSERT INTO usage_totals (namespace, period_kind, period_start, used_gpu_minutes) "
-    "SELECT * FROM unnest(CAST(:namespaces AS text[]), CAST(:kinds AS text[]), "
-    "CAST(:starts AS timestamptz[]), CAST(:amounts AS numeric[])) ORDER BY 1, 2, 3 "
-    "ON CONFLICT (namespace, period_kind, period_start) "
-    "DO UPDATE SET used_gpu_minutes = usage_totals.used_gpu_minutes + excluded.used_gpu_minutes "
-    "RETURNING namespace, period_kind, period_start, used_gpu_minutes, granted_gpu_minutes"
-)
-
 # Raw ledger rows and the hourly per-pod aggregates the roll-up job folds old rows into, in one shape:
 # a report counts once per aggregate (an aggregate row counts the reports folded into its hour).
 _USAGE_SOURCE = (
@@ -103,149 +88,75 @@ _USAGE_PIECE = {
 }
 
 
-def _row(report: ReportIn) -> dict[str, Any]:
-    """A report as the batch statements read it (jsonb_to_recordset); amounts as exact decimal text."""
-    gpu_count, mean_util, max_memory = report.measured()
-    return {
-        "pod_uid": report.pod_uid,
-        "namespace": report.namespace,
-        "pod": report.pod,
-        "seq": report.seq,
-        "interval_start": report.interval_start,
-        "interval_end": report.interval_end,
-        "final": report.final,
-        "gpu_share": str(report.gpu_share),
-        "gpu_minutes": None,
-        "gpu_count": gpu_count,
-        "mean_sm_util_pct": mean_util,
-        "max_mem_used_bytes": max_memory,
-        "gpus": [gpu.model_dump() for gpu in report.gpus],
-    }
-
-
-def _batch(rows: dict[str, dict[str, Any]], reports: Sequence[ReportIn]) -> str:
-    """These reports' rows as one JSON parameter: encoded in C, rather than a Python-dumped array per
-    column. The rows are built once per batch and shared by its statements."""
-    return orjson.dumps([rows[report.pod_uid] for report in reports]).decode()
-
-
-@dataclass(frozen=True, slots=True)
-class IngestOutcome:
-    duplicate: bool
-    gpu_minutes: Decimal
-    state: BudgetState
-    state_changed: bool = False
+def batch_json(rows: Sequence[Mapping[str, Any]]) -> str:
+    """A batch's rows (the columns of _REPORTS) as the one JSON parameter its statements read with
+    jsonb_to_recordset: encoded in C, rather than a Python-dumped array per column."""
+    return orjson.dumps(rows).decode()
 
 
 class UsageRepository:
+    """The ledger's statements. Each takes the batch's rows (in pod_uid order, at most one per pod)
+    already encoded by batch_json, and only reads or writes: what to charge is decided by the caller."""
+
     def __init__(self, session: AsyncSession) -> None:
         self.session = session
 
-    async def ingest(self, report: ReportIn, now: datetime, *, from_sidecar: bool = True) -> IngestOutcome:
-        """Charge one report in this transaction (a batch of one); raises what refused it. A charge that
-        is no sign of life from the pod's sidecar (`from_sidecar=False`) leaves its last report time."""
-        [outcome] = await self.ingest_batch([report], now, from_sidecar=from_sidecar)
-        if isinstance(outcome, TimekeeperError):
-            raise outcome
-        return outcome
-
-    async def ingest_batch(
-        self, reports: Sequence[ReportIn], now: datetime, *, from_sidecar: bool = True
-    ) -> list[IngestOutcome | TimekeeperError]:
-        """Charge a batch of reports, at most one per pod, in this transaction: for each, the uncovered part
-        of its interval, split at period boundaries, with its ledger row, its pod's coverage, the running
-        totals and its namespace's state. Set-based: the same few statements whatever the batch's size.
-        Answers in the reports' order; a report refused (its pod_uid belongs to another namespace) gets
-        its error and changes nothing."""
-        session = self.session
-        in_order = sorted(reports, key=lambda report: report.pod_uid)
-        names = sorted({report.namespace for report in in_order})
-        figures = {f.namespace: f for f in await BudgetRepository(session).figures(now, names)}
-        rows = {report.pod_uid: _row(report) for report in in_order}
-        locked = await session.execute(
-            _LOCK_PODS, {"reports": _batch(rows, in_order), "now": now, "from_sidecar": from_sidecar}
+    async def lock_pods(self, rows: str, now: datetime, *, from_sidecar: bool) -> dict[str, list[Interval]]:
+        """Creates and locks each pod's coverage row; answers, for the pods of this namespace, the part of
+        their interval not yet charged (a pod_uid known in another namespace is absent from the answer)."""
+        locked = await self.session.execute(
+            _LOCK_PODS, {"reports": rows, "now": now, "from_sidecar": from_sidecar}
         )
-        uncovered = {row.pod_uid: [(piece.lower, piece.upper) for piece in row.uncovered] for row in locked}
-        outcomes: dict[str, IngestOutcome | TimekeeperError] = {}
-        refused = [report.pod_uid for report in in_order if report.pod_uid not in uncovered]
-        if refused:
-            for pod_uid, owner in await session.execute(_OWNERS, {"pod_uids": refused}):
-                outcomes[pod_uid] = TimekeeperError(f"pod_uid {pod_uid} reports for namespace {owner}", 409)
-        accepted = [report for report in in_order if report.pod_uid in uncovered]
-        charges = {
-            report.pod_uid: split_charge(
-                report.gpu_share, uncovered[report.pod_uid], figures[report.namespace].config.period
-            )
-            for report in accepted
-        }
-        charged = {pod_uid: sum((amount for _, amount in c), Decimal(0)) for pod_uid, c in charges.items()}
-        new: set[str] = set()
-        if accepted:
-            for pod_uid, amount in charged.items():
-                rows[pod_uid]["gpu_minutes"] = str(amount)
-            inserted = await session.execute(_INSERT_LEDGER, {"reports": _batch(rows, accepted), "now": now})
-            new = set(inserted.scalars())
-        fresh = [report for report in accepted if report.pod_uid in new]
-        covering = [report for report in fresh if uncovered[report.pod_uid]]
-        if covering:
-            await session.execute(_COVER, {"reports": _batch(rows, covering)})
-        current = {ns: (f.used_gpu_minutes, f.granted_gpu_minutes) for ns, f in figures.items()}
-        current.update(await self._add_used(fresh, charges, figures, now))
-        states: dict[str, BudgetState] = {}
-        for namespace in sorted({report.namespace for report in fresh}):
-            config = figures[namespace].config
-            used, granted = current[namespace]
-            states[namespace] = budget_state(
-                config.budget_gpu_minutes, granted, used, config.warn_at_fraction
-            )
-        admission = AdmissionRepository(session)
-        changed = await admission.set_states(states)
-        if changed:
-            await admission.bump_version()
-        repeated = sorted(
-            {report.namespace for report in accepted if report.pod_uid not in new} - set(states)
-        )
-        stored = await admission.stored_states(repeated)
-        for report in accepted:
-            if report.pod_uid in new:
-                outcomes[report.pod_uid] = IngestOutcome(
-                    False, charged[report.pod_uid], states[report.namespace]
-                )
-            else:
-                state = stored.get(report.namespace) or "in_budget"
-                outcomes[report.pod_uid] = IngestOutcome(True, Decimal(0), state)
-        return [outcomes[report.pod_uid] for report in reports]
+        return {row.pod_uid: [(piece.lower, piece.upper) for piece in row.uncovered] for row in locked}
 
-    async def _add_used(
-        self,
-        fresh: list[ReportIn],
-        charges: dict[str, list[tuple[Period, Decimal]]],
-        figures: dict[str, NamespaceFigures],
-        now: datetime,
-    ) -> dict[str, tuple[Decimal, Decimal]]:
-        """Add the batch's charges to the running totals, one row per (namespace, period) in key order;
-        answers the namespaces' (used, granted) of their current period where the batch charged it."""
-        added: dict[tuple[str, datetime], Decimal] = defaultdict(Decimal)
-        for report in fresh:
-            for period, amount in charges[report.pod_uid]:
-                added[(report.namespace, period.start)] += amount
-        if not added:
-            return {}
-        keys = sorted(added)
+    async def owners(self, pod_uids: Sequence[str]) -> dict[str, str]:
+        """The namespace each pod_uid reports for."""
         result = await self.session.execute(
-            _ADD_USED,
-            {
-                "namespaces": [namespace for namespace, _ in keys],
-                "kinds": [figures[namespace].config.period.value for namespace, _ in keys],
-                "starts": [start for _, start in keys],
-                "amounts": [added[key] for key in keys],
-            },
+            sa.select(PodCoverage.pod_uid, PodCoverage.namespace).where(PodCoverage.pod_uid.in_(pod_uids))
         )
-        return {
-            row.namespace: (row.used_gpu_minutes, row.granted_gpu_minutes)
+        return dict(result.tuples().all())
+
+    async def insert_ledger(self, rows: str, now: datetime) -> set[str]:
+        """Adds the reports' ledger rows (each charged the part of its interval its pod has not covered);
+        answers the pod_uids whose report was new (a repeat of (pod_uid, seq, interval) adds nothing)."""
+        inserted = await self.session.execute(_INSERT_LEDGER, {"reports": rows, "now": now})
+        return set(inserted.scalars())
+
+    async def cover(self, rows: str) -> None:
+        """Adds the reports' intervals to their pods' charged time."""
+        await self.session.execute(_COVER, {"reports": rows})
+
+    async def add_used(self, added: Mapping[TotalKey, Decimal]) -> list[tuple[TotalKey, Decimal, Decimal]]:
+        """Adds to the running totals (in the given order, the lock order); answers each total's
+        (used, granted) afterwards."""
+        if not added:
+            return []
+        statement = insert(UsageTotal).values(
+            [
+                {"namespace": ns, "period_kind": kind, "period_start": start, "used_gpu_minutes": amount}
+                for (ns, kind, start), amount in added.items()
+            ]
+        )
+        result = await self.session.execute(
+            statement.on_conflict_do_update(
+                index_elements=[UsageTotal.namespace, UsageTotal.period_kind, UsageTotal.period_start],
+                set_={"used_gpu_minutes": UsageTotal.used_gpu_minutes + statement.excluded.used_gpu_minutes},
+            ).returning(
+                UsageTotal.namespace,
+                UsageTotal.period_kind,
+                UsageTotal.period_start,
+                UsageTotal.used_gpu_minutes,
+                UsageTotal.granted_gpu_minutes,
+            )
+        )
+        return [
+            (
+                (row.namespace, row.period_kind, row.period_start),
+                row.used_gpu_minutes,
+                row.granted_gpu_minutes,
+            )
             for row in result
-            if row.period_start == period_containing(PeriodKind(row.period_kind), now).start
-        }
+        ]
 
     async def usage(
         self, namespace: str, since: datetime, until: datetime, group_by: GroupBy

@@ -6,13 +6,18 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, Literal, Self
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
 from gpuaccounting.wire import BudgetState
-from timekeeper.schemas import Amount, NamespaceName, PodName, PodUid, StoredText
+from timekeeper.schemas import Amount, DecimalNumber, NamespaceName, PodName, PodUid, StoredText, Timestamp
 
-Percent = Annotated[float, Field(ge=0, le=100)]
-Bytes = Annotated[int, Field(ge=0, le=2**62)]
+# Numbers only as JSON numbers (strict: no "50", no true), within what a GPU can report.
+Percent = Annotated[StrictFloat, Field(ge=0, le=100)]
+Bytes = Annotated[StrictInt, Field(ge=0, le=2**62)]
+# A millionth of a GPU is below any sharing system's smallest slice (1 MiB of an 80 GiB GPU is 1.2e-5);
+# the configured max_gpu_share is checked too (usage/service.py), this bound keeps the arithmetic sane.
+MIN_GPU_SHARE = Decimal("0.000001")
+MAX_GPU_SHARE = Decimal(10_000)
 
 
 class GpuFiguresIn(BaseModel):
@@ -23,7 +28,7 @@ class GpuFiguresIn(BaseModel):
     mem_used_bytes: Bytes | None = None
     mem_total_bytes: Bytes | None = None
     sm_util_max_pct: Percent | None = None
-    energy_joules: Annotated[float, Field(ge=0)] | None = None
+    energy_joules: Annotated[StrictFloat, Field(ge=0, le=1e15)] | None = None
 
 
 class ReportIn(BaseModel):
@@ -34,12 +39,17 @@ class ReportIn(BaseModel):
     namespace: NamespaceName
     pod: PodName
     pod_uid: PodUid
-    seq: int = Field(ge=0, le=2**63 - 1)
-    interval_start: AwareDatetime
-    interval_end: AwareDatetime
-    gpu_share: Decimal = Field(gt=0, allow_inf_nan=False)
+    seq: StrictInt = Field(ge=0, le=2**63 - 1)
+    interval_start: Timestamp
+    interval_end: Timestamp
+    gpu_share: DecimalNumber = Field(
+        ge=MIN_GPU_SHARE,
+        le=MAX_GPU_SHARE,
+        allow_inf_nan=False,
+        json_schema_extra={"minimum": float(MIN_GPU_SHARE), "maximum": float(MAX_GPU_SHARE)},
+    )
     gpus: list[GpuFiguresIn] = Field(default_factory=list, max_length=64)
-    final: bool = False
+    final: StrictBool = False
 
     @model_validator(mode="after")
     def _interval_forward(self) -> Self:

@@ -1,0 +1,91 @@
+"""Downgrading running pods on a real API server (1.20: it serves Eviction in policy/v1beta1 only, and the
+controller manager's ReplicaSet and disruption controllers run). A namespace whose budget is spent and
+says `running_pod_action: evict` loses its running GPU pod, and the ReplicaSet's replacement is admitted
+at the reduced class; a pod its PodDisruptionBudget protects and a bare pod stay.
+
+There is no kubelet: the test marks pods Running through the status subresource, as a kubelet would.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from tests.cluster.harness import Kubectl, TimekeeperApi, gpu_probe, wait_for_admission_state
+from tests.support.processes import wait_until
+
+
+def replica_set(namespace: str, name: str) -> dict[str, Any]:
+    template = {"metadata": {"labels": {"app": name}}, "spec": gpu_probe(namespace)["spec"]}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}}, "template": template},
+    }
+
+
+def pods(kubectl: Kubectl, namespace: str, app: str) -> list[dict[str, Any]]:
+    listed = kubectl.json("get", "pods", "-n", namespace, "-l", f"app={app}")["items"]
+    return [p for p in listed if not p["metadata"].get("deletionTimestamp")]
+
+
+def mark_running(kubectl: Kubectl, namespace: str, name: str) -> None:
+    started = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    patch = json.dumps({"status": {"phase": "Running", "startTime": started}})
+    kubectl.run("patch", "pod", name, "-n", namespace, "--subresource=status", "--type=merge", "-p", patch)
+
+
+def test_an_exhausted_namespace_that_says_evict_has_its_running_pods_recreated_at_the_reduced_class(
+    kubectl: Kubectl, api: TimekeeperApi, namespace: str
+) -> None:
+    api.set_budget(namespace, 1000)
+    wait_for_admission_state(kubectl, namespace, "in_budget")
+    for app in ("worker", "guarded"):
+        kubectl.create(replica_set(namespace, app))
+    kubectl.create(
+        {
+            "apiVersion": "policy/v1beta1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "guarded", "namespace": namespace},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}},
+        }
+    )
+    bare = copy.deepcopy(gpu_probe(namespace))
+    bare["metadata"] |= {"name": "bare", "labels": {"app": "bare"}}
+    kubectl.create(bare)
+    wait_until(
+        lambda: all(pods(kubectl, namespace, app) for app in ("worker", "guarded")),
+        timeout=30,
+        what="the ReplicaSets' pods",
+    )
+    [worker] = pods(kubectl, namespace, "worker")
+    [guarded] = pods(kubectl, namespace, "guarded")
+    assert worker["spec"]["priorityClassName"] == "gpu-in-budget"
+    for name in (worker["metadata"]["name"], guarded["metadata"]["name"], "bare"):
+        mark_running(kubectl, namespace, name)
+
+    # Exhausted first, so the webhook knows before the replacement arrives; then the action.
+    api.set_budget(namespace, 0)
+    wait_for_admission_state(kubectl, namespace, "exhausted")
+    api.set_budget(namespace, 0, running_pod_action="evict")
+
+    def replaced() -> list[dict[str, Any]]:
+        return [
+            p for p in pods(kubectl, namespace, "worker") if p["metadata"]["uid"] != worker["metadata"]["uid"]
+        ]
+
+    wait_until(replaced, timeout=30, what="the ReplicaSet's replacement of the evicted pod")
+    [replacement] = replaced()
+    assert replacement["spec"]["priorityClassName"] == "gpu-over-budget"
+    assert [p["metadata"]["uid"] for p in pods(kubectl, namespace, "guarded")] == [guarded["metadata"]["uid"]]
+    assert pods(kubectl, namespace, "bare")[0]["metadata"]["name"] == "bare"
+    events = kubectl.json("get", "events", "-n", namespace)["items"]
+    downgraded = [
+        e["involvedObject"]["name"]
+        for e in events
+        if e["reason"] == "GPUBudgetDowngrade" and e["involvedObject"]["kind"] == "Pod"
+    ]
+    assert downgraded == [worker["metadata"]["name"]]

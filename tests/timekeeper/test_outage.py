@@ -1,0 +1,85 @@
+"""A database outage: while a real PostgreSQL server of the test's own is down, reports and reads are
+answered 503 with Retry-After (not 500), the outage is logged once (not per request) and shown as a
+metric, and when the server is back the timekeeper serves again by itself."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from sqlalchemy.engine import make_url
+
+from tests.support.throwaway_postgres import ThrowawayPostgres, throwaway_postgres
+from tests.support.timekeeper import Api, Tokens, bearer, migrate, ok, report_body
+from timekeeper.app import create_app
+from timekeeper.clock import ManualClock
+from timekeeper.settings import Settings
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+NOW = datetime(2026, 3, 18, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ThrowawayPostgres]:
+    with throwaway_postgres() as server:
+        migrate(make_url(server.url))
+        yield server
+
+
+@pytest.fixture
+async def app(server: ThrowawayPostgres, tokens: Tokens) -> AsyncIterator[FastAPI]:
+    settings = Settings(database_url=server.url, scheduler_enabled=False, **tokens.settings())
+    app = create_app(settings, ManualClock(NOW))
+    async with app.router.lifespan_context(app):
+        yield app
+
+
+@pytest.fixture
+async def api(app: FastAPI, tokens: Tokens) -> AsyncIterator[Api]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://timekeeper/api/v1") as client:
+        yield Api(client, tokens)
+
+
+def report(n: int) -> dict[str, object]:
+    return report_body(pod=f"pod-{n}", pod_uid=f"uid-{n}", start=NOW - timedelta(minutes=10))
+
+
+def database_up(app: FastAPI) -> float | None:
+    return app.state.metrics.registry.get_sample_value("timekeeper_database_up")
+
+
+async def test_an_outage_is_answered_503_logged_once_and_recovered_from(
+    app: FastAPI, api: Api, server: ThrowawayPostgres, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="timekeeper")
+    headers = bearer(api.tokens.reporter)
+    ok(await api.client.post("/reports", json=report(0), headers=headers))
+
+    server.crash()
+    try:
+        answers = await asyncio.gather(
+            *(api.client.post("/reports", json=report(n), headers=headers) for n in range(1, 9)),
+            api.client.get("/namespaces/team-a/budget", headers=bearer(api.tokens.reader)),
+        )
+        again = await api.client.post("/reports", json=report(1), headers=headers)
+        assert [answer.status_code for answer in [*answers, again]] == [503] * 10
+        assert {answer.headers["retry-after"] for answer in answers} == {"5"}
+        assert "retry later" in again.json()["detail"]
+        assert database_up(app) == 0
+    finally:
+        server.start()
+
+    ok(await api.client.post("/reports", json=report(9), headers=headers))
+    events = [record.message for record in caplog.records]
+    assert events.count("database_unavailable") == 1
+    assert events.count("database_recovered") == 1
+    assert database_up(app) == 1
+    budget = await api.budget("team-a")
+    assert budget["used_gpu_minutes"] == 2  # the reports before and after; none during the outage

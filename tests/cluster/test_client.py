@@ -9,13 +9,10 @@ with the stand-in (tests/kube/test_client.py).
 from __future__ import annotations
 
 import asyncio
-import copy
-import json
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kubernetes import client
@@ -24,9 +21,13 @@ from gpuaccounting.names import ANNOTATION_GPU_SHARE, TOKEN_AUDIENCE
 from tests.cluster.harness import (
     Kubectl,
     gpu_probe,
+    placed,
     service_account_kubeconfig,
     service_account_token,
+    set_status,
     sidecar_token,
+    stamp,
+    terminated,
 )
 from tests.support.control_plane import ControlPlane
 from tests.support.pods import GPU_PODS
@@ -52,23 +53,10 @@ async def kube_client(
     await kube.close()
 
 
-def created(
-    kubectl: Kubectl, namespace: str, name: str, body: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    placed = copy.deepcopy(body or gpu_probe(namespace))
-    placed["metadata"] |= {"name": name, "namespace": namespace}
-    return kubectl.create(placed)
-
-
-def set_status(kubectl: Kubectl, namespace: str, name: str, status: dict[str, Any]) -> None:
-    patch = json.dumps({"status": status})
-    kubectl.run("patch", "pod", name, "-n", namespace, "--subresource=status", "--type=merge", "-p", patch)
-
-
 async def test_token_review_names_the_pod_a_projected_token_is_bound_to(
     kube_client: KubeClient, kubectl: Kubectl, core: client.CoreV1Api, namespace: str
 ) -> None:
-    pod = created(kubectl, namespace, "trainer-0")
+    pod = kubectl.create(placed(gpu_probe(namespace), namespace, "trainer-0"))
 
     review = await kube_client.token_review(sidecar_token(core, pod), (TOKEN_AUDIENCE,))
 
@@ -83,7 +71,7 @@ async def test_token_review_names_the_pod_a_projected_token_is_bound_to(
 async def test_token_review_refuses_another_audience_and_a_deleted_pods_token(
     kube_client: KubeClient, kubectl: Kubectl, core: client.CoreV1Api, namespace: str
 ) -> None:
-    pod = created(kubectl, namespace, "trainer-0")
+    pod = kubectl.create(placed(gpu_probe(namespace), namespace, "trainer-0"))
     api_token = service_account_token(core, namespace, "default", pod=pod)
     token = sidecar_token(core, pod)
 
@@ -120,30 +108,19 @@ async def test_list_pods_reads_every_page_with_share_phase_and_real_end(
 ) -> None:
     half, _ = GPU_PODS["kai"]
     for i in range(4):
-        created(kubectl, namespace, f"p{i}")
-    created(kubectl, namespace, "done", half)
+        kubectl.create(placed(gpu_probe(namespace), namespace, f"p{i}"))
+    kubectl.create(placed(half, namespace, "done"))
     start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=30)
     finished = start + timedelta(minutes=20)
     stored = kubectl.json("get", "pod", "done", "-n", namespace)
-    statuses = [
-        {
-            "name": c["name"],
-            "image": c["image"],
-            "imageID": "",
-            "ready": False,
-            "restartCount": 0,
-            "state": {"terminated": {"exitCode": 0, "finishedAt": finished.strftime("%Y-%m-%dT%H:%M:%SZ")}},
-        }
-        for c in stored["spec"]["containers"]
-    ]
     set_status(
         kubectl,
         namespace,
         "done",
         {
             "phase": "Succeeded",
-            "startTime": start.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "containerStatuses": statuses,
+            "startTime": stamp(start),
+            "containerStatuses": terminated(stored, finished),
         },
     )
 
@@ -162,13 +139,13 @@ async def test_list_pods_reads_every_page_with_share_phase_and_real_end(
 async def test_watch_streams_every_change_after_the_snapshot(
     kube_client: KubeClient, kubectl: Kubectl, namespace: str
 ) -> None:
-    created(kubectl, namespace, "first")
+    kubectl.create(placed(gpu_probe(namespace), namespace, "first"))
     async with aclosing(kube_client.watch_pods(timeout_seconds=30)) as stream:
         snapshot = await anext(stream)
         assert isinstance(snapshot, PodSnapshot)
         assert [p.name for p in snapshot.pods if p.namespace == namespace] == ["first"]
 
-        await asyncio.to_thread(created, kubectl, namespace, "second")
+        await asyncio.to_thread(kubectl.create, placed(gpu_probe(namespace), namespace, "second"))
         await asyncio.to_thread(set_status, kubectl, namespace, "second", {"phase": "Running"})
         await asyncio.to_thread(kubectl.run, "delete", "pod", "first", "-n", namespace)
 
@@ -185,7 +162,7 @@ async def test_watch_streams_every_change_after_the_snapshot(
 async def test_events_about_the_namespace_or_a_pod_are_accepted_and_listed_there(
     kube_client: KubeClient, kubectl: Kubectl, namespace: str
 ) -> None:
-    pod = created(kubectl, namespace, "p")
+    pod = kubectl.create(placed(gpu_probe(namespace), namespace, "p"))
     await kube_client.post_event(
         namespace, "BudgetExhausted", f"{namespace} spent 600 of 600 GPU-minutes", "Warning"
     )

@@ -351,3 +351,10 @@ def test_the_node_agent_is_deployment_nodeagent_in_its_own_namespace():
         assert _normalised(chart[key]) == _normalised(expected), key
     for obj in chart.values():
         kubernetes_validate.validate(obj, KUBERNETES_VERSIONS[-1], strict=True)
+
+
+def test_clusters_older_than_1_30_are_refused():
+    """matchConditions, which keep every non-GPU pod away from the webhook, are GA from 1.30."""
+    assert helm_template("--kube-version", "1.30.0")
+    done = helm("template", "x", str(CHART), "--kube-version", "1.29.9", check=False)
+    assert done.returncode != 0 and "kubeVersion" in done.stderr

@@ -79,6 +79,25 @@ async def test_watch_lists_again_when_its_resource_version_has_expired(
     assert [c.code for c in apiserver.calls if c.verb == "watch"] == [200]  # the 410 came as an ERROR event
 
 
+async def test_a_bookmark_moves_the_resume_point_so_no_relist_is_needed(
+    apiserver: KubeApiServer, kube: KubeClient
+):
+    async with aclosing(kube.watch_pods(timeout_seconds=1)) as stream:
+        await anext(stream)
+        # Other objects change (no pod event carries their resourceVersion); the watch's timeout ends it
+        # with a bookmark at the newest resourceVersion, and the client resumes from there.
+        apiserver.put({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "x"}})
+        following = asyncio.ensure_future(anext(stream))
+        while apiserver.requests["watch", "pods"] < 2:  # noqa: ASYNC110 (the stand-in has no event to await)
+            await asyncio.sleep(0.05)
+        # Everything before the bookmark is compacted away: resuming from the list would be 410 Expired.
+        apiserver.compact()
+        gpu_pod(apiserver, "team-a", "after")
+        event = await following
+    assert isinstance(event, PodEvent) and (event.type, event.pod.name) == ("ADDED", "after")
+    assert apiserver.requests["list", "pods"] == 1
+
+
 async def test_watch_backs_off_on_errors_and_recovers(apiserver: KubeApiServer, kube: KubeClient):
     gpu_pod(apiserver, "team-a", "p")
     binding = apiserver.get("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", None, "gpu-timekeeper")

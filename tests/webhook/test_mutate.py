@@ -83,6 +83,26 @@ def test_sidecar_env_and_volumes_follow_the_contract(webhook: Webhook) -> None:
     assert files == {"annotations": "metadata.annotations", "labels": "metadata.labels"}
 
 
+def test_the_sidecar_is_pointed_at_its_nodes_agent_with_a_token_of_its_own_audience(webhook: Webhook) -> None:
+    patched = webhook.admit(pod(container("main", {"nvidia.com/gpu": 1})))
+    sidecar = sidecar_of(patched)
+    names_in_order = [item["name"] for item in sidecar["env"]]
+    env = env_of(sidecar)
+
+    assert env["HOST_IP"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
+    assert env["SIDECAR_NODEAGENT_URL"] == "http://$(HOST_IP):9402"
+    # The kubelet expands $(HOST_IP) only from a variable defined earlier in the list.
+    assert names_in_order.index("HOST_IP") < names_in_order.index("SIDECAR_NODEAGENT_URL")
+    assert env["SIDECAR_NODEAGENT_TOKEN_FILE"] == "/var/run/secrets/gpu-timekeeper/nodeagent-token"
+    volumes = {volume["name"]: volume for volume in patched["spec"]["volumes"]}
+    tokens = [s["serviceAccountToken"] for s in volumes[names.SIDECAR_TOKEN_VOLUME]["projected"]["sources"]]
+    assert [(t["audience"], t["path"]) for t in tokens] == [
+        ("gpu-timekeeper", "token"),
+        ("gpu-timekeeper-nodeagent", "nodeagent-token"),
+    ]
+    assert webhook.validate(patched).allowed
+
+
 def test_sidecar_goes_before_existing_init_containers_and_user_volumes_stay(webhook: Webhook) -> None:
     original = pod(
         container("main", {"nvidia.com/gpu": 1}),

@@ -42,6 +42,8 @@ class WebhookSettings(BaseSettings):
     timekeeper_token_file: Path | None = None  # re-read on every poll: projected tokens rotate
     state_poll_interval_seconds: float = Field(default=10.0, gt=0)
     state_poll_timeout_seconds: float = Field(default=5.0, gt=0)
+    # After a failed poll: the one backoff (full jitter) from 1 s up to this, so replicas spread out.
+    state_poll_retry_max_seconds: float = Field(default=60.0, gt=0)
     state_max_age_seconds: float = Field(default=120.0, gt=0)
     # What a decision assumes when the state is older than state_max_age_seconds, or was never loaded.
     stale_state_policy: Literal["in_budget", "over_budget", "last_known"] = "in_budget"

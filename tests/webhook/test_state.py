@@ -5,10 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from gpuaccounting import names
+from gpuaccounting.backoff import Backoff
 from tests.support.admission_state_server import run_state_server, snapshot
 from tests.support.pods import container, pod
 from tests.webhook.conftest import Tls, Webhook, serve_webhook
+from webhook.metrics import WebhookMetrics
+from webhook.settings import WebhookSettings
+from webhook.state import BudgetStateCache, StatePoller
 
 EXHAUSTED = {"team-a": {"state": "exhausted", "max_gpu_share_per_pod": None}}
 
@@ -127,3 +133,16 @@ def test_health_and_metrics_endpoints(webhook: Webhook) -> None:
         webhook.metric("webhook_admissions_total", endpoint="mutate", operation="CREATE", result="non_gpu")
         >= 1
     )
+
+
+async def test_failed_polls_back_off_and_a_good_one_returns_to_the_interval() -> None:
+    settings = WebhookSettings(state_poll_interval_seconds=10, state_poll_retry_max_seconds=8)
+    cache = BudgetStateCache(settings.state_max_age_seconds)
+    async with httpx.AsyncClient() as client:
+        poller = StatePoller(
+            settings, cache, WebhookMetrics(cache.age_seconds), client, Backoff(1, 8, rng=lambda: 1.0)
+        )
+        waits = [poller.next_wait(result) for result in ("error", "error", "error", "error", "error")]
+        assert waits == [1, 2, 4, 8, 8]  # the backoff's bound (rng at its top), capped, not the interval
+        assert poller.next_wait("not_modified") == 10
+        assert poller.next_wait("error") == 1  # a good poll started the run over

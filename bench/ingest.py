@@ -58,7 +58,8 @@ POISON = (
 @dataclass(frozen=True)
 class Server:
     urls: list[str]  # one per timekeeper process (replica), all on the same database
-    token: str
+    token: str  # the reporter's
+    reader: str  # an admin's, for the reads
     dsn: str
 
     @property
@@ -69,13 +70,14 @@ class Server:
 @contextmanager
 def timekeeper(workers: int = 1, replicas: int = 1) -> Iterator[Server]:
     """`python -m timekeeper` (`replicas` processes, each with `workers` workers) on a fresh migrated
-    database, with a reporter token made for this run."""
-    token = secrets.token_urlsafe(24)
+    database, with a reporter and an admin token made for this run (one token per role)."""
+    token, reader = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     digest = hashlib.sha256(token.encode()).hexdigest()
+    admin_digest = hashlib.sha256(reader.encode()).hexdigest()
     with migrated_database("gtk_bench") as url, ExitStack() as processes:
         env = {
             "TIMEKEEPER_DATABASE_URL": url_string(url),
-            "TIMEKEEPER_ADMIN_TOKEN_SHA256": digest,
+            "TIMEKEEPER_ADMIN_TOKEN_SHA256": admin_digest,
             "TIMEKEEPER_REPORTER_TOKEN_SHA256": digest,
         }
         urls = []
@@ -86,7 +88,7 @@ def timekeeper(workers: int = 1, replicas: int = 1) -> Iterator[Server]:
                 process([*args, "--no-access-log", "--log-level", "warning"], env=env, port=port)
             )
             urls.append(f"http://127.0.0.1:{port}")
-        yield Server(urls, token, url_string(url.set(drivername="postgresql")))
+        yield Server(urls, token, reader, url_string(url.set(drivername="postgresql")))
 
 
 @contextmanager
@@ -159,7 +161,7 @@ def _seed_namespaces(dsn: str, count: int) -> None:
 
 def _snapshot_latencies(server: Server, samples: int) -> tuple[list[float], int]:
     """Full snapshots (no If-None-Match), one at a time: milliseconds each, and the body size."""
-    headers = {"Authorization": f"Bearer {server.token}"}
+    headers = {"Authorization": f"Bearer {server.reader}"}
     timings = []
     size = 0
     with httpx.Client(base_url=server.url, headers=headers) as client:
@@ -193,7 +195,7 @@ def run(seconds: int = 10, connections: int = 64, workers: int = 1, replicas: in
         _seed_namespaces(server.dsn, NAMESPACES)
         progress(f"budget reads, {seconds}s; admission snapshots")
         paths = ",".join(f"/api/v1/namespaces/bench-{i}/budget" for i in range(100))
-        reads = run_wrk(server.url, "get.lua", [server.token, paths], seconds=seconds, connections=2)
+        reads = run_wrk(server.url, "get.lua", [server.reader, paths], seconds=seconds, connections=2)
         snapshot, snapshot_bytes = _snapshot_latencies(server, 200)
     for name, result in (
         ("ingest", ingest),

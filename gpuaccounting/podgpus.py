@@ -12,6 +12,8 @@ from typing import Literal, TypedDict
 from gpuaccounting.wire import GpuStatus
 
 POD_GPUS_PATH = "/v1/pod-gpus"
+# The agent's port on every node (its DaemonSet's hostPort); the webhook points sidecars at it.
+NODEAGENT_PORT = 9402
 # The audience of the projected token a sidecar presents to its node agent: not the timekeeper's, so a
 # token the agent sees can never be replayed as a report.
 NODEAGENT_AUDIENCE = "gpu-timekeeper-nodeagent"

@@ -9,6 +9,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gpuaccounting.podgpus import NODEAGENT_PORT
+
 SERVICEACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -16,7 +18,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="NODEAGENT_", extra="ignore")
 
     host: str = Field(default="0.0.0.0", description="Address the pod-gpus endpoint listens on.")
-    port: int = Field(default=9402, ge=1, le=65535, description="Its port (a hostPort in the DaemonSet).")
+    port: int = Field(
+        default=NODEAGENT_PORT, ge=1, le=65535, description="Its port (the DaemonSet's hostPort)."
+    )
     podresources_socket: Path = Field(
         default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"), description="The kubelet's socket."
     )

@@ -36,19 +36,23 @@ def grid_floor(anchor_us: int, interval_us: int, moment_us: int) -> int:
 
 
 def make_backend(config: Config) -> GpuBackend:
+    """fake; nodeagent; pynvml, asking the node agent first when SIDECAR_NODEAGENT_URL names one."""
     if config.nvml_backend == "fake":
         return FakeBackend(seed=config.pod_uid, count=config.fake_gpu_count)
-    if config.nvml_backend == "nodeagent":
-        from sidecar.nodeagent import NodeAgentBackend
+    if config.nodeagent_url is None:
+        return PynvmlBackend(config.nvml_library)
+    from sidecar.nodeagent import AgentFirstBackend, NodeAgentBackend
 
-        return NodeAgentBackend(
-            config.nodeagent_url or "",
-            config.nodeagent_token_file,
-            timeout=config.request_timeout_seconds,
-            # One request serves every device of a sample tick.
-            max_age_seconds=config.sample_interval_seconds / 2,
-        )
-    return PynvmlBackend(config.nvml_library)
+    agent = NodeAgentBackend(
+        config.nodeagent_url,
+        config.nodeagent_token_file,
+        timeout=config.request_timeout_seconds,
+        # One request serves every device of a sample tick.
+        max_age_seconds=config.sample_interval_seconds / 2,
+    )
+    if config.nvml_backend == "nodeagent":
+        return agent
+    return AgentFirstBackend(agent, PynvmlBackend(config.nvml_library))
 
 
 def make_discovery(config: Config) -> Discovery:

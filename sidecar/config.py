@@ -171,7 +171,9 @@ class Config:
             Backend, _choice(env, f"{PREFIX}NVML_BACKEND", "pynvml", ("pynvml", "fake", "nodeagent"))
         )
         nodeagent_url = _raw(env, f"{PREFIX}NODEAGENT_URL")
-        if backend == "nodeagent" and not (nodeagent_url or "").startswith("http://"):
+        if nodeagent_url is not None and not nodeagent_url.startswith("http://"):
+            raise ConfigError(f"{PREFIX}NODEAGENT_URL={nodeagent_url!r} must start with http://")
+        if backend == "nodeagent" and nodeagent_url is None:
             raise ConfigError(
                 f"{PREFIX}NVML_BACKEND=nodeagent needs {PREFIX}NODEAGENT_URL, e.g. http://$(HOST_IP):9402"
             )

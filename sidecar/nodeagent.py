@@ -17,7 +17,7 @@ from typing import cast
 from urllib.parse import urlsplit
 
 from gpuaccounting.podgpus import POD_GPUS_PATH, PodGpu, PodGpus
-from sidecar.gpus import BackendUnavailable, Device, GpuSample, Resolution, Selector
+from sidecar.gpus import BackendUnavailable, Device, GpuBackend, GpuSample, Resolution, Selector
 from sidecar.sender import load_http_client
 
 
@@ -103,3 +103,34 @@ class NodeAgentBackend:
             pod_mem_used_bytes=gpu["pod_mem_used_bytes"],
             pod_process_count=gpu["pod_processes"],
         )
+
+
+class AgentFirstBackend:
+    """The node agent when it answers, else the pod's own NVML (HAMi or gpushare pods whose sidecar can
+    load it). Each re-initialisation asks the agent first again, so an agent that starts later wins."""
+
+    def __init__(self, agent: GpuBackend, local: GpuBackend) -> None:
+        self._agent = agent
+        self._local = local
+        self._active: GpuBackend = agent
+
+    def open(self) -> str:
+        try:
+            description = self._agent.open()
+        except BackendUnavailable as agent_error:
+            self._active = self._local
+            try:
+                return self._local.open()
+            except BackendUnavailable as local_error:
+                raise BackendUnavailable(f"{agent_error}; {local_error}") from None
+        self._active = self._agent
+        return description
+
+    def close(self) -> None:
+        self._active.close()
+
+    def resolve(self, selectors: Sequence[Selector]) -> Resolution:
+        return self._active.resolve(selectors)
+
+    def sample(self, device: Device) -> GpuSample:
+        return self._active.sample(device)

@@ -11,9 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from gpuaccounting import names
+from gpuaccounting.podgpus import NODEAGENT_AUDIENCE, NODEAGENT_PORT
 from webhook.settings import WebhookSettings
 
 TOKEN_FILE_NAME = "token"
+# The pod's token for the node agent of its node (docs/nodeagent.md): another audience than the
+# timekeeper's, so the agent can never present it as a report.
+NODEAGENT_TOKEN_FILE_NAME = "nodeagent-token"
 
 
 def _field_env(name: str, field_path: str) -> dict[str, Any]:
@@ -40,6 +44,14 @@ class SidecarTemplate:
             {"name": "SIDECAR_BUFFER_DIR", "value": settings.sidecar_buffer_dir},
             {"name": "SIDECAR_PODINFO_DIR", "value": settings.sidecar_podinfo_dir},
             {"name": "SIDECAR_NVML_BACKEND", "value": "pynvml"},
+            # The node agent on this pod's node, asked first; the sidecar falls back to its own NVML
+            # where no agent answers. $(HOST_IP) is expanded by the kubelet from the variable above it.
+            _field_env("HOST_IP", "status.hostIP"),
+            {"name": "SIDECAR_NODEAGENT_URL", "value": f"http://$(HOST_IP):{NODEAGENT_PORT}"},
+            {
+                "name": "SIDECAR_NODEAGENT_TOKEN_FILE",
+                "value": f"{settings.sidecar_token_dir.rstrip('/')}/{NODEAGENT_TOKEN_FILE_NAME}",
+            },
         ]
         self.volumes = [
             {
@@ -52,7 +64,14 @@ class SidecarTemplate:
                                 "expirationSeconds": settings.sidecar_token_expiration_seconds,
                                 "path": TOKEN_FILE_NAME,
                             }
-                        }
+                        },
+                        {
+                            "serviceAccountToken": {
+                                "audience": NODEAGENT_AUDIENCE,
+                                "expirationSeconds": settings.sidecar_token_expiration_seconds,
+                                "path": NODEAGENT_TOKEN_FILE_NAME,
+                            }
+                        },
                     ]
                 },
             },

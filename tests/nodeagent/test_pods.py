@@ -160,13 +160,15 @@ def _get(url: str, path: str, token: str | None = None) -> tuple[int, Any]:
         return 0, None
 
 
-def _sidecar(tmp_path: Path, receiver: ReportReceiver, node: Node, pod: Pod) -> SidecarProcess:
+def _sidecar(
+    tmp_path: Path, receiver: ReportReceiver, node: Node, pod: Pod, extra: dict[str, str] | None = None
+) -> SidecarProcess:
     folder = tmp_path / pod.name
-    folder.mkdir()
+    folder.mkdir(parents=True)
     (folder / "token").write_text("timekeeper-token")
     (folder / "nodeagent-token").write_text(pod.token)
     env = {
-        "POD_NAMESPACE": NAMESPACE[pod.name],
+        "POD_NAMESPACE": NAMESPACE.get(pod.name, "team-z"),
         "POD_NAME": pod.name,
         "POD_UID": pod.uid,
         "SIDECAR_GPU_SHARE": "0.5",
@@ -179,6 +181,7 @@ def _sidecar(tmp_path: Path, receiver: ReportReceiver, node: Node, pod: Pod) -> 
         "SIDECAR_NODEAGENT_URL": node.agent_url,
         "SIDECAR_NODEAGENT_TOKEN_FILE": str(folder / "nodeagent-token"),
         "SIDECAR_LOG_FORMAT": "json",
+        **(extra or {}),
     }
     return SidecarProcess(env, folder / "sidecar.log")
 
@@ -243,3 +246,39 @@ def test_the_agent_answers_only_the_pod_whose_token_it_is(node: Node) -> None:
     for _ in range(3):
         _get(node.agent_url, POD_GPUS_PATH, PODS["whole"].token)
     assert node.tokens.reviews == reviews  # a reviewed token is cached, not reviewed per request
+
+
+def test_a_sidecar_asks_its_node_agent_first_and_uses_its_own_nvml_where_none_answers(
+    tmp_path: Path, receiver: ReportReceiver, node: Node, fake_nvml_library: Path
+) -> None:
+    """The webhook's injection: SIDECAR_NVML_BACKEND=pynvml with SIDECAR_NODEAGENT_URL set."""
+    lone_pod = Pod("lone", str(uuid.uuid4()), "unused", ())
+    scenario = tmp_path / "local.txt"
+    scenario.write_text(f"gpu {GPU[3]} util=33 mem_total={GIB} mem_used=1\n")
+    # Where no agent answers (a closed port), the sidecar reads its own NVML.
+    lone_env_node = Node(f"http://127.0.0.1:{free_port()}", node.tokens, node.kubelet, node.agent)
+    lone = _sidecar(
+        tmp_path,
+        receiver,
+        lone_env_node,
+        lone_pod,
+        {
+            "SIDECAR_NVML_BACKEND": "pynvml",
+            "SIDECAR_NVML_LIBRARY": str(fake_nvml_library),
+            "FAKE_NVML_SCENARIO": str(scenario),
+            "NVIDIA_VISIBLE_DEVICES": "all",
+        },
+    )
+    agent_first = _sidecar(tmp_path, receiver, node, PODS["sliced-a"], {"SIDECAR_NVML_BACKEND": "pynvml"})
+
+    def gpus(name: str) -> list[dict[str, Any]]:
+        bodies = [b for b in receiver.accepted() if b["pod"] == name and b["gpus"]]
+        return bodies[-1]["gpus"] if bodies else []
+
+    wait_until(lambda: gpus("lone") and gpus("sliced-a"), timeout=60, what="reports from both sidecars")
+    assert lone.terminate() == 0 and agent_first.terminate() == 0
+
+    (local,) = gpus("lone")
+    assert (local["uuid"], local["sm_util_pct"]) == (GPU[3], 33) and "pod_sm_util_pct" not in local
+    (shared,) = gpus("sliced-a")
+    assert (shared["uuid"], shared["pod_sm_util_pct"]) == (GPU[2], 60)

@@ -11,7 +11,8 @@ bootstrap). It reproduces the semantics the timekeeper relies on, as the real se
   the `status` subresource; errors as `Status` objects with code and reason;
 - list with `limit`/`continue`, `labelSelector`, `fieldSelector`, and watch (`?watch=true&resourceVersion=`,
   `timeoutSeconds`) streaming newline-delimited WatchEvents over chunked HTTP; a watch from a compacted
-  resourceVersion gets an `ERROR` event carrying a 410 `Expired` Status, as from the watch cache;
+  resourceVersion gets an `ERROR` event carrying a 410 `Expired` Status, as from the watch cache; with
+  `allowWatchBookmarks=true` a watch that times out ends with a `BOOKMARK` at the current resourceVersion;
 - authentication by bearer token and authorisation by real RBAC objects (Roles, ClusterRoles with
   aggregation, RoleBindings, ClusterRoleBindings) stored like any other object; `system:masters` may do
   anything;
@@ -388,9 +389,6 @@ class KubeApiServer:
             bound_pod,
         )
         return token
-
-    def revoke_token(self, token: str) -> None:
-        self._tokens.pop(token, None)
 
     def _authenticate(self, token: str, audiences: Iterable[str]) -> tuple[TokenInfo, list[str]] | str:
         """The token's identity and the audiences it is valid for, or why it is not accepted."""
@@ -888,14 +886,25 @@ class KubeApiServer:
         while True:
             with self._cond:
                 pending = [e for e in self._history if e.resource_version > since]
+                timed_out = False
                 while not pending and not self._stopping and self._epoch == epoch:
                     remaining = deadline - datetime.now(UTC).timestamp()
                     if remaining <= 0:
-                        return
+                        timed_out = True
+                        break
                     self._cond.wait(timeout=min(remaining, 0.5))
                     pending = [e for e in self._history if e.resource_version > since]
                 if self._stopping or self._epoch != epoch:
                     return
+                current = self._rv
+            if timed_out:
+                # Go's strconv.ParseBool, as the apiserver reads it (the Python clients send "True").
+                if r.query.get("allowWatchBookmarks") in ("1", "t", "T", "true", "True", "TRUE"):
+                    # As the watch cache does just before a watch times out: where to resume from.
+                    metadata = {"resourceVersion": str(current)}
+                    bookmark = {"kind": r.rtype.kind, "apiVersion": r.rtype.api_version, "metadata": metadata}
+                    yield {"type": "BOOKMARK", "object": bookmark}
+                return
             for event in pending:
                 since = event.resource_version
                 if (

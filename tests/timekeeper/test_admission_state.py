@@ -6,11 +6,13 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
 from gpuaccounting.admission_state import AdmissionState, default_priority_policy
 from tests.support.timekeeper import Api, ok
 from tests.timekeeper.conftest import START
 from timekeeper.clock import ManualClock
+from timekeeper.scheduler.jobs import JOBS_BY_NAME, run_job
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -89,14 +91,18 @@ async def test_a_report_that_changes_the_state_gives_a_new_version_and_one_that_
 
 
 async def test_at_a_period_roll_over_exhausted_namespaces_return_to_in_budget(
-    api: Api, clock: ManualClock
+    api: Api, app: FastAPI, clock: ManualClock
 ) -> None:
     ok(await api.put_budget("team-a", budget_gpu_minutes=1, period="daily"))
     ok(await api.report(seq=1, start=START - timedelta(minutes=5), minutes=2))
     before, etag = await snapshot(api)
     assert before["namespaces"]["team-a"]["state"] == "exhausted"
-
     clock.set(datetime(2026, 3, 19, 0, 0, 5, tzinfo=UTC))
+
+    # Reading writes nothing: until the roll-over job has run, the snapshot is the one last published.
+    assert (await poll(api, etag)).status_code == 304
+    state = app.state
+    await run_job(JOBS_BY_NAME["rollover"], state.sessionmaker, state.settings, state.clock, "test")
 
     response = await poll(api, etag)
     assert response.status_code == 200

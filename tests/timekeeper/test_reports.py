@@ -156,6 +156,61 @@ async def test_the_ledger_keeps_the_measured_figures_beside_the_charge(
     assert [gpu["uuid"] for gpu in row.gpus] == ["GPU-a", "GPU-b", "GPU-c"]
 
 
+async def test_the_ledger_keeps_each_gpus_status_identity_and_the_pods_own_figures(
+    api: Api, connection: AsyncConnection
+) -> None:
+    """A time-sliced GPU: the device is 85 % busy, this pod's processes 25 % of it. The pod's own figures
+    are what its usage shows; the device's stay in the ledger beside them."""
+    gpus = [
+        {
+            "uuid": "GPU-shared",
+            "sm_util_pct": 85.0,
+            "mem_used_bytes": 3000,
+            "mem_total_bytes": 8000,
+            "status": "ok",
+            "name": "NVIDIA A100-SXM4-80GB",
+            "pod_sm_util_pct": 25.0,
+            "pod_sm_util_max_pct": 40.0,
+            "pod_mem_used_bytes": 1000,
+            "pod_processes": 2,
+        },
+        {
+            "uuid": "MIG-lost",
+            "sm_util_pct": None,
+            "mem_used_bytes": None,
+            "mem_total_bytes": None,
+            "status": "lost",
+            "parent_uuid": "GPU-parent",
+        },
+    ]
+    ok(await api.report(seq=1, start=at(0), minutes=1, gpus=gpus))
+
+    row = (await connection.execute(sa.text("SELECT * FROM usage_ledger"))).one()
+    assert (float(row.mean_sm_util_pct), row.max_mem_used_bytes) == (25.0, 1000)
+    shared, lost = row.gpus
+    assert {
+        k: shared[k] for k in ("status", "name", "pod_sm_util_pct", "pod_mem_used_bytes", "pod_processes")
+    } == {
+        "status": "ok",
+        "name": "NVIDIA A100-SXM4-80GB",
+        "pod_sm_util_pct": 25.0,
+        "pod_mem_used_bytes": 1000,
+        "pod_processes": 2,
+    }
+    assert shared["sm_util_pct"] == 85.0
+    assert (lost["status"], lost["parent_uuid"]) == ("lost", "GPU-parent")
+
+
+async def test_an_unknown_gpu_status_is_refused(api: Api) -> None:
+    gpus = [
+        {"uuid": "GPU-a", "sm_util_pct": 1.0, "mem_used_bytes": 1, "mem_total_bytes": 2, "status": "on fire"}
+    ]
+
+    response = await api.report(seq=1, start=at(0), minutes=1, gpus=gpus)
+
+    assert response.status_code == 422
+
+
 async def test_a_pod_uid_seen_in_another_namespace_is_refused(api: Api) -> None:
     ok(await api.report(namespace="team-a", seq=1, start=at(0)))
 

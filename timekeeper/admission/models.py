@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
-from sqlalchemy import BigInteger, Boolean, CheckConstraint, DateTime, Text, text
+from sqlalchemy import BigInteger, Boolean, CheckConstraint, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from timekeeper.db.base import Base
@@ -23,14 +21,10 @@ class NamespaceStatus(Base):
 
 
 class AdmissionVersion(Base):
-    """One row: the snapshot version (bumped in the transaction that changes a state or a budget) and
-    the UTC day the states were last recomputed for (periods all begin at midnight UTC)."""
+    """One row: the snapshot version, bumped in the transaction that changes a state or a budget."""
 
     __tablename__ = "admission_version"
     __table_args__ = (CheckConstraint("id", name="singleton"),)
 
     id: Mapped[bool] = mapped_column(Boolean, primary_key=True, server_default=text("true"))
     version: Mapped[int] = mapped_column(BigInteger, server_default="1")
-    refreshed_for: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), server_default=text("'1970-01-01T00:00:00Z'")
-    )

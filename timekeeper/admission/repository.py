@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from typing import cast
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.admission_state import NamespaceAdmission, PriorityClassNames
 from gpuaccounting.wire import BudgetState
+from timekeeper.admission.models import AdmissionVersion, NamespaceStatus
 
 # Inserts a namespace on first sight; touches an existing row only when its state really changes, and
-# then reports it (RETURNING yields a row for an insert or a real update, none otherwise).
+# then reports it (RETURNING yields a row for an insert or a real update, none otherwise). Two arrays,
+# unnested: one statement of constant size whether a report restates one namespace or a sweep 10,000.
 _SET_STATES = sa.text(
     "INSERT INTO namespace_status (namespace, state) "
     "SELECT * FROM unnest(CAST(:namespaces AS text[]), CAST(:states AS text[])) "
@@ -60,34 +62,25 @@ class AdmissionRepository:
         if not namespaces:
             return {}
         result = await self.session.execute(
-            sa.text(
-                "SELECT namespace, state FROM namespace_status "
-                "WHERE namespace = ANY(CAST(:namespaces AS text[]))"
-            ),
-            {"namespaces": namespaces},
+            sa.select(NamespaceStatus.namespace, NamespaceStatus.state).where(
+                NamespaceStatus.namespace.in_(namespaces)
+            )
         )
-        return dict(result.tuples().all())
+        return {namespace: cast(BudgetState, state) for namespace, state in result.tuples()}
 
     async def bump_version(self) -> int:
         """Called in the transaction that changed a state or a budget, so the new version and the change
         become visible together."""
         result = await self.session.execute(
-            sa.text("UPDATE admission_version SET version = version + 1 RETURNING version")
+            sa.update(AdmissionVersion)
+            .values(version=AdmissionVersion.version + 1)
+            .returning(AdmissionVersion.version)
         )
         return int(result.scalar_one())
 
-    async def version(self) -> tuple[int, datetime]:
-        row = (
-            await self.session.execute(sa.text("SELECT version, refreshed_for FROM admission_version"))
-        ).one()
-        return int(row.version), row.refreshed_for
-
-    async def mark_refreshed(self, day: datetime) -> None:
-        """Taken after the states' rows (the lock order every writer follows: states, then version)."""
-        await self.session.execute(
-            sa.text("UPDATE admission_version SET refreshed_for = greatest(refreshed_for, :day)"),
-            {"day": day},
-        )
+    async def version(self) -> int:
+        result = await self.session.execute(sa.select(AdmissionVersion.version))
+        return int(result.scalar_one())
 
     async def snapshot_json(
         self,

@@ -32,7 +32,7 @@ async def admission_state(
 ) -> Response:
     service = AdmissionService(session, request.app.state.settings)
     now = request.app.state.clock.now()
-    version = await service.version(now)
+    version = await service.version()
     if if_none_match is not None and _etag(version) in {
         tag.strip().removeprefix("W/") for tag in if_none_match.split(",")
     }:

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpuaccounting.admission_state import NamespaceAdmission
 from gpuaccounting.wire import BudgetState, format_timestamp
 from timekeeper.admission.repository import AdmissionRepository
-from timekeeper.budgets.periods import PeriodKind, budget_state, period_containing
+from timekeeper.budgets.periods import budget_state
 from timekeeper.budgets.repository import BudgetRepository, NamespaceFigures
 from timekeeper.settings import Settings
 
@@ -48,17 +48,10 @@ class AdmissionService:
             await self.repository.bump_version()
         return states, changed
 
-    async def version(self, now: datetime) -> int:
-        """The snapshot's version. Periods all begin at midnight UTC: the first reader after one
-        recomputes every state first, so an exhausted namespace returns to in_budget at its roll-over
-        without waiting for a report. (Two replicas racing here both recompute; the result is the same.)"""
-        version, refreshed_for = await self.repository.version()
-        day = period_containing(PeriodKind.DAILY, now).start
-        if refreshed_for < day:
-            await self.restate(now, None, config_changed=False)
-            await self.repository.mark_refreshed(day)
-            version, _ = await self.repository.version()
-        return version
+    async def version(self) -> int:
+        """The snapshot's version. Reading writes nothing: the roll-over at midnight UTC (when every
+        period begins) is the scheduler's `rollover` job's, which re-states every namespace."""
+        return await self.repository.version()
 
     async def snapshot_json(self, now: datetime, version: int) -> str:
         """The gpuaccounting.admission_state.AdmissionState document under `version`, built by the

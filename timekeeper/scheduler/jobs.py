@@ -11,7 +11,6 @@ from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from timekeeper.admission.repository import AdmissionRepository
 from timekeeper.admission.service import AdmissionService
 from timekeeper.budgets.periods import EPOCH, PeriodKind, period_containing
 from timekeeper.clock import Clock
@@ -30,23 +29,16 @@ class SchedulerService:
     def __init__(self, session: AsyncSession, settings: Settings) -> None:
         self.repository = SchedulerRepository(session)
         self.admission = AdmissionService(session, settings)
-        self.admission_repository = AdmissionRepository(session)
         self.settings = settings
 
-    async def roll_over(self, now: datetime, window: datetime) -> dict[str, Any]:
-        """Every period (daily, weekly, monthly) begins at a UTC midnight, so once a day every namespace's
-        state is recomputed against the totals of the period it is now in: those keyed by the new
-        period start begin at zero used and zero granted (grants count for the period they were given
-        in, so they lapse with it). Changes become events (trigger) and bump the snapshot version."""
-        await self.repository.lock_states()
-        await self.admission.restate(now, None, config_changed=False)
-        # The admission-state reader's own midnight refresh need not run again for this day.
-        await self.admission_repository.mark_refreshed(window)
-        return {"day": window.isoformat()}
-
-    async def sweep_states(self, now: datetime, window: datetime) -> dict[str, Any]:
-        """Recompute every known namespace's state (budget_state, the rule a report uses too) so a change
-        no report has made yet is recorded and published at the next webhook poll."""
+    async def restate_all(self, now: datetime, window: datetime) -> dict[str, Any]:
+        """Recompute every known namespace's state (the rule a report uses too) against the totals of
+        the period it is in now. This is the period roll-over: every period begins at a UTC midnight, and
+        the totals keyed by the new period start at zero used and zero granted (grants lapse with their
+        period), so the first run after a midnight returns exhausted namespaces to in_budget; any other
+        run records a change no report has made yet (a budget's new period kind, say). Changes become
+        events (trigger) and bump the snapshot version. The `rollover` job runs it once per UTC day
+        (alerting watches that), the `states` job every states_interval."""
         await self.repository.lock_states()
         await self.admission.restate(now, None, config_changed=False)
         return {}
@@ -84,13 +76,13 @@ JOBS: tuple[Job, ...] = (
         "rollover",
         lambda s: s.rollover_interval,
         lambda now, s: period_containing(PeriodKind.DAILY, now).start,
-        SchedulerService.roll_over,
+        SchedulerService.restate_all,
     ),
     Job(
         "states",
         lambda s: s.states_interval,
         lambda now, s: floor_to(now, s.states_interval),
-        SchedulerService.sweep_states,
+        SchedulerService.restate_all,
     ),
     Job(
         "closeout",

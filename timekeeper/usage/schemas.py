@@ -8,7 +8,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
-from gpuaccounting.wire import BudgetState
+from gpuaccounting.wire import BudgetState, GpuStatus
 from timekeeper.schemas import Amount, DecimalNumber, NamespaceName, PodName, PodUid, StoredText, Timestamp
 
 # Numbers only as JSON numbers (strict: no "50", no true), within what a GPU can report.
@@ -29,6 +29,19 @@ class GpuFiguresIn(BaseModel):
     mem_total_bytes: Bytes | None = None
     sm_util_max_pct: Percent | None = None
     energy_joules: Annotated[StrictFloat, Field(ge=0, le=1e15)] | None = None
+    # Added to the wire later (gpuaccounting.wire.GpuFigures): how well the GPU could be read, what it is,
+    # and this pod's own processes on it where a node agent attributed them. Kept in the ledger's `gpus`.
+    status: GpuStatus | None = None
+    name: StoredText | None = Field(default=None, max_length=128)
+    parent_uuid: StoredText | None = Field(default=None, max_length=128)
+    pod_sm_util_pct: Percent | None = None
+    pod_sm_util_max_pct: Percent | None = None
+    pod_mem_used_bytes: Bytes | None = None
+    pod_processes: Annotated[StrictInt, Field(ge=0, le=1_000_000)] | None = None
+
+
+def _own(pod_figure: float | None, device_figure: float | None) -> float | None:
+    return pod_figure if pod_figure is not None else device_figure
 
 
 class ReportIn(BaseModel):
@@ -58,9 +71,12 @@ class ReportIn(BaseModel):
         return self
 
     def measured(self) -> tuple[int, float | None, int | None]:
-        """(GPU count, mean SM utilisation, largest memory used) over the GPUs the sidecar could read."""
-        utils = [gpu.sm_util_pct for gpu in self.gpus if gpu.sm_util_pct is not None]
-        memory = [gpu.mem_used_bytes for gpu in self.gpus if gpu.mem_used_bytes is not None]
+        """(GPU count, mean SM utilisation, largest memory used) over the GPUs the sidecar could read; the
+        pod's own figures where known (a shared GPU's device figures are every tenant's)."""
+        utils = [u for gpu in self.gpus if (u := _own(gpu.pod_sm_util_pct, gpu.sm_util_pct)) is not None]
+        memory = [
+            int(m) for gpu in self.gpus if (m := _own(gpu.pod_mem_used_bytes, gpu.mem_used_bytes)) is not None
+        ]
         return len(self.gpus), (sum(utils) / len(utils) if utils else None), (max(memory) if memory else None)
 
 

@@ -49,7 +49,7 @@ struct nvmlDevice_st {
     unsigned long long proc_mem[MAX_PROCS];
     int proc_count;
     unsigned int util_pid[MAX_PROCS];
-    unsigned int util_sm[MAX_PROCS];
+    unsigned long long util_sm[MAX_PROCS];
     int util_proc_count;
     unsigned long long util_stamp;
     unsigned int unsupported;
@@ -87,6 +87,21 @@ static void parse_list(const char *text, unsigned int *out, int *count, int max)
         out[(*count)++] = (unsigned int)strtoul(item, NULL, 10);
 }
 
+/* `<pid>:<value>[,...]` into two arrays of MAX_PROCS; answers how many pairs were read. */
+static int parse_pairs(const char *text, unsigned int *pids, unsigned long long *values) {
+    char copy[512];
+    snprintf(copy, sizeof copy, "%s", text);
+    int count = 0;
+    for (char *save = NULL, *item = strtok_r(copy, ",", &save); item && count < MAX_PROCS;
+         item = strtok_r(NULL, ",", &save)) {
+        char *colon = strchr(item, ':');
+        pids[count] = (unsigned int)strtoul(item, NULL, 10);
+        values[count] = colon ? strtoull(colon + 1, NULL, 10) : 0;
+        count++;
+    }
+    return count;
+}
+
 static void apply_option(struct nvmlDevice_st *d, const char *key, const char *value) {
     if (!strcmp(key, "name")) snprintf(d->name, sizeof d->name, "%s", value);
     else if (!strcmp(key, "util")) parse_list(value, d->util, &d->util_count, MAX_UTIL);
@@ -102,27 +117,9 @@ static void apply_option(struct nvmlDevice_st *d, const char *key, const char *v
         if (strstr(value, "energy")) d->unsupported |= F_ENERGY;
         if (strstr(value, "processes")) d->unsupported |= F_PROCESSES;
     } else if (!strcmp(key, "proc_util")) {
-        char copy[512];
-        snprintf(copy, sizeof copy, "%s", value);
-        d->util_proc_count = 0;
-        for (char *save = NULL, *item = strtok_r(copy, ",", &save); item && d->util_proc_count < MAX_PROCS;
-             item = strtok_r(NULL, ",", &save)) {
-            char *colon = strchr(item, ':');
-            d->util_pid[d->util_proc_count] = (unsigned int)strtoul(item, NULL, 10);
-            d->util_sm[d->util_proc_count] = colon ? (unsigned int)strtoul(colon + 1, NULL, 10) : 0;
-            d->util_proc_count++;
-        }
+        d->util_proc_count = parse_pairs(value, d->util_pid, d->util_sm);
     } else if (!strcmp(key, "procs")) {
-        char copy[512];
-        snprintf(copy, sizeof copy, "%s", value);
-        d->proc_count = 0;
-        for (char *save = NULL, *item = strtok_r(copy, ",", &save); item && d->proc_count < MAX_PROCS;
-             item = strtok_r(NULL, ",", &save)) {
-            char *colon = strchr(item, ':');
-            d->proc_pid[d->proc_count] = (unsigned int)strtoul(item, NULL, 10);
-            d->proc_mem[d->proc_count] = colon ? strtoull(colon + 1, NULL, 10) : 0;
-            d->proc_count++;
-        }
+        d->proc_count = parse_pairs(value, d->proc_pid, d->proc_mem);
     }
 }
 
@@ -392,8 +389,8 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUti
     for (unsigned int i = 0; i < wanted; i++) {
         utilization[i].pid = device->util_pid[i];
         utilization[i].timeStamp = device->util_stamp;
-        utilization[i].smUtil = device->util_sm[i];
-        utilization[i].memUtil = device->util_sm[i] / 2;
+        utilization[i].smUtil = (unsigned int)device->util_sm[i];
+        utilization[i].memUtil = (unsigned int)device->util_sm[i] / 2;
         utilization[i].encUtil = 0;
         utilization[i].decUtil = 0;
     }

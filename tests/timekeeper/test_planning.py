@@ -1,0 +1,81 @@
+"""The ingest plan, without a database: what each report charges by period, what the running totals gain,
+and which namespaces' figures the batch's totals move."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+from gpuaccounting.admission_state import default_priority_policy
+from tests.support.timekeeper import report_body
+from timekeeper.budgets.periods import PeriodKind
+from timekeeper.budgets.repository import BudgetConfig, NamespaceFigures
+from timekeeper.usage.planning import figures_after, plan_charges, plan_totals
+from timekeeper.usage.schemas import ReportIn
+
+MIDNIGHT = datetime(2026, 3, 19, tzinfo=UTC)
+
+
+def config(period: PeriodKind) -> BudgetConfig:
+    return BudgetConfig(
+        budget_gpu_minutes=Decimal(100),
+        period=period,
+        warn_at_fraction=Decimal("0.8"),
+        max_gpu_share_per_pod=None,
+        concurrent_gpu_limit=None,
+        explicit=True,
+        priority_policy=default_priority_policy(),
+        running_pod_action="none",
+        own_priority_policy=False,
+        own_running_pod_action=False,
+    )
+
+
+def report(namespace: str, pod_uid: str, start: datetime, minutes: float, share: float) -> ReportIn:
+    body = report_body(namespace=namespace, pod_uid=pod_uid, start=start, minutes=minutes, gpu_share=share)
+    return ReportIn.model_validate(body)
+
+
+def test_a_charge_is_the_uncovered_time_split_at_the_period_boundary() -> None:
+    spanning = report("daily", "uid-a", MIDNIGHT - timedelta(minutes=10), 20, 0.5)
+    uncovered = {"uid-a": [(MIDNIGHT - timedelta(minutes=10), MIDNIGHT - timedelta(minutes=4))]}
+    uncovered["uid-a"].append((MIDNIGHT, MIDNIGHT + timedelta(minutes=10)))
+
+    [(before, early), (after, late)] = plan_charges(
+        [spanning], uncovered, {"daily": config(PeriodKind.DAILY)}
+    )["uid-a"].by_period
+
+    assert (before.start, early) == (MIDNIGHT - timedelta(days=1), Decimal(3))
+    assert (after.start, late) == (MIDNIGHT, Decimal(5))
+
+
+def test_totals_gain_each_namespace_and_period_once_in_key_order() -> None:
+    reports = [
+        report("team-b", "uid-b", MIDNIGHT + timedelta(hours=1), 10, 1),
+        report("team-a", "uid-a1", MIDNIGHT + timedelta(hours=1), 10, 1),
+        report("team-a", "uid-a2", MIDNIGHT + timedelta(hours=1), 10, 2),
+    ]
+    uncovered = {r.pod_uid: [(r.interval_start, r.interval_end)] for r in reports}
+    configs = {"team-a": config(PeriodKind.MONTHLY), "team-b": config(PeriodKind.DAILY)}
+
+    totals = plan_totals(reports, plan_charges(reports, uncovered, configs))
+
+    assert list(totals.items()) == [
+        (("team-a", "monthly", datetime(2026, 3, 1, tzinfo=UTC)), Decimal(30)),
+        (("team-b", "daily", MIDNIGHT), Decimal(10)),
+    ]
+
+
+def test_only_a_total_of_the_current_period_moves_a_namespaces_figures() -> None:
+    figures = {
+        ns: NamespaceFigures(ns, config(PeriodKind.DAILY), Decimal(1), Decimal(0)) for ns in ("now", "past")
+    }
+    totals = [
+        (("now", "daily", MIDNIGHT), Decimal(90), Decimal(5)),
+        (("past", "daily", MIDNIGHT - timedelta(days=1)), Decimal(500), Decimal(0)),
+    ]
+
+    after = figures_after(figures, totals, MIDNIGHT + timedelta(hours=3))
+
+    assert (after["now"].used_gpu_minutes, after["now"].granted_gpu_minutes) == (Decimal(90), Decimal(5))
+    assert after["past"] == figures["past"]

@@ -61,3 +61,15 @@ def test_the_webhook_may_read_every_namespaces_budget_and_nothing_more(shipped: 
     assert shipped.rbac_allows(webhook, groups, "list", "gpu-timekeeper.io", "gpubudgets", None)
     assert not shipped.rbac_allows(webhook, groups, "update", "gpu-timekeeper.io", "gpubudgets", None)
     assert not shipped.rbac_allows(webhook, groups, "update", "gpu-timekeeper.io", "gpubudgets", "team-a")
+
+
+def test_the_webhook_may_read_priority_classes_and_change_nothing(shipped: KubeApiServer):
+    """The PriorityClass watch: get, list and watch at cluster scope; no write, no other resource."""
+    webhook = f"system:serviceaccount:{TIMEKEEPER_NAMESPACE}:gpu-timekeeper-webhook"
+    groups = ("system:serviceaccounts", "system:authenticated")
+    for verb in ("get", "list", "watch"):
+        assert shipped.rbac_allows(webhook, groups, verb, "scheduling.k8s.io", "priorityclasses", None)
+    for verb in ("create", "update", "patch", "delete"):
+        assert not shipped.rbac_allows(webhook, groups, verb, "scheduling.k8s.io", "priorityclasses", None)
+    assert not shipped.rbac_allows(webhook, groups, "list", "", "pods", None)
+    assert not shipped.rbac_allows(webhook, groups, "get", "", "secrets", TIMEKEEPER_NAMESPACE)

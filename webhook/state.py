@@ -16,7 +16,7 @@ from typing import Literal, cast
 import httpx
 from pydantic import BaseModel
 
-from gpuaccounting.admission_state import AdmissionState, NamespaceAdmission
+from gpuaccounting.admission_state import AdmissionState, NamespaceAdmission, UserClassRule
 from gpuaccounting.backoff import Backoff
 from gpuaccounting.names import ADMISSION_STATE_PATH
 from gpuaccounting.wire import BudgetState
@@ -73,9 +73,16 @@ STATE_POLL_RETRY_BASE_SECONDS = 1.0
 
 # The snapshot's shape (gpuaccounting.admission_state) as pydantic models: pydantic cannot check a
 # typing.TypedDict on Python 3.11, and the shared module stays stdlib-only.
+class _PriorityPolicyModel(BaseModel):
+    exempt_classes: list[str]
+    user_classes: UserClassRule
+    ceiling: int | None
+
+
 class _NamespaceModel(BaseModel):
     state: BudgetState
     max_gpu_share_per_pod: float | None = None
+    priority_policy: _PriorityPolicyModel  # required: a webhook never guesses a namespace's policy
 
 
 class _SnapshotModel(BaseModel):

@@ -81,7 +81,10 @@ def test_an_exhausted_namespaces_pod_gets_the_reduced_class(
     stored = kubectl.create(placed(gpu_probe(namespace), namespace, "late"))
 
     assert priority_of(stored) == OVER_BUDGET
-    assert stored["metadata"]["annotations"][names.ANNOTATION_PRIORITY_DECISION] == "namespace exhausted"
+    assert (
+        stored["metadata"]["annotations"][names.ANNOTATION_PRIORITY_DECISION]
+        == "exhausted: namespace exhausted"
+    )
 
 
 def test_the_priority_plugin_judges_the_class_and_value_together(kubectl: Kubectl, namespace: str) -> None:

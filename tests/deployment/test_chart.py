@@ -216,7 +216,7 @@ def test_one_value_feeds_each_priority_class_and_the_webhook():
         {
             name.removeprefix("WEBHOOK_").lower(): value
             for name, value in env.items()
-            if isinstance(value, str)
+            if isinstance(value, str) and name != "WEBHOOK_HARDWARE_FILE"  # a path inside the pod
         }
     )
     for prefix, name in (("in_budget", "team-gpu-high"), ("over_budget", "gpu-over-budget")):
@@ -240,7 +240,8 @@ def test_monitoring_is_rendered_only_where_the_prometheus_operator_is_installed(
     assert not find(without, "ServiceMonitor") and not find(without, "PrometheusRule")
     # The dashboard is a plain ConfigMap: Grafana's sidecar needs no CRD.
     assert one(without, "ConfigMap", "gpu-timekeeper-dashboard")
-    assert not find(helm_template(), "ServiceMonitor") and not find(helm_template(), "ConfigMap")
+    assert not find(helm_template(), "ServiceMonitor")
+    assert not find(helm_template(), "ConfigMap", "gpu-timekeeper-dashboard")
 
 
 def test_the_webhook_is_scraped_over_tls_with_its_own_ca():
@@ -336,7 +337,10 @@ def test_network_policies_open_only_the_serving_ports():
         for p in find(objects, "NetworkPolicy")
         if p["metadata"]["name"] != "gpu-timekeeper-postgres"
     }
-    assert ports == {"gpu-timekeeper": [{"port": "http"}], "gpu-timekeeper-webhook": [{"port": "https"}]}
+    assert ports == {
+        "gpu-timekeeper": [{"port": "http", "protocol": "TCP"}],
+        "gpu-timekeeper-webhook": [{"port": "https", "protocol": "TCP"}],
+    }
 
 
 def test_the_node_agent_is_deployment_nodeagent_in_its_own_namespace():

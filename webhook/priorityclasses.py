@@ -23,6 +23,7 @@ from typing import Any
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from gpuaccounting.backoff import Backoff
 from webhook.metrics import WebhookMetrics
 from webhook.settings import WebhookSettings
 
@@ -91,6 +92,8 @@ class PriorityClassWatcher:
         self.catalog = catalog
         self.metrics = metrics
         self.settings = settings
+        cap = settings.kube_retry_max_seconds
+        self._backoff = Backoff(min(1.0, cap), cap)
         self._failing = False
 
     async def list_once(self) -> str:
@@ -102,6 +105,7 @@ class PriorityClassWatcher:
         if self._failing:
             log.info("priority_classes_recovered", extra={"classes": self.catalog.known()})
         self._failing = False
+        self._backoff.reset()
         return str(listed.metadata.resource_version)
 
     def apply(self, event: dict[str, Any]) -> None:
@@ -143,7 +147,7 @@ class PriorityClassWatcher:
         if not self._failing:
             log.warning("priority_classes_watch_failed", extra={"error": str(error)[:500]})
         self._failing = True
-        await asyncio.sleep(self.settings.kube_retry_interval_seconds)
+        await asyncio.sleep(self._backoff.next_delay())
 
 
 def _kubeconfig(settings: WebhookSettings) -> Path | None:

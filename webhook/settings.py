@@ -63,7 +63,7 @@ class WebhookSettings(BaseSettings):
     kubeconfig: Path | None = None  # unset: the pod's ServiceAccount in a cluster, else the default file
     kube_request_timeout_seconds: float = Field(default=10.0, gt=0)
     kube_watch_timeout_seconds: int = Field(default=300, gt=0)  # each watch ends after this; then re-list
-    kube_retry_interval_seconds: float = Field(default=5.0, gt=0)  # after a failed list or watch
+    kube_retry_max_seconds: float = Field(default=30.0, gt=0)  # the backoff's cap after failed lists/watches
 
     # Injection.
     sidecar_mode: Literal["native", "container"] = "native"  # "container" for clusters before 1.29

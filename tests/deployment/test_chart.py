@@ -125,7 +125,8 @@ def test_the_files_the_chart_shares_are_links_into_the_kustomize_tree():
 
 def _normalised(obj: dict[str, Any]) -> dict[str, Any]:
     """The object less what legitimately differs between the two installs: Helm's labels and hooks and
-    the selectors built from them, and the pull policy the chart makes a value."""
+    the selectors built from them, the pull policy the chart makes a value, and the checksums that roll
+    the chart's pods when a ConfigMap they read changes."""
     obj = copy.deepcopy(obj)
     metadata = obj.pop("metadata")
     kept_labels = {k: v for k, v in metadata.get("labels", {}).items() if k.startswith(KEPT_LABELS)}
@@ -143,6 +144,9 @@ def _normalised(obj: dict[str, Any]) -> dict[str, Any]:
         if isinstance(node, dict):
             if isinstance(node.get("metadata"), dict) and node is not obj:
                 node["metadata"].pop("labels", None)
+                annotations = node["metadata"].pop("annotations", {})
+                if kept := {k: v for k, v in annotations.items() if not k.startswith("checksum/")}:
+                    node["metadata"]["annotations"] = kept
             for key in ("selector", "labelSelector", "podSelector", "imagePullPolicy"):
                 node.pop(key, None)
             for value in node.values():
@@ -362,3 +366,18 @@ def test_clusters_older_than_1_30_are_refused():
     assert helm_template("--kube-version", "1.30.0")
     done = helm("template", "x", str(CHART), "--kube-version", "1.29.9", check=False)
     assert done.returncode != 0 and "kubeVersion" in done.stderr
+
+
+def test_a_changed_hardware_value_rolls_both_servers():
+    def checksums(*args: str) -> set[str]:
+        objects = helm_template(*args)
+        return {
+            one(objects, "Deployment", name)["spec"]["template"]["metadata"]["annotations"][
+                "checksum/hardware"
+            ]
+            for name in ("gpu-timekeeper", "gpu-timekeeper-webhook")
+        }
+
+    (before,) = checksums()
+    (after,) = checksums("--set", "hardware.gpu_memory_mib=40960")
+    assert before != after

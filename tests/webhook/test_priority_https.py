@@ -69,7 +69,7 @@ def hook(
     token = cluster.add_service_account_token(TIMEKEEPER_NAMESPACE, "gpu-timekeeper-webhook")
     kubeconfig = cluster.write_kubeconfig(tmp_path_factory.mktemp("kube") / "kubeconfig", token)
     with serve_webhook(
-        tls, state, watch_priority_classes=True, kubeconfig=kubeconfig, kube_retry_interval_seconds=0.1
+        tls, state, watch_priority_classes=True, kubeconfig=kubeconfig, kube_retry_max_seconds=0.1
     ) as served:
         served.wait_until(
             lambda: (
@@ -198,7 +198,7 @@ def test_a_webhook_that_cannot_reach_the_api_keeps_deciding_and_counts_the_failu
     server = KubeApiServer().start()
     kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig", "not-a-token")
     with serve_webhook(
-        tls, state, watch_priority_classes=True, kubeconfig=kubeconfig, kube_retry_interval_seconds=0.1
+        tls, state, watch_priority_classes=True, kubeconfig=kubeconfig, kube_retry_max_seconds=0.1
     ) as served:
         served.wait_until(lambda: served.metric("webhook_priority_class_watch_errors_total") >= 2)
         assert served.metric("webhook_priority_classes") == -1

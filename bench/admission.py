@@ -36,7 +36,7 @@ from bench.common import (
     write_results,
 )
 from bench.wrk import WrkResult, run_wrk
-from gpuaccounting.admission_state import AdmissionState
+from gpuaccounting.admission_state import AdmissionState, default_priority_policy
 from tests.support.pods import review
 from webhook.app import create_app
 from webhook.review import AdmissionReview, parse_review
@@ -95,19 +95,21 @@ def _review(path: str, gpu: bool) -> bytes:
 
 
 def _snapshot(namespaces: int) -> AdmissionState:
+    policy = default_priority_policy()
     return {
         "version": 1,
         "generated_at": "2026-11-22T00:00:00Z",
         "priority_classes": {"in_budget": "gpu-in-budget", "over_budget": "gpu-over-budget"},
-        "default": {"state": "in_budget", "max_gpu_share_per_pod": None},
+        "default": {"state": "in_budget", "max_gpu_share_per_pod": None, "priority_policy": policy},
         "namespaces": {
-            f"team-{i}": {"state": "in_budget", "max_gpu_share_per_pod": 4.0} for i in range(namespaces)
+            f"team-{i}": {"state": "in_budget", "max_gpu_share_per_pod": 4.0, "priority_policy": policy}
+            for i in range(namespaces)
         },
     }
 
 
 def _mutated(pod: dict[str, Any]) -> dict[str, Any]:
-    app = create_app(WebhookSettings())
+    app = create_app(WebhookSettings(watch_priority_classes=False))
     app.state.cache.store(_snapshot(10), '"1"')
     answer = app.state.admission.mutate(_parse(pod).request)
     return jsonpatch.apply_patch(pod, list(answer.patch))
@@ -134,7 +136,7 @@ def _parse(pod: dict[str, Any]) -> AdmissionReview:
 async def _server_side(samples: int, rounds: int = 10) -> dict[str, tuple[list[float], list[float]]]:
     """Wall-clock and CPU time per request, in µs, by kind; the kinds take turns in rounds, so a burst of
     other work on the machine lands on all of them alike. CPU time is what the request itself cost."""
-    app = create_app(WebhookSettings())
+    app = create_app(WebhookSettings(watch_priority_classes=False))
     app.state.cache.store(_snapshot(10_000), '"1"')
     calls = {
         f"{path[1:]} {'GPU' if gpu else 'non-GPU'} pod": asgi_caller(app, path, _review(path, gpu))
@@ -196,8 +198,14 @@ def _throughput(seconds: int, connections: int, directory: Path, rounds: int = 5
             body.write_bytes(_review(path, gpu))
             targets[label] = (f"https://127.0.0.1:{webhook_port}{path}", body)
     targets["bare ASGI"] = (f"https://127.0.0.1:{bare_port}/", targets["mutate GPU pod"][1])
-    # No timekeeper: the webhook answers on its documented missing-state policy, exactly as fast.
-    env = {**tls_env, "WEBHOOK_TIMEKEEPER_URL": "http://127.0.0.1:9", "WEBHOOK_LOG_FORMAT": "json"}
+    # No timekeeper and no API server: the webhook answers on its documented missing-state policy and
+    # the settings' class numbers, exactly as fast.
+    env = {
+        **tls_env,
+        "WEBHOOK_TIMEKEEPER_URL": "http://127.0.0.1:9",
+        "WEBHOOK_LOG_FORMAT": "json",
+        "WEBHOOK_WATCH_PRIORITY_CLASSES": "false",
+    }
     webhook = [PYTHON, "-m", "webhook", "--host", "127.0.0.1", "--port", str(webhook_port)]
     bare = [
         PYTHON, "-m", "uvicorn", "bench.bare_asgi:app", "--host", "127.0.0.1", "--port", str(bare_port),

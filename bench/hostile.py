@@ -122,6 +122,7 @@ def _webhook(directory: Path) -> Iterator[Target]:
         "WEBHOOK_TLS_KEY_FILE": str(directory / "tls.key"),
         "WEBHOOK_TIMEKEEPER_URL": "http://127.0.0.1:9",
         "WEBHOOK_LOG_FORMAT": "json",
+        "WEBHOOK_WATCH_PRIORITY_CLASSES": "false",  # no API server here
     }
     context = ssl.create_default_context(cadata=ca_cert.decode())
     with process([PYTHON, "-m", "webhook", "--host", "127.0.0.1", "--port", str(port)], env, port) as child:

@@ -288,6 +288,8 @@ class LocalCluster:
             "WEBHOOK_TIMEKEEPER_TOKEN_FILE": str(self.reader_token_file),
             "WEBHOOK_STATE_POLL_INTERVAL_SECONDS": str(self.poll_interval_seconds),
             "WEBHOOK_SIDECAR_REPORT_INTERVAL_SECONDS": str(REPORT_INTERVAL_SECONDS),
+            # A simulated cluster has no API server: the class numbers are the settings'.
+            "WEBHOOK_WATCH_PRIORITY_CLASSES": "false",
         }
 
     def api_client(self, token: str) -> httpx.Client:

@@ -2,15 +2,14 @@
 
 One POST per report with the token read fresh from its file (projected tokens rotate). The answer decides:
 2xx (including `duplicate: true`) is acknowledged; 401, 403, 408, 429, 5xx and network errors are retried
-with capped exponential backoff and full jitter; any other 4xx means the body will never be accepted, so
-it is sent once more without measured figures (allocation only, which is what the charge needs) and only
-then dropped, counted and logged with the minutes it held.
+with the one backoff rule (`gpuaccounting/backoff.py`: capped exponential, full jitter); any other 4xx
+means the body will never be accepted, so it is sent once more without measured figures (allocation only,
+which is what the charge needs) and only then dropped, counted and logged with the minutes it held.
 """
 
 from __future__ import annotations
 
 import json
-import random
 import sys
 import threading
 import time
@@ -22,6 +21,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, cast
 from urllib.parse import urlsplit
 
+from gpuaccounting.backoff import Backoff
 from gpuaccounting.names import REPORTS_PATH
 from gpuaccounting.wire import Report, ReportAck
 from sidecar.buffer import Pending, ReportBuffer
@@ -75,11 +75,6 @@ def load_http_client(https: bool) -> ModuleType:
         return http.client
     finally:
         del sys.modules["ssl"]
-
-
-def backoff_delay(attempt: int, base: float, cap: float, rng: Callable[[], float] = random.random) -> float:
-    """Full jitter: uniform in [0, min(cap, base · 2^attempt)], so restarted pods do not retry in step."""
-    return rng() * min(cap, base * (2**attempt))
 
 
 class TimekeeperClient:
@@ -160,13 +155,13 @@ class Sender:
         self._client = client
         self._retry_base = retry_base
         self._retry_max = retry_max
+        self._backoff = Backoff(retry_base, retry_max)
         self._record_drop = record_drop
         self._log = log
         self._clock = clock
         self._wakeup = threading.Event()
         self._stop = threading.Event()
         self._draining = False
-        self._attempt = 0
         self._failing_since: float | None = None
         self._acknowledged = 0
         self._thread = threading.Thread(target=self._run, name="sidecar-sender", daemon=True)
@@ -184,7 +179,8 @@ class Sender:
     def drain(self, timeout: float) -> bool:
         """Send what is pending for at most `timeout` seconds, then stop; answers whether all went."""
         self._draining = True
-        self._attempt = 0
+        cap = min(self._retry_max, DRAIN_RETRY_CAP_SECONDS)
+        self._backoff = Backoff(min(self._retry_base, cap), cap)
         self._wakeup.set()
         deadline = self._clock() + timeout
         while len(self._buffer) and self._clock() < deadline:
@@ -251,17 +247,15 @@ class Sender:
             duplicate=ack.get("duplicate"),
             gpu_minutes=ack.get("gpu_minutes"),
         )
-        self._attempt = 0
+        self._backoff.reset()
 
     def _on_retry(self, result: SendResult) -> float:
         if self._failing_since is None:
             self._failing_since = self._clock()
             self._log.warning("timekeeper_unreachable", detail=result.detail, pending=len(self._buffer))
-        cap = DRAIN_RETRY_CAP_SECONDS if self._draining else self._retry_max
-        delay = backoff_delay(self._attempt, self._retry_base, cap)
+        delay = self._backoff.next_delay()
         if result.retry_after is not None:
-            delay = max(delay, min(result.retry_after, cap))
-        self._attempt += 1
+            delay = max(delay, min(result.retry_after, self._backoff.cap))
         return delay
 
     def _give_up(self, pending: Pending, detail: str) -> None:

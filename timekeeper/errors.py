@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from gpuaccounting.names import REPORTS_PATH
 from timekeeper.db.outage import RETRY_AFTER_SECONDS, is_outage
@@ -36,12 +37,32 @@ def unavailable() -> TimekeeperError:
     )
 
 
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+def _allowed_methods(request: Request) -> str:
+    """Every method the app routes at this path: Starlette's 405 names only the first route's (GET for
+    /defaults, whose PUT is another route). Asked of the routes themselves, as routing does."""
+    routes = request.app.router.routes
+    allowed = [
+        method
+        for method in _METHODS
+        if any(route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes)
+    ]
+    return ", ".join([*allowed, "OPTIONS"])
+
+
 async def _handle(request: Request, error: Exception) -> Response:
     if isinstance(error, SQLAlchemyError):
         if not is_outage(error):
             raise error  # a bug: the server's 500, with its traceback logged
         error = unavailable()
     _count_rejected(request)
+    if isinstance(error, HTTPException) and error.status_code == 405:
+        allow = {"Allow": _allowed_methods(request)}
+        if request.method == "OPTIONS":  # what the path offers, answered rather than refused
+            return Response(status_code=204, headers=allow)
+        return JSONResponse({"detail": error.detail}, status_code=405, headers=allow)
     if isinstance(error, TimekeeperError):
         return JSONResponse({"detail": error.message}, status_code=error.status_code, headers=error.headers)
     if isinstance(error, RequestValidationError):

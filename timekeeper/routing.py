@@ -1,10 +1,16 @@
-"""Request bodies parsed as strict JSON (RFC 8259), so nothing malformed reaches validation.
+"""Request bodies parsed as strict JSON (RFC 8259), so nothing malformed reaches validation, and only
+once the caller is known to be allowed to send them.
 
 Python's json module accepts `NaN` and `Infinity`, reads `1e400` as infinity and lone surrogates
 (`"\\ud800"`) as text; pydantic then refuses them, but the 422 that echoes the input back cannot be
 rendered (non-finite floats and surrogates are not JSON), so the client got a 500. orjson refuses all of them
 while parsing, which FastAPI answers as a 422 `json_invalid`. Every JSON parser keeps the last of duplicate
 keys (`"gpu_share": 0.5, "gpu_share": 200` would charge 200), so an object with a repeated key is refused too.
+
+FastAPI reads and parses a body before it resolves the route's dependencies, so a write without a token
+but with broken JSON answered 422, telling an anonymous client about the body's shape. A route whose
+dependencies require an action (`timekeeper.auth.dependencies.require`) authorizes the caller first:
+401 or 403 before any 422. (FastAPI's own dependency then authorizes again, from the token cache.)
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 
+from timekeeper.auth.base import Action
+from timekeeper.auth.dependencies import authenticated, authorize
 from timekeeper.errors import TimekeeperError
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -73,6 +81,20 @@ async def json_body(request: Request, model: type[Model]) -> Model:
         ) from None
 
 
+_WITH_BODY = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def _required_action(route: APIRoute) -> Action | None:
+    return next(
+        (
+            action
+            for dependency in route.dependant.dependencies
+            if (action := getattr(dependency.call, "action", None))
+        ),
+        None,
+    )
+
+
 class StrictJsonRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
@@ -85,9 +107,16 @@ class StrictJsonRoute(APIRoute):
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
+        action = _required_action(self)
 
         async def strict(request: Request) -> Response:
-            return await handler(StrictJsonRequest(request.scope, request.receive))
+            strict_request = StrictJsonRequest(request.scope, request.receive)
+            if action is not None and request.method in _WITH_BODY:
+                principal = await authenticated(strict_request)
+                await authorize(
+                    strict_request, principal, action, strict_request.path_params.get("namespace")
+                )
+            return await handler(strict_request)
 
         return strict
 

@@ -8,7 +8,16 @@ from decimal import Decimal
 from typing import Annotated, Any
 
 from fastapi import Path
-from pydantic import AwareDatetime, BaseModel, BeforeValidator, Field, PlainSerializer, WithJsonSchema
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    Field,
+    GetJsonSchemaHandler,
+    PlainSerializer,
+    WithJsonSchema,
+)
+from pydantic_core import CoreSchema
 
 from gpuaccounting.wire import parse_timestamp
 
@@ -59,6 +68,41 @@ Timestamp = Annotated[
 ]
 # An exact decimal inside, sent as a JSON number (the OpenAPI says so rather than "number or any string").
 DecimalNumber = Annotated[Decimal, BeforeValidator(_json_number), WithJsonSchema({"type": "number"})]
+
+
+# An amount a client sends: a JSON number, or a string of at most 64 characters holding a plain decimal
+# number in this form (pydantic alone would also take "1_000" and " 1.5 ", and document the string as any
+# string at all; "0E-20000" or 20,000 decimals would overflow PostgreSQL's numeric).
+DECIMAL_TEXT = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]{1,3})?$"
+DECIMAL_TEXT_LENGTH = 64
+
+
+def _plain_decimal_text(value: object) -> object:
+    if isinstance(value, str) and (
+        len(value) > DECIMAL_TEXT_LENGTH or re.fullmatch(DECIMAL_TEXT, value) is None
+    ):
+        raise ValueError(
+            f"a number given as a string must match {DECIMAL_TEXT}"
+            f" in at most {DECIMAL_TEXT_LENGTH} characters"
+        )
+    return value
+
+
+class _DecimalTextSchema:
+    """Puts DECIMAL_TEXT on the string alternative of a Decimal's JSON schema, keeping its bounds."""
+
+    def __get_pydantic_json_schema__(
+        self, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> dict[str, Any]:
+        documented = handler(schema)
+        for alternative in documented.get("anyOf", [documented]):
+            if alternative.get("type") == "string":
+                alternative |= {"pattern": DECIMAL_TEXT, "maxLength": DECIMAL_TEXT_LENGTH}
+        return documented
+
+
+DecimalIn = Annotated[Decimal, BeforeValidator(_plain_decimal_text), _DecimalTextSchema()]
+OptionalDecimalIn = Annotated[Decimal | None, BeforeValidator(_plain_decimal_text), _DecimalTextSchema()]
 
 # Amounts are exact Decimals inside; on the wire they are plain JSON numbers.
 Amount = Annotated[Decimal, PlainSerializer(float, return_type=float, when_used="json")]

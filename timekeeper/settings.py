@@ -11,7 +11,9 @@ from pydantic import AwareDatetime, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from gpuaccounting.clock import WallClock, build_clock
+from gpuaccounting.hardware import load_hardware
 from gpuaccounting.names import DEFAULT_IN_BUDGET_PRIORITY_CLASS, DEFAULT_OVER_BUDGET_PRIORITY_CLASS
+from gpuaccounting.shares import GpuHardware
 from timekeeper.schemas import NamespaceName
 
 TokenDigests = Annotated[tuple[str, ...], NoDecode]
@@ -85,6 +87,11 @@ class Settings(BaseSettings):
         default=10, ge=1, description="At most this many evictions per reconcile pass; the rest wait."
     )
     evict_bare_pods: bool = Field(default=False, description="Also evict pods without a controller.")
+    hardware_file: Path | None = Field(
+        default=None,
+        description="The JSON hardware sizes the webhook reads too (GPU memory, MIG slices, time-slicing "
+        "replicas, ...), for recomputed shares and ResourceQuotas; unset: the defaults.",
+    )
 
     clock_start: AwareDatetime | None = Field(
         default=None, description="Demo clock: the simulated time it reads at clock_origin."
@@ -183,6 +190,18 @@ class Settings(BaseSettings):
             except ValueError:
                 return value
         return value
+
+    @field_validator("hardware_file")
+    @classmethod
+    def _hardware_is_usable(cls, value: Path | None) -> Path | None:
+        """A broken hardware file stops the timekeeper at start, not a reconcile pass."""
+        load_hardware(value)
+        return value
+
+    @property
+    def hardware(self) -> GpuHardware:
+        """Read from the file on each call; the reconciler reads it once, when it is built."""
+        return load_hardware(self.hardware_file)
 
     @model_validator(mode="after")
     def _clock_is_complete(self) -> Settings:

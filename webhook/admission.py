@@ -16,7 +16,8 @@ from webhook import governance
 from webhook.injection import SidecarTemplate
 from webhook.metrics import WebhookMetrics
 from webhook.patch import diff
-from webhook.priority import PriorityPolicy
+from webhook.priority import DecisionRecorder, PriorityPolicy
+from webhook.priorityclasses import PriorityClassCatalog
 from webhook.review import AdmissionRequest, AdmissionResponse, Denial, PodRequest
 from webhook.settings import WebhookSettings
 from webhook.state import BudgetStateCache
@@ -50,13 +51,20 @@ def _describe_pod(request: AdmissionRequest, pod: dict[str, Any]) -> str:
 
 
 class Admission:
-    def __init__(self, settings: WebhookSettings, cache: BudgetStateCache, metrics: WebhookMetrics) -> None:
+    def __init__(
+        self,
+        settings: WebhookSettings,
+        cache: BudgetStateCache,
+        metrics: WebhookMetrics,
+        priority_classes: PriorityClassCatalog,
+    ) -> None:
         self.settings = settings
         self.cache = cache
         self.metrics = metrics
         self.hardware = settings.hardware
         self.sidecar = SidecarTemplate(settings)
-        self.priority = PriorityPolicy(settings, metrics)
+        self.priority = PriorityPolicy(settings, priority_classes)
+        self.decisions = DecisionRecorder(metrics)
 
     def read(self, pod: dict[str, Any]) -> PodShare:
         return read_pod(pod, self.hardware, skip_container=names.SIDECAR_CONTAINER_NAME)
@@ -91,17 +99,19 @@ class Admission:
             return NON_GPU
         metadata = dict(pod.get("metadata") or {})
         spec = dict(pod.get("spec") or {})
-        decision = self.priority.decide(
-            spec, self.cache.view(self._namespace(request, pod)), dry_run=request.dry_run
-        )
+        annotations = metadata.get("annotations") or {}
+        view = self.cache.view(self._namespace(request, pod))
+        decision = self.priority.decide(spec, view, annotations.get(names.ANNOTATION_PRIORITY_DECISION))
+        if not request.dry_run:
+            self.decisions.record(decision)
         decision.apply(spec)
         share_text = format_share(share.share)
         metadata["annotations"] = {
-            **(metadata.get("annotations") or {}),
+            **annotations,
             names.ANNOTATION_GPU_SHARE: share_text,
             names.ANNOTATION_SHARING_SYSTEM: str(share.system),
-            names.ANNOTATION_BUDGET_STATE: decision.budget_state,
-            names.ANNOTATION_PRIORITY_DECISION: decision.reason,
+            names.ANNOTATION_BUDGET_STATE: decision.budget_state or "unknown",
+            names.ANNOTATION_PRIORITY_DECISION: decision.annotation,
             names.ANNOTATION_INJECTED: self.settings.sidecar_image,
         }
         self.sidecar.inject(spec, share_text)

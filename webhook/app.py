@@ -1,4 +1,5 @@
-"""The ASGI app: `/mutate`, `/validate`, `/healthz`, `/metrics`; the state poller runs in its lifespan.
+"""The ASGI app: `/mutate`, `/validate`, `/healthz`, `/metrics`; the state poller and the PriorityClass
+watch run in its lifespan.
 
 An admission endpoint reads the body within `max_body_bytes`, parses the review once, lets the decision
 return a typed answer, encodes it, and counts and logs it (a dryRun request leaves no trace but latency).
@@ -24,6 +25,7 @@ from starlette.routing import Route
 from webhook.admission import Admission
 from webhook.certificates import CertificateReloader
 from webhook.metrics import WebhookMetrics
+from webhook.priorityclasses import PriorityClassCatalog, priority_class_watch
 from webhook.review import (
     AdmissionRequest,
     AdmissionResponse,
@@ -130,11 +132,16 @@ def create_app(settings: WebhookSettings | None = None) -> Starlette:
     settings = settings or get_settings()
     cache = BudgetStateCache(settings.state_max_age_seconds)
     metrics = WebhookMetrics(cache.age_seconds)
-    admission = Admission(settings, cache, metrics)
+    priority_classes = PriorityClassCatalog()
+    metrics.priority_classes.set_function(priority_classes.known)
+    admission = Admission(settings, cache, metrics, priority_classes)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with httpx.AsyncClient() as client:
+        async with (
+            httpx.AsyncClient() as client,
+            priority_class_watch(settings, priority_classes, metrics),
+        ):
             poller = StatePoller(settings, cache, metrics, client)
             tasks = [asyncio.create_task(poller.run(), name="admission-state-poller")]
             context = getattr(app.state, "ssl_context", None)

@@ -47,6 +47,23 @@ class WebhookMetrics:
             "Priority decisions made before any budget state was loaded",
             registry=self.registry,
         )
+        self.priority_decisions = Counter(
+            "webhook_priority_decisions",
+            "Priority decisions of GPU pods, by the policy rule that applied",
+            ["rule"],
+            registry=self.registry,
+        )
+        self.priority_class_watch_errors = Counter(
+            "webhook_priority_class_watch_errors",
+            "Failed lists or watches of the cluster's PriorityClasses (each retried)",
+            registry=self.registry,
+        )
+        # The app sets its function to the catalog's count.
+        self.priority_classes = Gauge(
+            "webhook_priority_classes",
+            "PriorityClasses known from the Kubernetes API (-1: never listed, or the watch is off)",
+            registry=self.registry,
+        )
         self.state_polls = Counter(
             "webhook_state_polls",
             "Polls of the timekeeper's admission state, by result",

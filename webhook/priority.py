@@ -1,26 +1,64 @@
-"""Which PriorityClass a GPU pod gets, from its namespace's cached budget state and the stale-state policy."""
+"""Which PriorityClass a GPU pod gets: its namespace's priority policy (gpuaccounting.admission_state
+states the rule) applied to the class it arrived with, from the cached budget state.
+
+The decision is pure: `decide` reads the pod's spec, the namespace's view and the PriorityClass catalog
+and returns which rule applied; counting and logging it is the caller's (never for a dryRun request).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
-from gpuaccounting.admission_state import is_over_budget
+from gpuaccounting.admission_state import PriorityPolicy as Policy
+from gpuaccounting.admission_state import default_priority_policy, is_over_budget
+from gpuaccounting.wire import BudgetState
 from webhook.metrics import WebhookMetrics
+from webhook.priorityclasses import PriorityClassCatalog
 from webhook.settings import WebhookSettings
-from webhook.state import NamespaceView
+from webhook.state import Freshness, NamespaceView
 
 log = logging.getLogger("webhook.priority")
 
 
+class PriorityRule(StrEnum):
+    """The rule that applied; its value is the stable id the decision annotation starts with."""
+
+    EXEMPT = "exempt"  # an exempt class, kept in every state
+    EXHAUSTED = "exhausted"  # any other class in an exhausted namespace: the reduced class
+    IN_BUDGET = "in-budget"  # in budget, no class chosen (none, the globalDefault one, ours): in-budget
+    USER_CLASS_REPLACED = "user-class-replaced"  # in budget, a user's class under `replace`
+    USER_CLASS_KEPT = "user-class-kept"  # in budget, a user's class at or below the ceiling
+    USER_CLASS_ABOVE_CEILING = "user-class-above-ceiling"  # in budget, above it (or of unknown value)
+
+
+# Which class each rule leaves the pod with: ours (in budget / reduced), or the one it arrived with.
+_OUTCOME = {
+    PriorityRule.EXEMPT: "kept",
+    PriorityRule.USER_CLASS_KEPT: "kept",
+    PriorityRule.EXHAUSTED: "reduced",
+    PriorityRule.IN_BUDGET: "in_budget",
+    PriorityRule.USER_CLASS_REPLACED: "in_budget",
+    PriorityRule.USER_CLASS_ABOVE_CEILING: "in_budget",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class PriorityDecision:
-    class_name: str | None  # None: the pod keeps the class its user chose
+    rule: PriorityRule
+    class_name: str | None  # None: the pod keeps the class it arrived with
     priority: int | None
     preemption_policy: str | None
-    budget_state: str
-    reason: str
+    budget_state: BudgetState | None  # None: the state was never loaded
+    freshness: Freshness
+    reason: str  # the rule in words, stable for the same pod and state (the annotation is diffed)
+
+    @property
+    def annotation(self) -> str:
+        return f"{self.rule}: {self.reason}"
 
     def apply(self, spec: dict[str, Any]) -> None:
         if self.class_name is None:
@@ -30,64 +68,128 @@ class PriorityDecision:
         spec["preemptionPolicy"] = self.preemption_policy
 
 
-class PriorityPolicy:
-    def __init__(self, settings: WebhookSettings, metrics: WebhookMetrics) -> None:
-        self.settings = settings
-        self.metrics = metrics
-        self.ours = frozenset({settings.in_budget_priority_class, settings.over_budget_priority_class})
-        self._logged: set[str] = set()
+@dataclass(frozen=True, slots=True)
+class _Class:
+    name: str
+    value: int
+    preemption_policy: str
 
-    def _choose(self, over_budget: bool, budget_state: str, reason: str) -> PriorityDecision:
+
+class PriorityPolicy:
+    def __init__(self, settings: WebhookSettings, catalog: PriorityClassCatalog) -> None:
+        self.settings = settings
+        self.catalog = catalog
+        self.ours = frozenset({settings.in_budget_priority_class, settings.over_budget_priority_class})
+
+    def _ours(self, name: str, value: int, preemption_policy: str) -> _Class:
+        """Our class with the object's own numbers once listed, the settings' before."""
+        info = self.catalog.get(name)
+        if info is None:
+            return _Class(name, value, preemption_policy)
+        return _Class(name, info.value, info.preemption_policy)
+
+    def in_budget_class(self) -> _Class:
         s = self.settings
-        if over_budget:
-            return PriorityDecision(
-                s.over_budget_priority_class,
-                s.over_budget_priority,
-                s.over_budget_preemption_policy,
-                budget_state,
-                reason,
-            )
-        return PriorityDecision(
-            s.in_budget_priority_class,
-            s.in_budget_priority,
-            s.in_budget_preemption_policy,
-            budget_state,
-            reason,
+        return self._ours(s.in_budget_priority_class, s.in_budget_priority, s.in_budget_preemption_policy)
+
+    def reduced_class(self) -> _Class:
+        s = self.settings
+        return self._ours(
+            s.over_budget_priority_class, s.over_budget_priority, s.over_budget_preemption_policy
         )
 
-    def _log_once(self, event: str, **fields: Any) -> None:
-        if event not in self._logged:
-            self._logged.add(event)
-            log.warning(event, extra=fields)
+    def _rule(self, arrived: str | None, exhausted: bool, policy: Policy) -> tuple[PriorityRule, str]:
+        if arrived is not None and arrived in policy["exempt_classes"]:
+            return PriorityRule.EXEMPT, f"class {arrived} is exempt"
+        # Our own classes are the webhook's outputs (a re-invocation sees them), never a user's choice.
+        no_class = arrived is None or arrived in self.ours
+        default = not no_class and self.catalog.is_global_default(arrived or "")
+        origin = "" if no_class else f"; {'globalDefault ' if default else ''}class {arrived} replaced"
+        if exhausted:
+            return PriorityRule.EXHAUSTED, f"namespace exhausted{origin}"
+        if no_class or default:
+            return PriorityRule.IN_BUDGET, f"no class chosen{origin}"
+        if policy["user_classes"] == "replace":
+            return PriorityRule.USER_CLASS_REPLACED, f"class {arrived} replaced (user classes: replace)"
+        ceiling = policy["ceiling"]
+        if ceiling is None:
+            ceiling = self.in_budget_class().value
+        info = self.catalog.get(arrived or "")
+        if info is not None and info.value <= ceiling:
+            return (
+                PriorityRule.USER_CLASS_KEPT,
+                f"class {arrived} ({info.value}) at or below the ceiling {ceiling}",
+            )
+        value = "unknown value" if info is None else str(info.value)
+        return (
+            PriorityRule.USER_CLASS_ABOVE_CEILING,
+            f"class {arrived} ({value}) above the ceiling {ceiling}, replaced",
+        )
 
-    def decide(self, spec: dict[str, Any], view: NamespaceView, *, dry_run: bool) -> PriorityDecision:
-        """Decide for one pod; dryRun requests are decided alike but leave no trace in metrics or logs."""
-        chosen = spec.get("priorityClassName")
-        state = view.admission["state"] if view.admission is not None else None
-        known = state or "unknown"
-        over_budget = state is not None and is_over_budget(state)
-        if (
-            chosen
-            and chosen not in self.ours
-            and chosen not in self.settings.replaceable_priority_classes
-            and not self.settings.override_foreign_priority_class
-        ):
-            return PriorityDecision(None, None, None, known, f"kept user-chosen class {chosen}")
-        if view.freshness == "fresh":
-            if self._logged:  # the state is back: the next outage is logged again
-                self._logged.clear()
-            return self._choose(over_budget, known, f"namespace {known}")
-        if view.freshness == "missing":
-            if not dry_run:
-                self.metrics.missing_decisions.inc()
-                self._log_once("admission_state_missing", policy=self.settings.missing_state_policy)
-            missing = self.settings.missing_state_policy
-            return self._choose(missing == "over_budget", known, f"state never loaded, policy {missing}")
-        if not dry_run:
+    def decide(
+        self, spec: dict[str, Any], view: NamespaceView, previous: str | None = None
+    ) -> PriorityDecision:
+        """Decide for one pod. `previous` is the decision annotation it arrived with: a re-invoked pod
+        carrying the class that decision set keeps its words, so a second pass patches nothing."""
+        arrived = spec.get("priorityClassName") or None
+        if view.admission is None:
+            state: BudgetState | None = None
+            policy = default_priority_policy()
+            exhausted = self.settings.missing_state_policy == "over_budget"
+            context = f"; state never loaded, missing-state policy {self.settings.missing_state_policy}"
+        else:
+            state = view.admission["state"]
+            policy = view.admission["priority_policy"]
+            exhausted = is_over_budget(state)
+            context = f"; stale state, last known {state}" if view.freshness == "stale" else ""
+        rule, words = self._rule(arrived, exhausted, policy)
+        outcome = _OUTCOME[rule]
+        chosen = {"reduced": self.reduced_class, "in_budget": self.in_budget_class}.get(outcome)
+        ours = chosen() if chosen else None
+        decision = PriorityDecision(
+            rule,
+            ours.name if ours else None,
+            ours.value if ours else None,
+            ours.preemption_policy if ours else None,
+            state,
+            view.freshness,
+            words + context,
+        )
+        return _as_before(decision, arrived, previous)
+
+
+def _as_before(decision: PriorityDecision, arrived: str | None, previous: str | None) -> PriorityDecision:
+    """The previous decision's rule and words when the pod already has the class they set."""
+    if previous is None or arrived is None or arrived != decision.class_name:
+        return decision
+    rule_id, _, reason = previous.partition(": ")
+    try:
+        rule = PriorityRule(rule_id)
+    except ValueError:
+        return decision
+    if _OUTCOME[rule] != _OUTCOME[decision.rule]:
+        return decision
+    return dataclasses.replace(decision, rule=rule, reason=reason)
+
+
+class DecisionRecorder:
+    """Counts decisions by rule and the stale / missing ones, and logs each outage once (again after
+    the state has been fresh in between). The caller skips it for dryRun requests."""
+
+    def __init__(self, metrics: WebhookMetrics) -> None:
+        self.metrics = metrics
+        self._logged: set[Freshness] = set()
+
+    def record(self, decision: PriorityDecision) -> None:
+        self.metrics.priority_decisions.labels(rule=decision.rule.value).inc()
+        if decision.freshness == "fresh":
+            self._logged.clear()
+            return
+        if decision.freshness == "stale":
             self.metrics.stale_decisions.inc()
-            self._log_once("admission_state_stale", policy=self.settings.stale_state_policy)
-        policy = self.settings.stale_state_policy
-        age = f"state older than {self.settings.state_max_age_seconds:g}s"
-        if policy == "last_known":
-            return self._choose(over_budget, known, f"{age}, last known {known}")
-        return self._choose(policy == "over_budget", known, f"{age}, policy {policy}")
+        else:
+            self.metrics.missing_decisions.inc()
+        if decision.freshness not in self._logged:
+            self._logged.add(decision.freshness)
+            event = "admission_state_stale" if decision.freshness == "stale" else "admission_state_missing"
+            log.warning(event, extra={"last_known_state": decision.budget_state, "rule": decision.rule.value})

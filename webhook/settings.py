@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
@@ -11,8 +10,9 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from gpuaccounting import names
+from gpuaccounting.hardware import load_hardware
 from gpuaccounting.logs import LogFormat
-from gpuaccounting.shares import DEFAULT_CLEARML_FRACTIONS, GpuHardware, Rule
+from gpuaccounting.shares import GpuHardware, Rule
 
 PreemptionPolicy = Literal["PreemptLowerPriority", "Never"]
 
@@ -42,22 +42,28 @@ class WebhookSettings(BaseSettings):
     timekeeper_token_file: Path | None = None  # re-read on every poll: projected tokens rotate
     state_poll_interval_seconds: float = Field(default=10.0, gt=0)
     state_poll_timeout_seconds: float = Field(default=5.0, gt=0)
+    # After a failed poll: the one backoff (full jitter) from 1 s up to this, so replicas spread out.
+    state_poll_retry_max_seconds: float = Field(default=60.0, gt=0)
     state_max_age_seconds: float = Field(default=120.0, gt=0)
-    # What a decision assumes when the state is older than state_max_age_seconds, or was never loaded.
-    stale_state_policy: Literal["in_budget", "over_budget", "last_known"] = "in_budget"
+    # A stale state decides with what it last knew; a state never loaded assumes this.
     missing_state_policy: Literal["in_budget", "over_budget"] = "in_budget"
 
-    # Priority.
+    # Priority. The numbers are the PriorityClass objects' own once the watch has listed them; these
+    # are the fallback before the first list, or with the watch off.
     in_budget_priority_class: str = names.DEFAULT_IN_BUDGET_PRIORITY_CLASS
     in_budget_priority: int = 1000
     in_budget_preemption_policy: PreemptionPolicy = "PreemptLowerPriority"
     over_budget_priority_class: str = names.DEFAULT_OVER_BUDGET_PRIORITY_CLASS
     over_budget_priority: int = 100
     over_budget_preemption_policy: PreemptionPolicy = "Never"
-    override_foreign_priority_class: bool = False
-    # Classes we replace as if none were chosen, e.g. the cluster's globalDefault class, which the
-    # Priority plugin has already written into every pod that named none.
-    replaceable_priority_classes: Annotated[frozenset[str], NoDecode] = frozenset()
+
+    # The cluster's PriorityClasses, listed and watched through the Kubernetes API (off: clusters and
+    # tests without an API server; then only a pod without a class counts as "no class chosen").
+    watch_priority_classes: bool = True
+    kubeconfig: Path | None = None  # unset: the pod's ServiceAccount in a cluster, else the default file
+    kube_request_timeout_seconds: float = Field(default=10.0, gt=0)
+    kube_watch_timeout_seconds: int = Field(default=300, gt=0)  # each watch ends after this; then re-list
+    kube_retry_max_seconds: float = Field(default=30.0, gt=0)  # the backoff's cap after failed lists/watches
 
     # Injection.
     sidecar_mode: Literal["native", "container"] = "native"  # "container" for clusters before 1.29
@@ -74,14 +80,9 @@ class WebhookSettings(BaseSettings):
     sidecar_buffer_size_limit: str = "64Mi"
     sidecar_podinfo_dir: str = "/etc/gpu-timekeeper/podinfo"
 
-    # Hardware sizes the shares depend on.
-    gpu_memory_mib: int = Field(default=81920, gt=0)
-    mig_slices_per_gpu: int = Field(default=7, gt=0)
-    time_slicing_replicas: int = Field(default=1, gt=0)
-    time_slicing_renamed: bool = False
-    metagpu_units_per_gpu: int = Field(default=100, gt=0)
-    gpushare_memory_unit_mib: int = Field(default=1024, gt=0)
-    clearml_allowed_fractions: Annotated[frozenset[Fraction], NoDecode] = DEFAULT_CLEARML_FRACTIONS
+    # The hardware sizes the shares depend on: the JSON file the timekeeper reads too
+    # (gpuaccounting.hardware); unset: the defaults.
+    hardware_file: Path | None = None
 
     # Governance: every rule is enforced unless listed here (comma-separated).
     disabled_rules: Annotated[frozenset[str], NoDecode] = frozenset()
@@ -94,7 +95,7 @@ class WebhookSettings(BaseSettings):
         """`console`, this setting's name for text lines before the deployables shared one logger."""
         return "text" if value == "console" else value
 
-    @field_validator("disabled_rules", "privileged_usernames", "replaceable_priority_classes", mode="before")
+    @field_validator("disabled_rules", "privileged_usernames", mode="before")
     @classmethod
     def _split_names(cls, value: object) -> object:
         if isinstance(value, str):
@@ -109,24 +110,17 @@ class WebhookSettings(BaseSettings):
             raise ValueError(f"unknown rules {sorted(unknown)}; known: {sorted(ALL_RULES)}")
         return value
 
-    @field_validator("clearml_allowed_fractions", mode="before")
+    @field_validator("hardware_file")
     @classmethod
-    def _split_fractions(cls, value: object) -> object:
-        if isinstance(value, str):
-            return frozenset(Fraction(part.strip()) for part in value.split(",") if part.strip())
+    def _hardware_is_usable(cls, value: Path | None) -> Path | None:
+        """A broken hardware file stops the webhook at start, not an admission."""
+        load_hardware(value)
         return value
 
     @property
     def hardware(self) -> GpuHardware:
-        return GpuHardware(
-            gpu_memory_mib=self.gpu_memory_mib,
-            mig_slices_per_gpu=self.mig_slices_per_gpu,
-            time_slicing_replicas=self.time_slicing_replicas,
-            time_slicing_renamed=self.time_slicing_renamed,
-            metagpu_units_per_gpu=self.metagpu_units_per_gpu,
-            gpushare_memory_unit_mib=self.gpushare_memory_unit_mib,
-            clearml_fractions=self.clearml_allowed_fractions,
-        )
+        """Read from the file on each call; the admission logic reads it once, at start."""
+        return load_hardware(self.hardware_file)
 
     def enforces(self, rule: str) -> bool:
         return rule not in self.disabled_rules

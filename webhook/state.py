@@ -16,7 +16,8 @@ from typing import Literal, cast
 import httpx
 from pydantic import BaseModel
 
-from gpuaccounting.admission_state import AdmissionState, NamespaceAdmission
+from gpuaccounting.admission_state import AdmissionState, NamespaceAdmission, UserClassRule
+from gpuaccounting.backoff import Backoff
 from gpuaccounting.names import ADMISSION_STATE_PATH
 from gpuaccounting.wire import BudgetState
 from webhook.metrics import WebhookMetrics
@@ -67,13 +68,21 @@ class BudgetStateCache:
 
 
 PollResult = Literal["updated", "not_modified", "error"]
+STATE_POLL_RETRY_BASE_SECONDS = 1.0
 
 
 # The snapshot's shape (gpuaccounting.admission_state) as pydantic models: pydantic cannot check a
 # typing.TypedDict on Python 3.11, and the shared module stays stdlib-only.
+class _PriorityPolicyModel(BaseModel):
+    exempt_classes: list[str]
+    user_classes: UserClassRule
+    ceiling: int | None
+
+
 class _NamespaceModel(BaseModel):
     state: BudgetState
     max_gpu_share_per_pod: float | None = None
+    priority_policy: _PriorityPolicyModel  # required: a webhook never guesses a namespace's policy
 
 
 class _SnapshotModel(BaseModel):
@@ -93,6 +102,7 @@ class StatePoller:
         cache: BudgetStateCache,
         metrics: WebhookMetrics,
         client: httpx.AsyncClient,
+        backoff: Backoff | None = None,
     ) -> None:
         self.settings = settings
         self.cache = cache
@@ -100,6 +110,9 @@ class StatePoller:
         self.client = client
         self.url = settings.timekeeper_url.rstrip("/") + ADMISSION_STATE_PATH
         self._failing = False
+        cap = settings.state_poll_retry_max_seconds
+        base = min(STATE_POLL_RETRY_BASE_SECONDS, settings.state_poll_interval_seconds, cap)
+        self._backoff = backoff or Backoff(base, cap)
 
     async def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json"}
@@ -139,7 +152,16 @@ class StatePoller:
         self.metrics.state_polls.labels(result=result).inc()
         return result
 
+    def next_wait(self, result: PollResult) -> float:
+        """The interval after an answer; after a failure, the backoff: a blip is retried soon, a long
+        outage at most every `state_poll_retry_max_seconds`, and replicas that failed together spread out
+        instead of polling a recovering timekeeper in step."""
+        if result == "error":
+            return self._backoff.next_delay()
+        self._backoff.reset()
+        return self.settings.state_poll_interval_seconds
+
     async def run(self) -> None:
         while True:
-            await self.poll_once()
-            await asyncio.sleep(self.settings.state_poll_interval_seconds)
+            result = await self.poll_once()
+            await asyncio.sleep(self.next_wait(result))

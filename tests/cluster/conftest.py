@@ -160,6 +160,7 @@ def api(timekeeper: TimekeeperProcess, control_plane: ControlPlane) -> Timekeepe
 
 @pytest.fixture(scope="package")
 def webhook(
+    control_plane: ControlPlane,
     core: client.CoreV1Api,
     install: Install,
     webhook_tls: WebhookTls,
@@ -169,7 +170,7 @@ def webhook(
     """`python -m webhook` where the shipped configurations point, injecting the sidecar as a plain
     container (1.20 has no native sidecars) and polling the timekeeper with a token of its own
     ServiceAccount for audience gpu-timekeeper (the timekeeper reviews it; the shipped viewer binding
-    lets it read every namespace's state)."""
+    lets it read every namespace's state), and watching PriorityClasses as that ServiceAccount."""
     folder = tmp_path_factory.mktemp("webhook")
     token = service_account_token(
         core,
@@ -180,6 +181,10 @@ def webhook(
     )
     (folder / "token").write_text(token)
     env = {
+        # The PriorityClass watch as the webhook's ServiceAccount: exactly the RBAC deployment/ ships.
+        "WEBHOOK_KUBECONFIG": str(
+            service_account_kubeconfig(control_plane, core, "gpu-timekeeper-webhook", folder)
+        ),
         "WEBHOOK_TLS_CERT_FILE": str(webhook_tls.cert),
         "WEBHOOK_TLS_KEY_FILE": str(webhook_tls.key),
         "WEBHOOK_TIMEKEEPER_URL": timekeeper.url,

@@ -7,12 +7,14 @@ The fixtures in conftest.py build these once per run; a test that needs more of 
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
 import sys
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +215,40 @@ def gpu_probe(namespace: str) -> dict[str, Any]:
             ]
         },
     }
+
+
+def placed(body: dict[str, Any], namespace: str, name: str) -> dict[str, Any]:
+    """A copy of the object `body` with this namespace and name."""
+    copied = copy.deepcopy(body)
+    copied["metadata"] |= {"namespace": namespace, "name": name}
+    return copied
+
+
+def stamp(moment: datetime) -> str:
+    """A time as the API server writes it (RFC 3339, whole seconds)."""
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def set_status(kubectl: Kubectl, namespace: str, name: str, status: dict[str, Any]) -> None:
+    """What a kubelet would write (there is none): a merge patch of the pod's status subresource."""
+    patch = json.dumps({"status": status})
+    kubectl.run("patch", "pod", name, "-n", namespace, "--subresource=status", "--type=merge", "-p", patch)
+
+
+def terminated(stored: dict[str, Any], finished: datetime) -> list[dict[str, Any]]:
+    """containerStatuses with every container of the pod (ours included: a plain container on 1.20)
+    exited at `finished`."""
+    return [
+        {
+            "name": c["name"],
+            "image": c["image"],
+            "imageID": "",
+            "ready": False,
+            "restartCount": 0,
+            "state": {"terminated": {"exitCode": 0, "finishedAt": stamp(finished)}},
+        }
+        for c in stored["spec"]["containers"]
+    ]
 
 
 def wait_for_admission_state(kubectl: Kubectl, namespace: str, state: str, timeout: float = 20.0) -> None:

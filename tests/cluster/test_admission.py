@@ -9,23 +9,16 @@ On 1.20 the sidecar is a plain container (WEBHOOK_SIDECAR_MODE=container): this 
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
 
 from gpuaccounting import names
-from tests.cluster.harness import Kubectl, TimekeeperApi, gpu_probe, wait_for_admission_state
+from tests.cluster.harness import Kubectl, TimekeeperApi, gpu_probe, placed, wait_for_admission_state
 from tests.support.pods import GPU_PODS, container, pod
 
 IN_BUDGET = ("gpu-in-budget", 1000, "PreemptLowerPriority")
 OVER_BUDGET = ("gpu-over-budget", 100, "Never")
-
-
-def in_namespace(body: dict[str, Any], namespace: str, name: str) -> dict[str, Any]:
-    placed = copy.deepcopy(body)
-    placed["metadata"].update(namespace=namespace, name=name)
-    return placed
 
 
 def as_stored(resources: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
@@ -51,7 +44,7 @@ def test_a_gpu_pod_of_each_sharing_system_is_stored_as_the_webhook_made_it(
     api.set_budget(namespace, 1000)
     wait_for_admission_state(kubectl, namespace, "in_budget")
 
-    kubectl.create(in_namespace(original, namespace, "work"))
+    kubectl.create(placed(original, namespace, "work"))
     stored = kubectl.json("get", "pod", "work", "-n", namespace)
 
     assert priority_of(stored) == IN_BUDGET
@@ -70,8 +63,9 @@ def test_a_gpu_pod_of_each_sharing_system_is_stored_as_the_webhook_made_it(
     assert env["POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
 
     volumes = {volume["name"]: volume for volume in stored["spec"]["volumes"]}
-    (token,) = volumes[names.SIDECAR_TOKEN_VOLUME]["projected"]["sources"]
-    assert token["serviceAccountToken"]["audience"] == names.TOKEN_AUDIENCE
+    sources = volumes[names.SIDECAR_TOKEN_VOLUME]["projected"]["sources"]
+    audiences = {source["serviceAccountToken"]["audience"] for source in sources}
+    assert names.TOKEN_AUDIENCE in audiences
     assert "emptyDir" in volumes[names.SIDECAR_BUFFER_VOLUME]
     assert "downwardAPI" in volumes[names.SIDECAR_PODINFO_VOLUME]
     mounted = {mount["name"] for mount in sidecar_of(stored)["volumeMounts"]}
@@ -84,10 +78,13 @@ def test_an_exhausted_namespaces_pod_gets_the_reduced_class(
     api.set_budget(namespace, 0)
     wait_for_admission_state(kubectl, namespace, "exhausted")
 
-    stored = kubectl.create(in_namespace(gpu_probe(namespace), namespace, "late"))
+    stored = kubectl.create(placed(gpu_probe(namespace), namespace, "late"))
 
     assert priority_of(stored) == OVER_BUDGET
-    assert stored["metadata"]["annotations"][names.ANNOTATION_PRIORITY_DECISION] == "namespace exhausted"
+    assert (
+        stored["metadata"]["annotations"][names.ANNOTATION_PRIORITY_DECISION]
+        == "exhausted: namespace exhausted"
+    )
 
 
 def test_the_priority_plugin_judges_the_class_and_value_together(kubectl: Kubectl, namespace: str) -> None:

@@ -9,11 +9,17 @@ There is no kubelet: the test marks pods Running through the status subresource,
 from __future__ import annotations
 
 import copy
-import json
 from datetime import UTC, datetime
 from typing import Any
 
-from tests.cluster.harness import Kubectl, TimekeeperApi, gpu_probe, wait_for_admission_state
+from tests.cluster.harness import (
+    Kubectl,
+    TimekeeperApi,
+    gpu_probe,
+    set_status,
+    stamp,
+    wait_for_admission_state,
+)
 from tests.support.processes import wait_until
 
 
@@ -33,9 +39,7 @@ def pods(kubectl: Kubectl, namespace: str, app: str) -> list[dict[str, Any]]:
 
 
 def mark_running(kubectl: Kubectl, namespace: str, name: str) -> None:
-    started = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    patch = json.dumps({"status": {"phase": "Running", "startTime": started}})
-    kubectl.run("patch", "pod", name, "-n", namespace, "--subresource=status", "--type=merge", "-p", patch)
+    set_status(kubectl, namespace, name, {"phase": "Running", "startTime": stamp(datetime.now(UTC))})
 
 
 def test_an_exhausted_namespace_that_says_evict_has_its_running_pods_recreated_at_the_reduced_class(

@@ -8,47 +8,23 @@ would. The timekeeper runs the pass every second with a silent grace of SILENT_G
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any
 
-from tests.cluster.harness import SILENT_GRACE_SECONDS, Kubectl, TimekeeperApi, gpu_probe
+from tests.cluster.harness import (
+    SILENT_GRACE_SECONDS,
+    Kubectl,
+    TimekeeperApi,
+    gpu_probe,
+    placed,
+    set_status,
+    stamp,
+    terminated,
+)
 from tests.support.pods import GPU_PODS, container, pod
 from tests.support.processes import wait_until
-
-
-def stamp(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def created(kubectl: Kubectl, body: dict[str, Any], namespace: str, name: str) -> Any:
-    placed = copy.deepcopy(body)
-    placed["metadata"] |= {"name": name, "namespace": namespace}
-    return kubectl.create(placed)
-
-
-def set_status(kubectl: Kubectl, namespace: str, name: str, status: dict[str, Any]) -> None:
-    """What the kubelet would write (a merge patch of the status subresource)."""
-    patch = json.dumps({"status": status})
-    kubectl.run("patch", "pod", name, "-n", namespace, "--subresource=status", "--type=merge", "-p", patch)
-
-
-def terminated(stored: dict[str, Any], finished: datetime) -> list[dict[str, Any]]:
-    """Every container of the pod (ours included: a plain container on 1.20) exited at `finished`."""
-    return [
-        {
-            "name": c["name"],
-            "image": c["image"],
-            "imageID": "",
-            "ready": False,
-            "restartCount": 0,
-            "state": {"terminated": {"exitCode": 0, "finishedAt": stamp(finished)}},
-        }
-        for c in stored["spec"]["containers"]
-    ]
 
 
 def charged(api: TimekeeperApi, namespace: str) -> dict[str, Decimal]:
@@ -60,7 +36,7 @@ def test_an_ended_pod_that_never_reported_is_charged_exactly_its_run(
     kubectl: Kubectl, api: TimekeeperApi, namespace: str
 ) -> None:
     """Started 10 minutes ago, its containers finished 6 minutes later: one GPU for 6 minutes, once."""
-    stored = created(kubectl, gpu_probe(namespace), namespace, "silent")
+    stored = kubectl.create(placed(gpu_probe(namespace), namespace, "silent"))
     start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=10)
     set_status(
         kubectl,
@@ -84,7 +60,7 @@ def test_a_running_pod_is_charged_its_silent_time_up_to_the_grace(
 ) -> None:
     half, share = GPU_PODS["kai"]
     assert share == "0.5"
-    created(kubectl, half, namespace, "quiet")
+    kubectl.create(placed(half, namespace, "quiet"))
     start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=3)
     set_status(kubectl, namespace, "quiet", {"phase": "Running", "startTime": stamp(start)})
 

@@ -125,7 +125,8 @@ def test_the_files_the_chart_shares_are_links_into_the_kustomize_tree():
 
 def _normalised(obj: dict[str, Any]) -> dict[str, Any]:
     """The object less what legitimately differs between the two installs: Helm's labels and hooks and
-    the selectors built from them, and the pull policy the chart makes a value."""
+    the selectors built from them, the pull policy the chart makes a value, and the checksums that roll
+    the chart's pods when a ConfigMap they read changes."""
     obj = copy.deepcopy(obj)
     metadata = obj.pop("metadata")
     kept_labels = {k: v for k, v in metadata.get("labels", {}).items() if k.startswith(KEPT_LABELS)}
@@ -143,6 +144,9 @@ def _normalised(obj: dict[str, Any]) -> dict[str, Any]:
         if isinstance(node, dict):
             if isinstance(node.get("metadata"), dict) and node is not obj:
                 node["metadata"].pop("labels", None)
+                annotations = node["metadata"].pop("annotations", {})
+                if kept := {k: v for k, v in annotations.items() if not k.startswith("checksum/")}:
+                    node["metadata"]["annotations"] = kept
             for key in ("selector", "labelSelector", "podSelector", "imagePullPolicy"):
                 node.pop(key, None)
             for value in node.values():
@@ -216,7 +220,7 @@ def test_one_value_feeds_each_priority_class_and_the_webhook():
         {
             name.removeprefix("WEBHOOK_").lower(): value
             for name, value in env.items()
-            if isinstance(value, str)
+            if isinstance(value, str) and name != "WEBHOOK_HARDWARE_FILE"  # a path inside the pod
         }
     )
     for prefix, name in (("in_budget", "team-gpu-high"), ("over_budget", "gpu-over-budget")):
@@ -240,7 +244,8 @@ def test_monitoring_is_rendered_only_where_the_prometheus_operator_is_installed(
     assert not find(without, "ServiceMonitor") and not find(without, "PrometheusRule")
     # The dashboard is a plain ConfigMap: Grafana's sidecar needs no CRD.
     assert one(without, "ConfigMap", "gpu-timekeeper-dashboard")
-    assert not find(helm_template(), "ServiceMonitor") and not find(helm_template(), "ConfigMap")
+    assert not find(helm_template(), "ServiceMonitor")
+    assert not find(helm_template(), "ConfigMap", "gpu-timekeeper-dashboard")
 
 
 def test_the_webhook_is_scraped_over_tls_with_its_own_ca():
@@ -336,7 +341,10 @@ def test_network_policies_open_only_the_serving_ports():
         for p in find(objects, "NetworkPolicy")
         if p["metadata"]["name"] != "gpu-timekeeper-postgres"
     }
-    assert ports == {"gpu-timekeeper": [{"port": "http"}], "gpu-timekeeper-webhook": [{"port": "https"}]}
+    assert ports == {
+        "gpu-timekeeper": [{"port": "http", "protocol": "TCP"}],
+        "gpu-timekeeper-webhook": [{"port": "https", "protocol": "TCP"}],
+    }
 
 
 def test_the_node_agent_is_deployment_nodeagent_in_its_own_namespace():
@@ -358,3 +366,18 @@ def test_clusters_older_than_1_30_are_refused():
     assert helm_template("--kube-version", "1.30.0")
     done = helm("template", "x", str(CHART), "--kube-version", "1.29.9", check=False)
     assert done.returncode != 0 and "kubeVersion" in done.stderr
+
+
+def test_a_changed_hardware_value_rolls_both_servers():
+    def checksums(*args: str) -> set[str]:
+        objects = helm_template(*args)
+        return {
+            one(objects, "Deployment", name)["spec"]["template"]["metadata"]["annotations"][
+                "checksum/hardware"
+            ]
+            for name in ("gpu-timekeeper", "gpu-timekeeper-webhook")
+        }
+
+    (before,) = checksums()
+    (after,) = checksums("--set", "hardware.gpu_memory_mib=40960")
+    assert before != after

@@ -168,23 +168,67 @@ def test_rbac_is_least_privilege(build):
 
 
 @pytest.mark.parametrize("build", RENDERS)
-def test_the_timekeeper_may_review_tokens_and_access_and_the_webhook_needs_no_api(build):
+def test_the_timekeeper_may_review_tokens_and_access_and_the_webhook_only_reads_priority_classes(build):
     objects = render(build)
     subject = {"kind": "ServiceAccount", "name": "gpu-timekeeper", "namespace": NAMESPACE}
     delegators = [
         b for b in find(objects, "ClusterRoleBinding") if b["roleRef"]["name"] == "system:auth-delegator"
     ]
     assert [b["subjects"] for b in delegators] == [[subject]]
+    # The API token reaches the webhook's pod only, not every pod that might use the ServiceAccount.
     webhook_account = one(objects, "ServiceAccount", "gpu-timekeeper-webhook")
     assert webhook_account["automountServiceAccountToken"] is False
     webhook_pod = one(objects, "Deployment", "gpu-timekeeper-webhook")["spec"]["template"]["spec"]
-    assert webhook_pod["automountServiceAccountToken"] is False
+    assert webhook_pod["automountServiceAccountToken"] is True
     webhook_roles = {
         b["roleRef"]["name"]
         for b in find(objects, "ClusterRoleBinding") + find(objects, "RoleBinding")
         if any(s["name"] == "gpu-timekeeper-webhook" for s in b["subjects"])
     }
-    assert webhook_roles == {"gpu-timekeeper-viewer"}
+    assert webhook_roles == {"gpu-timekeeper-viewer", "gpu-timekeeper-webhook"}
+    assert one(objects, "ClusterRole", "gpu-timekeeper-webhook")["rules"] == [
+        {
+            "apiGroups": ["scheduling.k8s.io"],
+            "resources": ["priorityclasses"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+
+
+@pytest.mark.parametrize("build", RENDERS)
+def test_webhook_and_timekeeper_read_the_one_hardware_config_map(build):
+    objects = render(build)
+    (config_map,) = [c for c in find(objects, "ConfigMap") if "hardware.json" in c.get("data", {})]
+    for deployment, variable in (("gpu-timekeeper-webhook", "WEBHOOK_HARDWARE_FILE"),
+                                 ("gpu-timekeeper", "TIMEKEEPER_HARDWARE_FILE")):  # fmt: skip
+        spec = one(objects, "Deployment", deployment)["spec"]["template"]["spec"]
+        (container,) = spec["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        (volume,) = [v for v in spec["volumes"] if v.get("configMap")]
+        assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+        assert env[variable] == f"{mount['mountPath']}/hardware.json", deployment
+
+
+@pytest.mark.parametrize("build", RENDERS)
+def test_network_policies_open_only_the_serving_ports(build):
+    objects = render(build)
+    for deployment, port_name, sources in (
+        ("gpu-timekeeper-webhook", "https", None),  # the API server's address is no pod's
+        ("gpu-timekeeper", "http", [{"namespaceSelector": {}}]),  # any pod in the cluster: sidecars
+    ):
+        pod = one(objects, "Deployment", deployment)["spec"]["template"]
+        (policy,) = [
+            p
+            for p in find(objects, "NetworkPolicy")
+            if p["spec"]["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+        ]
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        (rule,) = policy["spec"]["ingress"]
+        assert rule.get("from") == sources
+        assert rule["ports"] == [{"port": port_name, "protocol": "TCP"}]
+        (container,) = pod["spec"]["containers"]
+        assert port_name in {p["name"] for p in container["ports"]}
 
 
 @pytest.mark.parametrize("build", RENDERS)

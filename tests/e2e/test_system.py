@@ -146,6 +146,7 @@ def system(tmp_path: Path) -> Iterator[System]:
                 "WEBHOOK_TIMEKEEPER_TOKEN_FILE": str(tmp_path / "webhook-token"),
                 "WEBHOOK_STATE_POLL_INTERVAL_SECONDS": "0.2",
                 "WEBHOOK_SIDECAR_REPORT_INTERVAL_SECONDS": "1",
+                "WEBHOOK_WATCH_PRIORITY_CLASSES": "false",  # no API server in this test
             },
             free_port(),
             ca_cert,

@@ -1,4 +1,6 @@
-"""The typed Kubernetes boundary, driven through kubernetes_asyncio against the stand-in server."""
+"""The typed Kubernetes boundary, driven through kubernetes_asyncio against the stand-in server: what needs
+the API server to fail on cue (410 Expired, errors, PodDisruptionBudget refusals) or to count requests.
+Its reviews, pod list and watch, and Events are proven on a real API server (tests/cluster/test_client.py)."""
 
 from __future__ import annotations
 
@@ -9,77 +11,22 @@ from contextlib import aclosing
 import pytest
 
 from gpuaccounting.backoff import Backoff
-from gpuaccounting.names import TOKEN_AUDIENCE
 from tests.kube.factories import gpu_pod, pdb
 from tests.support.kube_apiserver import KubeApiServer
-from tests.support.kube_rbac import bind_namespace_viewer
 from timekeeper.kube import (
     EvictionResult,
     KubeApiError,
     KubeClient,
     KubeUnavailableError,
-    ObjectReference,
     PodEvent,
     PodSnapshot,
     QuotaChange,
 )
 from timekeeper.kube.client import QUOTA_NAME
-from timekeeper.kube.types import MANAGED_BY, MANAGED_BY_LABEL, POD_NAME_EXTRA, POD_UID_EXTRA
+from timekeeper.kube.types import MANAGED_BY, MANAGED_BY_LABEL
 
 # The client's connections belong to the loop of the fixture that built it (the session's).
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-
-
-async def test_token_review_names_the_pod_a_projected_token_is_bound_to(
-    apiserver: KubeApiServer, kube: KubeClient
-):
-    pod = gpu_pod(apiserver, "team-a", "trainer-0")
-    token = apiserver.add_service_account_token("team-a", "default", [TOKEN_AUDIENCE], pod=pod)
-
-    review = await kube.token_review(token, (TOKEN_AUDIENCE,))
-
-    assert review.authenticated
-    assert review.username == "system:serviceaccount:team-a:default"
-    assert review.extra_value(POD_NAME_EXTRA) == "trainer-0"
-    assert review.extra_value(POD_UID_EXTRA) == pod["metadata"]["uid"]
-    assert "system:serviceaccounts:team-a" in review.groups
-    assert review.audiences == (TOKEN_AUDIENCE,)
-
-
-async def test_token_review_rejects_a_token_meant_for_another_audience(
-    apiserver: KubeApiServer, kube: KubeClient
-):
-    pod = gpu_pod(apiserver, "team-a", "trainer-0")
-    api_token = apiserver.add_service_account_token("team-a", "default", pod=pod)
-
-    review = await kube.token_review(api_token, (TOKEN_AUDIENCE,))
-
-    assert not review.authenticated
-    assert "audiences" in review.error
-
-
-async def test_token_review_rejects_the_token_of_a_pod_that_is_gone(
-    apiserver: KubeApiServer, kube: KubeClient
-):
-    pod = gpu_pod(apiserver, "team-a", "trainer-0", phase="Succeeded")
-    token = apiserver.add_service_account_token("team-a", "default", [TOKEN_AUDIENCE], pod=pod)
-    apiserver.remove("v1", "Pod", "team-a", "trainer-0")
-
-    assert not (await kube.token_review(token, (TOKEN_AUDIENCE,))).authenticated
-
-
-async def test_subject_access_review_answers_from_rbac(apiserver: KubeApiServer, kube: KubeClient):
-    bind_namespace_viewer(apiserver, "team-a", "alice")
-
-    async def may(verb: str, namespace: str | None) -> bool:
-        return await kube.subject_access_review(
-            "alice", (), verb, "gpubudgets", "gpu-timekeeper.io", namespace
-        )
-
-    assert await may("get", "team-a")
-    assert not await may("get", "team-b")
-    assert not await may("update", "team-a")
-    assert not await may("list", None)
 
 
 async def test_list_pods_reads_every_page(apiserver: KubeApiServer, kube: KubeClient):
@@ -91,36 +38,6 @@ async def test_list_pods_reads_every_page(apiserver: KubeApiServer, kube: KubeCl
     assert sorted(p.name for p in snapshot.pods) == [f"p{i}" for i in range(5)]
     assert apiserver.requests["list", "pods"] == 3
     assert int(snapshot.resource_version) == apiserver.resource_version
-
-
-async def test_pod_info_carries_share_phase_and_real_end_time(apiserver: KubeApiServer, kube: KubeClient):
-    gpu_pod(apiserver, "team-a", "done", phase="Succeeded", share="0.5", finished_at="2026-11-22T00:30:00Z")
-    (pod,) = (await kube.list_pods()).pods
-    assert pod.ended and pod.phase == "Succeeded"
-    assert pod.annotations["gpu-timekeeper.io/gpu-share"] == "0.5"
-    assert pod.finished_at is not None and pod.finished_at.isoformat() == "2026-11-22T00:30:00+00:00"
-    assert pod.started_at is not None and pod.has_controller
-    assert pod.raw["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
-
-
-async def test_watch_streams_every_change_after_the_snapshot(apiserver: KubeApiServer, kube: KubeClient):
-    gpu_pod(apiserver, "team-a", "first")
-    async with aclosing(kube.watch_pods(timeout_seconds=5)) as stream:
-        snapshot = await anext(stream)
-        assert isinstance(snapshot, PodSnapshot)
-        assert [p.name for p in snapshot.pods] == ["first"]
-
-        gpu_pod(apiserver, "team-a", "second", phase="Pending")
-        gpu_pod(apiserver, "team-a", "second", phase="Running")
-        apiserver.finish_pod_deletion("team-a", "first")
-
-        events = [await anext(stream) for _ in range(3)]
-    assert [(e.type, e.pod.name, e.pod.phase) for e in events if isinstance(e, PodEvent)] == [
-        ("ADDED", "second", "Pending"),
-        ("MODIFIED", "second", "Running"),
-        ("DELETED", "first", "Running"),
-    ]
-    assert apiserver.requests["list", "pods"] == 1
 
 
 async def test_watch_resumes_from_the_last_event_when_the_server_ends_it(
@@ -312,23 +229,6 @@ async def test_quotas_are_found_and_removed(apiserver: KubeApiServer, kube: Kube
     assert await kube.delete_resource_quota("team-a") is QuotaChange.DELETED
     assert await kube.delete_resource_quota("team-a") is QuotaChange.ABSENT
     assert await kube.managed_quota_namespaces() == {"team-b"}
-
-
-async def test_events_are_posted_on_the_namespace_or_a_pod(apiserver: KubeApiServer, kube: KubeClient):
-    await kube.post_event("team-a", "BudgetExhausted", "team-a spent 600 of 600 GPU-minutes", "Warning")
-    await kube.post_event(
-        "team-a",
-        "Downgraded",
-        "evicted to restart at the reduced class",
-        involved=ObjectReference("Pod", "p"),
-    )
-
-    events = apiserver.list("v1", "Event", "team-a")
-    about = {(e["involvedObject"]["kind"], e["involvedObject"]["name"]): e for e in events}
-    assert about["Namespace", "team-a"]["reason"] == "BudgetExhausted"
-    assert about["Namespace", "team-a"]["type"] == "Warning"
-    assert about["Pod", "p"]["involvedObject"]["namespace"] == "team-a"
-    assert all(e["source"]["component"] == "gpu-timekeeper" for e in events)
 
 
 async def test_a_missing_rbac_rule_surfaces_as_a_kube_error(apiserver: KubeApiServer):

@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -601,3 +602,41 @@ async def test_a_pod_that_never_started_is_forgotten_without_a_charge(
 
     assert result is not None and result.charged == {}
     assert reconciler.registry.pods() == []
+
+
+# ---- the hardware sizes are the webhook's (one file, TIMEKEEPER_HARDWARE_FILE) --------------------------
+
+
+@pytest.fixture
+def sliced(reconciler: Reconciler, tmp_path: Path) -> Reconciler:
+    """The reconciler of a cluster whose device plugin time-slices each GPU 4 ways, on 40 GiB GPUs."""
+    hardware = tmp_path / "hardware.json"
+    hardware.write_text('{"time_slicing_replicas": 4, "gpu_memory_mib": 40960}')
+    settings = reconciler.settings.model_copy(update={"hardware_file": hardware})
+    return Reconciler(reconciler.kube, reconciler.sessionmaker, settings, reconciler.clock)
+
+
+async def test_quotas_are_sized_with_the_hardware_file(
+    apiserver: KubeApiServer, sliced: Reconciler, sessionmaker
+):
+    await set_budget(
+        sessionmaker, sliced, "team-a", budget_gpu_minutes=100, concurrent_gpu_limit=Decimal("2.5")
+    )
+
+    assert (await sliced.run_pass()).quotas == {"team-a": QuotaChange.CREATED}
+
+    hard = apiserver.get("v1", "ResourceQuota", "team-a", QUOTA_NAME)["spec"]["hard"]
+    assert hard["requests.nvidia.com/gpu"] == "10"  # 2.5 GPUs x 4 replicas
+    assert hard["requests.aliyun.com/gpu-mem"] == "100"  # 2.5 x 40 GiB
+
+
+async def test_a_recomputed_share_uses_the_hardware_file(apiserver: KubeApiServer, sliced: Reconciler):
+    pod = gpu_pod(
+        apiserver, "team-a", "unannotated", share=None, gpus=2, started_at=iso(START - timedelta(minutes=15))
+    )
+    await sync(sliced)
+
+    result = await sliced.run_pass()
+
+    assert result is not None
+    assert result.charged == {pod["metadata"]["uid"]: Decimal("5.000000000")}  # 10 minutes x 2/4 GPU

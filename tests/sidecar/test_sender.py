@@ -13,7 +13,7 @@ import pytest
 from gpuaccounting.names import REPORTS_PATH
 from sidecar.buffer import ReportBuffer
 from sidecar.logs import EventLog
-from sidecar.sender import Outcome, Sender, TimekeeperClient, backoff_delay, classify
+from sidecar.sender import Outcome, Sender, TimekeeperClient, classify
 from sidecar.state import StateStore
 from tests.sidecar.factories import pod_report
 from tests.sidecar.receiver import ReportReceiver
@@ -43,14 +43,6 @@ GPU = "GPU-11111111-2222-3333-4444-555555555555"
 )
 def test_status_classification(status: int, outcome: Outcome) -> None:
     assert classify(status) is outcome
-
-
-def test_backoff_is_capped_exponential_with_full_jitter() -> None:
-    assert backoff_delay(0, 1.0, 60.0, rng=lambda: 1.0) == 1.0
-    assert backoff_delay(3, 1.0, 60.0, rng=lambda: 1.0) == 8.0
-    assert backoff_delay(20, 1.0, 60.0, rng=lambda: 1.0) == 60.0
-    assert backoff_delay(20, 1.0, 60.0, rng=lambda: 0.25) == 15.0
-    assert backoff_delay(5, 1.0, 60.0, rng=lambda: 0.0) == 0.0
 
 
 class Rig:

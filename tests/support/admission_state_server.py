@@ -11,12 +11,29 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
-from gpuaccounting.admission_state import AdmissionState, NamespaceAdmission
+from gpuaccounting.admission_state import (
+    AdmissionState,
+    NamespaceAdmission,
+    PriorityPolicy,
+    default_priority_policy,
+)
 from gpuaccounting.names import ADMISSION_STATE_PATH
+from gpuaccounting.wire import BudgetState
+
+
+def entry(
+    state: BudgetState = "in_budget", max_gpu_share_per_pod: float | None = None, **policy: Any
+) -> NamespaceAdmission:
+    """One namespace's entry: the cluster-default priority policy unless `policy` overrides its keys."""
+    return {
+        "state": state,
+        "max_gpu_share_per_pod": max_gpu_share_per_pod,
+        "priority_policy": cast(PriorityPolicy, {**default_priority_policy(), **policy}),
+    }
 
 
 def snapshot(
@@ -28,7 +45,7 @@ def snapshot(
         "version": version,
         "generated_at": "2026-11-22T00:00:00Z",
         "priority_classes": {"in_budget": "gpu-in-budget", "over_budget": "gpu-over-budget"},
-        "default": default or {"state": "in_budget", "max_gpu_share_per_pod": None},
+        "default": default or entry(),
         "namespaces": namespaces or {},
     }
 

@@ -390,9 +390,6 @@ class KubeApiServer:
         )
         return token
 
-    def revoke_token(self, token: str) -> None:
-        self._tokens.pop(token, None)
-
     def _authenticate(self, token: str, audiences: Iterable[str]) -> tuple[TokenInfo, list[str]] | str:
         """The token's identity and the audiences it is valid for, or why it is not accepted."""
         info = self._tokens.get(token)

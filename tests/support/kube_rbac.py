@@ -2,7 +2,8 @@
 
 `timekeeper_rules()` is exactly what the timekeeper's own ServiceAccount needs (docs/kubernetes.md lists the
 same rules); the tests run the KubeClient with that identity, so a missing rule fails them, and
-tests/kube/test_rbac.py checks that deployment/ grants them. The viewer and admin roles are deployment/'s.
+tests/cluster/test_rbac.py checks on a real API server that deployment/ grants them. The viewer and admin
+roles are deployment/'s.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -20,11 +21,13 @@ from sqlalchemy.engine import URL
 
 from tests.support.postgres import REPO_ROOT, url_string
 from tests.support.processes import TimekeeperProcess, free_port, wait_until
+from tests.support.timekeeper import bearer, sha256
 
 
 @dataclass
 class Replica:
     process: TimekeeperProcess
+    reader_token: str  # /readyz shows the scheduler's status to a reader only
 
     @property
     def url(self) -> str:
@@ -50,8 +53,11 @@ def started_replicas(
     database: URL, env: dict[str, str], log_dir: Path, count: int = 2
 ) -> Iterator[list[Replica]]:
     """`count` API replicas on one database, each healthy before this yields; stopped afterwards."""
+    reader = secrets.token_urlsafe(24)
+    digests = [env["TIMEKEEPER_READER_TOKEN_SHA256"]] if env.get("TIMEKEEPER_READER_TOKEN_SHA256") else []
+    env = {**env, "TIMEKEEPER_READER_TOKEN_SHA256": ",".join([*digests, sha256(reader)])}
     started = [
-        Replica(TimekeeperProcess(database, env, free_port(), log_dir / f"timekeeper-{n}.log"))
+        Replica(TimekeeperProcess(database, env, free_port(), log_dir / f"timekeeper-{n}.log"), reader)
         for n in range(count)
     ]
     try:
@@ -65,7 +71,7 @@ def started_replicas(
 
 async def scheduler_status(client: httpx.AsyncClient, replica: Replica) -> dict | None:
     try:
-        answer = await client.get(f"{replica.url}/readyz")
+        answer = await client.get(f"{replica.url}/readyz", headers=bearer(replica.reader_token))
     except httpx.TransportError:
         return None
     return answer.json()["scheduler"] if answer.status_code == 200 else None

@@ -42,8 +42,28 @@ async def report_history(api: Api) -> None:
         # Ends after the cutoff (14:00): stays raw, beside the folded pieces of its pod's 13:00 hour.
         dict(pod="a", pod_uid="uid-a", seq=3, start=at(13, 55), end=at(14, 5)),
     ]
-    for body in reports:
-        ok(await api.report(**body))
+    for number, body in enumerate(reports):
+        ok(await api.report(**body, gpus=figures(number)))
+
+
+def figures(number: int) -> list[dict[str, Any]]:
+    """Each report's own measured figures (odd values, one GPU lost, one report without any), so that the
+    roll-up has sums, maxima, energy and statuses of several reports to fold."""
+    if number == 4:
+        return []
+    return [
+        {
+            "uuid": "GPU-0",
+            "sm_util_pct": 80.0 - number * 7.3,
+            "sm_util_max_pct": 95.0 - number,
+            "mem_used_bytes": 1000 + number * 377,
+            "mem_total_bytes": 1 << 34,
+            "energy_joules": 1234.567 * (number + 1),
+            "status": "partial" if number == 3 else "ok",
+        },
+        {"uuid": "GPU-1", "sm_util_pct": None, "mem_used_bytes": None, "mem_total_bytes": None}
+        | ({"status": "lost"} if number == 5 else {}),
+    ]
 
 
 async def answers(api: Api) -> dict[str, Any]:
@@ -54,6 +74,12 @@ async def answers(api: Api) -> dict[str, Any]:
             answer = ok(await api.get("/namespaces/team-a/usage", group_by=group_by, **window))
             seen[f"{number}/{group_by}/total"] = answer["total_gpu_minutes"]
             rows = answer["rows"]
+            if number == 0:
+                # Whole hours: every figure, per row and for the namespace, is the same after the roll-up
+                # (the report counts only by hour: a report counts once in each aggregate it was folded into).
+                seen[f"{number}/{group_by}/answer"] = answer | {
+                    "rows": [{k: v for k, v in row.items() if k != "reports"} for row in rows]
+                }
             seen[f"{number}/{group_by}/minutes"] = [(row["key"], row["gpu_minutes"]) for row in rows]
             if group_by == "hour" and number == 0:
                 # An aggregate is one pod's hour: for whole hours the report counts match too.

@@ -132,6 +132,7 @@ def serve_webhook(tls: Tls, state: StateServer | None, **overrides: Any) -> Iter
         **{
             "timekeeper_url": state.url if state else "",
             "state_poll_interval_seconds": 0.05,
+            "watch_priority_classes": False,  # no API server here; tests that have one turn it on
             "tls_cert_file": tls.cert_file,
             "tls_key_file": tls.key_file,
             **overrides,

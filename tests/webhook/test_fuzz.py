@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from gpuaccounting import names
-from tests.support.admission_state_server import run_state_server, snapshot
+from tests.support.admission_state_server import entry, run_state_server, snapshot
 from tests.support.pods import container, pod, review
 from tests.webhook.conftest import Tls
 from webhook.app import create_app
@@ -184,12 +184,15 @@ def reviews(draw: st.DrawFn, damage: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def client(tls: Tls) -> Iterator[TestClient]:
     namespaces = {
-        "capped": {"state": "in_budget", "max_gpu_share_per_pod": 0.5},
-        "exhausted": {"state": "exhausted", "max_gpu_share_per_pod": None},
+        "capped": entry("in_budget", 0.5),
+        "exhausted": entry("exhausted"),
     }
     with run_state_server(snapshot(namespaces=namespaces)) as state:
         settings = WebhookSettings(
-            timekeeper_url=state.url, tls_cert_file=tls.cert_file, tls_key_file=tls.key_file
+            timekeeper_url=state.url,
+            tls_cert_file=tls.cert_file,
+            tls_key_file=tls.key_file,
+            watch_priority_classes=False,
         )
         with TestClient(create_app(settings), raise_server_exceptions=True) as client:
             yield client

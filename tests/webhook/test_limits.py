@@ -46,6 +46,7 @@ def _webhook_process(tls: Tls, state: StateServer) -> Iterator[tuple[int, int]]:
         "WEBHOOK_TLS_CERT_FILE": str(tls.cert_file),
         "WEBHOOK_TLS_KEY_FILE": str(tls.key_file),
         "WEBHOOK_TIMEKEEPER_URL": state.url,
+        "WEBHOOK_WATCH_PRIORITY_CLASSES": "false",  # no API server here
     }
 
     def ready() -> bool:  # a connection per probe: an idle one would hold up the process's exit

@@ -7,6 +7,7 @@ import os
 import ssl
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 
@@ -25,6 +26,7 @@ def test_module_serves_https_with_the_state_from_the_timekeeper(tls: Tls) -> Non
             "WEBHOOK_TLS_KEY_FILE": str(tls.key_file),
             "WEBHOOK_TIMEKEEPER_URL": state.url,
             "WEBHOOK_STATE_POLL_INTERVAL_SECONDS": "0.1",
+            "WEBHOOK_WATCH_PRIORITY_CLASSES": "false",
         }
 
         def has_the_state() -> bool:
@@ -44,3 +46,25 @@ def test_module_refuses_to_start_without_tls() -> None:
     )
     assert result.returncode == 2
     assert "WEBHOOK_TLS_CERT_FILE and WEBHOOK_TLS_KEY_FILE are required" in result.stderr
+
+
+def test_module_refuses_to_start_when_the_priority_class_watch_has_no_cluster(
+    tls: Tls, tmp_path: Path
+) -> None:
+    env = {
+        **os.environ,
+        "WEBHOOK_TLS_CERT_FILE": str(tls.cert_file),
+        "WEBHOOK_TLS_KEY_FILE": str(tls.key_file),
+        "WEBHOOK_KUBECONFIG": str(tmp_path / "absent"),
+        "WEBHOOK_WATCH_PRIORITY_CLASSES": "true",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "webhook", "--host", "127.0.0.1", "--port", str(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode != 0
+    assert f"no kubeconfig at {tmp_path / 'absent'}" in result.stderr
+    assert "WEBHOOK_WATCH_PRIORITY_CLASSES=false" in result.stderr

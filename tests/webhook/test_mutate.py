@@ -10,6 +10,7 @@ import kubernetes_validate
 import pytest
 
 from gpuaccounting import names
+from tests.support.admission_state_server import entry
 from tests.support.pods import GPU_PODS, container, pod
 from tests.webhook.conftest import Publish, Tls, Webhook, serve_webhook
 
@@ -154,7 +155,7 @@ def test_user_supplied_share_annotation_is_overwritten(webhook: Webhook) -> None
 
 
 def test_exhausted_namespace_gets_the_reduced_class(webhook: Webhook, publish: Publish) -> None:
-    publish(namespaces={"team-a": {"state": "exhausted", "max_gpu_share_per_pod": None}})
+    publish(namespaces={"team-a": entry("exhausted")})
     patched = webhook.admit(pod(container("main", {"nvidia.com/gpu": 1})))
     spec = patched["spec"]
     assert (spec["priorityClassName"], spec["priority"], spec["preemptionPolicy"]) == (
@@ -164,7 +165,7 @@ def test_exhausted_namespace_gets_the_reduced_class(webhook: Webhook, publish: P
     )
     annotations = patched["metadata"]["annotations"]
     assert annotations[names.ANNOTATION_BUDGET_STATE] == "exhausted"
-    assert annotations[names.ANNOTATION_PRIORITY_DECISION] == "namespace exhausted"
+    assert annotations[names.ANNOTATION_PRIORITY_DECISION] == "exhausted: namespace exhausted"
     other = webhook.admit(pod(container("main", {"nvidia.com/gpu": 1}), namespace="team-b"))
     assert other["spec"]["priorityClassName"] == "gpu-in-budget"
 
@@ -175,33 +176,6 @@ def test_priority_set_by_the_priority_plugin_is_replaced_consistently(webhook: W
     )
     patched = webhook.admit(original)
     assert (patched["spec"]["priorityClassName"], patched["spec"]["priority"]) == ("gpu-in-budget", 1000)
-
-
-def test_user_chosen_foreign_class_is_kept_and_the_reason_recorded(webhook: Webhook) -> None:
-    original = pod(container("main", {"nvidia.com/gpu": 1}), priorityClassName="research-high", priority=5000)
-    patched = webhook.admit(original)
-    assert (patched["spec"]["priorityClassName"], patched["spec"]["priority"]) == ("research-high", 5000)
-    assert (
-        patched["metadata"]["annotations"][names.ANNOTATION_PRIORITY_DECISION]
-        == "kept user-chosen class research-high"
-    )
-    assert sidecar_of(patched)  # still accounted for
-
-
-def test_foreign_class_is_overridden_when_configured(tls: Tls, state: Any) -> None:
-    with serve_webhook(tls, state, override_foreign_priority_class=True) as overriding:
-        patched = overriding.admit(
-            pod(container("main", {"nvidia.com/gpu": 1}), priorityClassName="research-high", priority=5000)
-        )
-    assert (patched["spec"]["priorityClassName"], patched["spec"]["priority"]) == ("gpu-in-budget", 1000)
-
-
-def test_replaceable_global_default_class_is_replaced(tls: Tls, state: Any) -> None:
-    with serve_webhook(tls, state, replaceable_priority_classes="cluster-default") as served:
-        patched = served.admit(
-            pod(container("main", {"nvidia.com/gpu": 1}), priorityClassName="cluster-default", priority=10)
-        )
-    assert patched["spec"]["priorityClassName"] == "gpu-in-budget"
 
 
 def test_container_mode_injects_a_plain_container_for_older_clusters(tls: Tls, state: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -10,17 +11,25 @@ from pydantic import ValidationError
 from webhook.settings import WebhookSettings
 
 
-def test_environment_is_read_with_types(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_environment_is_read_with_types(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    hardware = tmp_path / "hardware.json"
+    hardware.write_text('{"time_slicing_replicas": 4, "clearml_fractions": ["1/2", "0.25"]}')
     monkeypatch.setenv("WEBHOOK_DISABLED_RULES", "namespace-cap, vcuda-core-range")
-    monkeypatch.setenv("WEBHOOK_OVERRIDE_FOREIGN_PRIORITY_CLASS", "false")
-    monkeypatch.setenv("WEBHOOK_CLEARML_ALLOWED_FRACTIONS", "0.5,0.25")
-    monkeypatch.setenv("WEBHOOK_TIME_SLICING_REPLICAS", "4")
+    monkeypatch.setenv("WEBHOOK_WATCH_PRIORITY_CLASSES", "false")
+    monkeypatch.setenv("WEBHOOK_HARDWARE_FILE", str(hardware))
     settings = WebhookSettings()
     assert settings.disabled_rules == {"namespace-cap", "vcuda-core-range"}
-    assert settings.override_foreign_priority_class is False
+    assert settings.watch_priority_classes is False
     assert settings.hardware.clearml_fractions == {Fraction(1, 2), Fraction(1, 4)}
     assert settings.hardware.time_slicing_replicas == 4
     assert not settings.enforces("namespace-cap") and settings.enforces("single-system")
+
+
+def test_a_broken_hardware_file_stops_the_webhook_at_start(tmp_path: Path) -> None:
+    hardware = tmp_path / "hardware.json"
+    hardware.write_text('{"gpu_memory_mib": "80Gi"}')
+    with pytest.raises(ValidationError, match=r"hardware\.json: gpu_memory_mib must be a positive integer"):
+        WebhookSettings(hardware_file=hardware)
 
 
 def test_log_format_console_means_text(monkeypatch: pytest.MonkeyPatch) -> None:

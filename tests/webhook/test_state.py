@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
+import httpx
+import pytest
+
 from gpuaccounting import names
-from tests.support.admission_state_server import run_state_server, snapshot
+from gpuaccounting.backoff import Backoff
+from tests.support.admission_state_server import entry, run_state_server, snapshot
 from tests.support.pods import container, pod
 from tests.webhook.conftest import Tls, Webhook, serve_webhook
+from webhook.metrics import WebhookMetrics
+from webhook.settings import WebhookSettings
+from webhook.state import BudgetStateCache, StatePoller
 
-EXHAUSTED = {"team-a": {"state": "exhausted", "max_gpu_share_per_pod": None}}
+EXHAUSTED = {"team-a": entry("exhausted")}
 
 
 def decision(webhook: Webhook) -> tuple[str, str, str]:
@@ -57,14 +65,18 @@ def test_an_unreadable_token_file_is_a_failed_poll_and_the_poller_carries_on(
 
 def test_state_never_loaded_is_treated_as_in_budget_and_counted(tls: Tls) -> None:
     with run_state_server(None) as state, serve_webhook(tls, state) as hook:
-        assert decision(hook) == ("gpu-in-budget", "unknown", "state never loaded, policy in_budget")
+        assert decision(hook) == (
+            "gpu-in-budget",
+            "unknown",
+            "in-budget: no class chosen; state never loaded, missing-state policy in_budget",
+        )
         assert hook.metric("webhook_state_missing_decisions_total") == 1
         assert hook.metric("webhook_state_age_seconds") == -1
         hook.wait_until(lambda: hook.metric("webhook_state_polls_total", result="error") >= 1)
         # Once the timekeeper answers, decisions follow its state.
         state.publish(snapshot(version=1, namespaces=EXHAUSTED))
         hook.wait_until(lambda: hook.metric("webhook_state_version") == 1)
-        assert decision(hook) == ("gpu-over-budget", "exhausted", "namespace exhausted")
+        assert decision(hook) == ("gpu-over-budget", "exhausted", "exhausted: namespace exhausted")
 
 
 def test_missing_state_policy_is_configurable(tls: Tls) -> None:
@@ -81,30 +93,29 @@ def wait_until_stale(hook: Webhook, state: Any) -> None:
     hook.wait_until(lambda: hook.metric("webhook_state_age_seconds") > hook.settings.state_max_age_seconds)
 
 
-def test_stale_state_is_treated_as_in_budget_by_default(tls: Tls) -> None:
+def test_stale_state_decides_with_the_last_known_state_counted_and_logged_once(
+    tls: Tls, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="webhook.priority")
     with (
         run_state_server(snapshot(namespaces=EXHAUSTED)) as state,
         serve_webhook(tls, state, state_max_age_seconds=0.3) as hook,
     ):
         wait_until_stale(hook, state)
-        assert decision(hook) == ("gpu-in-budget", "exhausted", "state older than 0.3s, policy in_budget")
+        assert decision(hook) == (
+            "gpu-over-budget",
+            "exhausted",
+            "exhausted: namespace exhausted; stale state, last known exhausted",
+        )
         assert hook.metric("webhook_state_stale_decisions_total") == 1
         # The answer is the same on re-invocation: the reason carries no clock.
         patched = hook.admit(pod(container("main", {"nvidia.com/gpu": 1})))
         assert hook.mutate(patched).patch == []
-
-
-def test_stale_state_can_use_the_last_known_state(tls: Tls) -> None:
-    with (
-        run_state_server(snapshot(namespaces=EXHAUSTED)) as state,
-        serve_webhook(tls, state, state_max_age_seconds=0.3, stale_state_policy="last_known") as hook,
-    ):
-        wait_until_stale(hook, state)
-        assert decision(hook) == (
-            "gpu-over-budget",
-            "exhausted",
-            "state older than 0.3s, last known exhausted",
-        )
+        assert hook.metric("webhook_state_stale_decisions_total") == 3
+        # A namespace the last snapshot did not name is governed by its default, stale too.
+        other = hook.admit(pod(container("main", {"nvidia.com/gpu": 1}), namespace="team-b"))
+        assert other["spec"]["priorityClassName"] == "gpu-in-budget"
+    assert [r.message for r in caplog.records].count("admission_state_stale") == 1
 
 
 def test_a_malformed_snapshot_keeps_the_last_good_one(tls: Tls) -> None:
@@ -127,3 +138,16 @@ def test_health_and_metrics_endpoints(webhook: Webhook) -> None:
         webhook.metric("webhook_admissions_total", endpoint="mutate", operation="CREATE", result="non_gpu")
         >= 1
     )
+
+
+async def test_failed_polls_back_off_and_a_good_one_returns_to_the_interval() -> None:
+    settings = WebhookSettings(state_poll_interval_seconds=10, state_poll_retry_max_seconds=8)
+    cache = BudgetStateCache(settings.state_max_age_seconds)
+    async with httpx.AsyncClient() as client:
+        poller = StatePoller(
+            settings, cache, WebhookMetrics(cache.age_seconds), client, Backoff(1, 8, rng=lambda: 1.0)
+        )
+        waits = [poller.next_wait(result) for result in ("error", "error", "error", "error", "error")]
+        assert waits == [1, 2, 4, 8, 8]  # the backoff's bound (rng at its top), capped, not the interval
+        assert poller.next_wait("not_modified") == 10
+        assert poller.next_wait("error") == 1  # a good poll started the run over

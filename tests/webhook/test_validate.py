@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from gpuaccounting import names
+from tests.support.admission_state_server import entry
 from tests.support.pods import container, pod
 from tests.webhook.conftest import Publish, Tls, Webhook, serve_webhook
 
@@ -103,7 +104,7 @@ def test_non_gpu_pod_is_allowed(webhook: Webhook) -> None:
 
 
 def test_share_above_the_namespace_cap_is_denied(webhook: Webhook, publish: Publish) -> None:
-    publish(namespaces={"team-a": {"state": "in_budget", "max_gpu_share_per_pod": 1.5}})
+    publish(namespaces={"team-a": entry("in_budget", 1.5)})
     big = webhook.admit(pod(container("train", {"nvidia.com/gpu": 2})))
     small = webhook.admit(pod(container("train", {"nvidia.com/gpu": 1})))
     answer = webhook.validate(big)

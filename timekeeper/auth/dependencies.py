@@ -56,6 +56,7 @@ def require(action: Action) -> Callable[..., Awaitable[Principal]]:
         await authorize(request, principal, action, request.path_params.get("namespace"))
         return principal
 
+    dependency.action = action  # type: ignore[attr-defined]  # read by StrictJsonRoute
     return dependency
 
 

@@ -12,7 +12,14 @@ from gpuaccounting.admission_state import PriorityPolicy, UserClassRule
 from gpuaccounting.wire import BudgetState
 from timekeeper.budgets.models import RunningPodAction
 from timekeeper.budgets.periods import PeriodKind
-from timekeeper.schemas import DNS_SUBDOMAIN, Amount, OptionalAmount, StoredText
+from timekeeper.schemas import (
+    DNS_SUBDOMAIN,
+    Amount,
+    DecimalIn,
+    OptionalAmount,
+    OptionalDecimalIn,
+    StoredText,
+)
 
 LARGEST_AMOUNT = Decimal("1e12")  # a trillion GPU-minutes: anything above is a typo
 INT32_MAX = 2**31 - 1  # a PriorityClass value is an int32
@@ -50,11 +57,11 @@ class BudgetIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    budget_gpu_minutes: Decimal | None = Field(ge=0, le=LARGEST_AMOUNT, allow_inf_nan=False)
+    budget_gpu_minutes: OptionalDecimalIn = Field(ge=0, le=LARGEST_AMOUNT, allow_inf_nan=False)
     period: PeriodKind = PeriodKind.MONTHLY
-    warn_at_fraction: Decimal = Field(default=Decimal("0.8"), gt=0, le=1, decimal_places=4)
-    max_gpu_share_per_pod: Decimal | None = Field(default=None, gt=0, le=10_000, allow_inf_nan=False)
-    concurrent_gpu_limit: Decimal | None = Field(default=None, gt=0, le=1_000_000, allow_inf_nan=False)
+    warn_at_fraction: DecimalIn = Field(default=Decimal("0.8"), gt=0, le=1, decimal_places=4)
+    max_gpu_share_per_pod: OptionalDecimalIn = Field(default=None, gt=0, le=10_000, allow_inf_nan=False)
+    concurrent_gpu_limit: OptionalDecimalIn = Field(default=None, gt=0, le=1_000_000, allow_inf_nan=False)
     priority_policy: PriorityPolicyBody | None = None
     running_pod_action: RunningPodAction | None = None
 
@@ -99,7 +106,7 @@ class GrantIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # At most the ledger's scale: a finer amount would be stored as 0, which the table refuses.
-    gpu_minutes: Decimal = Field(gt=0, le=LARGEST_AMOUNT, decimal_places=9, allow_inf_nan=False)
+    gpu_minutes: DecimalIn = Field(gt=0, le=LARGEST_AMOUNT, decimal_places=9, allow_inf_nan=False)
     reason: StoredText = Field(min_length=1, max_length=1000)
 
 

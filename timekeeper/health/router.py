@@ -8,7 +8,8 @@ import sqlalchemy as sa
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from timekeeper.auth.dependencies import MetricsAccess
+from timekeeper.auth.base import Action
+from timekeeper.auth.dependencies import MetricsAccess, authenticated
 from timekeeper.budgets.service import BudgetService
 from timekeeper.db.session import SessionDep
 from timekeeper.errors import TimekeeperError
@@ -23,16 +24,26 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", responses=error_responses(503))
+@router.get("/readyz", responses=error_responses(401, 503))
 async def readyz(request: Request) -> dict[str, Any]:
+    """Ready when the database answers; the replica's name and its jobs only for a cluster-wide reader
+    (they name the host and process, which an anonymous prober has no need to learn)."""
+    # No credentials: an anonymous prober (the kubelet); a token not accepted is 401, as anywhere.
+    principal = await authenticated(request) if request.headers.get("authorization") else None
     try:
         async with request.app.state.sessionmaker() as session:
             await session.execute(sa.text("SELECT 1"))
     except (sa.exc.SQLAlchemyError, OSError) as error:
         raise TimekeeperError(f"database unreachable: {type(error).__name__}", 503) from error
     scheduler = getattr(request.app.state, "scheduler", None)
+    if (
+        scheduler is None
+        or principal is None
+        or not await request.app.state.access.authorize(principal, Action.READ, None)
+    ):
+        return {"status": "ready"}
     # Job health is shown, not judged: a failing job must not take the replica out of service.
-    return {"status": "ready"} | ({} if scheduler is None else {"scheduler": scheduler.status()})
+    return {"status": "ready", "scheduler": scheduler.status()}
 
 
 @router.get(

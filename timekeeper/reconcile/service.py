@@ -22,7 +22,6 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gpuaccounting.shares import GpuHardware
 from gpuaccounting.wire import BudgetState
 from timekeeper.clock import Clock
 from timekeeper.kube import (
@@ -85,13 +84,12 @@ class Reconciler:
         sessionmaker: async_sessionmaker[AsyncSession],
         settings: Settings,
         clock: Clock,
-        hardware: GpuHardware | None = None,
     ) -> None:
         self.kube = kube
         self.sessionmaker = sessionmaker
         self.settings = settings
         self.clock = clock
-        self.hardware = hardware or GpuHardware()
+        self.hardware = settings.hardware  # the webhook's sizes too: shares and quotas agree with admission
         self.registry = PodRegistry(clock, self.hardware)
         self._last_states: dict[str, BudgetState] | None = None
         self._watch: asyncio.Task[None] | None = None

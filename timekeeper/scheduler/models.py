@@ -7,7 +7,18 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import BigInteger, DateTime, Index, Integer, Numeric, Text, UniqueConstraint, func
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    Index,
+    Integer,
+    Numeric,
+    SmallInteger,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
 from sqlalchemy.dialects.postgresql import JSONB, TSTZMULTIRANGE
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -59,5 +70,13 @@ class UsageHourly(Base):
     gpu_share: Mapped[Decimal] = mapped_column(Numeric)
     charged: Mapped[Any] = mapped_column(TSTZMULTIRANGE)
     reports: Mapped[int] = mapped_column(Integer)
-    util_sum: Mapped[Decimal | None] = mapped_column(Numeric)
-    util_count: Mapped[int] = mapped_column(Integer)
+    # The folded reports' figures as sums that fold again exactly (usage/figures.py): figure x seconds
+    # beside the seconds that had the figure, maxima, energy, the statuses seen.
+    util_seconds: Mapped[Decimal | None] = mapped_column(Numeric)
+    util_covered_seconds: Mapped[Decimal] = mapped_column(Numeric, server_default=text("0"))
+    peak_sm_util_pct: Mapped[Decimal | None] = mapped_column(Numeric(6, 3))
+    mem_byte_seconds: Mapped[Decimal | None] = mapped_column(Numeric)
+    mem_covered_seconds: Mapped[Decimal] = mapped_column(Numeric, server_default=text("0"))
+    peak_mem_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    energy_joules: Mapped[Decimal | None] = mapped_column(Numeric)
+    gpu_status_bits: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))

@@ -22,35 +22,50 @@ RUNNING_POD = sa.and_(
 )
 # Ledger rows that ended before the cutoff are deleted and their charged time, split at hour boundaries,
 # is added to the (pod, hour, share) aggregate, in one statement: exactly the deleted rows are folded.
-# A row counts once in each hour its charged time touches (as the usage query's hour grouping does).
+# A row counts once in each hour its charged time touches (as the usage query's hour grouping does); its
+# figures are added as figure x its seconds in the hour (usage/figures.py), so they fold exactly.
 _ROLL_UP = sa.text(
     """
     WITH folded AS (
         DELETE FROM usage_ledger WHERE interval_end <= :cutoff
-        RETURNING id, namespace, pod, pod_uid, gpu_share, charged, mean_sm_util_pct
+        RETURNING id, namespace, pod, pod_uid, gpu_share, charged, mean_sm_util_pct, peak_sm_util_pct,
+                  mem_used_bytes, mean_power_w, gpu_status_bits
     ), pieces AS (
-        SELECT f.id, f.namespace, f.pod, f.pod_uid, f.gpu_share, f.mean_sm_util_pct, b AS hour_start,
-               r * tstzrange(b, b + interval '1 hour') AS piece
+        SELECT f.*, b AS hour_start, r * tstzrange(b, b + interval '1 hour') AS piece
         FROM folded f
         CROSS JOIN LATERAL unnest(f.charged) AS r
         CROSS JOIN LATERAL generate_series(
             date_trunc('hour', lower(r), 'UTC'), upper(r) - interval '1 microsecond', interval '1 hour') AS b
     ), per_report AS (
         SELECT pod_uid, hour_start, gpu_share, id, max(namespace) AS namespace, max(pod) AS pod,
-               range_agg(piece) AS charged, max(mean_sm_util_pct) AS util
+               range_agg(piece) AS charged, sum(extract(epoch FROM upper(piece) - lower(piece))) AS seconds,
+               max(mean_sm_util_pct) AS util, max(coalesce(peak_sm_util_pct, mean_sm_util_pct)) AS util_peak,
+               max(mem_used_bytes) AS mem, max(mean_power_w) AS power, max(gpu_status_bits) AS status_bits
         FROM pieces GROUP BY pod_uid, hour_start, gpu_share, id
     ), upserted AS (
         INSERT INTO usage_hourly
-            (namespace, pod, pod_uid, hour_start, gpu_share, charged, reports, util_sum, util_count)
+            (namespace, pod, pod_uid, hour_start, gpu_share, charged, reports, util_seconds,
+             util_covered_seconds, peak_sm_util_pct, mem_byte_seconds, mem_covered_seconds,
+             peak_mem_used_bytes, energy_joules, gpu_status_bits)
         SELECT max(namespace), max(pod), pod_uid, hour_start, gpu_share, range_agg(charged), count(*),
-               sum(util), count(util)
+               sum(util * seconds), coalesce(sum(seconds) FILTER (WHERE util IS NOT NULL), 0), max(util_peak),
+               sum(mem * seconds), coalesce(sum(seconds) FILTER (WHERE mem IS NOT NULL), 0), max(mem),
+               sum(power * seconds), bit_or(status_bits)
         FROM per_report GROUP BY pod_uid, hour_start, gpu_share
         ON CONFLICT ON CONSTRAINT uq_usage_hourly_pod_hour_share DO UPDATE SET
             charged = usage_hourly.charged + excluded.charged,
             reports = usage_hourly.reports + excluded.reports,
-            util_sum = CASE WHEN excluded.util_sum IS NULL THEN usage_hourly.util_sum
-                            ELSE coalesce(usage_hourly.util_sum, 0) + excluded.util_sum END,
-            util_count = usage_hourly.util_count + excluded.util_count
+            util_seconds = coalesce(usage_hourly.util_seconds + excluded.util_seconds,
+                                    usage_hourly.util_seconds, excluded.util_seconds),
+            util_covered_seconds = usage_hourly.util_covered_seconds + excluded.util_covered_seconds,
+            peak_sm_util_pct = greatest(usage_hourly.peak_sm_util_pct, excluded.peak_sm_util_pct),
+            mem_byte_seconds = coalesce(usage_hourly.mem_byte_seconds + excluded.mem_byte_seconds,
+                                        usage_hourly.mem_byte_seconds, excluded.mem_byte_seconds),
+            mem_covered_seconds = usage_hourly.mem_covered_seconds + excluded.mem_covered_seconds,
+            peak_mem_used_bytes = greatest(usage_hourly.peak_mem_used_bytes, excluded.peak_mem_used_bytes),
+            energy_joules = coalesce(usage_hourly.energy_joules + excluded.energy_joules,
+                                     usage_hourly.energy_joules, excluded.energy_joules),
+            gpu_status_bits = usage_hourly.gpu_status_bits | excluded.gpu_status_bits
         RETURNING 1
     )
     SELECT (SELECT count(*) FROM folded) AS folded, (SELECT count(*) FROM upserted) AS hours

@@ -6,7 +6,19 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import BigInteger, Boolean, DateTime, Index, Integer, Numeric, Text, UniqueConstraint, func
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Index,
+    Integer,
+    Numeric,
+    SmallInteger,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
 from sqlalchemy.dialects.postgresql import JSONB, TSTZMULTIRANGE
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -42,6 +54,12 @@ class LedgerEntry(Base):
     mean_sm_util_pct: Mapped[Decimal | None] = mapped_column(Numeric(6, 3))
     max_mem_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
     gpus: Mapped[Any] = mapped_column(JSONB)
+    # The figures the usage answers add up (usage/figures.py): per second of charged time, utilisation,
+    # memory on all the pod's GPUs and mean power; the GPU statuses seen as one bit each.
+    peak_sm_util_pct: Mapped[Decimal | None] = mapped_column(Numeric(6, 3))
+    mem_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    mean_power_w: Mapped[Decimal | None] = mapped_column(Numeric)
+    gpu_status_bits: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
 
 
 class PodCoverage(Base):

@@ -14,6 +14,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from timekeeper.budgets.models import UsageTotal
+from timekeeper.usage.figures import FigureSums
 from timekeeper.usage.models import PodCoverage
 from timekeeper.usage.planning import Interval, TotalKey
 
@@ -25,7 +26,8 @@ _REPORTS = (
     "jsonb_to_recordset(CAST(:reports AS jsonb)) AS r(pod_uid text, namespace text, pod text, seq bigint, "
     "interval_start timestamptz, interval_end timestamptz, final boolean, gpu_share numeric, "
     "gpu_minutes numeric, gpu_count integer, mean_sm_util_pct double precision, max_mem_used_bytes bigint, "
-    "gpus jsonb)"
+    "gpus jsonb, peak_sm_util_pct double precision, mem_used_bytes bigint, mean_power_w numeric, "
+    "gpu_status_bits smallint)"
 )
 # Creates each pod's row on its first report and locks it; answers the part of each interval not yet
 # charged. A pod_uid already known in another namespace is neither touched nor answered. `last_report_at`
@@ -46,10 +48,12 @@ _LOCK_PODS = sa.text(
 # Answers the reports that were new; a repeat of (pod_uid, seq, interval) inserts nothing.
 _INSERT_LEDGER = sa.text(
     "INSERT INTO usage_ledger (namespace, pod, pod_uid, seq, interval_start, interval_end, gpu_share, "
-    "charged, gpu_minutes, final, received_at, gpu_count, mean_sm_util_pct, max_mem_used_bytes, gpus) "
+    "charged, gpu_minutes, final, received_at, gpu_count, mean_sm_util_pct, max_mem_used_bytes, gpus, "
+    "peak_sm_util_pct, mem_used_bytes, mean_power_w, gpu_status_bits) "
     "SELECT r.namespace, r.pod, r.pod_uid, r.seq, r.interval_start, r.interval_end, r.gpu_share, "
     "tstzmultirange(tstzrange(r.interval_start, r.interval_end)) - c.covered, r.gpu_minutes, r.final, "
-    "CAST(:now AS timestamptz), r.gpu_count, r.mean_sm_util_pct, r.max_mem_used_bytes, r.gpus "
+    "CAST(:now AS timestamptz), r.gpu_count, r.mean_sm_util_pct, r.max_mem_used_bytes, r.gpus, "
+    "r.peak_sm_util_pct, r.mem_used_bytes, r.mean_power_w, r.gpu_status_bits "
     f"FROM {_REPORTS} JOIN pod_coverage c USING (pod_uid) "
     "ON CONFLICT ON CONSTRAINT uq_usage_ledger_report DO NOTHING RETURNING pod_uid"
 )
@@ -59,13 +63,22 @@ _COVER = sa.text(
     f"FROM {_REPORTS} WHERE p.pod_uid = r.pod_uid"
 )
 # Raw ledger rows and the hourly per-pod aggregates the roll-up job folds old rows into, in one shape:
-# a report counts once per aggregate (an aggregate row counts the reports folded into its hour).
+# a report counts once per aggregate (an aggregate row counts the reports folded into its hour). Each
+# additive figure is a value for `per` seconds of the source's charged time: a ledger row's per second
+# (its utilisation, memory, power; 1 where it has the figure), an aggregate's for its whole charged time
+# (its sums), so the seconds of a bucket or window take their part (all of it for a whole hour, exactly).
 _USAGE_SOURCE = (
-    "SELECT 'l' || l.id AS id, l.pod, l.gpu_share, l.charged, 1 AS reports, "
-    "l.mean_sm_util_pct AS util_sum, CAST(l.mean_sm_util_pct IS NOT NULL AS int) AS util_count "
+    "SELECT 'l' || l.id AS id, l.pod, l.gpu_share, l.charged, 1 AS reports, 1 AS per, "
+    "l.mean_sm_util_pct AS util, CAST(l.mean_sm_util_pct IS NOT NULL AS int) AS util_covered, "
+    "coalesce(l.peak_sm_util_pct, l.mean_sm_util_pct) AS util_peak, l.mem_used_bytes AS mem, "
+    "CAST(l.mem_used_bytes IS NOT NULL AS int) AS mem_covered, l.mem_used_bytes AS mem_peak, "
+    "l.mean_power_w AS energy, l.gpu_status_bits AS status_bits "
     "FROM usage_ledger l "
     "WHERE l.namespace = :namespace AND l.interval_end > :since AND l.interval_start < :until "
-    "UNION ALL SELECT 'h' || h.id, h.pod, h.gpu_share, h.charged, h.reports, h.util_sum, h.util_count "
+    "UNION ALL SELECT 'h' || h.id, h.pod, h.gpu_share, h.charged, h.reports, "
+    "(SELECT sum(extract(epoch FROM upper(c) - lower(c))) FROM unnest(h.charged) AS c), "
+    "h.util_seconds, h.util_covered_seconds, h.peak_sm_util_pct, h.mem_byte_seconds, h.mem_covered_seconds, "
+    "h.peak_mem_used_bytes, h.energy_joules, h.gpu_status_bits "
     "FROM usage_hourly h WHERE h.namespace = :namespace "
     "AND h.hour_start > CAST(:since AS timestamptz) - interval '1 hour' AND h.hour_start < :until"
 )
@@ -160,24 +173,47 @@ class UsageRepository:
 
     async def usage(
         self, namespace: str, since: datetime, until: datetime, group_by: GroupBy
-    ) -> list[tuple[str, Decimal, int, float | None]]:
+    ) -> list[tuple[str, Decimal, int, FigureSums]]:
         """Charged GPU-minutes inside [since, until), exactly (charged time clipped to the window and to
-        each bucket, share x seconds summed exactly and rounded once per row), grouped by pod, hour or day.
-        Raw ledger rows and the hourly aggregates old rows were folded into answer alike."""
+        each bucket, share x seconds summed exactly and rounded once per row), grouped by pod, hour or day,
+        with the figures' sums over the same seconds. Raw ledger rows and the hourly aggregates old rows
+        were folded into answer alike."""
         key, piece, bucket = _USAGE_PIECE[group_by]
         query = sa.text(
             f"WITH source AS ({_USAGE_SOURCE}), per_source AS ("
             f"SELECT {key} AS key, s.id, "
             f"sum(s.gpu_share * extract(epoch FROM upper({piece}) - lower({piece}))) AS share_seconds, "
-            "max(s.reports) AS reports, max(s.util_sum) AS util_sum, max(s.util_count) AS util_count "
+            f"sum(extract(epoch FROM upper({piece}) - lower({piece}))) AS seconds, max(s.per) AS per, "
+            "max(s.reports) AS reports, max(s.util) AS util, max(s.util_covered) AS util_covered, "
+            "max(s.util_peak) AS util_peak, max(s.mem) AS mem, max(s.mem_covered) AS mem_covered, "
+            "max(s.mem_peak) AS mem_peak, max(s.energy) AS energy, max(s.status_bits) AS status_bits "
             "FROM source s "
             "CROSS JOIN LATERAL unnest(s.charged * tstzmultirange(tstzrange(:since, :until))) AS r "
             f"{bucket} GROUP BY 1, 2) "
             "SELECT key, round(sum(share_seconds) / 60, 9) AS minutes, sum(reports) AS reports, "
-            "sum(util_sum) / nullif(sum(util_count), 0) AS util FROM per_source GROUP BY key ORDER BY key"
+            "sum(util * seconds / per) AS util_seconds, "
+            "coalesce(sum(util_covered * seconds / per), 0) AS util_covered_seconds, "
+            "max(util_peak) AS util_peak, sum(mem * seconds / per) AS mem_byte_seconds, "
+            "coalesce(sum(mem_covered * seconds / per), 0) AS mem_covered_seconds, "
+            "max(mem_peak) AS mem_peak, sum(energy * seconds / per) AS energy_joules, "
+            "bit_or(status_bits) AS status_bits FROM per_source GROUP BY key ORDER BY key"
         )
         result = await self.session.execute(query, {"namespace": namespace, "since": since, "until": until})
         return [
-            (row.key, row.minutes, int(row.reports), None if row.util is None else float(row.util))
+            (
+                row.key,
+                row.minutes,
+                int(row.reports),
+                FigureSums(
+                    util_seconds=row.util_seconds,
+                    util_covered_seconds=row.util_covered_seconds,
+                    peak_sm_util_pct=row.util_peak,
+                    mem_byte_seconds=row.mem_byte_seconds,
+                    mem_covered_seconds=row.mem_covered_seconds,
+                    peak_mem_used_bytes=None if row.mem_peak is None else int(row.mem_peak),
+                    energy_joules=row.energy_joules,
+                    gpu_status_bits=int(row.status_bits),
+                ),
+            )
             for row in result
         ]

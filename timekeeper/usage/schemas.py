@@ -40,10 +40,6 @@ class GpuFiguresIn(BaseModel):
     pod_processes: Annotated[StrictInt, Field(ge=0, le=1_000_000)] | None = None
 
 
-def _own(pod_figure: float | None, device_figure: float | None) -> float | None:
-    return pod_figure if pod_figure is not None else device_figure
-
-
 class ReportIn(BaseModel):
     """One numbered interval of a pod's GPU use; the shape of gpuaccounting.wire.Report."""
 
@@ -70,15 +66,6 @@ class ReportIn(BaseModel):
             raise ValueError("interval_end must be after interval_start")
         return self
 
-    def measured(self) -> tuple[int, float | None, int | None]:
-        """(GPU count, mean SM utilisation, largest memory used) over the GPUs the sidecar could read; the
-        pod's own figures where known (a shared GPU's device figures are every tenant's)."""
-        utils = [u for gpu in self.gpus if (u := _own(gpu.pod_sm_util_pct, gpu.sm_util_pct)) is not None]
-        memory = [
-            int(m) for gpu in self.gpus if (m := _own(gpu.pod_mem_used_bytes, gpu.mem_used_bytes)) is not None
-        ]
-        return len(self.gpus), (sum(utils) / len(utils) if utils else None), (max(memory) if memory else None)
-
 
 class ReportAck(BaseModel):
     """gpuaccounting.wire.ReportAck."""
@@ -89,10 +76,18 @@ class ReportAck(BaseModel):
 
 
 class UsageRow(BaseModel):
+    """One pod, hour or day. Means are weighted by time and count only the time that had the figure; the
+    figures are the pod's own where the sidecar could attribute them (docs/timekeeper.md)."""
+
     key: str
     gpu_minutes: Amount
     reports: int
     mean_sm_util_pct: float | None
+    peak_sm_util_pct: float | None
+    mean_mem_used_bytes: int | None
+    peak_mem_used_bytes: int | None
+    energy_joules: float | None
+    gpu_statuses: list[GpuStatus]
 
 
 class UsageOut(BaseModel):
@@ -101,4 +96,10 @@ class UsageOut(BaseModel):
     until: datetime
     group_by: Literal["pod", "hour", "day"]
     total_gpu_minutes: Amount
+    total_mean_sm_util_pct: float | None
+    total_peak_sm_util_pct: float | None
+    total_mean_mem_used_bytes: int | None
+    total_peak_mem_used_bytes: int | None
+    total_energy_joules: float | None
+    total_gpu_statuses: list[GpuStatus]
     rows: list[UsageRow]

@@ -20,6 +20,7 @@ from timekeeper.budgets.repository import BudgetRepository
 from timekeeper.clock import Clock
 from timekeeper.errors import TimekeeperError
 from timekeeper.settings import Settings
+from timekeeper.usage.figures import NO_FIGURES, measure
 from timekeeper.usage.planning import figures_after, plan_charges, plan_totals
 from timekeeper.usage.repository import GroupBy, UsageRepository, batch_json
 from timekeeper.usage.schemas import ReportIn, UsageOut, UsageRow
@@ -63,7 +64,7 @@ class IngestOutcome:
 def report_row(report: ReportIn) -> dict[str, Any]:
     """A report as the ingest statements read it (one element of batch_json); amounts as exact decimal
     text, its charge filled in once planned."""
-    gpu_count, mean_util, max_memory = report.measured()
+    measured = measure(report)
     return {
         "pod_uid": report.pod_uid,
         "namespace": report.namespace,
@@ -74,10 +75,14 @@ def report_row(report: ReportIn) -> dict[str, Any]:
         "final": report.final,
         "gpu_share": str(report.gpu_share),
         "gpu_minutes": None,
-        "gpu_count": gpu_count,
-        "mean_sm_util_pct": mean_util,
-        "max_mem_used_bytes": max_memory,
+        "gpu_count": measured.gpu_count,
+        "mean_sm_util_pct": measured.mean_sm_util_pct,
+        "max_mem_used_bytes": measured.max_mem_used_bytes,
         "gpus": [gpu.model_dump() for gpu in report.gpus],
+        "peak_sm_util_pct": measured.peak_sm_util_pct,
+        "mem_used_bytes": measured.mem_used_bytes,
+        "mean_power_w": None if measured.mean_power_w is None else str(measured.mean_power_w),
+        "gpu_status_bits": measured.gpu_status_bits,
     }
 
 
@@ -177,15 +182,22 @@ class UsageService:
         until = until or now
         if until <= since:
             raise TimekeeperError("until must be after since", 422)
-        rows = [
-            UsageRow(key=key, gpu_minutes=minutes, reports=reports, mean_sm_util_pct=util)
-            for key, minutes, reports, util in await self.repository.usage(namespace, since, until, group_by)
-        ]
+        found = await self.repository.usage(namespace, since, until, group_by)
+        totals = sum((figures for _, _, _, figures in found), NO_FIGURES)
         return UsageOut(
             namespace=namespace,
             since=since,
             until=until,
             group_by=group_by,
-            total_gpu_minutes=sum((row.gpu_minutes for row in rows), Decimal(0)),
-            rows=rows,
+            total_gpu_minutes=sum((minutes for _, minutes, _, _ in found), Decimal(0)),
+            **totals.answer("total_"),
+            rows=[
+                UsageRow(
+                    key=key,
+                    gpu_minutes=minutes,
+                    reports=reports,
+                    **figures.answer(),
+                )
+                for key, minutes, reports, figures in found
+            ],
         )

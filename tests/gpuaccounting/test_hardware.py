@@ -1,0 +1,98 @@
+"""The hardware file both deployables load: every key optional, nothing wrong read as a default."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from gpuaccounting.hardware import HardwareConfigError, load_hardware
+from gpuaccounting.shares import GpuHardware, read_pod
+from tests.support.pods import container, pod
+
+SHIPPED = Path(__file__).resolve().parents[2] / "deployment" / "base" / "hardware" / "hardware.json"
+
+
+def write(tmp_path: Path, document: object) -> Path:
+    path = tmp_path / "hardware.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def test_no_file_means_the_defaults() -> None:
+    assert load_hardware(None) == GpuHardware()
+
+
+def test_every_key_is_read(tmp_path: Path) -> None:
+    hardware = load_hardware(
+        write(
+            tmp_path,
+            {
+                "gpu_memory_mib": 40960,
+                "mig_slices_per_gpu": 4,
+                "time_slicing_replicas": 4,
+                "time_slicing_renamed": True,
+                "metagpu_units_per_gpu": 1000,
+                "gpushare_memory_unit_mib": 1,
+                "clearml_fractions": ["1/2", 0.25, "1"],
+            },
+        )
+    )
+    assert hardware == GpuHardware(
+        gpu_memory_mib=40960,
+        mig_slices_per_gpu=4,
+        time_slicing_replicas=4,
+        time_slicing_renamed=True,
+        metagpu_units_per_gpu=1000,
+        gpushare_memory_unit_mib=1,
+        clearml_fractions=frozenset({Fraction(1, 2), Fraction(1, 4), Fraction(1)}),
+    )
+
+
+def test_missing_keys_take_the_defaults_and_the_sizes_change_shares(tmp_path: Path) -> None:
+    hardware = load_hardware(write(tmp_path, {"time_slicing_replicas": 4}))
+    assert hardware == GpuHardware(time_slicing_replicas=4)
+    assert read_pod(pod(container("main", {"nvidia.com/gpu": 1})), hardware).share == Fraction(1, 4)
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ({"gpu_memory": 40960}, "unknown keys \\['gpu_memory'\\]"),
+        ({"gpu_memory_mib": "40960"}, "gpu_memory_mib must be a positive integer"),
+        ({"mig_slices_per_gpu": 0}, "mig_slices_per_gpu must be a positive integer"),
+        ({"time_slicing_replicas": True}, "time_slicing_replicas must be a positive integer"),
+        ({"metagpu_units_per_gpu": 2.5}, "metagpu_units_per_gpu must be a positive integer"),
+        ({"time_slicing_renamed": "false"}, "time_slicing_renamed must be true or false"),
+        ({"clearml_fractions": []}, "clearml_fractions must be a non-empty list"),
+        ({"clearml_fractions": ["a/b"]}, "'a/b' is not a fraction"),
+        ({"clearml_fractions": ["1/0"]}, "'1/0' is not a fraction"),
+        ({"clearml_fractions": ["-1/2"]}, "'-1/2' is not above zero"),
+        ([1, 2], "must be a JSON object"),
+    ],
+)
+def test_a_wrong_value_is_refused_with_its_key(tmp_path: Path, document: object, message: str) -> None:
+    path = write(tmp_path, document)
+    with pytest.raises(HardwareConfigError, match=message) as raised:
+        load_hardware(path)
+    assert str(path) in str(raised.value)
+
+
+def test_a_file_that_is_not_json_or_not_there_is_refused(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.json"
+    broken.write_text("{gpu_memory_mib: 1}")
+    with pytest.raises(HardwareConfigError, match=r"broken\.json"):
+        load_hardware(broken)
+    with pytest.raises(HardwareConfigError, match=r"absent\.json"):
+        load_hardware(tmp_path / "absent.json")
+
+
+def test_the_shipped_file_states_the_defaults() -> None:
+    """deployment/'s ConfigMap is the file operators edit: it lists every key, at the defaults."""
+    document = json.loads(SHIPPED.read_text())
+    assert set(document) == {"gpu_memory_mib", "mig_slices_per_gpu", "time_slicing_replicas",
+                             "time_slicing_renamed", "metagpu_units_per_gpu", "gpushare_memory_unit_mib",
+                             "clearml_fractions"}  # fmt: skip
+    assert load_hardware(SHIPPED) == GpuHardware()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import re
 import sys
 import uuid
 from dataclasses import dataclass
@@ -127,6 +128,9 @@ def admit(webhook: httpx.Client, spec: PodSpec) -> Admitted | Denied:
     return Admitted(spec, stored)
 
 
+_VARIABLE_REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
 def _downward_file(values: dict[str, str]) -> str:
     """The downward API's format: `key="value"` a line, the value quoted."""
     return "".join(f"{key}={json.dumps(value)}\n" for key, value in sorted(values.items()))
@@ -154,12 +158,14 @@ def sidecar_command(
     (podinfo / "annotations").write_text(_downward_file(pod["metadata"].get("annotations") or {}))
     (podinfo / "labels").write_text(_downward_file(pod["metadata"].get("labels") or {}))
     fields = {f"metadata.{key}": pod["metadata"][key] for key in ("namespace", "name", "uid")}
+    fields["status.hostIP"] = "127.0.0.1"  # the demo's one "node"
     env = dict(base)
     for variable in sidecar.get("env", []):
         if "valueFrom" in variable:
             env[variable["name"]] = fields[variable["valueFrom"]["fieldRef"]["fieldPath"]]
             continue
-        value = variable["value"]
+        # The kubelet expands $(NAME) from the variables defined above this one.
+        value = _VARIABLE_REFERENCE.sub(lambda m: env.get(m.group(1), m.group(0)), variable["value"])
         for mount_path, folder in mounts.items():
             if value == mount_path or value.startswith(mount_path.rstrip("/") + "/"):
                 value = str(folder) + value[len(mount_path.rstrip("/")) :]

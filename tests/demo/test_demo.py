@@ -55,10 +55,10 @@ def test_the_budget_runs_out_the_next_pod_is_demoted_a_grant_restores_it_and_the
     story = [
         r"vision: in_budget -> warning",
         r"vision: warning -> exhausted",
-        r"admitted vision/eval-1 .* priority class gpu-over-budget \(namespace exhausted\)",
+        r"admitted vision/eval-1 .* priority class gpu-over-budget \(exhausted: ",
         r"admin grant: vision \+15,000 GPU-min",
         r"vision: exhausted -> in_budget",
-        r"admitted vision/eval-2 .* priority class gpu-in-budget \(namespace in_budget\)",
+        r"admitted vision/eval-2 .* priority class gpu-in-budget \(in-budget: ",
         r"new budget period 2026-04-01 \(monthly\): .*vision",
         r"^Summary: .*vision in_budget",
     ]

@@ -101,6 +101,7 @@ def sidecar_env(admitted: dict[str, Any], system: System, name: str) -> dict[str
         "metadata.namespace": admitted["metadata"]["namespace"],
         "metadata.name": admitted["metadata"]["name"],
         "metadata.uid": admitted["metadata"]["uid"],
+        "status.hostIP": "127.0.0.1",
     }
     env = {
         item["name"]: item["value"] if "value" in item else fields[item["valueFrom"]["fieldRef"]["fieldPath"]]

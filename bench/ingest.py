@@ -148,6 +148,21 @@ def _poison(urls: list[str], token: str) -> Iterator[Counter[int]]:
         sender.join()
 
 
+def _set_weights(dsn: str) -> None:
+    """Billing weights as a cluster would keep them, generously: 20 GPU models (the reports' among them),
+    each changed every two hours over the last six and once more ten minutes ahead, so charges are split
+    at weight changes as well as periods (docs/billing.md)."""
+    models = ["NVIDIA-H100-80GB-HBM3", *(f"MODEL-{n}" for n in range(19))]
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        connection.execute(
+            "INSERT INTO gpu_weights (model, effective_from, weight, set_by) "
+            "SELECT m, now() - interval '6 hours' + i * interval '2 hours', 2 + i %% 3, 'bench' "
+            "FROM unnest(%s::text[]) AS m, generate_series(0, 3) AS i "
+            "UNION ALL SELECT m, now() + interval '10 minutes', 1.5, 'bench' FROM unnest(%s::text[]) AS m",
+            (models, models),
+        )
+
+
 def _seed_namespaces(dsn: str, count: int) -> None:
     """`count` known namespaces with states, as a cluster of that size would have."""
     with psycopg.connect(dsn, autocommit=True) as connection:
@@ -192,6 +207,9 @@ def run(seconds: int = 10, connections: int = 64, workers: int = 1, replicas: in
             poisoned = _reports(server.urls, server.token, seconds, connections)
         progress(f"ingest: {light} clients, {seconds}s")
         lighter = _reports(server.urls, server.token, seconds, light)
+        _set_weights(server.dsn)
+        progress(f"ingest with billing weights set: {connections} clients, {seconds}s")
+        weighted = _reports(server.urls, server.token, seconds, connections)
         _seed_namespaces(server.dsn, NAMESPACES)
         progress(f"budget reads, {seconds}s; admission snapshots")
         paths = ",".join(f"/api/v1/namespaces/bench-{i}/budget" for i in range(100))
@@ -201,6 +219,7 @@ def run(seconds: int = 10, connections: int = 64, workers: int = 1, replicas: in
         ("ingest", ingest),
         ("ingest", lighter),
         ("ingest with poison", poisoned),
+        ("ingest with weights", weighted),
         ("bare ASGI", bare),
         ("budget reads", reads),
     ):
@@ -242,6 +261,15 @@ def run(seconds: int = 10, connections: int = 64, workers: int = 1, replicas: in
                 baseline_name="the same load without poison, this run",
             ),
             Figure("ingest p99 with poison mixed in", poisoned.p99_ms, "ms", target="< 50 ms"),
+            Figure(
+                "reports/s with billing weights set",
+                weighted.rate,
+                "reports/s",
+                target="within 10 % of without",
+                baseline=ingest.rate,
+                baseline_name="the same load without weights, this run",
+            ),
+            Figure("ingest p99 with billing weights set", weighted.p99_ms, "ms", target="< 50 ms"),
             Figure(f"reports/s with {light} clients", lighter.rate, "reports/s"),
             Figure(f"ingest p50 with {light} clients", lighter.p50_ms, "ms"),
             Figure(f"ingest p99 with {light} clients", lighter.p99_ms, "ms", target="< 50 ms"),
@@ -253,7 +281,11 @@ def run(seconds: int = 10, connections: int = 64, workers: int = 1, replicas: in
             f"{replicas} x `python -m timekeeper --workers {workers}` (replicas on one database, each"
             f" driven by its own wrk with {connections // replicas} of the connections); PostgreSQL on the"
             " same machine",
-            f"{ingest.requests + poisoned.requests + lighter.requests:,} reports acknowledged, 0 errors",
+            f"{ingest.requests + poisoned.requests + lighter.requests + weighted.requests:,} reports"
+            " acknowledged, 0 errors",
+            "billing weights: the reports name their GPU (NVIDIA H100 80GB HBM3); the weighted run has"
+            " weights for 20 models, each changed every 2 h over the last 6 h and 10 min ahead, so charges"
+            " are split at weight changes",
             f"poison: {sum(poison_codes.values())} reports at {POISON_PER_SECOND}/s beside the load (a report"
             " dated year 1 at +01:00, and one repeating gpu_share), answered"
             f" {', '.join(f'{n} x {code}' for code, n in sorted(poison_codes.items()))}",

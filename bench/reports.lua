@@ -24,7 +24,8 @@ end
 local template = '{"namespace":"bench-%d","pod":"pod-%d-%d","pod_uid":"%08x-0000-4000-8000-%012x",'
   .. '"seq":%d,"interval_start":"%s","interval_end":"%s","gpu_share":0.5,'
   .. '"gpus":[{"uuid":"GPU-00000000-0000-0000-0000-000000000000","sm_util_pct":50.0,'
-  .. '"mem_used_bytes":1073741824,"mem_total_bytes":85899345920}],"final":false}'
+  .. '"mem_used_bytes":1073741824,"mem_total_bytes":85899345920,"name":"NVIDIA H100 80GB HBM3"}],'
+  .. '"final":false}'
 
 function request()
   local pod = counter % pods

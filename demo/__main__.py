@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         # Logs are read in wide windows; rich's 80-column fallback would wrap the tables.
         console = Console(width=PLAIN_WIDTH)
     if importlib.util.find_spec("sidecar") is None:
-        console.print("The sidecar package is not installed here; `make venv` sets everything up.")
+        console.print("The sidecar package is not installed here; `make demo` sets it up.")
         return 1
     signal.signal(signal.SIGTERM, _interrupt)
     workdir = Path(tempfile.mkdtemp(prefix="gtk-demo-"))

@@ -43,6 +43,7 @@ CLOCK_SPEED = 86_400.0
 REPORT_INTERVAL_SECONDS = 4 * 3600
 MAX_REPORT_INTERVAL_SECONDS = 2 * REPORT_INTERVAL_SECONDS
 CLOCK_SKEW_SECONDS = 3 * REPORT_INTERVAL_SECONDS
+FORECAST_WINDOW_MINUTES = 3 * 24 * 60
 
 
 class DemoError(RuntimeError):
@@ -177,6 +178,9 @@ class LocalCluster:
         self.timekeeper_url = f"http://127.0.0.1:{ports.timekeeper}"
         self.webhook_url = f"https://127.0.0.1:{ports.webhook}"
         self.ca_file = workdir / "tls" / "ca.crt"
+        # Where pip put the console scripts (gpu-budget, kubectl-gpu_budget), as the user would type it.
+        scripts = Path(sys.executable).parent
+        self.bin_dir = scripts.relative_to(Path.cwd()) if scripts.is_relative_to(Path.cwd()) else scripts
         self.reporter_token_file = self._secret("reporter.token", self.tokens.reporter)
         self.reader_token_file = self._secret("reader.token", self.tokens.reader)
         # Set when the timekeeper starts: simulated time begins at CLOCK_START then.
@@ -257,6 +261,10 @@ class LocalCluster:
                 # and the state sweep look once a simulated day rather than every 60 days.
                 "TIMEKEEPER_ROLLOVER_INTERVAL": "1",
                 "TIMEKEEPER_STATES_INTERVAL": "1",
+                # The forecast's burn rate over the last three simulated days (18 reports, 3 real seconds:
+                # a sidecar late by a second on a busy machine still counts), not six hours (one or two
+                # reports): a month passes in half a minute here.
+                "TIMEKEEPER_FORECAST_WINDOW_MINUTES": str(FORECAST_WINDOW_MINUTES),
             },
         )
         with httpx.Client(base_url=self.timekeeper_url, timeout=2) as probe:

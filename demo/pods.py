@@ -139,11 +139,18 @@ def _downward_file(values: dict[str, str]) -> str:
 def sidecar_command(
     admitted: Admitted, root: Path, reporter_token: str, base: dict[str, str]
 ) -> tuple[list[str], dict[str, str]]:
-    """What a kubelet would start for the injected sidecar: the container's env with the downward-API
-    fields resolved and every mounted volume a local folder (token, emptyDir buffer, pod info). The demo
-    has no GPUs, so the NVML backend is the sidecar's fake one; the token is the static reporter token
-    where a cluster would project a ServiceAccount token."""
-    pod = admitted.pod
+    """What a kubelet would start for the injected sidecar: `python -m sidecar` with `sidecar_env`."""
+    return [sys.executable, "-m", "sidecar"], sidecar_env(admitted.pod, root, reporter_token, base)
+
+
+def sidecar_env(
+    pod: dict[str, Any], root: Path, reporter_token: str, base: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The injected sidecar's env as a kubelet resolves it (downward-API fields, `$(NAME)` references),
+    with every mounted volume a local folder under `root` (token, emptyDir buffer, pod info), on top of
+    `base`. The demo has no GPUs, so the NVML backend is the sidecar's fake one; the token is the static
+    reporter token where a cluster would project a ServiceAccount token. tests/e2e runs its sidecar from
+    this too, so the two cannot resolve the webhook's container differently."""
     spec = pod["spec"]
     sidecar = next(
         c
@@ -158,8 +165,8 @@ def sidecar_command(
     (podinfo / "annotations").write_text(_downward_file(pod["metadata"].get("annotations") or {}))
     (podinfo / "labels").write_text(_downward_file(pod["metadata"].get("labels") or {}))
     fields = {f"metadata.{key}": pod["metadata"][key] for key in ("namespace", "name", "uid")}
-    fields["status.hostIP"] = "127.0.0.1"  # the demo's one "node"
-    env = dict(base)
+    fields["status.hostIP"] = "127.0.0.1"  # the one local "node"
+    env = dict(base or {})
     for variable in sidecar.get("env", []):
         if "valueFrom" in variable:
             env[variable["name"]] = fields[variable["valueFrom"]["fieldRef"]["fieldPath"]]
@@ -171,4 +178,4 @@ def sidecar_command(
                 value = str(folder) + value[len(mount_path.rstrip("/")) :]
         env[variable["name"]] = value
     env.update({"SIDECAR_NVML_BACKEND": "fake", "SIDECAR_LOG_FORMAT": "text"})
-    return [sys.executable, "-m", "sidecar"], env
+    return env

@@ -18,7 +18,7 @@ from typing import Any
 
 from demo.cluster import REPORT_INTERVAL_SECONDS, Child, DemoError, LocalCluster, base_env
 from demo.pods import Admitted, PodSpec, admit, sidecar_command
-from demo.view import Board, View, minutes
+from demo.view import Board, View, minutes, outlook
 
 POLL_SECONDS = 0.25
 # Real seconds; at a simulated day per second the month takes 31.
@@ -103,11 +103,12 @@ class Story:
             before = self.board.status.get(name)
             self.board.status[name] = status
             if before is not None and before["state"] != status["state"]:
+                forecast = outlook(status)
                 self.say(
                     f"{name}: {before['state']} -> {status['state']} (used "
                     f"{minutes(status['used_gpu_minutes'])} of "
                     f"{minutes(status['budget_gpu_minutes'])} + {minutes(status['granted_gpu_minutes'])} "
-                    "granted GPU-min)",
+                    "granted GPU-min)" + (f"; forecast: {forecast}" if forecast else ""),
                     "bold red" if status["state"] == "exhausted" else "yellow",
                 )
         self.view.refresh(self.board)
@@ -268,8 +269,12 @@ class Story:
             + (
                 " (Ctrl-C stops everything):" if serving else " (run `make demo ARGS=--serve` to keep it up):"
             ),
+            f"  dashboard:       {url}/ui  (sign in with the admin token below)",
             f"  API docs:        {url}/docs",
             f"  admin token:     export TOKEN={self.cluster.tokens.admin}",
+            f"  CLI:             export GPU_BUDGET_URL={url} GPU_BUDGET_TOKEN=$TOKEN; "
+            f"{self.cluster.bin_dir}/gpu-budget forecast  (also status, usage {SPENDER} --by day, top, "
+            "grant, audit; `kubectl gpu-budget` with that bin on the PATH)",
             f"  budgets:         curl -s {auth} {url}/api/v1/namespaces",
             f"  where it went:   curl -s {auth} '{url}/api/v1/namespaces/{SPENDER}/usage?group_by=pod'",
             f"  audit log:       curl -s {auth} {url}/api/v1/audit",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 from rich import box
@@ -25,6 +26,19 @@ EVENT_LOG_LINES = 10
 def minutes(value: Any) -> str:
     """GPU-minutes as the table shows them (whole minutes: budgets are a month's); None is unlimited."""
     return "unlimited" if value is None else f"{float(value):,.0f}"
+
+
+def outlook(status: dict[str, Any]) -> str | None:
+    """The forecast in words: the burn rate and when, at that rate, the budget runs out (None before
+    anything burns, and once it has run out: the state says so)."""
+    forecast = status.get("forecast")
+    if not forecast or status["state"] == "exhausted" or not forecast["burn_rate_gpu_minutes_per_hour"]:
+        return None
+    rate = f"burning {minutes(forecast['burn_rate_gpu_minutes_per_hour'])} GPU-min/h"
+    if forecast["exhausts_at"] is None:
+        return f"{rate}, lasts the period" if status["budget_gpu_minutes"] is not None else rate
+    at = datetime.fromisoformat(forecast["exhausts_at"].replace("Z", "+00:00"))
+    return f"{rate}, runs out {at:%a %d %b %H:%M}"
 
 
 @dataclass
@@ -58,8 +72,10 @@ def namespace_table(name: str, status: dict[str, Any] | None, pods: list[Admitte
             f"{period} budget {minutes(status['budget_gpu_minutes'])}"
             f" + granted {minutes(status['granted_gpu_minutes'])}"
             f" | used {minutes(status['used_gpu_minutes'])}"
-            f" | remaining {minutes(status['remaining_gpu_minutes'])} GPU-min  "
+            f" | remaining {minutes(status['remaining_gpu_minutes'])} GPU-min"
         )
+        forecast = outlook(status)
+        title.append(f" | {forecast}  " if forecast else "  ")
     title.append(state.upper(), style=STATE_STYLE.get(state, ""))
     table = Table(title=title, title_justify="left", expand=True, box=box.SIMPLE_HEAD)
     table.add_column("pod")

@@ -8,16 +8,24 @@ Shape (JSON):
       "version": 42,
       "generated_at": "2026-11-22T00:00:00Z",
       "priority_classes": {"in_budget": "gpu-in-budget", "over_budget": "gpu-over-budget"},
-      "default": {"state": "in_budget", "max_gpu_share_per_pod": null,
-                  "priority_policy": {"exempt_classes": ["system-cluster-critical", "system-node-critical"],
-                                      "user_classes": "keep_up_to_ceiling", "ceiling": null}},
+      "priority_policies": [
+        {"exempt_classes": ["system-cluster-critical", "system-node-critical"],
+         "user_classes": "keep_up_to_ceiling", "ceiling": null},
+        {"exempt_classes": [], "user_classes": "replace", "ceiling": null}
+      ],
+      "default": {"state": "in_budget", "max_gpu_share_per_pod": null, "priority_policy": 0},
       "namespaces": {
-        "team-a": {"state": "exhausted", "max_gpu_share_per_pod": 2.0, "priority_policy": {...}},
+        "team-a": {"state": "exhausted", "max_gpu_share_per_pod": 2.0, "priority_policy": 1},
         ...
       }
     }
-A namespace absent from `namespaces` is governed by `default`. Every entry carries its *resolved* priority
-policy (the namespace's own, else the cluster default), so a webhook never merges policies itself.
+Each entry's `priority_policy` is an index into `priority_policies`, the distinct *resolved* policies (a
+namespace's own, else the cluster default's; the default's own is index 0), so a webhook never merges
+policies itself and a policy shared by 10,000 namespaces is sent once. A namespace absent from
+`namespaces` is governed by `default`: the timekeeper leaves out every namespace whose entry would equal
+the default's (same state, per-pod cap and resolved policy), so the snapshot lists only the namespaces
+that differ. `resolve` turns a snapshot into each namespace's resolved `NamespaceAdmission`, refusing
+one whose index names no policy.
 
 The priority policy (how a GPU pod's PriorityClass is chosen; the webhook applies it):
 - a class in `exempt_classes` is kept in every state;
@@ -56,9 +64,19 @@ def default_priority_policy() -> PriorityPolicy:
 
 
 class NamespaceAdmission(TypedDict):
+    """One namespace's entry, resolved: what the webhook decides with."""
+
     state: BudgetState
     max_gpu_share_per_pod: float | None
     priority_policy: PriorityPolicy
+
+
+class NamespaceEntry(TypedDict):
+    """One namespace's entry as the snapshot carries it: the policy by its index."""
+
+    state: BudgetState
+    max_gpu_share_per_pod: float | None
+    priority_policy: int
 
 
 class PriorityClassNames(TypedDict):
@@ -70,8 +88,59 @@ class AdmissionState(TypedDict):
     version: int
     generated_at: str
     priority_classes: PriorityClassNames
-    default: NamespaceAdmission
-    namespaces: dict[str, NamespaceAdmission]
+    priority_policies: list[PriorityPolicy]
+    default: NamespaceEntry
+    namespaces: dict[str, NamespaceEntry]
+
+
+def resolve(state: AdmissionState) -> tuple[NamespaceAdmission, dict[str, NamespaceAdmission]]:
+    """The default's and every listed namespace's resolved entry (ValueError: an index names no
+    policy). Entries with the same policy share one PriorityPolicy object."""
+    policies = state["priority_policies"]
+
+    def resolved(entry: NamespaceEntry) -> NamespaceAdmission:
+        index = entry["priority_policy"]
+        if not 0 <= index < len(policies):
+            raise ValueError(f"priority_policy {index} is not an index into {len(policies)} policies")
+        return {
+            "state": entry["state"],
+            "max_gpu_share_per_pod": entry["max_gpu_share_per_pod"],
+            "priority_policy": policies[index],
+        }
+
+    return resolved(state["default"]), {name: resolved(e) for name, e in state["namespaces"].items()}
+
+
+def compact(
+    version: int,
+    generated_at: str,
+    priority_classes: PriorityClassNames,
+    default: NamespaceAdmission,
+    namespaces: dict[str, NamespaceAdmission],
+) -> AdmissionState:
+    """The snapshot of resolved entries, in the published form: distinct policies listed once (the
+    default's first) and the entries that equal the default's left out. (The timekeeper builds the same
+    form in SQL; this is the reference for stand-ins and tests.)"""
+    policies: list[PriorityPolicy] = [default["priority_policy"]]
+
+    def entry(admission: NamespaceAdmission) -> NamespaceEntry:
+        policy = admission["priority_policy"]
+        if policy not in policies:
+            policies.append(policy)
+        return {
+            "state": admission["state"],
+            "max_gpu_share_per_pod": admission["max_gpu_share_per_pod"],
+            "priority_policy": policies.index(policy),
+        }
+
+    return {
+        "version": version,
+        "generated_at": generated_at,
+        "priority_classes": priority_classes,
+        "priority_policies": policies,  # filled in as the entries below are made
+        "default": entry(default),
+        "namespaces": {name: entry(a) for name, a in sorted(namespaces.items()) if a != default},
+    }
 
 
 def is_over_budget(state: BudgetState) -> bool:

@@ -25,3 +25,7 @@ DEFAULT_OVER_BUDGET_PRIORITY_CLASS: Final = "gpu-over-budget"
 API_PREFIX: Final = "/api/v1"
 REPORTS_PATH: Final = f"{API_PREFIX}/reports"
 ADMISSION_STATE_PATH: Final = f"{API_PREFIX}/admission-state"
+# The caller's bearer token, repeated for the timekeeper by a client that reaches it through the API
+# server's service proxy (`kubectl gpu-budget`): the API server removes `Authorization` once it has
+# authenticated a request, so the token would not arrive otherwise.
+PROXIED_AUTHORIZATION_HEADER: Final = "X-Gpu-Timekeeper-Authorization"

@@ -168,10 +168,6 @@ def format_share(share: Fraction) -> str:
     return text or "0"
 
 
-def _is_gpu_resource(name: str) -> bool:
-    return name in _SYSTEM_OF_RESOURCE or name.startswith(MIG_PREFIX)
-
-
 def _system_of_resource(name: str) -> SharingSystem:
     return _SYSTEM_OF_RESOURCE.get(name, SharingSystem.MIG)
 
@@ -188,7 +184,7 @@ def _gpu_requests(container: Mapping[str, Any]) -> dict[str, object]:
     wanted: dict[str, object] = {}
     for source in (limits, requests):  # requests win where both are given
         for name, value in source.items():
-            if _is_gpu_resource(name):
+            if name in _SYSTEM_OF_RESOURCE or name.startswith(MIG_PREFIX):  # a GPU resource
                 wanted[name] = value
     return wanted
 
@@ -373,6 +369,21 @@ def _read_container(
     if not requests:
         return None
     name = str(container.get("name", "?"))
+    # The key carries each value's type: 1, 1.0 and True are equal as keys but not as quantities.
+    key = tuple((resource, raw.__class__, raw) for resource, raw in requests.items())
+    try:
+        read, found = _read_requests_cached(name, role, key, hardware)
+    except TypeError:  # an unhashable value (not a quantity at all): read it once, uncached
+        read, found = _read_requests(name, role, key, hardware)
+    violations.extend(found)
+    return read
+
+
+def _read_requests(
+    name: str, role: str, key: tuple[tuple[str, type, object], ...], hardware: GpuHardware
+) -> tuple[ContainerShare, tuple[Violation, ...]]:
+    """One container's share and violations from its non-zero GPU requests (`key`: name, type, value)."""
+    requests = {resource: raw for resource, _, raw in key}
     reader = _Reader(hardware, name)
     systems = {_system_of_resource(resource) for resource in requests}
     if len(systems) > 1 and systems & _JOINS_PLAIN_NVIDIA:
@@ -401,8 +412,13 @@ def _read_container(
         share = Fraction(0) if units is None else units / hardware.metagpu_units_per_gpu
     elif system is SharingSystem.GPUSHARE:
         share = _gpushare_share(reader, requests)
-    violations.extend(reader.violations)
-    return ContainerShare(name=name, role=role, system=system, share=max(share, Fraction(0)))
+    read = ContainerShare(name=name, role=role, system=system, share=max(share, Fraction(0)))
+    return read, tuple(reader.violations)
+
+
+# Pods repeat a few container shapes (a Job's pods are one template): the arithmetic is done once per
+# shape. The result is immutable, so sharing it between pods is safe.
+_read_requests_cached = lru_cache(maxsize=4096)(_read_requests)
 
 
 @lru_cache(maxsize=4096)
@@ -418,8 +434,22 @@ def _exact(raw: object) -> Fraction:
 
 
 def _is_zero(raw: object) -> bool:
+    if isinstance(raw, str | int | float) and not isinstance(raw, bool):
+        return raw in _ZEROS or (raw.__class__ is str and _is_zero_text(raw))
     try:
         return _exact(raw) == 0
+    except QuantityError:
+        return False
+
+
+_ZEROS: Final = frozenset({0, "0"})  # 0.0 == 0: the float is in the set too
+
+
+@lru_cache(maxsize=4096)
+def _is_zero_text(raw: str) -> bool:
+    """Zero in the other spellings ("0m", "0Gi", "0.0", "+0"); the cache makes a repeat a lookup."""
+    try:
+        return _exact_cached(raw) == 0
     except QuantityError:
         return False
 

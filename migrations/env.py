@@ -10,9 +10,12 @@ from alembic import context
 
 from timekeeper.admission import models as admission
 from timekeeper.audit import models as audit
+from timekeeper.billing import models as billing
 from timekeeper.budgets import models as budgets
 from timekeeper.db.base import Base
 from timekeeper.db.embedded import embedded_database_url
+from timekeeper.gitops import models as gitops
+from timekeeper.pools import models as pools
 from timekeeper.scheduler import models as scheduler
 from timekeeper.settings import Settings, normalise_database_url
 from timekeeper.usage import models as usage
@@ -23,7 +26,7 @@ if config.config_file_name is not None and config.attributes.get("configure_logg
 
 # Every domain's models, gathered here (not in timekeeper/db/, which the domains build on): importing a
 # models module registers its tables on Base.metadata, the schema autogenerate and `alembic check` compare.
-MODELS = (admission, audit, budgets, scheduler, usage)
+MODELS = (admission, audit, billing, budgets, gitops, pools, scheduler, usage)
 target_metadata = Base.metadata
 
 

@@ -9,7 +9,6 @@ One device's error stays that device's: a lost GPU is read as `lost` and the lib
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,10 +18,7 @@ from typing import Any
 
 from gpuaccounting.nvmlerrors import classify
 from gpuaccounting.wire import GpuStatus
-
-
-class NvmlUnavailable(Exception):
-    """The library cannot be loaded or initialised."""
+from gpunvml import ComputeProcesses, NvmlUnavailable, open_nvml, shutdown
 
 
 class _Lost(Exception):
@@ -74,22 +70,10 @@ class NodeNvml:
         self._lost: set[str] = set()
         self._incomplete = False
         self._opened_at = 0.0
-        self._v2_process_list = False
+        self._processes = ComputeProcesses()
 
     def open(self) -> str:
-        import pynvml
-
-        if self._library is not None:
-            try:
-                ctypes.CDLL(str(self._library))
-            except OSError as error:
-                raise NvmlUnavailable(f"cannot load {self._library}: {error}") from None
-        try:
-            pynvml.nvmlInit()
-            version = str(pynvml.nvmlSystemGetDriverVersion())
-        except pynvml.NVMLError as error:
-            raise NvmlUnavailable(f"NVML initialisation failed: {error}") from None
-        self._nvml = pynvml
+        self._nvml, version = open_nvml(self._library)
         self._opened_at = self._clock()
         self._enumerate()
         return version
@@ -97,8 +81,11 @@ class NodeNvml:
     def close(self) -> None:
         if self._nvml is not None:
             nvml, self._nvml = self._nvml, None
-            with contextlib.suppress(nvml.NVMLError):
-                nvml.nvmlShutdown()
+            shutdown(nvml)
+
+    def _process_list(self, handle: Any) -> list[Any]:
+        assert self._nvml is not None
+        return self._processes(self._nvml, handle)
 
     def _enumerate(self) -> None:
         nvml = self._nvml
@@ -162,16 +149,6 @@ class NodeNvml:
             if outcome == "fatal":
                 raise NvmlUnavailable(str(error)) from None
             raise _Lost(str(error)) from None
-
-    def _process_list(self, handle: Any) -> list[Any]:
-        nvml = self._nvml
-        assert nvml is not None
-        if not self._v2_process_list:
-            try:
-                return list(nvml.nvmlDeviceGetComputeRunningProcesses_v3(handle))
-            except nvml.NVMLError_FunctionNotFound:
-                self._v2_process_list = True
-        return list(nvml.nvmlDeviceGetComputeRunningProcesses_v2(handle))
 
     def _process_util(self, device: _Device) -> dict[int, float] | None:
         """Each process's mean SM utilisation over the samples NVML took since the last reading."""

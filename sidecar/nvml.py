@@ -1,20 +1,19 @@
 """The real backend: NVML through NVIDIA's pynvml, one device's errors kept to that device.
 
-pynvml loads `libnvidia-ml.so.1` itself. When SIDECAR_NVML_LIBRARY names a file we load that file first:
-it carries the soname `libnvidia-ml.so.1`, so pynvml's own `CDLL("libnvidia-ml.so.1")` then finds the
-already-loaded library and everything else runs exactly as with the driver's copy.
+Loading and initialising the library (SIDECAR_NVML_LIBRARY, when set, names the file to load first) is
+the NVML boundary the node agent shares (`gpunvml`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
 from gpuaccounting.nvmlerrors import LOST, classify, error_name
 from gpuaccounting.wire import GpuStatus
+from gpunvml import ComputeProcesses, NvmlUnavailable, open_nvml, shutdown
 from sidecar.gpus import FIELDS, BackendUnavailable, Device, DeviceLost, GpuSample, Resolution, Selector
 
 
@@ -24,31 +23,22 @@ class PynvmlBackend:
     def __init__(self, library: Path | None = None) -> None:
         self._library = library
         self._nvml: ModuleType | None = None
-        self._v2_process_list = False
+        self._processes = ComputeProcesses()
 
     def open(self) -> str:
-        import pynvml
-
-        if self._library is not None:
-            try:
-                ctypes.CDLL(str(self._library))
-            except OSError as error:
-                raise BackendUnavailable(f"cannot load {self._library}: {error}") from None
         try:
-            pynvml.nvmlInit()
-            version = pynvml.nvmlSystemGetDriverVersion()
-        except pynvml.NVMLError as error:
-            raise BackendUnavailable(f"NVML initialisation failed: {error}") from None
-        self._nvml = pynvml
+            self._nvml, version = open_nvml(self._library)
+        except NvmlUnavailable as error:
+            raise BackendUnavailable(str(error)) from None
         return f"NVML driver {version}"
 
     def close(self) -> None:
-        if self._nvml is None:
-            return
-        nvml, self._nvml = self._nvml, None
-        # Shutting down a library whose GPU is lost may itself fail; there is nothing left to release.
-        with contextlib.suppress(nvml.NVMLError):
-            nvml.nvmlShutdown()
+        if self._nvml is not None:
+            nvml, self._nvml = self._nvml, None
+            shutdown(nvml)
+
+    def _process_list(self, handle: object) -> list[object]:
+        return self._processes(self._module(), handle)
 
     def _module(self) -> ModuleType:
         if self._nvml is None:
@@ -162,17 +152,6 @@ class PynvmlBackend:
                 device.unsupported.add(field)
                 return None
             raise outcome(f"{device.uuid}: {error}") from None
-
-    def _process_list(self, handle: object) -> list[object]:
-        """The compute processes: the _v3 list, or _v2 on drivers before 510 that lack _v3 (pynvml raises
-        FunctionNotFound for a symbol the library does not export; the switch is kept)."""
-        nvml = self._module()
-        if not self._v2_process_list:
-            try:
-                return list(nvml.nvmlDeviceGetComputeRunningProcesses_v3(handle))
-            except nvml.NVMLError_FunctionNotFound:
-                self._v2_process_list = True
-        return list(nvml.nvmlDeviceGetComputeRunningProcesses_v2(handle))
 
     def sample(self, device: Device) -> GpuSample:
         nvml = self._module()

@@ -51,7 +51,7 @@ NOT_SETTINGS = {
 
 # Which pages hold each deployable's configuration reference.
 REFERENCE_PAGES = {
-    "timekeeper": ("timekeeper.md", "kubernetes.md", "scheduler.md"),
+    "timekeeper": ("timekeeper.md", "kubernetes.md", "scheduler.md", "gitops.md"),
     "webhook": ("webhook.md",),
     "sidecar": ("sidecar.md",),
     "nodeagent": ("nodeagent.md",),

@@ -17,17 +17,27 @@ from timekeeper.admission.router import router as admission_router
 from timekeeper.audit.router import router as audit_router
 from timekeeper.auth.digests import TokenDigests
 from timekeeper.auth.factory import build_access_control
+from timekeeper.auth.router import router as auth_router
+from timekeeper.billing.router import namespaced as billing_namespaced_router
+from timekeeper.billing.router import router as billing_router
 from timekeeper.budgets.router import router as budgets_router
 from timekeeper.clock import Clock
-from timekeeper.db.session import build_engine, build_sessionmaker, resolve_database_url
+from timekeeper.db.session import (
+    build_engine,
+    build_read_sessionmaker,
+    build_sessionmaker,
+    resolve_database_url,
+)
 from timekeeper.errors import install_error_handler
 from timekeeper.health.router import router as health_router
 from timekeeper.metrics import Metrics
+from timekeeper.pools.router import router as pools_router
 from timekeeper.scheduler.runner import with_scheduler
 from timekeeper.schemas import API_ERRORS
 from timekeeper.settings import Settings, get_settings
+from timekeeper.ui import mount_ui
 from timekeeper.usage.batcher import IngestBatcher
-from timekeeper.usage.router import REPORT_SCHEMAS
+from timekeeper.usage.router import REPORT_SCHEMAS, add_report_route
 from timekeeper.usage.router import router as usage_router
 
 
@@ -72,6 +82,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     engine = build_engine(await resolve_database_url(settings), settings.database_pool_size)
     app.state.engine = engine
     app.state.sessionmaker = build_sessionmaker(engine)
+    app.state.read_sessionmaker = build_read_sessionmaker(engine)
     app.state.access = await build_access_control(settings)
     app.state.metrics.outages.attach(engine)
     app.state.ingest = IngestBatcher(
@@ -93,19 +104,34 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
         version="1",
         summary="Per-namespace GPU-minute budgets, the usage ledger and the admission snapshot.",
         lifespan=with_scheduler(lifespan),
+        # Its OpenTelemetry hooks would ask the environment for a tracer on every request; the
+        # timekeeper's metrics are Prometheus' (timekeeper/metrics.py).
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.settings = settings
     app.state.clock = clock or default_clock(settings)
     app.state.metrics = Metrics()
     app.state.metrics_tokens = TokenDigests(settings.metrics_token_sha256)
     install_error_handler(app)
+    add_report_route(app)
     api = APIRouter(prefix=API_PREFIX)
-    for router in (usage_router, budgets_router, audit_router, admission_router):
+    for router in (
+        usage_router,
+        budgets_router,
+        pools_router,
+        audit_router,
+        admission_router,
+        billing_router,
+        billing_namespaced_router,
+        auth_router,
+    ):
         api.include_router(router, responses=API_ERRORS)
     api.include_router(health_router)
     app.include_router(api)
     # Probes and scrapers expect these at the root as well.
     app.include_router(health_router, include_in_schema=False)
+    if settings.ui_enabled:
+        mount_ui(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     _document_schemas(app, REPORT_SCHEMAS)
     return app

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -12,11 +13,24 @@ from gpuaccounting.wire import BUDGET_STATES
 from timekeeper.db.outage import OutageWatch
 
 
+@dataclass(frozen=True, slots=True)
+class NamespaceRow:
+    """One namespace's figures for the scrape (None: the gauge has no sample for it)."""
+
+    namespace: str
+    budget: float | None  # budget plus grants
+    used: float
+    remaining: float | None
+    state: str
+    burn_rate: float  # GPU-minutes per hour over the forecast window
+    exhaustion_seconds: float | None  # from now until the forecast exhaustion, when within the period
+
+
 class NamespaceCollector(Collector):
     """Per-namespace budget figures, as last loaded by the /metrics handler just before it renders."""
 
     def __init__(self) -> None:
-        self.rows: Sequence[tuple[str, float | None, float, float | None, str]] = ()
+        self.rows: Sequence[NamespaceRow] = ()
 
     def collect(self) -> Iterator[Metric]:
         budget = GaugeMetricFamily(
@@ -37,15 +51,101 @@ class NamespaceCollector(Collector):
         state = GaugeMetricFamily(
             "timekeeper_namespace_state", "1 for the namespace's budget state", labels=["namespace", "state"]
         )
-        for namespace, available, spent, left, current in self.rows:
-            if available is not None:
-                budget.add_metric([namespace], available)
-            used.add_metric([namespace], spent)
-            if left is not None:
-                remaining.add_metric([namespace], left)
+        burn_rate = GaugeMetricFamily(
+            "timekeeper_namespace_burn_rate_gpu_minutes_per_hour",
+            "GPU-minutes charged per hour over the forecast window",
+            labels=["namespace"],
+        )
+        exhaustion = GaugeMetricFamily(
+            "timekeeper_namespace_forecast_exhaustion_seconds",
+            "Seconds until the namespace's budget runs out at its burn rate; only for namespaces "
+            "forecast to run out within the current period",
+            labels=["namespace"],
+        )
+        for row in self.rows:
+            if row.budget is not None:
+                budget.add_metric([row.namespace], row.budget)
+            used.add_metric([row.namespace], row.used)
+            if row.remaining is not None:
+                remaining.add_metric([row.namespace], row.remaining)
             for candidate in BUDGET_STATES:
-                state.add_metric([namespace, candidate], 1.0 if candidate == current else 0.0)
-        yield from (budget, used, remaining, state)
+                state.add_metric([row.namespace, candidate], 1.0 if candidate == row.state else 0.0)
+            burn_rate.add_metric([row.namespace], row.burn_rate)
+            if row.exhaustion_seconds is not None:
+                exhaustion.add_metric([row.namespace], row.exhaustion_seconds)
+        yield from (budget, used, remaining, state, burn_rate, exhaustion)
+
+
+class PoolCollector(Collector):
+    """Each pool's figures, as last loaded by the /metrics handler: (pool, budget + grants, used, state)."""
+
+    def __init__(self) -> None:
+        self.rows: Sequence[tuple[str, float, float, str]] = ()
+
+    def collect(self) -> Iterator[Metric]:
+        budget = GaugeMetricFamily(
+            "timekeeper_pool_budget_gpu_minutes", "A pool's budget plus its members' grants", labels=["pool"]
+        )
+        used = GaugeMetricFamily(
+            "timekeeper_pool_used_gpu_minutes",
+            "GPU-minutes a pool's members used this period",
+            labels=["pool"],
+        )
+        state = GaugeMetricFamily("timekeeper_pool_state", "1 for the pool's state", labels=["pool", "state"])
+        for pool, available, spent, current in self.rows:
+            budget.add_metric([pool], available)
+            used.add_metric([pool], spent)
+            for candidate in BUDGET_STATES:
+                state.add_metric([pool, candidate], 1.0 if candidate == current else 0.0)
+        yield from (budget, used, state)
+
+
+class IdleCollector(Collector):
+    """The idle report per namespace, as last loaded by the /metrics handler (absent: none idle)."""
+
+    def __init__(self) -> None:
+        self.rows: Sequence[tuple[str, int, float]] = ()
+
+    def collect(self) -> Iterator[Metric]:
+        pods = GaugeMetricFamily(
+            "timekeeper_idle_gpu_pods",
+            "Running pods holding GPUs at least idle_after with utilisation below the idle threshold",
+            labels=["namespace"],
+        )
+        gpus = GaugeMetricFamily(
+            "timekeeper_idle_gpus", "GPUs (shares summed) held by those idle pods", labels=["namespace"]
+        )
+        for namespace, count, shares in self.rows:
+            pods.add_metric([namespace], count)
+            gpus.add_metric([namespace], shares)
+        yield from (pods, gpus)
+
+
+class PodWatchCollector(Collector):
+    """Running GPU pods and those whose sidecar has gone silent, per namespace, as the scheduler leader's
+    last reconcile pass found them. Only the pod watch can tell a silent sidecar (the API says the pod
+    runs) from a finished pod, and only the leader watches: a follower, or a leader before its first
+    pass, exports no samples (an alert takes the max over replicas)."""
+
+    def __init__(self) -> None:
+        # namespace -> (running GPU pods, of which silent); None: not leading, or no pass yet.
+        self.counts: dict[str, tuple[int, int]] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        running = GaugeMetricFamily(
+            "timekeeper_running_gpu_pods",
+            "GPU pods the API server shows running (the scheduler leader's last reconcile pass)",
+            labels=["namespace"],
+        )
+        silent = GaugeMetricFamily(
+            "timekeeper_silent_gpu_pods",
+            "Running GPU pods whose sidecar sent no report for TIMEKEEPER_SIDECAR_SILENT_AFTER_SECONDS",
+            labels=["namespace"],
+        )
+        for namespace, (count, quiet) in sorted((self.counts or {}).items()):
+            running.add_metric([namespace], count)
+            silent.add_metric([namespace], quiet)
+        yield from (running, silent)
 
 
 class Metrics:
@@ -78,3 +178,42 @@ class Metrics:
         self.outages = OutageWatch(self.registry)
         self.namespaces = NamespaceCollector()
         self.registry.register(self.namespaces)
+        self.idle = IdleCollector()
+        self.registry.register(self.idle)
+        self.unweighted_pods = Gauge(
+            "timekeeper_pods_without_gpu_model",
+            "Running pods whose GPU model is not known (charged at weight 1), set at scrape",
+            ["namespace"],
+            registry=self.registry,
+        )
+        self.pools = PoolCollector()
+        self.registry.register(self.pools)
+
+
+class GitOpsMetrics(Collector):
+    """The GPUBudget sync's (timekeeper/gitops): collected through the scheduler runner, which registers
+    it while it runs (the sync runs on the leader; a follower exports zeros)."""
+
+    def __init__(self) -> None:
+        self.passes = Counter(
+            "timekeeper_gitops_passes",
+            "GPUBudget sync passes by outcome (ok, error)",
+            ["outcome"],
+            registry=None,
+        )
+        self.changes = Counter(
+            "timekeeper_gitops_changes",
+            "Budget changes the GPUBudget sync made: applied (a spec written), released (an object gone)",
+            ["action"],
+            registry=None,
+        )
+        self.not_ready = Gauge(
+            "timekeeper_gitops_objects_not_ready",
+            "GPUBudget and GPUBudgetDefault objects whose spec is not the budget in force (invalid, "
+            "a second object in one namespace)",
+            registry=None,
+        )
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in (self.passes, self.changes, self.not_ready):
+            yield from metric.collect()

@@ -122,7 +122,7 @@ _ERRORS = {
     401: "no token, or a token not accepted",
     403: "the token may not do this",
     404: "nothing to act on",
-    409: "the pod uid already reports for another namespace",
+    409: "a conflict: the pod uid reports for another namespace; a GPUBudget object governs the budget",
     413: "the body is larger than the configured limit",
     422: "malformed: the request's shape (a list of errors) or a configured limit (a sentence)",
     503: "the database does not answer",

@@ -38,11 +38,21 @@ class Settings(BaseSettings):
         description='Static mode: reader tokens scoped to namespaces, JSON {"<sha256>": ["team-a", ...]}.',
     )
     anonymous_read: bool = False
+    read_scope_concurrency: int = Field(
+        default=16,
+        ge=1,
+        le=256,
+        description="Listing for a caller who may read only some namespaces: at most this many "
+        "authorization questions (Kubernetes: SubjectAccessReviews) in flight, one per known namespace.",
+    )
     metrics_auth: Literal["open", "token"] = Field(
         default="open",
         description="token: /metrics needs a metrics token or a credential that may read every namespace.",
     )
     metrics_token_sha256: TokenDigests = ()
+    ui_enabled: bool = Field(
+        default=True, description="Serve the web dashboard under /ui (static files; it calls this API)."
+    )
 
     in_budget_priority_class: str = DEFAULT_IN_BUDGET_PRIORITY_CLASS
     over_budget_priority_class: str = DEFAULT_OVER_BUDGET_PRIORITY_CLASS
@@ -59,6 +69,12 @@ class Settings(BaseSettings):
         "in the previous period; anything older is refused.",
     )
     max_gpu_share: float = Field(default=256.0, gt=0, description="Largest believable GPU share of one pod.")
+    billing_currency: str = Field(
+        default="USD",
+        min_length=1,
+        max_length=16,
+        description="The currency of the prices per GPU-hour (GET/PUT /billing/prices) and the chargeback.",
+    )
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, description="Largest accepted request body.")
 
     log_format: Literal["auto", "json", "text"] = Field(
@@ -78,10 +94,29 @@ class Settings(BaseSettings):
         description="Watch pods: charge silent pods, close out ended ones, downgrade, apply quotas.",
     )
     reconcile_interval_seconds: float = Field(default=60.0, gt=0)
+    gitops: bool = Field(
+        default=False,
+        description="Sync GPUBudget/GPUBudgetDefault objects (their CRDs installed) with the budgets, on "
+        "the scheduler's leader (docs/gitops.md).",
+    )
+    gitops_interval_seconds: float = Field(
+        default=10.0, gt=0, description="How often the leader syncs GPUBudget objects and their status."
+    )
+    gitops_status_interval_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        description="A GPUBudget status whose only change is its figures is written at most this often.",
+    )
     silent_grace_seconds: float = Field(
         default=300.0,
         ge=0,
         description="How long a running pod's sidecar may be silent before the time is charged.",
+    )
+    sidecar_silent_after_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="A running GPU pod whose sidecar sent no report for this long counts in "
+        "timekeeper_silent_gpu_pods (the GPUTimekeeperSidecarSilent alert).",
     )
     evictions_per_pass: int = Field(
         default=10, ge=1, description="At most this many evictions per reconcile pass; the rest wait."
@@ -116,6 +151,11 @@ class Settings(BaseSettings):
         default=timedelta(seconds=2),
         description="How often a follower tries to take the lock and the leader checks its connection.",
     )
+    leader_check_timeout: timedelta | None = Field(
+        default=None,
+        description="How long a leader's connection check or a follower's lock attempt may take before it "
+        "counts as failed (the leader then steps down); unset: two retry intervals.",
+    )
     rollover_interval: timedelta = Field(default=timedelta(seconds=60), description="Roll-over job period.")
     states_interval: timedelta = Field(default=timedelta(seconds=60), description="State sweep period.")
     closeout_interval: timedelta = Field(default=timedelta(seconds=60), description="Close-out job period.")
@@ -128,6 +168,26 @@ class Settings(BaseSettings):
     )
     rollup_retention: timedelta = Field(
         default=timedelta(days=7), description="Raw ledger rows older than this are folded into hours."
+    )
+    forecast_window_minutes: int = Field(
+        default=360,
+        ge=1,
+        le=60 * 24 * 31,
+        description="The forecast's burn rate is the GPU-minutes charged over this many recent minutes.",
+    )
+
+    idle_after: timedelta = Field(
+        default=timedelta(hours=1),
+        gt=timedelta(0),
+        description="Idle report: a running pod that has held its GPUs at least this long, and whose mean "
+        "SM utilisation over this last stretch is below idle_below_sm_util_pct, is idle.",
+    )
+    idle_below_sm_util_pct: float = Field(
+        default=5.0,
+        ge=0,
+        le=100,
+        allow_inf_nan=False,
+        description="Idle report: the utilisation threshold (%).",
     )
 
     @field_validator(
@@ -173,12 +233,14 @@ class Settings(BaseSettings):
         "max_report_interval",
         "max_report_age",
         "leader_retry_interval",
+        "leader_check_timeout",
         "rollover_interval",
         "states_interval",
         "closeout_interval",
         "rollup_interval",
         "report_interval",
         "rollup_retention",
+        "idle_after",
         mode="before",
     )
     @classmethod
@@ -189,6 +251,13 @@ class Settings(BaseSettings):
                 return float(value)
             except ValueError:
                 return value
+        return value
+
+    @field_validator("leader_check_timeout")
+    @classmethod
+    def _positive_timeout(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and value <= timedelta(0):
+            raise ValueError("must be positive")
         return value
 
     @field_validator("hardware_file")

@@ -39,6 +39,9 @@ def server(settings: WebhookSettings, host: str, port: int, **options: object) -
         loop="none",  # WebhookServer.run brings its own
         http=guarded_protocol(limits, app.state.metrics.refused),
         access_log=False,
+        # The API server calls the webhook directly and nothing here reads a client address: no
+        # X-Forwarded-* middleware around every admission.
+        proxy_headers=False,
         timeout_keep_alive=settings.keep_alive_timeout_seconds,
         lifespan="on",
         **options,  # type: ignore[arg-type]

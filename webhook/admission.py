@@ -1,9 +1,10 @@
 """The admission decisions over parsed requests: `/mutate` (priority and injection) and `/validate`.
 
-Each decision returns a typed `AdmissionResponse`; the endpoint encodes it, and counts and logs it unless
-the request is a dryRun. Nothing here waits on the network: the budget state is read from the in-memory
-cache. The work is bounded before it starts: a pod with more containers than `max_containers` is denied
-at once, and the body limit bounds everything else that grows with the pod.
+Each decision returns a typed `AdmissionResponse` (with the priority decision it made, for a GPU pod's
+mutation); the endpoint encodes it, and counts and logs it unless the request is a dryRun: nothing here
+knows about dryRun, metrics or logs. Nothing here waits on the network: the budget state is read from
+the in-memory cache. The work is bounded before it starts: a pod with more containers than
+`max_containers` is denied at once, and the body limit bounds everything else that grows with the pod.
 """
 
 from __future__ import annotations
@@ -14,9 +15,8 @@ from gpuaccounting import names
 from gpuaccounting.shares import PodShare, Violation, format_share, read_pod
 from webhook import governance
 from webhook.injection import SidecarTemplate
-from webhook.metrics import WebhookMetrics
 from webhook.patch import diff
-from webhook.priority import DecisionRecorder, PriorityPolicy
+from webhook.priority import PriorityPolicy
 from webhook.priorityclasses import PriorityClassCatalog
 from webhook.review import AdmissionRequest, AdmissionResponse, Denial, PodRequest
 from webhook.settings import WebhookSettings
@@ -55,16 +55,13 @@ class Admission:
         self,
         settings: WebhookSettings,
         cache: BudgetStateCache,
-        metrics: WebhookMetrics,
         priority_classes: PriorityClassCatalog,
     ) -> None:
         self.settings = settings
         self.cache = cache
-        self.metrics = metrics
         self.hardware = settings.hardware
         self.sidecar = SidecarTemplate(settings)
         self.priority = PriorityPolicy(settings, priority_classes)
-        self.decisions = DecisionRecorder(metrics)
 
     def read(self, pod: dict[str, Any]) -> PodShare:
         return read_pod(pod, self.hardware, skip_container=names.SIDECAR_CONTAINER_NAME)
@@ -102,8 +99,6 @@ class Admission:
         annotations = metadata.get("annotations") or {}
         view = self.cache.view(self._namespace(request, pod))
         decision = self.priority.decide(spec, view, annotations.get(names.ANNOTATION_PRIORITY_DECISION))
-        if not request.dry_run:
-            self.decisions.record(decision)
         decision.apply(spec)
         share_text = format_share(share.share)
         metadata["annotations"] = {
@@ -116,7 +111,9 @@ class Admission:
         }
         self.sidecar.inject(spec, share_text)
         patch = diff(pod, {**pod, "metadata": metadata, "spec": spec})
-        return AdmissionResponse("patched", patch=tuple(patch)) if patch else AdmissionResponse("unchanged")
+        if patch:
+            return AdmissionResponse("patched", patch=tuple(patch), priority=decision)
+        return AdmissionResponse("unchanged", priority=decision)
 
     def violations(self, request: AdmissionRequest) -> list[Violation]:
         pod = request.object

@@ -11,6 +11,8 @@ never closes the idle ones, so 2,000 silent connections are all held. This proto
   request's first byte: the connection is dropped when it passes;
 - a cap on the bytes of a request head (exact to within one read from the socket): 431, then closed;
 - a cap on open connections: one beyond it is dropped as soon as its TLS handshake completes;
+- each response written to the socket once (`OneWriteResponse`): one TLS record and one send where
+  uvicorn makes two;
 - the same deadline on a TLS handshake and on a TLS close, which uvicorn leaves at the event loop's
   defaults (60 s and 30 s): a connection that never starts TLS, or whose peer never acknowledges the
   close after a 413, is gone after `request_timeout_seconds` (`WebhookServer`).
@@ -23,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import uvicorn
 import uvloop
@@ -96,6 +98,10 @@ def guarded_protocol(limits: ConnectionLimits, refused: Counter) -> type[asyncio
         def on_headers_complete(self) -> None:
             self._in_head = False
             super().on_headers_complete()
+            cycle = self.cycle
+            if cycle is not None and not isinstance(cycle.transport, OneWriteResponse):
+                # Before its task first runs. The cycle calls only write, close and is_closing.
+                cycle.transport = cast(asyncio.Transport, OneWriteResponse(cycle.transport, cycle))
 
         def on_message_complete(self) -> None:
             super().on_message_complete()
@@ -108,6 +114,48 @@ def guarded_protocol(limits: ConnectionLimits, refused: Counter) -> type[asyncio
             super().connection_lost(exc)
 
     return GuardedProtocol
+
+
+class OneWriteResponse:
+    """The transport one request's response is written through: the head is held until the body's first
+    write and sent with it, so a response leaves as one TLS record in one send instead of two (uvicorn
+    writes the head and the body separately, and each write is encrypted and sent at once). A "100
+    Continue" goes out as it comes; a response that ends before its body (a failure, a close) sends the
+    head first."""
+
+    __slots__ = ("_cycle", "_head_seen", "_held", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, cycle: Any) -> None:
+        self._transport = transport
+        self._cycle = cycle
+        self._held: bytes | None = None
+        self._head_seen = False
+
+    def write(self, data: bytes) -> None:
+        if not self._head_seen and self._cycle.response_started:
+            self._head_seen = True  # uvicorn's first write after it starts the response is the head
+            self._held = data
+            return
+        if self._held is not None:
+            data = self._held + data
+            self._held = None
+        self._transport.write(data)
+
+    def _flush(self) -> None:
+        if self._held is not None:
+            self._transport.write(self._held)
+            self._held = None
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:  # anything else uvicorn may ask of a transport
+        self._flush()
+        return getattr(self._transport, name)
 
 
 class _TlsTimeoutLoop(uvloop.Loop):

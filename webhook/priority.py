@@ -2,7 +2,8 @@
 states the rule) applied to the class it arrived with, from the cached budget state.
 
 The decision is pure: `decide` reads the pod's spec, the namespace's view and the PriorityClass catalog
-and returns which rule applied; counting and logging it is the caller's (never for a dryRun request).
+and returns which rule applied; the mutation hands it back in its answer, and the admission endpoint
+counts and logs it (never for a dryRun request).
 """
 
 from __future__ import annotations
@@ -174,7 +175,7 @@ def _as_before(decision: PriorityDecision, arrived: str | None, previous: str | 
 
 class DecisionRecorder:
     """Counts decisions by rule and the stale / missing ones, and logs each outage once (again after
-    the state has been fresh in between). The caller skips it for dryRun requests."""
+    the state has been fresh in between). The admission endpoint calls it, never for a dryRun review."""
 
     def __init__(self, metrics: WebhookMetrics) -> None:
         self.metrics = metrics

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Literal, cast
 
 import httpx
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, StrictInt
 
-from gpuaccounting.admission_state import AdmissionState, NamespaceAdmission, UserClassRule
+from gpuaccounting.admission_state import AdmissionState, NamespaceAdmission, UserClassRule, resolve
 from gpuaccounting.backoff import Backoff
 from gpuaccounting.names import ADMISSION_STATE_PATH
 from gpuaccounting.wire import BudgetState
@@ -38,7 +38,8 @@ class NamespaceView:
 
 
 class BudgetStateCache:
-    """The last snapshot and when it was last confirmed (a 200 or a 304)."""
+    """The last snapshot, resolved per namespace when it is stored, and when it was last confirmed (a
+    200 or a 304)."""
 
     def __init__(self, max_age_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_age_seconds = max_age_seconds
@@ -46,8 +47,11 @@ class BudgetStateCache:
         self.snapshot: AdmissionState | None = None
         self.etag: str | None = None
         self.confirmed_at: float | None = None
+        self._resolved: tuple[NamespaceAdmission, dict[str, NamespaceAdmission]] | None = None
 
     def store(self, snapshot: AdmissionState, etag: str | None) -> None:
+        """Keep a snapshot (ValueError, and the last one kept, when an entry names no policy)."""
+        self._resolved = resolve(snapshot)
         self.snapshot = snapshot
         self.etag = etag
         self.confirmed_at = self._clock()
@@ -59,11 +63,13 @@ class BudgetStateCache:
         return None if self.confirmed_at is None else self._clock() - self.confirmed_at
 
     def view(self, namespace: str) -> NamespaceView:
-        snapshot = self.snapshot
-        if snapshot is None:
+        """A namespace the snapshot leaves out is governed by its default (admission_state.py)."""
+        resolved = self._resolved
+        if resolved is None:
             return NamespaceView(None, "missing", None)
         age = self.age_seconds() or 0.0
-        admission = snapshot["namespaces"].get(namespace) or snapshot["default"]
+        default, namespaces = resolved
+        admission = namespaces.get(namespace) or default
         return NamespaceView(admission, "stale" if age > self.max_age_seconds else "fresh", age)
 
 
@@ -82,13 +88,16 @@ class _PriorityPolicyModel(BaseModel):
 class _NamespaceModel(BaseModel):
     state: BudgetState
     max_gpu_share_per_pod: float | None = None
-    priority_policy: _PriorityPolicyModel  # required: a webhook never guesses a namespace's policy
+    # Required: a webhook never guesses a namespace's policy. An index into priority_policies (strict:
+    # never a string or a float that happens to convert), checked against it by `resolve`.
+    priority_policy: StrictInt
 
 
 class _SnapshotModel(BaseModel):
     version: int
     generated_at: str
     priority_classes: dict[str, str]
+    priority_policies: list[_PriorityPolicyModel] = Field(min_length=1)
     default: _NamespaceModel
     namespaces: dict[str, _NamespaceModel]
 
@@ -139,7 +148,8 @@ class StatePoller:
                 self.cache.store(snapshot, response.headers.get("etag"))
                 self.metrics.state_version.set(snapshot["version"])
                 result = "updated"
-        # ValueError: a token file that is not text, a snapshot that is not the format (ValidationError).
+        # ValueError: a token file that is not text, a snapshot that is not the format (ValidationError)
+        # or names a policy it does not list.
         except (httpx.HTTPError, OSError, ValueError) as error:
             self.metrics.state_polls.labels(result="error").inc()
             if not self._failing:  # log the first failure of a run of failures, not every poll

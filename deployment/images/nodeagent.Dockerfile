@@ -9,6 +9,7 @@ RUN python -m venv /opt/venv
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY gpuaccounting ./gpuaccounting
+COPY gpunvml ./gpunvml
 COPY nodeagent ./nodeagent
 # Only this deployable's extra; the PodResources code is generated and committed, so no grpcio-tools.
 RUN /opt/venv/bin/pip install ".[nodeagent]"

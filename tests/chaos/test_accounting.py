@@ -8,6 +8,9 @@ the sidecar, retries every report until it is acknowledged, so it is charged sha
 Re-sends under new sequence numbers (a sidecar that lost its numbering) span time already reported;
 they may charge what has not been charged yet, never anything twice, so the union of a pod's intervals
 is still the whole run.
+
+Billing weights: each pod's GPU has a model (one unnamed, counting 1), weighted as set before the run, one
+weight changing mid-run; the charged (weighted) minutes must equal share x each second at its weight.
 """
 
 from __future__ import annotations
@@ -37,6 +40,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 INTERVAL = timedelta(seconds=10)
 INTERVALS = 60
 SHARES = (Decimal("0.125"), Decimal("0.5"), Decimal("1"), Decimal("2.5"))
+# The GPU model each share's pods run on (NVML's name; None: the sidecar could not tell), by share index.
+MODELS = ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB", "Tesla T4", None)
+# (model, weight, from which interval of the run on): A100's weight changes a third of the way in.
+WEIGHTS = (
+    ("NVIDIA-H100-80GB-HBM3", Decimal(3), -INTERVALS),
+    ("NVIDIA-A100-SXM4-40GB", Decimal(2), -INTERVALS),
+    ("NVIDIA-A100-SXM4-40GB", Decimal("1.25"), INTERVALS // 3),
+    ("Tesla-T4", Decimal("0.5"), -INTERVALS),
+)
 NAMESPACES = ("chaos-a", "chaos-b", "chaos-c")
 # Fractions of the pods' acknowledged reports at which each disruption strikes, in this order.
 DISRUPTIONS = (0.15, 0.35, 0.55, 0.75)
@@ -49,6 +61,7 @@ class Pod:
     uid: str
     share: Decimal
     start: datetime
+    model: str | None
     pending: list[tuple[int, int, int]] = field(default_factory=list)  # (seq, first, last interval)
     acknowledged: set[int] = field(default_factory=set)
 
@@ -56,6 +69,14 @@ class Pod:
     def truth(self) -> Decimal:
         """GPU-minutes: the share over the union of the intervals it reports (the whole run)."""
         return self.share * Decimal(INTERVALS * int(INTERVAL.total_seconds())) / 60
+
+    @property
+    def weighted_truth(self) -> Decimal:
+        """What the budget is charged: each interval's minutes at the weight its model had then."""
+        seconds = Decimal(int(INTERVAL.total_seconds()))
+        return sum(
+            (self.share * seconds * weight_at(self.model, i) / 60 for i in range(INTERVALS)), Decimal(0)
+        )
 
     def body(self, seq: int, first: int, last: int) -> dict[str, object]:
         return report_body(
@@ -66,7 +87,20 @@ class Pod:
             start=self.start + first * INTERVAL,
             end=self.start + (last + 1) * INTERVAL,
             gpu_share=float(self.share),
+            gpus=[
+                {"uuid": "GPU-0", "sm_util_pct": 50.0, "mem_used_bytes": 1, "mem_total_bytes": 2}
+                | ({"name": self.model} if self.model else {})
+            ],
         )
+
+
+def weight_at(model: str | None, interval: int) -> Decimal:
+    key = None if model is None else model.replace(" ", "-")
+    weight = Decimal(1)
+    for weighted, value, since in WEIGHTS:
+        if weighted == key and since <= interval:
+            weight = value
+    return weight
 
 
 @dataclass
@@ -123,7 +157,7 @@ def _pods(start: datetime) -> list[Pod]:
     for n, namespace in enumerate(NAMESPACES):
         for s, share in enumerate(SHARES):
             name = f"worker-{s}"
-            pod = Pod(namespace, name, f"uid-{n}-{s}", share, start)
+            pod = Pod(namespace, name, f"uid-{n}-{s}", share, start, MODELS[s])
             pod.pending = [(seq, seq, seq) for seq in range(INTERVALS)]
             pods.append(pod)
     return pods
@@ -228,6 +262,13 @@ async def test_charges_equal_ground_truth_through_drops_duplicates_and_restarts(
     pods = _pods(start)
     tally = Tally()
     rng = random.Random(20261122)
+    with psycopg.connect(postgres.url.replace("+psycopg", "")) as db:
+        for model, weight, since in WEIGHTS:  # set before the pods ran, as an admin would have
+            db.execute(
+                "INSERT INTO gpu_weights (model, effective_from, weight, set_by) "
+                "VALUES (%s, %s, %s, 'chaos')",
+                (model, start + since * INTERVAL, weight),
+            )
     await timekeeper.start()
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{timekeeper.port}", timeout=10) as client:
@@ -246,27 +287,29 @@ async def test_charges_equal_ground_truth_through_drops_duplicates_and_restarts(
                 _disrupt(tally, total, timekeeper, postgres),
             )
             until = start + INTERVALS * INTERVAL
-            charged = {
-                namespace: Decimal(
-                    ok(
-                        await client.get(
-                            f"/api/v1/namespaces/{namespace}/usage",
-                            params={"since": start.isoformat(), "until": until.isoformat()},
-                            headers=bearer(tokens.admin),
-                        )
-                    )["total_gpu_minutes"]
+            usage = {
+                namespace: ok(
+                    await client.get(
+                        f"/api/v1/namespaces/{namespace}/usage",
+                        params={"since": start.isoformat(), "until": until.isoformat()},
+                        headers=bearer(tokens.admin),
+                    )
                 )
                 for namespace in NAMESPACES
             }
+            charged = {ns: Decimal(str(answer["total_gpu_minutes"])) for ns, answer in usage.items()}
+            raw = {ns: Decimal(str(answer["total_raw_gpu_minutes"])) for ns, answer in usage.items()}
     finally:
         await timekeeper.kill()
 
-    truth = {ns: sum((p.truth for p in pods if p.namespace == ns), Decimal(0)) for ns in NAMESPACES}
+    raw_truth = {ns: sum((p.truth for p in pods if p.namespace == ns), Decimal(0)) for ns in NAMESPACES}
+    truth = {ns: sum((p.weighted_truth for p in pods if p.namespace == ns), Decimal(0)) for ns in NAMESPACES}
     assert len(tally.disruptions) == len(DISRUPTIONS), tally
     assert tally.dropped and tally.duplicates and tally.failures, tally
     for namespace in NAMESPACES:
         assert abs(charged[namespace] - truth[namespace]) <= Decimal("1e-6"), (namespace, charged, truth)
         assert abs(charged[namespace] - truth[namespace]) <= truth[namespace] / 1000
+        assert abs(raw[namespace] - raw_truth[namespace]) <= Decimal("1e-6"), (namespace, raw, raw_truth)
 
     with psycopg.connect(postgres.url.replace("+psycopg", "")) as db:
         ledger = dict(

@@ -131,7 +131,8 @@ def timekeeper(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[TimekeeperProcess]:
     """`python -m timekeeper` in `kubernetes` auth mode as deployment/'s gpu-timekeeper ServiceAccount, with
-    the reconcile pass (pod watch, silent time, quotas, Events) and the state sweep every second."""
+    the reconcile pass (pod watch, silent time, quotas, Events), the state sweep and the GPUBudget sync
+    every second."""
     folder = tmp_path_factory.mktemp("timekeeper")
     kubeconfig = service_account_kubeconfig(control_plane, core, "gpu-timekeeper", folder)
     env = {
@@ -142,7 +143,13 @@ def timekeeper(
         "TIMEKEEPER_RECONCILE_INTERVAL_SECONDS": "1",
         "TIMEKEEPER_SILENT_GRACE_SECONDS": str(SILENT_GRACE_SECONDS),
         "TIMEKEEPER_LEADER_RETRY_INTERVAL": "0.5",
+        # One process: a check slow on a loaded machine would drop and retake leadership, and a new
+        # leadership learns the budget states anew (Events for changes in between are not posted).
+        "TIMEKEEPER_LEADER_CHECK_TIMEOUT": "10",
         "TIMEKEEPER_STATES_INTERVAL": "1",  # the state sweep the pass's Events compare
+        "TIMEKEEPER_GITOPS": "true",  # GPUBudget objects (deployment/'s CRDs), a pass every second
+        "TIMEKEEPER_GITOPS_INTERVAL_SECONDS": "1",
+        "TIMEKEEPER_GITOPS_STATUS_INTERVAL_SECONDS": "0",  # figures written as soon as they move
         "TIMEKEEPER_LOG_FORMAT": "json",
     }
     with migrated_database("gtk_cluster") as database:

@@ -119,14 +119,57 @@ def test_a_namespace_member_reads_their_own_budget_and_not_anothers(
     own = api.request("GET", f"/namespaces/{namespace}/budget", token=token)
     usage = api.request("GET", f"/namespaces/{namespace}/usage", token=token)
     another = api.request("GET", "/namespaces/kube-system/budget", token=token)
-    every = api.request("GET", "/namespaces", token=token)
+    listed = api.request("GET", "/namespaces", token=token)
     raise_own = api.request(
         "PUT", f"/namespaces/{namespace}/budget", token=token, body={"budget_gpu_minutes": 10**6}
     )
 
     assert own.status_code == 200 and Decimal(str(own.json()["budget_gpu_minutes"])) == 100
     assert usage.status_code == 200
-    assert (another.status_code, every.status_code, raise_own.status_code) == (403, 403, 403)
+    assert listed.status_code == 200 and [entry["namespace"] for entry in listed.json()] == [namespace]
+    assert (another.status_code, raise_own.status_code) == (403, 403)
+
+
+def listed(api: TimekeeperApi, token: str) -> list[str]:
+    response = api.request("GET", "/namespaces", token=token)
+    assert response.status_code == 200, response.text
+    return [entry["namespace"] for entry in response.json()]
+
+
+def test_the_namespace_list_shows_exactly_what_each_caller_may_read(
+    kubectl: Kubectl, core: client.CoreV1Api, api: TimekeeperApi, namespace: str
+) -> None:
+    """A member of two namespaces (`view` bound in each) lists exactly those two, though the timekeeper
+    knows more; a cluster-wide viewer (`gpu-timekeeper-viewer` in a ClusterRoleBinding) lists every known
+    namespace; an account bound to nothing lists none, with 200 — all by the real SubjectAccessReviews."""
+    wait_until(lambda: view_aggregates_budgets(kubectl), timeout=30, what="view to aggregate gpubudgets")
+    second, unbound = f"{namespace}-2", f"{namespace}-3"
+    for extra in (second, unbound):
+        kubectl.run("create", "namespace", extra)
+    try:
+        for known in (namespace, second, unbound):
+            api.set_budget(known, 100)
+        member = member_token(kubectl, core, namespace, "view")
+        kubectl.run(
+            "create", "rolebinding", "member", "--clusterrole=view",
+            f"--serviceaccount={namespace}:member", "-n", second,
+        )  # fmt: skip
+        kubectl.run("create", "serviceaccount", "viewer", "-n", namespace)
+        kubectl.run(
+            "create", "clusterrolebinding", f"{namespace}-viewer", "--clusterrole=gpu-timekeeper-viewer",
+            f"--serviceaccount={namespace}:viewer",
+        )  # fmt: skip
+        kubectl.run("create", "serviceaccount", "nobody", "-n", namespace)
+
+        everything = set(listed(api, api.admin_token))
+        assert sorted(listed(api, member)) == sorted([namespace, second])
+        viewer = set(listed(api, service_account_token(core, namespace, "viewer")))
+        assert {namespace, second, unbound} <= everything <= viewer  # (known namespaces only get added)
+        assert listed(api, service_account_token(core, namespace, "nobody")) == []
+    finally:
+        kubectl.run("delete", "clusterrolebinding", f"{namespace}-viewer", "--ignore-not-found")
+        for extra in (second, unbound):
+            kubectl.run("delete", "namespace", extra, "--wait=false")
 
 
 def test_a_namespace_admin_cannot_raise_their_own_budget(

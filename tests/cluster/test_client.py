@@ -9,6 +9,7 @@ with the stand-in (tests/kube/test_client.py).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from datetime import UTC, datetime, timedelta
@@ -179,3 +180,41 @@ async def test_events_about_the_namespace_or_a_pod_are_accepted_and_listed_there
     assert about["Namespace", namespace]["type"] == "Warning"
     assert about["Pod", "p"]["involvedObject"]["uid"] == pod["metadata"]["uid"]
     assert {e["source"]["component"] for e in events} == {"gpu-timekeeper"}
+
+
+async def test_the_custom_object_watch_follows_gpubudgets_as_the_timekeeper_may(
+    kube_client: KubeClient, kubectl: Kubectl, namespace: str
+) -> None:
+    """What wakes the GPUBudget sync: the watch deployment/'s RBAC grants (`watch gpubudgets`), on the
+    served CRD, sees an object created, changed and deleted."""
+    seen: dict[str, asyncio.Event] = {kind: asyncio.Event() for kind in ("ADDED", "MODIFIED", "DELETED")}
+
+    async def follow() -> None:
+        watch = kube_client.watch_custom_objects("gpu-timekeeper.io", "v1alpha1", "gpubudgets", 30)
+        async with aclosing(watch) as changes:
+            async for change, where, name in changes:
+                if (where, name) == (namespace, "watched"):
+                    seen[change].set()
+
+    async def saw(change: str) -> None:
+        async with asyncio.timeout(20):
+            await seen[change].wait()
+
+    task = asyncio.create_task(follow())
+    body = {
+        "apiVersion": "gpu-timekeeper.io/v1alpha1",
+        "kind": "GPUBudget",
+        "metadata": {"name": "watched", "namespace": namespace},
+        "spec": {"budgetGPUMinutes": 10},
+    }
+    try:
+        await asyncio.sleep(0.5)  # the watch is open
+        kubectl.run("apply", "-f", "-", stdin=json.dumps(body))
+        await saw("ADDED")
+        kubectl.run("apply", "-f", "-", stdin=json.dumps(body | {"spec": {"budgetGPUMinutes": 20}}))
+        await saw("MODIFIED")
+        kubectl.run("delete", "gpubudget", "watched", "-n", namespace)
+        await saw("DELETED")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -122,11 +122,35 @@ def test_invalid_fractional_requests_are_denied_with_a_message_naming_the_rule(l
     assert not any(re.search(r"admitted \S+/(odd-fraction|too-much-core|two-gpus)", line) for line in lines)
 
 
+def test_the_forecast_says_when_the_budget_runs_out_and_how_the_grant_moves_it(lines: list[str]) -> None:
+    warning = lines[first(lines, r"vision: in_budget -> warning")]
+    forecast = re.search(
+        r"forecast: burning ([\d,]+) GPU-min/h, runs out \w{3} (\d{2}) (\w{3}) (\d{2}):(\d{2})", warning
+    )
+    assert forecast is not None, warning
+    # Warned at 80 % of the budget, vision is forecast to run out later in the same month. (How much later
+    # depends on how late the sidecars' reports land: on a quiet machine it is the day it does run out;
+    # on a busy one, reports a few real seconds late are simulated days late, and the rate reads lower.)
+    rate, day, month, hour, minute = forecast.groups()
+    warned_month, warned_on = simulated_day(warning)
+    assert int(rate.replace(",", "")) > 0
+    assert month == warned_month and int(day) + int(hour) / 24 + int(minute) / 1440 > warned_on, warning
+    # After the grant: in budget again, with the forecast from the new remainder.
+    restored = lines[first(lines, r"vision: exhausted -> in_budget")]
+    assert re.search(
+        r"; forecast: burning [\d,]+ GPU-min/h, (runs out \w{3} \d{2} \w{3}|lasts the period)", restored
+    )
+
+
 def test_it_ends_with_the_commands_to_explore(lines: list[str]) -> None:
     docs = lines[first(lines, r"API docs: ")]
     assert re.search(r"http://127\.0\.0\.1:\d+/docs$", docs), docs
     token = lines[first(lines, r"export TOKEN=")]
     assert re.search(r"export TOKEN=\S{20,}$", token), token
+    dashboard = lines[first(lines, r"^  dashboard: ")]
+    assert re.search(r"http://127\.0\.0\.1:\d+/ui ", dashboard), dashboard
+    cli = lines[first(lines, r"^  CLI: ")]
+    assert "GPU_BUDGET_URL=http://127.0.0.1:" in cli and "/gpu-budget forecast" in cli, cli
     first(lines, r"curl -s -H \"Authorization: Bearer \$TOKEN\" http://127\.0\.0\.1:\d+/api/v1/namespaces$")
 
 

@@ -248,6 +248,39 @@ def test_monitoring_is_rendered_only_where_the_prometheus_operator_is_installed(
     assert not find(helm_template(), "ConfigMap", "gpu-timekeeper-dashboard")
 
 
+@pytest.mark.parametrize("install", ["chart", "kustomize"])
+def test_each_service_monitor_scrapes_the_server_its_job_label_names(install, tmp_path):
+    """The drift check leaves selectors out (Helm's differ): here each ServiceMonitor must select exactly
+    one Service of the release, whose pods are the server its `job` label names, on a port that Service
+    has, and the webhook's TLS must name that Service and trust the CA the webhook serves with."""
+    if install == "chart":
+        objects = helm_template(values=PRODUCTION_VALUES)
+    else:
+        objects = _production_with_monitoring(tmp_path)
+    deployments = {d["metadata"]["name"]: d for d in find(objects, "Deployment")}
+    jobs = {"gpu-timekeeper": "gpu-timekeeper", "gpu-timekeeper-webhook": "gpu-timekeeper-webhook"}
+    monitors = find(objects, "ServiceMonitor")
+    assert len(monitors) == 2
+    for monitor in monitors:
+        (endpoint,) = monitor["spec"]["endpoints"]
+        (relabel,) = endpoint["relabelings"]
+        deployment = deployments[jobs[relabel["replacement"]]]
+        wanted = monitor["spec"]["selector"]["matchLabels"].items()
+        (service,) = [
+            s for s in find(objects, "Service") if wanted <= s["metadata"].get("labels", {}).items()
+        ]
+        assert service["metadata"]["namespace"] == monitor["metadata"]["namespace"] == "gpu-timekeeper"
+        pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert service["spec"]["selector"].items() <= pod_labels.items(), service["metadata"]["name"]
+        assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+        assert endpoint["path"] == "/metrics" and endpoint["honorLabels"] is True
+        if endpoint.get("scheme") == "https":
+            tls = endpoint["tlsConfig"]
+            assert tls["serverName"] == f"{service['metadata']['name']}.gpu-timekeeper.svc"
+            volumes = deployment["spec"]["template"]["spec"]["volumes"]
+            assert tls["ca"]["secret"]["name"] in {v.get("secret", {}).get("secretName") for v in volumes}
+
+
 def test_the_webhook_is_scraped_over_tls_with_its_own_ca():
     (monitor,) = [
         m

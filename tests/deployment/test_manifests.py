@@ -84,6 +84,7 @@ def test_everything_namespaced_lives_in_our_namespace(build):
             "Namespace",
             "ClusterRole",
             "ClusterRoleBinding",
+            "CustomResourceDefinition",
             "PriorityClass",
             "MutatingWebhookConfiguration",
             "ValidatingWebhookConfiguration",
@@ -232,21 +233,40 @@ def test_network_policies_open_only_the_serving_ports(build):
 
 
 @pytest.mark.parametrize("build", RENDERS)
-def test_viewer_and_admin_roles_cover_the_virtual_budget_resource(build):
+def test_viewer_and_admin_roles_cover_the_budget_resources(build):
+    """gpubudgets (the GPUBudget CRD, and what the API authorises against) and gpubudgetdefaults: the
+    viewer reads them, the admin writes them, neither their status (the timekeeper's)."""
     objects = render(build)
     expected = {
-        "gpu-timekeeper-viewer": {"get", "list"},
-        "gpu-timekeeper-admin": {"get", "list", "create", "update", "delete"},
+        "gpu-timekeeper-viewer": {"get", "list", "watch"},
+        "gpu-timekeeper-admin": {"get", "list", "watch", "create", "update", "patch", "delete"},
     }
     for name, verbs in expected.items():
         (rule,) = one(objects, "ClusterRole", name)["rules"]
         assert (rule["apiGroups"], rule["resources"], set(rule["verbs"])) == (
             [names.DOMAIN],
-            ["gpubudgets"],
+            ["gpubudgets", "gpubudgetdefaults"],
             verbs,
         )
     admin_labels = one(objects, "ClusterRole", "gpu-timekeeper-admin")["metadata"].get("labels", {})
     assert not any(k.startswith("rbac.authorization.k8s.io/aggregate-to") for k in admin_labels)
+
+
+@pytest.mark.parametrize("build", RENDERS)
+def test_every_install_ships_the_budget_crds_served_with_status_and_kept_by_helm(build):
+    objects = render(build)
+    crds = {c["metadata"]["name"]: c for c in find(objects, "CustomResourceDefinition")}
+    assert set(crds) == {f"gpubudgets.{names.DOMAIN}", f"gpubudgetdefaults.{names.DOMAIN}"}
+    for crd in crds.values():
+        (version,) = crd["spec"]["versions"]
+        assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
+        assert version["subresources"] == {"status": {}}
+        if build.startswith("helm/"):  # deleting the CRD would delete every GPUBudget
+            assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert crds[f"gpubudgets.{names.DOMAIN}"]["spec"]["scope"] == "Namespaced"
+    assert crds[f"gpubudgetdefaults.{names.DOMAIN}"]["spec"]["scope"] == "Cluster"
+    container = one(objects, "Deployment", "gpu-timekeeper")["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "TIMEKEEPER_GITOPS", "value": "true"} in container["env"]
 
 
 @pytest.mark.parametrize("build", RENDERS)

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from tests.deployment.conftest import DEPLOYMENT, ROOT, required
 from tests.test_docs import _anchors
-from timekeeper.metrics import Metrics
+from timekeeper.metrics import Metrics, PodWatchCollector
 from timekeeper.scheduler.runner import SchedulerCollector
 from webhook.metrics import WebhookMetrics
 
@@ -62,6 +62,7 @@ def exported_metric_names() -> set[str]:
     scheduler.register(
         SchedulerCollector(SimpleNamespace(replica="tk-0:1", leading=True, health={}, counts={}))  # type: ignore[arg-type]
     )
+    scheduler.register(PodWatchCollector())  # the reconciler's, registered with the scheduler's
     registries.append(scheduler)
     return {
         family.name + suffix
@@ -163,6 +164,9 @@ def test_the_dashboard_covers_budgets_ingest_admission_state_and_the_scheduler()
     for metric in (
         "timekeeper_namespace_used_gpu_minutes",
         "timekeeper_namespace_budget_gpu_minutes",
+        "timekeeper_namespace_burn_rate_gpu_minutes_per_hour",
+        "timekeeper_namespace_forecast_exhaustion_seconds",
+        "timekeeper_silent_gpu_pods",
         "timekeeper_reports_total",
         "timekeeper_report_ingest_seconds_bucket",
         "webhook_admissions_total",
@@ -176,3 +180,16 @@ def test_the_dashboard_covers_budgets_ingest_admission_state_and_the_scheduler()
         if panel["type"] != "row":
             assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
             assert panel["targets"], panel["title"]
+
+
+def test_the_dashboards_panels_fit_the_grid_without_overlapping():
+    """Panels are placed by hand (gridPos): one moved onto another hides it in Grafana."""
+    boxes = []
+    for panel in dashboard()["panels"]:
+        grid = panel["gridPos"]
+        assert grid["x"] >= 0 and grid["w"] > 0 and grid["x"] + grid["w"] <= 24, panel["title"]
+        boxes.append((panel["title"], grid["x"], grid["y"], grid["x"] + grid["w"], grid["y"] + grid["h"]))
+    for n, (title, left, top, right, bottom) in enumerate(boxes):
+        for other, o_left, o_top, o_right, o_bottom in boxes[n + 1 :]:
+            overlap = left < o_right and o_left < right and top < o_bottom and o_top < bottom
+            assert not overlap, f"{title!r} overlaps {other!r}"

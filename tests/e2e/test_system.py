@@ -21,7 +21,8 @@ import httpx
 import jsonpatch
 import pytest
 
-from gpuaccounting.names import ANNOTATION_GPU_SHARE, SIDECAR_CONTAINER_NAME
+from demo.pods import sidecar_env
+from gpuaccounting.names import ANNOTATION_GPU_SHARE
 from tests.sidecar.coverage import persisted_state
 from tests.support.pods import container, pod, review
 from tests.support.processes import (
@@ -90,40 +91,13 @@ def half_gpu_pod(name: str) -> dict[str, Any]:
     return pod(container("train"), name=name, namespace=NAMESPACE, annotations={"gpu-fraction": "0.5"})
 
 
-def sidecar_env(admitted: dict[str, Any], system: System, name: str) -> dict[str, str]:
-    """The injected container's env as the kubelet resolves it, with its volume paths mapped to folders."""
-    (sidecar,) = [
-        c
-        for c in admitted["spec"].get("initContainers", []) + admitted["spec"]["containers"]
-        if c["name"] == SIDECAR_CONTAINER_NAME
-    ]
-    fields = {
-        "metadata.namespace": admitted["metadata"]["namespace"],
-        "metadata.name": admitted["metadata"]["name"],
-        "metadata.uid": admitted["metadata"]["uid"],
-        "status.hostIP": "127.0.0.1",
-    }
-    env = {
-        item["name"]: item["value"] if "value" in item else fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
-        for item in sidecar["env"]
-    }
-    folder = system.workdir / name
-    (folder / "podinfo").mkdir(parents=True)
-    annotations = admitted["metadata"].get("annotations", {})
-    (folder / "podinfo" / "annotations").write_text(
-        "\n".join(f'{key}="{value}"' for key, value in annotations.items())
-    )
-    (folder / "token").write_text(system.tokens.reporter)
-    mounts = {mount["name"]: mount["mountPath"] for mount in sidecar.get("volumeMounts", [])}
-    assert env["SIDECAR_TOKEN_FILE"].startswith(tuple(mounts.values()))
-    return {
-        **env,
-        "SIDECAR_TOKEN_FILE": str(folder / "token"),
-        "SIDECAR_BUFFER_DIR": str(folder / "buffer"),
-        "SIDECAR_PODINFO_DIR": str(folder / "podinfo"),
-        "SIDECAR_NVML_BACKEND": "fake",
-        "SIDECAR_SAMPLE_INTERVAL_SECONDS": "0.2",
-    }
+def run_env(admitted: dict[str, Any], system: System, name: str) -> dict[str, str]:
+    """The injected container's env as the kubelet resolves it (the demo's resolution, demo/pods.py), its
+    volumes folders under the test's workdir, sampling fast, logging JSON (SidecarProcess.events)."""
+    root = system.workdir / name
+    env = sidecar_env(admitted, root, system.tokens.reporter)
+    assert Path(env["SIDECAR_TOKEN_FILE"]).is_relative_to(root)  # the token is read from its volume
+    return env | {"SIDECAR_SAMPLE_INTERVAL_SECONDS": "0.2", "SIDECAR_LOG_FORMAT": "json"}
 
 
 @pytest.fixture
@@ -176,7 +150,7 @@ def test_a_namespace_spends_its_budget_and_its_next_pod_is_downgraded(system: Sy
     trainer = system.admit(half_gpu_pod("trainer-0"))
     assert trainer["spec"]["priorityClassName"] == "gpu-in-budget"
     assert trainer["metadata"]["annotations"][ANNOTATION_GPU_SHARE] == "0.5"
-    env = sidecar_env(trainer, system, "trainer-0")
+    env = run_env(trainer, system, "trainer-0")
     assert env["SIDECAR_GPU_SHARE"] == "0.5"
     assert env["SIDECAR_TIMEKEEPER_URL"] == system.timekeeper.url
 

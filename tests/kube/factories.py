@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuaccounting.names import ANNOTATION_GPU_SHARE, DEFAULT_IN_BUDGET_PRIORITY_CLASS
+from gpuaccounting.names import (
+    ANNOTATION_GPU_SHARE,
+    DEFAULT_IN_BUDGET_PRIORITY_CLASS,
+    SIDECAR_CONTAINER_NAME,
+)
 from tests.support.kube_apiserver import KubeApiServer
 
 
@@ -21,9 +25,11 @@ def gpu_pod(
     started_at: str | None = "2026-11-22T00:00:00Z",
     finished_at: str | None = None,
     priority_class: str | None = DEFAULT_IN_BUDGET_PRIORITY_CLASS,
+    sidecar: bool = False,
+    node: str = "gpu-node-1",
 ) -> dict[str, Any]:
-    """A GPU pod as the webhook leaves it (share annotation, class; None: no class) and the kubelet
-    reports it (phase, times)."""
+    """A GPU pod as the webhook leaves it (share annotation, class; None: no class; with `sidecar`, our
+    native sidecar injected) and the kubelet reports it (phase, times)."""
     metadata: dict[str, Any] = {
         "name": name,
         "namespace": namespace,
@@ -48,16 +54,26 @@ def gpu_pod(
             {"name": "main", "state": {"terminated": {"exitCode": 0, "finishedAt": finished_at}}}
         ]
     spec: dict[str, Any] = {
-        "nodeName": "gpu-node-1",
+        "nodeName": node,
         "containers": [
             {"name": "main", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
         ],
     }
     if priority_class is not None:
         spec["priorityClassName"] = priority_class
+    if sidecar:
+        spec["initContainers"] = [
+            {"name": SIDECAR_CONTAINER_NAME, "image": "gpu-timekeeper-sidecar:1", "restartPolicy": "Always"}
+        ]
     return server.put(
         {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec, "status": status}
     )
+
+
+def gpu_node(server: KubeApiServer, name: str, product: str | None) -> dict[str, Any]:
+    """A node as GPU Feature Discovery labels it (`nvidia.com/gpu.product`; None: no label)."""
+    labels = {"kubernetes.io/hostname": name} | ({"nvidia.com/gpu.product": product} if product else {})
+    return server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}})
 
 
 def pdb(

@@ -12,6 +12,8 @@ from tests.support.kube_apiserver import KubeApiServer
 from tests.support.kube_rbac import bind_namespace_viewer
 from timekeeper.auth.base import Action, Principal
 from timekeeper.auth.kubernetes import KubernetesAccessControl
+from timekeeper.auth.scope import readable_namespaces
+from timekeeper.errors import TimekeeperError
 from timekeeper.kube import KubeClient
 
 # The client's connections belong to the loop of the fixture that built it (the session's).
@@ -94,3 +96,25 @@ async def test_decisions_are_cached_briefly(
     clock.now += 11
     assert not await access.authorize(alice, Action.READ, "team-a")
     assert apiserver.requests["create", "subjectaccessreviews"] == 2
+
+
+async def test_narrowing_asks_each_namespace_once_and_an_unreachable_api_server_is_a_503(
+    apiserver: KubeApiServer, access: KubernetesAccessControl, clock: FakeClock
+):
+    """The per-namespace answers go through the decision cache (a repeat asks nothing); when the API server
+    fails the reviews, the listing fails as a whole with the 503 a single read gets, never a partial list."""
+    bind_namespace_viewer(apiserver, "team-b", "alice")
+    alice = Principal(name="alice")
+    known = [f"team-{letter}" for letter in "abcdef"]
+
+    assert await readable_namespaces(access, alice, known, concurrency=3) == {"team-b"}
+    assert apiserver.requests["create", "subjectaccessreviews"] == len(known)
+    assert await readable_namespaces(access, alice, known, concurrency=3) == {"team-b"}
+    assert apiserver.requests["create", "subjectaccessreviews"] == len(known)
+
+    # The timekeeper's own right to ask is gone: every review now fails (as a misconfigured install would).
+    apiserver.remove("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", None, "gpu-timekeeper")
+    clock.now += 11
+    with pytest.raises(TimekeeperError) as refused:
+        await readable_namespaces(access, alice, known, concurrency=3)
+    assert refused.value.status_code == 503

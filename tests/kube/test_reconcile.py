@@ -1,10 +1,11 @@
 """The reconciler against the stand-in API server and the real database: silent pods charged once,
 ended pods closed out at their real end, state changes announced, exhausted namespaces downgraded,
-concurrent limits applied as ResourceQuotas."""
+concurrent limits applied as ResourceQuotas, running pods whose sidecar went silent counted."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -12,15 +13,18 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
-from tests.kube.factories import gpu_pod, pdb
+from tests.kube.factories import gpu_node, gpu_pod, pdb
 from tests.support.kube_apiserver import KubeApiServer
 from tests.support.processes import wait_until
 from tests.support.timekeeper import report_body
 from tests.timekeeper.conftest import START
 from timekeeper.app import create_app
 from timekeeper.auth.base import Principal
+from timekeeper.billing.repository import BillingRepository
 from timekeeper.budgets.schemas import BudgetIn
 from timekeeper.budgets.service import BudgetService
 from timekeeper.clock import ManualClock
@@ -87,6 +91,7 @@ async def report(
     clock: ManualClock,
     seq: int = 7,
     share: float = 1,
+    final: bool = False,
 ) -> Decimal:
     """A sidecar's report, through the same ingest function the API uses."""
     meta = pod["metadata"]
@@ -98,6 +103,7 @@ async def report(
         minutes=minutes,
         seq=seq,
         gpu_share=share,
+        final=final,
     )
     async with sessionmaker() as session, session.begin():
         outcome = await IngestService(session, Settings()).charge_one(
@@ -489,6 +495,80 @@ async def test_an_ended_pod_with_nothing_left_to_charge_is_still_closed_at_its_e
     assert await coverage(sessionmaker, uid) == (True, finished, clock.now(), False)
 
 
+# ---- sidecars that stopped reporting -------------------------------------------------------------------
+
+
+def pod_series(reconciler: Reconciler) -> dict[tuple[str, str], float]:
+    """The pod counts as a scrape reads them: {(metric, namespace): value}, through the text format."""
+    registry = CollectorRegistry()
+    registry.register(reconciler.pod_metrics)
+    families = text_string_to_metric_families(generate_latest(registry).decode())
+    return {(f.name, s.labels["namespace"]): s.value for f in families for s in f.samples}
+
+
+async def test_a_running_pod_whose_sidecar_stopped_reporting_counts_as_silent(
+    apiserver: KubeApiServer, reconciler: Reconciler, sessionmaker, clock: ManualClock, caplog
+):
+    settings = reconciler.settings  # a sidecar is silent after 300 s without a report (the default)
+    begin, started = clock.now(), iso(clock.now() - timedelta(minutes=30))
+    chatty = gpu_pod(apiserver, "team-a", "chatty", sidecar=True, started_at=started)
+    quiet = gpu_pod(apiserver, "team-a", "quiet", sidecar=True, started_at=started)
+    finishing = gpu_pod(apiserver, "team-a", "finishing", sidecar=True, started_at=started)
+    gpu_pod(apiserver, "team-a", "never", sidecar=True, started_at=started)  # no report ever came
+    gpu_pod(apiserver, "team-a", "bare", started_at=started)  # no sidecar: none to hear from
+    done = gpu_pod(
+        apiserver,
+        "team-a",
+        "done",
+        sidecar=True,
+        phase="Succeeded",
+        started_at=started,
+        finished_at=iso(begin),
+    )
+    gpu_pod(apiserver, "team-b", "fresh", sidecar=True, started_at=iso(begin + timedelta(minutes=8)))
+    for pod in (chatty, quiet, done):
+        await report(sessionmaker, pod, begin - timedelta(minutes=1), 1, clock, seq=1)
+    # Its sidecar said goodbye (SIGTERM) while the pod still shows Running: finished, not silent.
+    await report(sessionmaker, finishing, begin - timedelta(minutes=1), 1, clock, seq=1, final=True)
+    clock.advance(timedelta(minutes=10))
+    await report(sessionmaker, chatty, begin + timedelta(minutes=9), 1, clock, seq=2)
+    await sync(reconciler)
+
+    # The close-out job sees reports only: it closes out `quiet` and the ended `done` alike ...
+    closed = await run_job(JOBS_BY_NAME["closeout"], sessionmaker, settings, clock, "replica")
+    assert closed.detail is not None
+    assert sorted(p["pod"] for p in closed.detail["closed"]) == ["done", "quiet"]
+    # ... the pass, which sees the pod still running, counts it silent (and the one never heard from).
+    with caplog.at_level(logging.WARNING, logger="timekeeper.reconcile.service"):
+        passed = await run_job(reconcile_job(reconciler), sessionmaker, settings, clock, "replica")
+    assert passed.detail is not None
+    assert passed.detail["silent"] == [["team-a", "never"], ["team-a", "quiet"]]
+    assert pod_series(reconciler) == {
+        ("timekeeper_running_gpu_pods", "team-a"): 5,  # chatty, quiet, finishing, never, bare
+        ("timekeeper_silent_gpu_pods", "team-a"): 2,
+        ("timekeeper_running_gpu_pods", "team-b"): 1,  # fresh: started 2 minutes ago, not heard from yet
+        ("timekeeper_silent_gpu_pods", "team-b"): 0,
+    }
+    logged = [(r.message, r.pod) for r in caplog.records if r.message == "sidecar_silent"]
+    assert logged == [("sidecar_silent", "never"), ("sidecar_silent", "quiet")]
+
+    # Still silent a minute later: counted again, not logged again.
+    clock.advance(timedelta(minutes=1))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="timekeeper.reconcile.service"):
+        assert (await reconciler.run_pass()).silent == [("team-a", "never"), ("team-a", "quiet")]
+    assert not [r for r in caplog.records if r.message == "sidecar_silent"]
+
+    # `quiet`'s sidecar reports again (its buffered reports flushed): no longer silent.
+    await report(sessionmaker, quiet, begin, 10, clock, seq=2)
+    assert (await reconciler.run_pass()).silent == [("team-a", "never")]
+    assert pod_series(reconciler)[("timekeeper_silent_gpu_pods", "team-a")] == 1
+
+    # Not leading any more: no counts at all (only the leader's are true).
+    await reconciler.stop_leading()
+    assert pod_series(reconciler) == {}
+
+
 async def test_the_job_claims_no_window_until_the_watch_has_listed_the_pods(
     reconciler: Reconciler, sessionmaker, clock: ManualClock
 ):
@@ -553,6 +633,9 @@ async def test_the_app_runs_the_reconciler_as_a_scheduler_job_when_asked(
                 "reconcile": True,
                 "reconcile_interval_seconds": 3600,
                 "leader_retry_interval": timedelta(seconds=0.2),
+                # A slow check on a loaded machine would hand leadership back and forth, emptying the
+                # registry this test reads.
+                "leader_check_timeout": timedelta(seconds=10),
             }
         )
     )
@@ -640,3 +723,72 @@ async def test_a_recomputed_share_uses_the_hardware_file(apiserver: KubeApiServe
 
     assert result is not None
     assert result.charged == {pod["metadata"]["uid"]: Decimal("5.000000000")}  # 10 minutes x 2/4 GPU
+
+
+# ---- billing weights: the GPU model from the node ---------------------------------------------------
+
+
+async def test_a_silent_pod_is_charged_at_its_nodes_gpu_weight(
+    apiserver: KubeApiServer, reconciler: Reconciler, sessionmaker, clock: ManualClock
+):
+    async with sessionmaker() as session, session.begin():
+        weights = BillingRepository(session)
+        await weights.set_weight("NVIDIA-H100-80GB-HBM3", Decimal(3), START - timedelta(days=1), "admin")
+        await weights.set_weight("Tesla-T4", Decimal("0.5"), START - timedelta(days=1), "admin")
+    gpu_node(apiserver, "h100-node", "NVIDIA-H100-80GB-HBM3")
+    gpu_node(apiserver, "t4-node", "Tesla-T4")
+    started = iso(START - timedelta(minutes=65))
+    big = gpu_pod(apiserver, "team-a", "big", node="h100-node", started_at=started)
+    small = gpu_pod(apiserver, "team-a", "small", node="t4-node", started_at=started)
+    await sync(reconciler)
+
+    result = await reconciler.run_pass()
+
+    assert result.charged == {
+        big["metadata"]["uid"]: Decimal("180.000000000"),  # 60 minutes x 1 GPU x 3
+        small["metadata"]["uid"]: Decimal("30.000000000"),
+    }
+    assert (await reconciler.run_pass()).modelled == 2
+    # The sidecar's later report names no GPU: the pod's model, learnt from its node, still weighs it.
+    assert await report(sessionmaker, big, START - timedelta(minutes=5), 5, clock) == 15
+
+
+async def test_the_first_model_told_wins_and_an_unlabelled_node_leaves_the_pod_unweighted(
+    apiserver: KubeApiServer, reconciler: Reconciler, sessionmaker, clock: ManualClock
+):
+    gpu_node(apiserver, "odd-node", "Tesla-T4")
+    gpu_node(apiserver, "plain-node", None)
+    told = gpu_pod(apiserver, "team-a", "told", node="odd-node", started_at=iso(START - timedelta(minutes=3)))
+    plain = gpu_pod(
+        apiserver, "team-a", "plain", node="plain-node", started_at=iso(START - timedelta(minutes=3))
+    )
+    # The sidecar told first: an NVML device name on its report.
+    body = report_body(
+        namespace="team-a",
+        pod="told",
+        pod_uid=told["metadata"]["uid"],
+        start=START - timedelta(minutes=2),
+        minutes=1,
+        gpus=[
+            {
+                "uuid": "GPU-0",
+                "sm_util_pct": 1.0,
+                "mem_used_bytes": 1,
+                "mem_total_bytes": 2,
+                "name": "NVIDIA L4",
+            }
+        ],
+    )
+    async with sessionmaker() as session, session.begin():
+        await IngestService(session, Settings()).charge_one(ReportIn.model_validate(body), clock.now())
+    await report(sessionmaker, plain, START - timedelta(minutes=2), 1, clock)
+    await sync(reconciler)
+
+    result = await reconciler.run_pass()
+
+    assert result.modelled == 1
+    async with sessionmaker() as session:
+        models = dict(
+            (await session.execute(sa.select(PodCoverage.pod, PodCoverage.gpu_model))).tuples().all()
+        )
+    assert models == {"told": "NVIDIA-L4", "plain": None}

@@ -61,6 +61,9 @@ def leader_settings(own_database: URL, kubeconfig: Path) -> Settings:
         silent_grace_seconds=300,
         scheduler_lock_key=LOCK_KEY,
         leader_retry_interval=INTERVAL,
+        # Fast rounds, but a check slow on a loaded machine must not hand leadership over on its own:
+        # these tests move it by killing the lock's session, which fails the check at once.
+        leader_check_timeout=timedelta(seconds=10),
     )
 
 
@@ -111,7 +114,7 @@ async def test_only_the_leader_reconciles_and_a_new_leader_charges_the_silent_ti
         await stack.enter_async_context(first.router.lifespan_context(first))
         await until(lambda: runner_of(first).health["reconcile"].last_success, "the first app reconciles")
         await stack.enter_async_context(second.router.lifespan_context(second))
-        await asyncio.sleep(INTERVAL.total_seconds() * 5)  # the second app has tried the lock a few times
+        await until(lambda: runner_of(second).election.rounds >= 5, "the second app tried the lock 5 times")
 
         # One leader: it alone watches pods and runs the pass; its pass charged 55 silent minutes (up to
         # the 5-minute grace).
@@ -123,6 +126,9 @@ async def test_only_the_leader_reconciles_and_a_new_leader_charges_the_silent_ti
         # The window ran once: later runs of the same window are skipped.
         metrics = (await get(first, "/metrics")).text
         assert 'timekeeper_job_runs_total{job="reconcile",outcome="ok"} 1.0' in metrics
+        # Only the leader's pass counts pods (a follower's figures would be stale): one running in team-a.
+        assert 'timekeeper_running_gpu_pods{namespace="team-a"} 1.0' in metrics
+        assert "timekeeper_running_gpu_pods{" not in (await get(second, "/metrics")).text
         assert await pod_charges(engine, uid) == (
             [Decimal("55")],
             '{["2026-03-18 11:00:00+00","2026-03-18 11:55:00+00")}',
@@ -155,3 +161,5 @@ async def test_only_the_leader_reconciles_and_a_new_leader_charges_the_silent_ti
         charges, covered = await pod_charges(engine, uid)
         assert charges == [Decimal("55"), Decimal("10")]
         assert covered == '{["2026-03-18 11:00:00+00","2026-03-18 12:05:00+00")}'
+        assert 'timekeeper_running_gpu_pods{namespace="team-a"} 1.0' in (await get(second, "/metrics")).text
+        assert "timekeeper_running_gpu_pods{" not in (await get(first, "/metrics")).text

@@ -50,6 +50,9 @@ def reconcile_env(kubeconfig: Path) -> dict[str, str]:
         "TIMEKEEPER_RECONCILE_INTERVAL_SECONDS": "0.3",
         "TIMEKEEPER_SILENT_GRACE_SECONDS": "0",  # every pass charges up to its own now
         "TIMEKEEPER_LEADER_RETRY_INTERVAL": "0.3",
+        # A slow check on a loaded machine would hand leadership over before the kill; a killed leader's
+        # session ends at once, whatever this timeout (docs/scheduler.md).
+        "TIMEKEEPER_LEADER_CHECK_TIMEOUT": "10",
         "TIMEKEEPER_SCHEDULER_LOCK_KEY": "4244",
     }
 

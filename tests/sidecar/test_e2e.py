@@ -133,10 +133,11 @@ def test_under_an_accelerated_clock_intervals_are_stamped_and_charged_in_simulat
     database: URL, tokens: Tokens, tmp_path: Path
 ) -> None:
     """The timekeeper and the sidecar share start, speed and origin (one hour per real second, starting
-    seven hours before a month ends, time enough for the timekeeper to start): the sidecar's intervals lie
+    twenty hours before a month ends: time enough for both processes to start on a loaded machine, where
+    seven once were not): the sidecar's intervals lie
     in simulated January and February, the timekeeper accepts them as not in the future, splits them at
     the month boundary and charges share x the simulated time covered."""
-    start = datetime(2026, 1, 31, 17, 0, tzinfo=UTC)
+    start = datetime(2026, 1, 31, 4, 0, tzinfo=UTC)
     february = datetime(2026, 2, 1, tzinfo=UTC)
     speed = 3600.0
     origin = time.time()
@@ -171,6 +172,7 @@ def test_under_an_accelerated_clock_intervals_are_stamped_and_charged_in_simulat
                 budget(timekeeper, tokens)["period"]["start"].startswith("2026-02-01")
                 and budget(timekeeper, tokens)["used_gpu_minutes"] > 0
             ),
+            timeout=60,  # February begins twenty real seconds after the origin
             what="charges in the simulated February",
         )
         assert sidecar.terminate() == 0

@@ -19,6 +19,7 @@ from gpuaccounting.admission_state import (
     AdmissionState,
     NamespaceAdmission,
     PriorityPolicy,
+    compact,
     default_priority_policy,
 )
 from gpuaccounting.names import ADMISSION_STATE_PATH
@@ -41,13 +42,14 @@ def snapshot(
     namespaces: dict[str, NamespaceAdmission] | None = None,
     default: NamespaceAdmission | None = None,
 ) -> AdmissionState:
-    return {
-        "version": version,
-        "generated_at": "2026-11-22T00:00:00Z",
-        "priority_classes": {"in_budget": "gpu-in-budget", "over_budget": "gpu-over-budget"},
-        "default": default or entry(),
-        "namespaces": namespaces or {},
-    }
+    """The published form of these resolved entries (admission_state.compact)."""
+    return compact(
+        version,
+        "2026-11-22T00:00:00Z",
+        {"in_budget": "gpu-in-budget", "over_budget": "gpu-over-budget"},
+        default or entry(),
+        namespaces or {},
+    )
 
 
 @dataclass

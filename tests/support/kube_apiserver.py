@@ -80,6 +80,7 @@ class ResourceType:
 RESOURCE_TYPES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "namespaces", "Namespace", False),
     ResourceType("", "v1", "pods", "Pod", True),
+    ResourceType("", "v1", "nodes", "Node", False),
     ResourceType("", "v1", "resourcequotas", "ResourceQuota", True),
     ResourceType("", "v1", "events", "Event", True),
     ResourceType("", "v1", "secrets", "Secret", True),

@@ -26,6 +26,8 @@ def timekeeper_rules() -> list[dict[str, Any]]:
         {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
         {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list"]},
         {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
         {
             "apiGroups": [""],
@@ -33,6 +35,16 @@ def timekeeper_rules() -> list[dict[str, Any]]:
             "verbs": ["get", "list", "create", "update", "delete"],
         },
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        {
+            "apiGroups": ["gpu-timekeeper.io"],
+            "resources": ["gpubudgets", "gpubudgetdefaults"],
+            "verbs": ["list", "watch"],
+        },
+        {
+            "apiGroups": ["gpu-timekeeper.io"],
+            "resources": ["gpubudgets/status", "gpubudgetdefaults/status"],
+            "verbs": ["update"],
+        },
     ]
 
 
@@ -113,3 +125,9 @@ def bind_namespace_viewer(server: KubeApiServer, namespace: str, user: str) -> N
     """Make `user` a member of `namespace` the usual way: the `view` ClusterRole bound in the namespace."""
     subject = {"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}
     server.put(_binding("RoleBinding", f"{user}-view", "view", subject, namespace))
+
+
+def bind_cluster_wide(server: KubeApiServer, user: str, role: str) -> None:
+    """Give `user` a ClusterRole everywhere (a ClusterRoleBinding), e.g. `gpu-timekeeper-viewer`."""
+    subject = {"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}
+    server.put(_binding("ClusterRoleBinding", f"{user}-{role}", role, subject))

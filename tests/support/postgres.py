@@ -7,6 +7,7 @@ here and dropped afterwards, so runs never share state with each other or with a
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from functools import cache
 from pathlib import Path
@@ -51,12 +52,23 @@ def create_database(prefix: str = "gtk_test") -> URL:
     return server_url().set(database=name)
 
 
-def drop_database(url: URL) -> None:
-    """Drop a database made by create_database, disconnecting whoever is still in it."""
+def drop_database(url: URL, attempts: int = 20) -> None:
+    """Drop a database made by create_database, disconnecting whoever is still in it. FORCE terminates the
+    sessions it finds, but a process still reconnecting (a replica a test killed, its pool retrying) can open
+    a new one in between: the drop is retried until none is left."""
     engine = _admin_engine()
-    with engine.connect() as connection:
-        connection.execute(sa.text(f'DROP DATABASE IF EXISTS "{url.database}" WITH (FORCE)'))
-    engine.dispose()
+    try:
+        for attempt in range(attempts):
+            try:
+                with engine.connect() as connection:
+                    connection.execute(sa.text(f'DROP DATABASE IF EXISTS "{url.database}" WITH (FORCE)'))
+                return
+            except sa.exc.OperationalError as error:
+                if "being accessed by other users" not in str(error) or attempt == attempts - 1:
+                    raise
+                time.sleep(0.25)
+    finally:
+        engine.dispose()
 
 
 def url_string(url: URL) -> str:

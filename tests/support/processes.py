@@ -41,8 +41,11 @@ def free_port() -> int:
 class TimekeeperProcess:
     """`python -m timekeeper` on a fixed port, stoppable and restartable against the same database."""
 
-    def __init__(self, database: URL, env: dict[str, str], port: int, log_path: Path) -> None:
+    def __init__(
+        self, database: URL, env: dict[str, str], port: int, log_path: Path, host: str = "127.0.0.1"
+    ) -> None:
         self.port = port
+        self.host = host
         self.log_path = log_path
         self.env = {
             **os.environ,
@@ -51,12 +54,15 @@ class TimekeeperProcess:
             **env,
         }
         self.process: subprocess.Popen[bytes] | None = None
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"http://{host}:{port}"
 
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "timekeeper", "--port", str(self.port), "--log-level", "warning"],
+                [
+                    *(sys.executable, "-m", "timekeeper", "--host", self.host, "--port", str(self.port)),
+                    *("--log-level", "warning"),
+                ],
                 cwd=REPO_ROOT,
                 env=self.env,
                 stdout=log,

@@ -135,10 +135,12 @@ class Api:
         body = {"budget_gpu_minutes": 100, "period": "monthly", **fields}
         return await self.client.put("/defaults", json=body, headers=bearer(self.tokens.admin))
 
-    async def grant(self, namespace: str, gpu_minutes: float, reason: str = "deadline") -> httpx.Response:
+    async def grant(
+        self, namespace: str, gpu_minutes: float, reason: str = "deadline", **fields: Any
+    ) -> httpx.Response:
         return await self.client.post(
             f"/namespaces/{namespace}/grants",
-            json={"gpu_minutes": gpu_minutes, "reason": reason},
+            json={"gpu_minutes": gpu_minutes, "reason": reason, **fields},
             headers=bearer(self.tokens.admin),
         )
 

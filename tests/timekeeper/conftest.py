@@ -63,6 +63,8 @@ async def app(settings: Settings, clock: ManualClock, connection: AsyncConnectio
         app.state.sessionmaker = async_sessionmaker(
             bind=connection, expire_on_commit=False, join_transaction_mode="create_savepoint"
         )
+        # Reads too (in production they run in autocommit; tests/timekeeper/test_reads.py checks that).
+        app.state.read_sessionmaker = app.state.sessionmaker
         yield app
 
 

@@ -36,10 +36,10 @@ async def test_the_snapshot_has_the_documented_shape(api: Api) -> None:
 
     assert etag == f'"{state["version"]}"'
     assert state["priority_classes"] == {"in_budget": "gpu-in-budget", "over_budget": "gpu-over-budget"}
-    policy = default_priority_policy()
-    assert state["default"] == {"state": "in_budget", "max_gpu_share_per_pod": 1.0, "priority_policy": policy}
+    assert state["priority_policies"] == [default_priority_policy()]
+    assert state["default"] == {"state": "in_budget", "max_gpu_share_per_pod": 1.0, "priority_policy": 0}
     assert state["namespaces"] == {
-        "team-a": {"state": "exhausted", "max_gpu_share_per_pod": 4.0, "priority_policy": policy}
+        "team-a": {"state": "exhausted", "max_gpu_share_per_pod": 4.0, "priority_policy": 0}
     }
     assert state["generated_at"] == "2026-03-18T12:00:00Z"
 

@@ -25,6 +25,7 @@ WRITES = [
     ("DELETE", "/namespaces/team-a/budget"),
     ("PUT", "/defaults"),
     ("POST", "/namespaces/team-a/grants"),
+    ("DELETE", "/namespaces/team-a/grants/1"),
 ]
 BAD_BODIES = [b"{", b'{"budget_gpu_minutes": "lots", "gpu_minutes": []}', b"[]"]
 
@@ -66,7 +67,8 @@ async def test_an_admin_with_a_bad_body_is_told_what_is_wrong(
     [
         ("/defaults", {"GET", "PUT"}),
         ("/namespaces/team-a/budget", {"GET", "PUT", "DELETE"}),
-        ("/namespaces/team-a/grants", {"POST"}),
+        ("/namespaces/team-a/grants", {"GET", "POST"}),
+        ("/namespaces/team-a/grants/1", {"DELETE"}),
     ],
 )
 async def test_options_and_405_list_every_method_of_the_path(

@@ -10,6 +10,7 @@ import pytest
 from fastapi import FastAPI
 from pydantic import ValidationError
 
+from gpuaccounting.names import PROXIED_AUTHORIZATION_HEADER
 from tests.support.timekeeper import Api, Tokens, bearer, ok, report_body, sha256
 from tests.timekeeper.conftest import START
 from timekeeper.auth.base import Action, PodIdentity, Principal
@@ -159,3 +160,27 @@ async def test_malformed_token_digests_are_refused_at_start() -> None:
         sha256("a"),
         sha256("b"),
     )
+
+
+async def test_a_token_repeated_for_the_api_servers_proxy_counts_as_the_bearer_token(api: Api) -> None:
+    # The API server's service proxy removes Authorization; `kubectl gpu-budget` repeats the token here.
+    proxied = {PROXIED_AUTHORIZATION_HEADER: f"Bearer {api.tokens.admin}"}
+
+    assert (await call(api.client, "PUT", "/namespaces/team-a/budget", BUDGET, proxied)).status_code == 200
+    assert ok(await api.get("/audit"))[0]["actor"].startswith("admin-token:")
+    reader = {PROXIED_AUTHORIZATION_HEADER: f"Bearer {api.tokens.reader}"}
+    assert (await call(api.client, "PUT", "/defaults", BUDGET, reader)).status_code == 403
+    assert (await api.client.get("/namespaces", headers=reader)).status_code == 200
+
+
+@pytest.mark.parametrize("value", ["Bearer not-a-token", "Basic YWRtaW46YWRtaW4=", "Bearer ", "garbage"])
+async def test_a_proxied_token_not_accepted_is_refused_like_any_other(api: Api, value: str) -> None:
+    response = await api.client.get("/namespaces", headers={PROXIED_AUTHORIZATION_HEADER: value})
+
+    assert response.status_code == 401
+
+
+async def test_the_authorization_header_wins_over_the_proxied_one(api: Api) -> None:
+    both = bearer(api.tokens.reader) | {PROXIED_AUTHORIZATION_HEADER: f"Bearer {api.tokens.admin}"}
+
+    assert (await call(api.client, "GET", "/audit", None, both)).status_code == 403

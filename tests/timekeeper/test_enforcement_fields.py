@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpuaccounting.admission_state import default_priority_policy
+from gpuaccounting.admission_state import default_priority_policy, resolve
 from tests.support.timekeeper import Api, ok
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -120,14 +120,15 @@ async def test_the_snapshot_carries_each_namespaces_resolved_policy(api: Api) ->
     after = ok(await api.get("/admission-state"))
 
     default_policy = ok(await api.get("/defaults"))["priority_policy"]
-    assert before["default"]["priority_policy"] == default_policy
-    assert {ns: entry["priority_policy"] for ns, entry in before["namespaces"].items()} == {
+    default, listed = resolve(before)
+    assert default["priority_policy"] == default_policy
+    assert {ns: entry["priority_policy"] for ns, entry in listed.items()} == {
         "own-policy": STRICT,
-        "own-budget-only": default_policy,
-        "on-default": default_policy,
+        "own-budget-only": default_policy,  # listed for its state (exhausted), with the default's policy
     }
+    assert "on-default" not in listed  # its entry is the default's: governed by it
     assert after["version"] > before["version"]
-    assert after["namespaces"]["own-budget-only"]["priority_policy"] == STRICT
+    assert resolve(after)[1]["own-budget-only"]["priority_policy"] == STRICT
 
 
 @pytest.mark.parametrize(

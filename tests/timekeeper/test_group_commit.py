@@ -140,3 +140,39 @@ async def test_a_report_the_database_refuses_fails_alone_and_its_batch_is_retrie
     assert sample(metrics, "timekeeper_ingest_batch_failures_total", reason="refused") == 2
     ledger = await connection.execute(sa.text("SELECT count(*), sum(gpu_minutes) FROM usage_ledger"))
     assert ledger.one() == (5, Decimal(10))
+
+
+async def test_a_batch_writes_a_namespace_state_only_when_it_changes(
+    batcher: IngestBatcher, connection: AsyncConnection
+) -> None:
+    await connection.execute(
+        sa.text(
+            "INSERT INTO namespace_budgets (namespace, budget_gpu_minutes, period, warn_at_fraction, "
+            "updated_at, updated_by) VALUES ('team-a', 10, 'monthly', 0.8, now(), 'test')"
+        )
+    )
+    state_writes: list[str] = []
+
+    def count(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        if "INSERT INTO namespace_status" in statement:
+            state_writes.append(statement)
+
+    sa.event.listen(connection.sync_connection, "before_cursor_execute", count)
+    try:
+        [first] = await charge_together(batcher, [report("uid-a", 0, 0, 3)])
+        second = await batcher.submit(report("uid-a", 1, 3, 3))
+        third = await batcher.submit(report("uid-a", 2, 6, 3))
+    finally:
+        sa.event.remove(connection.sync_connection, "before_cursor_execute", count)
+
+    # 3 of 10 minutes: first seen, in budget (written); 6: in budget still (nothing written); 9: warning.
+    assert [o.state for o in (first, second, third) if isinstance(o, IngestOutcome)] == [
+        "in_budget",
+        "in_budget",
+        "warning",
+    ]
+    assert len(state_writes) == 2
+    stored = await connection.execute(
+        sa.text("SELECT state FROM namespace_status WHERE namespace = 'team-a'")
+    )
+    assert stored.scalar_one() == "warning"

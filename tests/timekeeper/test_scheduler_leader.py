@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -40,6 +40,10 @@ def fast_settings(own_database: URL) -> Settings:
     return Settings(
         database_url=url_string(own_database),
         leader_retry_interval=fast,
+        # Fast rounds, but a check slow on a loaded machine must not hand leadership over on its own (the
+        # tests move it by killing the lock's session, which fails the check at once); the timeout
+        # itself is tested on its own below.
+        leader_check_timeout=timedelta(seconds=10),
         rollover_interval=fast,
         states_interval=fast,
         closeout_interval=fast,
@@ -129,6 +133,36 @@ async def test_a_replica_stopped_just_as_a_round_ends_stops(fast_settings: Setti
     finally:
         election_task.cancel()
         await asyncio.gather(election_task, return_exceptions=True)
+
+
+@on_session_loop
+async def test_a_leader_whose_check_times_out_steps_down_and_competes_again(
+    fast_settings: Settings,
+) -> None:
+    """A check slower than its timeout counts as a lost connection: the leader stops leading (releasing
+    the lock with its connection) and takes it again at a later round. A zero timeout expires at the
+    check's first wait, whatever the machine's load."""
+    assert fast_settings.database_url is not None
+    events: list[str] = []
+
+    async def elected() -> None:
+        events.append("elected")
+
+    async def lost() -> None:
+        events.append("lost")
+
+    election = LeaderElection(fast_settings.database_url, 4245, 0.2, elected, lost, check_seconds=10)
+    task = asyncio.create_task(election.run())
+    try:
+        await until(lambda: election.leading, "elected")
+        election.check_seconds = 0
+        await until(lambda: events[-1:] == ["lost"], "the leader steps down")
+        election.check_seconds = 10
+        await until(lambda: election.leading, "elected again")
+        assert events[:3] == ["elected", "lost", "elected"]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 @on_session_loop

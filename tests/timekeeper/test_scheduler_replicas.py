@@ -40,6 +40,9 @@ def replicas(database: URL, tokens: Tokens, tmp_path: Path) -> Iterator[list[Rep
     env = {
         **tokens.env(),
         "TIMEKEEPER_LEADER_RETRY_INTERVAL": "0.5",
+        # A slow check on a loaded machine would hand leadership over before the kill; a killed leader's
+        # session ends at once, whatever this timeout (docs/scheduler.md).
+        "TIMEKEEPER_LEADER_CHECK_TIMEOUT": "10",
         "TIMEKEEPER_ROLLOVER_INTERVAL": "1",
         "TIMEKEEPER_STATES_INTERVAL": "1",
         "TIMEKEEPER_CLOSEOUT_INTERVAL": "1",

@@ -1,12 +1,12 @@
 """Reads are scoped in every mode: static reader tokens scoped to namespaces read only those, and
-`/metrics` (every namespace's figures) can require a token."""
+`/metrics` (every namespace's figures) can require a token. (How such tokens are configured is checked in
+tests/timekeeper/test_settings.py: this module's tests all run on the session loop.)"""
 
 from __future__ import annotations
 
 import secrets
 
 import pytest
-from pydantic import ValidationError
 from sqlalchemy.engine import URL
 
 from tests.support.postgres import url_string
@@ -82,29 +82,3 @@ async def test_a_metrics_token_reads_nothing_but_the_metrics(api: Api) -> None:
     response = await api.client.get("/namespaces/team-a/budget", headers=bearer(METRICS))
 
     assert response.status_code == 401
-
-
-@pytest.mark.parametrize(
-    "reader_tokens",
-    [
-        {"not-a-digest": ["team-a"]},
-        {"a" * 64: []},
-        {"a" * 64: ["Team_A"]},
-        {"a" * 64: "team-a,team-b"},
-    ],
-)
-def test_malformed_scoped_reader_tokens_stop_start_up(reader_tokens: object) -> None:
-    with pytest.raises(ValidationError):
-        Settings(reader_tokens=reader_tokens)
-
-
-def test_a_digest_may_hold_one_role_only() -> None:
-    digest = "b" * 64
-    with pytest.raises(ValidationError, match="more than one role"):
-        Settings(reader_token_sha256=digest, reader_tokens={digest: ["team-a"]})
-
-
-def test_scoped_reader_tokens_read_from_the_environment_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TIMEKEEPER_READER_TOKENS", '{"%s": ["team-b", "team-a"]}' % ("C" * 64))
-
-    assert Settings().reader_tokens == {"c" * 64: ("team-a", "team-b")}

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from gpuaccounting import clock
 from timekeeper.app import default_clock
 from timekeeper.clock import AcceleratedClock, SystemClock
+from timekeeper.scheduler.runner import SchedulerRunner
 from timekeeper.settings import Settings
 
 
@@ -67,3 +68,43 @@ def test_an_incomplete_demo_clock_is_refused_at_start(
 
     with pytest.raises(ValidationError, match=message):
         Settings()
+
+
+def test_the_leader_check_timeout_is_two_retry_intervals_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    def election_timeout(settings: Settings) -> float:
+        runner = SchedulerRunner("postgresql+psycopg://tk@db.example/tk", None, settings, SystemClock())  # type: ignore[arg-type]
+        return runner.election.check_seconds
+
+    assert election_timeout(Settings(leader_retry_interval=3)) == 6
+    monkeypatch.setenv("TIMEKEEPER_LEADER_CHECK_TIMEOUT", "10")
+    assert Settings().leader_check_timeout == timedelta(seconds=10)
+    assert election_timeout(Settings(leader_retry_interval=3)) == 10
+    monkeypatch.setenv("TIMEKEEPER_LEADER_CHECK_TIMEOUT", "0")
+    with pytest.raises(ValidationError, match="must be positive"):
+        Settings()
+
+
+@pytest.mark.parametrize(
+    "reader_tokens",
+    [
+        {"not-a-digest": ["team-a"]},
+        {"a" * 64: []},
+        {"a" * 64: ["Team_A"]},
+        {"a" * 64: "team-a,team-b"},
+    ],
+)
+def test_malformed_scoped_reader_tokens_stop_start_up(reader_tokens: object) -> None:
+    with pytest.raises(ValidationError):
+        Settings(reader_tokens=reader_tokens)
+
+
+def test_a_digest_may_hold_one_role_only() -> None:
+    digest = "b" * 64
+    with pytest.raises(ValidationError, match="more than one role"):
+        Settings(reader_token_sha256=digest, reader_tokens={digest: ["team-a"]})
+
+
+def test_scoped_reader_tokens_read_from_the_environment_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIMEKEEPER_READER_TOKENS", '{"%s": ["team-b", "team-a"]}' % ("C" * 64))
+
+    assert Settings().reader_tokens == {"c" * 64: ("team-a", "team-b")}

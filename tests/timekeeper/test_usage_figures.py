@@ -133,9 +133,10 @@ async def test_usage_without_figures_answers_none(api: Api) -> None:
 
     answer = await usage(api)
 
-    assert answer["rows"][0] | {"gpu_minutes": None} == {
+    assert answer["rows"][0] | {"gpu_minutes": None, "raw_gpu_minutes": None} == {
         "key": "a",
         "gpu_minutes": None,
+        "raw_gpu_minutes": None,
         "reports": 1,
         "mean_sm_util_pct": None,
         "peak_sm_util_pct": None,

@@ -151,3 +151,34 @@ async def test_failed_polls_back_off_and_a_good_one_returns_to_the_interval() ->
         assert waits == [1, 2, 4, 8, 8]  # the backoff's bound (rng at its top), capped, not the interval
         assert poller.next_wait("not_modified") == 10
         assert poller.next_wait("error") == 1  # a good poll started the run over
+
+
+def test_a_namespace_the_snapshot_leaves_out_is_governed_by_the_default() -> None:
+    cache = BudgetStateCache(60)
+    own = entry("exhausted", 0.5, user_classes="replace")
+    cache.store(snapshot(namespaces={"team-a": own}, default=entry("in_budget", 2.0)), '"1"')
+
+    assert cache.view("team-a").admission == own
+    assert cache.view("team-b").admission == entry("in_budget", 2.0)
+
+
+async def test_a_snapshot_naming_a_policy_it_does_not_list_is_refused_and_the_last_one_kept() -> None:
+    broken = snapshot(version=2, namespaces={"team-a": entry("in_budget", 1.0)})
+    broken["namespaces"]["team-a"]["priority_policy"] = len(broken["priority_policies"])
+    settings = WebhookSettings()
+    cache = BudgetStateCache(settings.state_max_age_seconds)
+    with run_state_server(snapshot(version=1, namespaces=EXHAUSTED)) as state:
+        async with httpx.AsyncClient() as client:
+            poller = StatePoller(
+                settings.model_copy(update={"timekeeper_url": state.url}),
+                cache,
+                WebhookMetrics(cache.age_seconds),
+                client,
+            )
+            assert await poller.poll_once() == "updated"
+            state.publish(broken)
+            assert await poller.poll_once() == "error"
+
+    assert cache.etag == '"1"'
+    view = cache.view("team-a")
+    assert view.admission is not None and view.admission["state"] == "exhausted"

@@ -1,8 +1,11 @@
-"""What the admission snapshot is made of: each known namespace's last computed state, and one version."""
+"""What the admission snapshot is made of: each known namespace's last computed state, and one version;
+and the history of those states (budget_events)."""
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Boolean, CheckConstraint, Text, text
+from datetime import datetime
+
+from sqlalchemy import BigInteger, Boolean, CheckConstraint, DateTime, Index, Text, func, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from timekeeper.db.base import Base
@@ -28,3 +31,17 @@ class AdmissionVersion(Base):
 
     id: Mapped[bool] = mapped_column(Boolean, primary_key=True, server_default=text("true"))
     version: Mapped[int] = mapped_column(BigInteger, server_default="1")
+
+
+class BudgetEvent(Base):
+    """A namespace's budget state changed (old_state NULL: first seen). Written by a trigger on
+    namespace_status, so every path that changes a state (a report, an admin change, a job) is recorded."""
+
+    __tablename__ = "budget_events"
+    __table_args__ = (Index("ix_budget_events_namespace_id", "namespace", "id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    namespace: Mapped[str] = mapped_column(Text)
+    old_state: Mapped[str | None] = mapped_column(Text)
+    new_state: Mapped[str] = mapped_column(Text)

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Request, Response
+from fastapi import APIRouter, Query, Request, Response
+from pydantic import AwareDatetime
 
+from timekeeper.admission.repository import AdmissionRepository
+from timekeeper.admission.schemas import BudgetEventOut
 from timekeeper.admission.service import AdmissionService
-from timekeeper.auth.dependencies import Reader
+from timekeeper.auth.base import Action
+from timekeeper.auth.dependencies import Reader, permitted
 from timekeeper.db.session import SessionDep
+from timekeeper.routing import BEARER, RequestRoute
+from timekeeper.schemas import NamespacePath
 
 router = APIRouter(tags=["admission"])
 
@@ -17,25 +23,56 @@ def _etag(version: int) -> str:
     return f'"{version}"'
 
 
-@router.get(
+async def admission_state(request: Request) -> Response:
+    """The gpuaccounting.admission_state.AdmissionState snapshot; 304 when If-None-Match names its
+    version. Read in autocommit: polling writes nothing."""
+    await permitted(request, Action.READ, None)
+    tags = request.headers.get("if-none-match")
+    known = set() if tags is None else {tag.strip().removeprefix("W/") for tag in tags.split(",")}
+    state = request.app.state
+    async with state.read_sessionmaker() as session:
+        version, body = await AdmissionService(session, state.settings).snapshot_json(
+            state.clock.now(), lambda version: _etag(version) in known
+        )
+    if body is None:
+        return Response(status_code=304, headers={"ETag": _etag(version)})
+    return Response(body, media_type="application/json", headers={"ETag": _etag(version)})
+
+
+router.add_api_route(
     "/admission-state",
+    admission_state,
+    methods=["GET"],
     responses={
         200: {"description": "gpuaccounting.admission_state.AdmissionState"},
         304: {"description": "unchanged"},
     },
+    route_class_override=RequestRoute,
+    openapi_extra=BEARER
+    | {
+        "parameters": [
+            {
+                "name": "if-none-match",
+                "in": "header",
+                "required": False,
+                "schema": {"type": "string", "title": "If-None-Match"},
+                "description": "the ETag of the snapshot the caller holds",
+            }
+        ]
+    },
 )
-async def admission_state(
-    request: Request,
+
+
+@router.get("/namespaces/{namespace}/budget/events", response_model=list[BudgetEventOut])
+async def budget_events(
+    namespace: NamespacePath,
     session: SessionDep,
     _: Reader,
-    if_none_match: Annotated[str | None, Header()] = None,
-) -> Response:
-    service = AdmissionService(session, request.app.state.settings)
-    now = request.app.state.clock.now()
-    version = await service.version()
-    if if_none_match is not None and _etag(version) in {
-        tag.strip().removeprefix("W/") for tag in if_none_match.split(",")
-    }:
-        return Response(status_code=304, headers={"ETag": _etag(version)})
-    body = await service.snapshot_json(now, version)
-    return Response(body, media_type="application/json", headers={"ETag": _etag(version)})
+    since: AwareDatetime | None = None,
+    before_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,  # a bigint id
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[BudgetEventOut]:
+    """The namespace's budget-state transitions (whichever path made them: a report, an admin change,
+    a job), newest first; page with before_id."""
+    rows = await AdmissionRepository(session).events(namespace, since, limit, before_id)
+    return [BudgetEventOut.model_validate(row, from_attributes=True) for row in rows]

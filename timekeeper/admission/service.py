@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from decimal import Decimal
 
+import orjson
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpuaccounting.admission_state import NamespaceAdmission
+from gpuaccounting.admission_state import AdmissionState
 from gpuaccounting.wire import BudgetState, format_timestamp
 from timekeeper.admission.repository import AdmissionRepository
 from timekeeper.budgets.periods import budget_state
 from timekeeper.budgets.repository import BudgetRepository, NamespaceFigures
+from timekeeper.pools.repository import PoolRepository
+from timekeeper.pools.rules import member_state, pool_state
 from timekeeper.settings import Settings
 
 
@@ -30,49 +33,75 @@ class AdmissionService:
     def __init__(self, session: AsyncSession, settings: Settings) -> None:
         self.repository = AdmissionRepository(session)
         self.budgets = BudgetRepository(session)
+        self.pools = PoolRepository(session)
         self.settings = settings
 
     async def restate(self, now: datetime, namespaces: list[str] | None, *, config_changed: bool) -> None:
         """Recompute the namespaces' stored states (all known ones when None) from their figures now."""
-        await self.record(await self.budgets.figures(now, namespaces), config_changed=config_changed)
+        await self.record(await self.budgets.figures(now, namespaces), config_changed=config_changed, now=now)
+
+    async def states(
+        self, figures: Sequence[NamespaceFigures], now: datetime, *, lock: bool = False
+    ) -> dict[str, BudgetState]:
+        """The state the figures put each namespace in: its budget's rule, or for a pool member its pool's
+        and its cap's (pools/rules.py), answered for every member of those pools (a charge to one moves
+        them all). Pool members' totals are read here, in their pool's period current at `now`; with
+        `lock`, after locking every state to be written (in name order, the order every writer takes
+        them), so of two members charging at once the second sees the first's charge."""
+        states = {f.namespace: figures_state(f) for f in figures if f.config.pool is None}
+        pools = sorted({f.config.pool for f in figures if f.config.pool is not None})
+        if not pools:
+            return states
+        members = await self.pools.members(pools, now)
+        if lock:
+            pooled = {member.namespace for listed in members.values() for member in listed}
+            await self.repository.lock_states(sorted(pooled | {f.namespace for f in figures}))
+            members = await self.pools.members(pools, now)
+        configs = {pool.name: pool for pool in await self.pools.pools(pools)}
+        for name, listed in members.items():
+            pool = configs[name]
+            state = pool_state(pool.budget_gpu_minutes, pool.warn_at_fraction, listed)
+            states |= {
+                member.namespace: member_state(state, member, pool.warn_at_fraction) for member in listed
+            }
+        return states
 
     async def record(
-        self, figures: Sequence[NamespaceFigures], *, config_changed: bool
+        self, figures: Sequence[NamespaceFigures], *, config_changed: bool, now: datetime
     ) -> tuple[dict[str, BudgetState], set[str]]:
-        """The one restate path (ingest, the scheduler's jobs, budget changes): store the state the
-        figures put each namespace in, and bump the snapshot version when a state changed, or always when
-        a budget's configuration did. Answers the states and the namespaces whose state changed."""
-        states = {f.namespace: figures_state(f) for f in figures}
+        """The one restate path (ingest, the scheduler's jobs, budget and pool changes): store the state
+        the figures put each namespace in (and every member of their pools, `states`), and bump the
+        snapshot version when a state changed, or always when a configuration did. Answers the states and
+        the namespaces whose state changed."""
+        states = await self.states(figures, now, lock=True)
         changed = await self.repository.set_states(states)
         if changed or config_changed:
             await self.repository.bump_version()
         return states, changed
 
-    async def version(self) -> int:
-        """The snapshot's version. Reading writes nothing: the roll-over at midnight UTC (when every
-        period begins) is the scheduler's `rollover` job's, which re-states every namespace."""
-        return await self.repository.version()
-
-    async def snapshot_json(self, now: datetime, version: int) -> str:
-        """The gpuaccounting.admission_state.AdmissionState document under `version`, built by the
-        database in one statement (cheap for 10,000 namespaces), each namespace with its resolved
-        priority policy (its own, else the default's). Read after the version, so a change
-        racing this read shows up under the next version rather than hiding under this one."""
-        default = await self.budgets.default()
-        return await self.repository.snapshot_json(
-            version=version,
-            generated_at=format_timestamp(now),
-            priority_classes={
+    async def snapshot_json(
+        self, now: datetime, unchanged: Callable[[int], bool] = lambda version: False
+    ) -> tuple[int, bytes | None]:
+        """The snapshot's version and the gpuaccounting.admission_state.AdmissionState document under it,
+        or None for the document when the caller already has that version (`unchanged`: it answers 304).
+        Reading writes nothing: the roll-over at midnight UTC (when every period begins) is the
+        scheduler's `rollover` job's, which re-states every namespace. The entries are read after the
+        version, so a change racing this read shows up under the next version rather than hiding under
+        this one; the entries left out are those equal to the default entry built from the same read."""
+        version, budget, warn_at_fraction = await self.repository.version_and_default()
+        if unchanged(version):
+            return version, None
+        default_state = budget_state(budget, Decimal(0), Decimal(0), warn_at_fraction)
+        policies, default_share, namespaces = await self.repository.snapshot(default_state)
+        document: AdmissionState = {
+            "version": version,
+            "generated_at": format_timestamp(now),
+            "priority_classes": {
                 "in_budget": self.settings.in_budget_priority_class,
                 "over_budget": self.settings.over_budget_priority_class,
             },
-            default=NamespaceAdmission(
-                state=budget_state(
-                    default.budget_gpu_minutes, Decimal(0), Decimal(0), default.warn_at_fraction
-                ),
-                max_gpu_share_per_pod=None
-                if default.max_gpu_share_per_pod is None
-                else float(default.max_gpu_share_per_pod),
-                priority_policy=default.priority_policy,
-            ),
-        )
+            "priority_policies": policies,
+            "default": {"state": default_state, "max_gpu_share_per_pod": default_share, "priority_policy": 0},
+            "namespaces": namespaces,
+        }
+        return version, orjson.dumps(document)

@@ -7,12 +7,39 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.requests import HTTPConnection
 
+from gpuaccounting.names import PROXIED_AUTHORIZATION_HEADER
 from timekeeper.auth.base import AccessControl, Action, Principal
+from timekeeper.auth.scope import known_namespaces, readable_namespaces
 from timekeeper.errors import TimekeeperError
 
 ANONYMOUS = Principal(name="anonymous")
-_bearer = HTTPBearer(auto_error=False, description="A static token, or a Kubernetes ServiceAccount token")
+
+
+class _Bearer(HTTPBearer):
+    """The bearer token of `Authorization`, else of PROXIED_AUTHORIZATION_HEADER (gpuaccounting/names.py):
+    a caller that comes through the API server's service proxy has its `Authorization` removed there. The
+    token is checked exactly as any other."""
+
+    async def __call__(self, request: HTTPConnection) -> HTTPAuthorizationCredentials | None:
+        credentials = await super().__call__(request)
+        proxied = request.headers.get(PROXIED_AUTHORIZATION_HEADER)
+        if credentials is None and proxied and "authorization" not in request.headers:
+            scheme, _, token = proxied.partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return HTTPAuthorizationCredentials(scheme=scheme, credentials=token.strip())
+        return credentials
+
+
+_bearer = _Bearer(auto_error=False, description="A static token, or a Kubernetes ServiceAccount token")
+
+
+def has_credentials(request: Request) -> bool:
+    """The request carries a token (in either header)."""
+    return bool(request.headers.get("authorization") or request.headers.get(PROXIED_AUTHORIZATION_HEADER))
+
+
 _UNAUTHENTICATED = {"WWW-Authenticate": "Bearer"}
 
 
@@ -46,6 +73,14 @@ async def authenticated(request: Request) -> Principal:
     return principal
 
 
+async def permitted(request: Request, action: Action, namespace: str | None) -> Principal:
+    """The request's principal once it may perform `action` (on `namespace`), for an endpoint that takes
+    the Request alone (the reads): what `require(action)` checks, without FastAPI's dependency machinery."""
+    principal = await _principal(request, await _bearer(request))
+    await authorize(request, principal, action, namespace)
+    return principal
+
+
 AuthenticatedPrincipal = Annotated[Principal, Depends(_principal)]
 
 
@@ -64,16 +99,29 @@ Reader = Annotated[Principal, Depends(require(Action.READ))]
 Admin = Annotated[Principal, Depends(require(Action.ADMIN))]
 
 
-async def _read_scope(request: Request, principal: AuthenticatedPrincipal) -> frozenset[str] | None:
-    """Which namespaces a listing may show the caller: a scoped credential's own, else (None) every
-    namespace, for a caller that may read cluster-wide."""
+async def read_scope(request: Request) -> frozenset[str] | None:
+    """Which namespaces a listing may show the caller: a scoped credential's own; (None) every namespace,
+    for a caller that may read cluster-wide; else the known namespaces it may read one by one, possibly
+    none (an empty list, not a 403: the listing answers "what may I read", and "nothing" is an answer)."""
+    principal = await _principal(request, await _bearer(request))
     if principal.namespaces is not None:
         return principal.namespaces
-    await authorize(request, principal, Action.READ, None)
-    return None
+    if principal is ANONYMOUS:
+        await authorize(request, principal, Action.READ, None)  # 401 unless anonymous reads are on
+        return None
+    if await request.app.state.access.authorize(principal, Action.READ, None):
+        return None
+    return await readable_known_namespaces(request, principal)
 
 
-ReadScope = Annotated[frozenset[str] | None, Depends(_read_scope)]
+async def readable_known_namespaces(request: Request, principal: Principal) -> frozenset[str]:
+    """The known namespaces `principal` may read, one authorization each (timekeeper/auth/scope.py)."""
+    state = request.app.state
+    known = await known_namespaces(state.sessionmaker)
+    return await readable_namespaces(state.access, principal, known, state.settings.read_scope_concurrency)
+
+
+ReadScope = Annotated[frozenset[str] | None, Depends(read_scope)]
 
 
 async def _metrics_access(

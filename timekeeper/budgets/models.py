@@ -67,12 +67,24 @@ class DefaultBudget(_BudgetColumns, Base):
 
 
 class Grant(Base):
-    """A one-off top-up; it counts for the period (of the namespace's budget) in which it was granted."""
+    """A one-off top-up; it counts for the period (of the namespace's budget) in which it was granted,
+    until it ends: revoked by an admin, or its `expires_at` passed. `ended_at` is set by whichever
+    happened (the revocation, or the scheduler's sweep when the expiry passes), and the running totals
+    count exactly the grants not ended, so a rebuild from this table agrees with them."""
 
     __tablename__ = "grants"
     __table_args__ = (
         CheckConstraint("gpu_minutes > 0", name="positive"),
+        CheckConstraint("expires_at IS NULL OR expires_at > granted_at", name="expires_after_granted"),
+        CheckConstraint("(revoked_at IS NULL) = (revoked_by IS NULL)", name="revoked_by_someone"),
+        CheckConstraint("revoked_at IS NULL OR ended_at IS NOT NULL", name="revoked_is_ended"),
         Index("ix_grants_namespace_granted_at", "namespace", "granted_at"),
+        # The sweep's "expired but still counted": only grants with an expiry still running.
+        Index(
+            "ix_grants_expires_at_running",
+            "expires_at",
+            postgresql_where=text("ended_at IS NULL AND expires_at IS NOT NULL"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
@@ -81,6 +93,10 @@ class Grant(Base):
     reason: Mapped[str] = mapped_column(Text)
     granted_by: Mapped[str] = mapped_column(Text)
     granted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_by: Mapped[str | None] = mapped_column(Text)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class UsageTotal(Base):

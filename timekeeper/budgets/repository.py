@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -12,8 +13,10 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.admission_state import PriorityPolicy
-from timekeeper.budgets.models import RunningPodAction
+from timekeeper.budgets.models import Grant, RunningPodAction
 from timekeeper.budgets.periods import PeriodKind, current_period_starts
+from timekeeper.db.driver import driver_rows
+from timekeeper.pools.models import MEMBERSHIP_SQL
 
 BUDGET_FIELDS = (
     "budget_gpu_minutes",
@@ -37,6 +40,7 @@ class BudgetConfig:
     running_pod_action: RunningPodAction
     own_priority_policy: bool
     own_running_pod_action: bool
+    pool: str | None = None  # the pool the namespace is in (its period is then the pool's)
 
     @property
     def stored_priority_policy(self) -> PriorityPolicy | None:
@@ -84,33 +88,52 @@ def _config(row: Any) -> BudgetConfig:
         running_pod_action=row.running_pod_action,
         own_priority_policy=row.own_priority_policy,
         own_running_pod_action=row.own_running_pod_action,
+        pool=row.pool,
     )
 
 
 _COLUMNS = ", ".join(BUDGET_FIELDS)
 _F = BUDGET_FIELDS
-# A namespace's effective budget from `b` (its own row, NULL columns when it has none) and `d` (the
-# default): the budget fields come whole from one or the other; the policy fields each from the
-# namespace's own row where set there (non-NULL), else from the default.
-_RESOLVED = ", ".join(
-    [
-        *(f"CASE WHEN b.namespace IS NULL THEN d.{f} ELSE b.{f} END AS {f}" for f in _F),
-        "b.namespace IS NOT NULL AS explicit",
-        "coalesce(b.priority_policy, d.priority_policy) AS priority_policy",
-        "b.priority_policy IS NOT NULL AS own_priority_policy",
-        "coalesce(b.running_pod_action, d.running_pod_action) AS running_pod_action",
-        "b.running_pod_action IS NOT NULL AS own_running_pod_action",
-    ]
+
+
+def _resolved(pooled: bool) -> str:
+    """A namespace's effective budget from `b` (its own row, NULL columns when it has none) and `d` (the
+    default): the budget fields come whole from one or the other; the policy fields each from the
+    namespace's own row where set there (non-NULL), else from the default. `pooled`: from `pm`/`pl` too
+    (its pool membership and pool, NULL columns when it is in none), whose period a member counts in."""
+    period = "CASE WHEN b.namespace IS NULL THEN d.period ELSE b.period END"
+    return ", ".join(
+        [
+            *(f"CASE WHEN b.namespace IS NULL THEN d.{f} ELSE b.{f} END AS {f}" for f in _F if f != "period"),
+            f"coalesce(pl.period, {period}) AS period" if pooled else f"{period} AS period",
+            "b.namespace IS NOT NULL AS explicit",
+            "coalesce(b.priority_policy, d.priority_policy) AS priority_policy",
+            "b.priority_policy IS NOT NULL AS own_priority_policy",
+            "coalesce(b.running_pod_action, d.running_pod_action) AS running_pod_action",
+            "b.running_pod_action IS NOT NULL AS own_running_pod_action",
+            "pl.name AS pool" if pooled else "NULL AS pool",
+        ]
+    )
+
+
+_RESOLVED = _resolved(pooled=True)
+# The namespace `w.namespace`'s pool (pl) through its membership (pm), if any.
+_POOL = (
+    f"LEFT JOIN {MEMBERSHIP_SQL} pm ON pm.namespace = w.namespace "
+    "LEFT JOIN budget_pools pl ON pl.name = pm.pool"
 )
 _EFFECTIVE = sa.text(
-    f"SELECT {_RESOLVED} FROM default_budget d LEFT JOIN namespace_budgets b ON b.namespace = :namespace"
+    f"SELECT {_RESOLVED} FROM (SELECT CAST(:namespace AS text) AS namespace) w CROSS JOIN default_budget d "
+    f"LEFT JOIN namespace_budgets b ON b.namespace = w.namespace {_POOL}"
 )
+# As stored, whatever pool the namespace is in.
 _OWN = sa.text(
-    f"SELECT {_RESOLVED} FROM default_budget d JOIN namespace_budgets b ON b.namespace = :namespace"
+    f"SELECT {_resolved(pooled=False)} FROM default_budget d "
+    "JOIN namespace_budgets b ON b.namespace = :namespace"
 )
 _DEFAULT = sa.text(
     f"SELECT {_COLUMNS}, false AS explicit, priority_policy, true AS own_priority_policy, "
-    "running_pod_action, true AS own_running_pod_action FROM default_budget"
+    "running_pod_action, true AS own_running_pod_action, NULL AS pool FROM default_budget"
 )
 _STORED = (*BUDGET_FIELDS, "priority_policy", "running_pod_action")
 _UPSERT_OWN = sa.text(
@@ -138,6 +161,7 @@ _FIGURES = sa.text(
         FROM wanted w
         CROSS JOIN default_budget d
         LEFT JOIN namespace_budgets b ON b.namespace = w.namespace
+        {_POOL}
     )
     SELECT e.*, coalesce(t.used_gpu_minutes, 0) AS used, coalesce(t.granted_gpu_minutes, 0) AS granted
     FROM effective e
@@ -156,6 +180,17 @@ _ADD_GRANTED = sa.text(
     "VALUES (:namespace, :kind, :start, :amount) ON CONFLICT (namespace, period_kind, period_start) "
     "DO UPDATE SET granted_gpu_minutes = usage_totals.granted_gpu_minutes + excluded.granted_gpu_minutes"
 )
+# A period's granted total recomputed from the grants that still count (after one ended).
+_REFRESH_GRANTED = sa.text(
+    """
+    INSERT INTO usage_totals (namespace, period_kind, period_start, granted_gpu_minutes)
+    SELECT :namespace, :kind, :start, coalesce(sum(g.gpu_minutes), 0) FROM grants g
+    WHERE g.namespace = :namespace AND g.granted_at >= :start AND g.ended_at IS NULL
+      AND (CAST(:end AS timestamptz) IS NULL OR g.granted_at < :end)
+    ON CONFLICT (namespace, period_kind, period_start)
+    DO UPDATE SET granted_gpu_minutes = excluded.granted_gpu_minutes
+    """
+)
 # Recompute a period's totals from the ledger's charged time (raw rows and the hourly aggregates old rows
 # were rolled up into) and the grants, for namespaces whose period
 # kind just changed (their running total for the new kind may have missed charges made under the old one).
@@ -164,15 +199,15 @@ _REBUILD = sa.text(
     INSERT INTO usage_totals (namespace, period_kind, period_start, used_gpu_minutes, granted_gpu_minutes)
     SELECT n.namespace, :kind, :start,
         coalesce((
-            SELECT sum(round(l.gpu_share * (
-                SELECT coalesce(sum(extract(epoch FROM upper(r) - lower(r))), 0)
+            SELECT sum(round(l.charge_share * (
+                SELECT coalesce(sum(gpu_weighted_seconds(l.gpu_model, r)), 0)
                 FROM unnest(l.charged * tstzmultirange(tstzrange(:start, :end))) AS r) / 60, 9))
             FROM usage_ledger l
             WHERE l.namespace = n.namespace AND l.interval_end > :start
               AND (CAST(:end AS timestamptz) IS NULL OR l.interval_start < :end)
         ), 0) + coalesce((
-            SELECT sum(round(h.gpu_share * (
-                SELECT coalesce(sum(extract(epoch FROM upper(r) - lower(r))), 0)
+            SELECT sum(round(h.charge_share * (
+                SELECT coalesce(sum(gpu_weighted_seconds(h.gpu_model, r)), 0)
                 FROM unnest(h.charged * tstzmultirange(tstzrange(:start, :end))) AS r) / 60, 9))
             FROM usage_hourly h
             WHERE h.namespace = n.namespace AND h.hour_start > CAST(:start AS timestamptz) - interval '1 hour'
@@ -180,7 +215,7 @@ _REBUILD = sa.text(
         ), 0),
         coalesce((
             SELECT sum(g.gpu_minutes) FROM grants g
-            WHERE g.namespace = n.namespace AND g.granted_at >= :start
+            WHERE g.namespace = n.namespace AND g.granted_at >= :start AND g.ended_at IS NULL
               AND (CAST(:end AS timestamptz) IS NULL OR g.granted_at < :end)
         ), 0)
     FROM unnest(CAST(:namespaces AS text[])) AS n(namespace)
@@ -188,6 +223,21 @@ _REBUILD = sa.text(
         SET used_gpu_minutes = excluded.used_gpu_minutes, granted_gpu_minutes = excluded.granted_gpu_minutes
     """
 )
+
+
+# The figures query for the ingest batch too, which runs it on the driver connection in a pipeline.
+FIGURES = _FIGURES
+
+
+def figures_parameters(now: datetime, namespaces: list[str] | None) -> dict[str, Any]:
+    """FIGURES' parameters: the current period's start of every kind at `now`."""
+    starts = current_period_starts(now)
+    return {**{kind.value: start for kind, start in starts.items()}, "namespaces": namespaces}
+
+
+def namespace_figures(row: Any) -> NamespaceFigures:
+    """A row of FIGURES."""
+    return NamespaceFigures(row.namespace, _config(row), row.used, row.granted)
 
 
 def _stored(values: dict[str, Any]) -> dict[str, Any]:
@@ -234,10 +284,8 @@ class BudgetRepository:
 
     async def figures(self, now: datetime, namespaces: list[str] | None = None) -> list[NamespaceFigures]:
         """Every known namespace's (or exactly the listed ones') budget and current-period totals."""
-        starts = current_period_starts(now)
-        params = {kind.value: start for kind, start in starts.items()}
-        result = await self.session.execute(_FIGURES, {**params, "namespaces": namespaces})
-        return [NamespaceFigures(row.namespace, _config(row), row.used, row.granted) for row in result]
+        rows = await driver_rows(self.session, FIGURES, figures_parameters(now, namespaces))
+        return [namespace_figures(row) for row in rows]
 
     async def totals(self, namespace: str, kind: PeriodKind, start: datetime) -> tuple[Decimal, Decimal]:
         """(used, granted) of one namespace's period."""
@@ -247,16 +295,71 @@ class BudgetRepository:
         return (Decimal(0), Decimal(0)) if row is None else (row.used_gpu_minutes, row.granted_gpu_minutes)
 
     async def insert_grant(
-        self, namespace: str, amount: Decimal, reason: str, actor: str, now: datetime
-    ) -> int:
+        self,
+        namespace: str,
+        amount: Decimal,
+        reason: str,
+        actor: str,
+        now: datetime,
+        expires_at: datetime | None,
+    ) -> Grant:
         result = await self.session.execute(
-            sa.text(
-                "INSERT INTO grants (namespace, gpu_minutes, reason, granted_by, granted_at) "
-                "VALUES (:namespace, :amount, :reason, :actor, :now) RETURNING id"
-            ),
-            {"namespace": namespace, "amount": amount, "reason": reason, "actor": actor, "now": now},
+            sa.insert(Grant)
+            .values(
+                namespace=namespace,
+                gpu_minutes=amount,
+                reason=reason,
+                granted_by=actor,
+                granted_at=now,
+                expires_at=expires_at,
+            )
+            .returning(Grant)
         )
-        return int(result.scalar_one())
+        return result.scalar_one()
+
+    async def grants(self, namespace: str, limit: int, before_id: int | None) -> Sequence[Grant]:
+        """Newest first; page with before_id."""
+        query = sa.select(Grant).where(Grant.namespace == namespace).order_by(Grant.id.desc()).limit(limit)
+        if before_id is not None:
+            query = query.where(Grant.id < before_id)
+        return (await self.session.scalars(query)).all()
+
+    async def grant_for_update(self, namespace: str, grant_id: int) -> Grant | None:
+        """The namespace's grant, locked (a concurrent revoke waits, then finds it revoked)."""
+        return await self.session.scalar(
+            sa.select(Grant).where(Grant.id == grant_id, Grant.namespace == namespace).with_for_update()
+        )
+
+    async def revoke_grant(self, grant_id: int, actor: str, now: datetime) -> Grant:
+        """Revoked now; it stops counting now unless it already had (expired)."""
+        result = await self.session.execute(
+            sa.update(Grant)
+            .where(Grant.id == grant_id)
+            .values(revoked_at=now, revoked_by=actor, ended_at=sa.func.coalesce(Grant.ended_at, now))
+            .returning(Grant)
+            .execution_options(synchronize_session=False, populate_existing=True)
+        )
+        return result.scalar_one()
+
+    async def end_expired_grants(self, now: datetime) -> list[str]:
+        """Grants whose expiry has passed stop counting (ended at their expiry); answers the namespaces
+        they belong to, whose granted totals need refreshing."""
+        result = await self.session.execute(
+            sa.update(Grant)
+            .where(Grant.ended_at.is_(None), Grant.expires_at <= now)
+            .values(ended_at=Grant.expires_at)
+            .returning(Grant.namespace)
+            .execution_options(synchronize_session=False)
+        )
+        return sorted(set(result.scalars()))
+
+    async def refresh_granted(
+        self, namespace: str, kind: PeriodKind, start: datetime, end: datetime | None
+    ) -> None:
+        """The period's granted total, recomputed from the grants that still count."""
+        await self.session.execute(
+            _REFRESH_GRANTED, {"namespace": namespace, "kind": kind.value, "start": start, "end": end}
+        )
 
     async def add_granted(self, namespace: str, kind: PeriodKind, start: datetime, amount: Decimal) -> None:
         await self.session.execute(

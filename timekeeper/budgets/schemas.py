@@ -19,6 +19,7 @@ from timekeeper.schemas import (
     OptionalAmount,
     OptionalDecimalIn,
     StoredText,
+    Timestamp,
 )
 
 LARGEST_AMOUNT = Decimal("1e12")  # a trillion GPU-minutes: anything above is a typo
@@ -82,6 +83,16 @@ class PeriodOut(BaseModel):
     end: datetime | None
 
 
+class ForecastOut(BaseModel):
+    """The burn rate over the last `window_minutes` and when, at that rate, nothing will remain (budget
+    plus grants); null when that is not within this period: no burn, no budget, the period ends first, or
+    nothing remains already (the state says `exhausted`)."""
+
+    window_minutes: int
+    burn_rate_gpu_minutes_per_hour: Amount
+    exhausts_at: datetime | None
+
+
 class NamespaceBudgetOut(BaseModel):
     namespace: str
     source: Source
@@ -100,6 +111,10 @@ class NamespaceBudgetOut(BaseModel):
     priority_policy_source: Source
     running_pod_action: RunningPodAction
     running_pod_action_source: Source
+    # The pool the namespace is in (docs/timekeeper.md#pools): its state is then the pool's rule, its
+    # period the pool's; null when in none.
+    pool: str | None = None
+    forecast: ForecastOut
 
 
 class GrantIn(BaseModel):
@@ -108,14 +123,30 @@ class GrantIn(BaseModel):
     # At most the ledger's scale: a finer amount would be stored as 0, which the table refuses.
     gpu_minutes: DecimalIn = Field(gt=0, le=LARGEST_AMOUNT, decimal_places=9, allow_inf_nan=False)
     reason: StoredText = Field(min_length=1, max_length=1000)
+    # When the grant stops counting; after now and no later than the end of the current period (a
+    # grant lapses with its period anyway). Omitted: it counts until the period ends.
+    expires_at: Timestamp | None = None
 
 
-class GrantOut(BaseModel):
+# active: counts now; expired: its expires_at passed; revoked: an admin revoked it; lapsed: its period is
+# over (grants count for the period they were granted in).
+GrantStatus = Literal["active", "expired", "revoked", "lapsed"]
+
+
+class GrantEntryOut(BaseModel):
     id: int
     namespace: str
     gpu_minutes: Amount
     reason: str
     granted_by: str
     granted_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    revoked_by: str | None
+    ended_at: datetime | None  # when it stopped counting (revoked or expired)
+    status: GrantStatus
+
+
+class GrantOut(GrantEntryOut):
     period: PeriodOut
     budget: NamespaceBudgetOut

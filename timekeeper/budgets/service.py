@@ -3,23 +3,30 @@ it affects and gives the admission snapshot a new version, all in the request's 
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.admission_state import default_priority_policy, is_over_budget
-from timekeeper.admission.service import AdmissionService, figures_state
+from gpuaccounting.wire import BudgetState
+from timekeeper.admission.service import AdmissionService
 from timekeeper.audit.repository import AuditRepository
 from timekeeper.auth.base import Principal
-from timekeeper.budgets.models import SHIPPED_RUNNING_POD_ACTION
+from timekeeper.budgets.burn import BurnRepository
+from timekeeper.budgets.forecast import forecast
+from timekeeper.budgets.models import SHIPPED_RUNNING_POD_ACTION, Grant
 from timekeeper.budgets.periods import EPOCH, PeriodKind, period_containing
 from timekeeper.budgets.repository import BudgetConfig, BudgetRepository, NamespaceFigures
 from timekeeper.budgets.schemas import (
     BudgetConfigOut,
     BudgetIn,
+    ForecastOut,
+    GrantEntryOut,
     GrantIn,
     GrantOut,
+    GrantStatus,
     NamespaceBudgetOut,
     PeriodOut,
     PriorityPolicyBody,
@@ -65,23 +72,29 @@ def stored_values(body: BudgetIn, current: BudgetConfig | None) -> dict[str, Any
 class BudgetService:
     def __init__(self, session: AsyncSession, settings: Settings, clock: Clock) -> None:
         self.repository = BudgetRepository(session)
+        self.burn = BurnRepository(session)
         self.audit = AuditRepository(session)
         self.admission = AdmissionService(session, settings)
         self.settings = settings
         self.clock = clock
 
-    def _out(self, figures: NamespaceFigures, now: datetime) -> NamespaceBudgetOut:
+    def _out(
+        self, figures: NamespaceFigures, now: datetime, burned: Decimal, state: BudgetState
+    ) -> NamespaceBudgetOut:
+        """`burned`: the GPU-minutes the namespace was charged over the forecast window up to now;
+        `state`: the one its figures put it in (its pool's rule for a pool member)."""
         config = figures.config
-        state = figures_state(figures)
         budget = config.budget_gpu_minutes
         remaining = (
             None if budget is None else budget + figures.granted_gpu_minutes - figures.used_gpu_minutes
         )
         over = is_over_budget(state)
+        period = period_out(config.period, now)
+        outlook = forecast(now, self._window, burned, remaining, period.end)
         return NamespaceBudgetOut(
             namespace=figures.namespace,
             source="namespace" if config.explicit else "default",
-            period=period_out(config.period, now),
+            period=period,
             budget_gpu_minutes=budget,
             granted_gpu_minutes=figures.granted_gpu_minutes,
             used_gpu_minutes=figures.used_gpu_minutes,
@@ -97,22 +110,45 @@ class BudgetService:
             priority_policy_source="namespace" if config.own_priority_policy else "default",
             running_pod_action=config.running_pod_action,
             running_pod_action_source="namespace" if config.own_running_pod_action else "default",
+            pool=config.pool,
+            forecast=ForecastOut(
+                window_minutes=outlook.window_minutes,
+                burn_rate_gpu_minutes_per_hour=outlook.burn_rate_gpu_minutes_per_hour,
+                exhausts_at=outlook.exhausts_at,
+            ),
         )
+
+    @property
+    def _window(self) -> timedelta:
+        return timedelta(minutes=self.settings.forecast_window_minutes)
+
+    async def _burned(self, now: datetime, namespaces: list[str] | None) -> dict[str, Decimal]:
+        """Each namespace's charge over the forecast window, in one statement."""
+        return await self.burn.burned(
+            now - self._window, now, now - self.settings.rollup_retention, namespaces
+        )
+
+    async def _statuses(self, namespaces: list[str] | None) -> list[NamespaceBudgetOut]:
+        now = self.clock.now()
+        burned = await self._burned(now, namespaces)
+        found = await self.repository.figures(now, namespaces)
+        states = await self.admission.states(found, now)
+        return [
+            self._out(figures, now, burned.get(figures.namespace, Decimal(0)), states[figures.namespace])
+            for figures in found
+        ]
 
     async def status(self, namespace: str) -> NamespaceBudgetOut:
         """Any namespace has a status: one the timekeeper has not heard of yet is on the default, unused."""
-        now = self.clock.now()
-        [figures] = await self.repository.figures(now, [namespace])
-        return self._out(figures, now)
+        [status] = await self._statuses([namespace])
+        return status
 
     async def all(self) -> list[NamespaceBudgetOut]:
-        now = self.clock.now()
-        return [self._out(figures, now) for figures in await self.repository.figures(now)]
+        return await self._statuses(None)
 
     async def some(self, namespaces: list[str]) -> list[NamespaceBudgetOut]:
         """Exactly these namespaces (known or not, as `status`)."""
-        now = self.clock.now()
-        return [self._out(figures, now) for figures in await self.repository.figures(now, namespaces)]
+        return await self._statuses(namespaces)
 
     async def _settle(
         self, namespaces: list[str] | None, kind_before: PeriodKind, kind_after: PeriodKind
@@ -177,12 +213,21 @@ class BudgetService:
         return config_out(after)
 
     async def grant(self, namespace: str, body: GrantIn, principal: Principal) -> GrantOut:
-        """A one-off top-up for the namespace's current period."""
+        """A one-off top-up for the namespace's current period, until `expires_at` when given."""
         now = self.clock.now()
         config = await self.repository.effective(namespace)
         period = period_containing(config.period, now)
-        grant_id = await self.repository.insert_grant(
-            namespace, body.gpu_minutes, body.reason, principal.name, now
+        expires_at = body.expires_at
+        if expires_at is not None and (
+            expires_at <= now or (period.end is not None and expires_at > period.end)
+        ):
+            raise TimekeeperError(
+                "expires_at must be after now and no later than the end of the current period"
+                + ("" if period.end is None else f" ({period.end.isoformat()})"),
+                422,
+            )
+        grant = await self.repository.insert_grant(
+            namespace, body.gpu_minutes, body.reason, principal.name, now, expires_at
         )
         await self.repository.add_granted(namespace, config.period, period.start, body.gpu_minutes)
         await self.audit.record(
@@ -192,20 +237,98 @@ class BudgetService:
             namespace,
             None,
             {
-                "id": grant_id,
+                "id": grant.id,
                 "gpu_minutes": format(body.gpu_minutes.normalize(), "f"),
                 "reason": body.reason,
                 "period_start": period.start.isoformat(),
+                "expires_at": None if expires_at is None else expires_at.isoformat(),
             },
         )
         await self.admission.restate(now, [namespace], config_changed=True)
-        return GrantOut(
-            id=grant_id,
-            namespace=namespace,
-            gpu_minutes=body.gpu_minutes,
-            reason=body.reason,
-            granted_by=principal.name,
-            granted_at=now,
-            period=period_out(config.period, now),
-            budget=await self.status(namespace),
+        return await self._grant_out(grant, config.period, now)
+
+    async def grants(self, namespace: str, limit: int, before_id: int | None) -> list[GrantEntryOut]:
+        """The namespace's grants, newest first, each with whether it counts now."""
+        now = self.clock.now()
+        current = period_containing((await self.repository.effective(namespace)).period, now)
+        return [
+            grant_entry(grant, current.start, now)
+            for grant in await self.repository.grants(namespace, limit, before_id)
+        ]
+
+    async def revoke(self, namespace: str, grant_id: int, principal: Principal) -> GrantOut:
+        """The grant stops counting from now: the current period's granted total is recomputed and the
+        namespace re-stated in this transaction, so the snapshot follows at once. Revoking a revoked
+        grant changes nothing and answers it as it is (no second audit entry); a grant that is not the
+        namespace's is 404."""
+        now = self.clock.now()
+        grant = await self.repository.grant_for_update(namespace, grant_id)
+        if grant is None:
+            raise TimekeeperError(f"namespace {namespace} has no grant {grant_id}", 404)
+        config = await self.repository.effective(namespace)
+        if grant.revoked_at is not None:
+            return await self._grant_out(grant, config.period, now)
+        previous = grant_entry(grant, period_containing(config.period, now).start, now).status
+        grant = await self.repository.revoke_grant(grant_id, principal.name, now)
+        await self.audit.record(
+            now,
+            principal.name,
+            "grant.revoke",
+            namespace,
+            {"id": grant_id, "status": previous},
+            {"id": grant_id, "status": "revoked", "gpu_minutes": format(grant.gpu_minutes.normalize(), "f")},
         )
+        await refresh_granted(self.repository, namespace, config.period, now)
+        await self.admission.restate(now, [namespace], config_changed=True)
+        return await self._grant_out(grant, config.period, now)
+
+    async def _grant_out(self, grant: Grant, kind: PeriodKind, now: datetime) -> GrantOut:
+        current = period_containing(kind, now)
+        return GrantOut(
+            **grant_entry(grant, current.start, now).model_dump(),
+            period=period_out(kind, grant.granted_at),
+            budget=await self.status(grant.namespace),
+        )
+
+
+async def refresh_granted(
+    repository: BudgetRepository, namespace: str, kind: PeriodKind, now: datetime
+) -> None:
+    """The namespace's current granted total, recomputed from the grants that still count."""
+    period = period_containing(kind, now)
+    await repository.refresh_granted(namespace, kind, period.start, period.end)
+
+
+async def end_expired_grants(repository: BudgetRepository, now: datetime) -> list[str]:
+    """The scheduler's sweep: grants whose expiry passed stop counting and their namespaces' granted
+    totals are recomputed (the caller re-states them). Answers those namespaces."""
+    namespaces = await repository.end_expired_grants(now)
+    for namespace in namespaces:
+        await refresh_granted(repository, namespace, (await repository.effective(namespace)).period, now)
+    return namespaces
+
+
+def grant_entry(grant: Grant, current_start: datetime, now: datetime) -> GrantEntryOut:
+    """A grant as listed, with its status now (the period it counts for: the one it was granted in)."""
+    status: GrantStatus
+    if grant.revoked_at is not None:
+        status = "revoked"
+    elif grant.ended_at is not None or (grant.expires_at is not None and grant.expires_at <= now):
+        status = "expired"
+    elif grant.granted_at < current_start:
+        status = "lapsed"
+    else:
+        status = "active"
+    return GrantEntryOut(
+        id=grant.id,
+        namespace=grant.namespace,
+        gpu_minutes=grant.gpu_minutes,
+        reason=grant.reason,
+        granted_by=grant.granted_by,
+        granted_at=grant.granted_at,
+        expires_at=grant.expires_at,
+        revoked_at=grant.revoked_at,
+        revoked_by=grant.revoked_by,
+        ended_at=grant.ended_at,
+        status=status,
+    )

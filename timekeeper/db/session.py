@@ -28,12 +28,21 @@ def build_engine(url: str, pool_size: int = 10) -> AsyncEngine:
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=True,
-        connect_args={"options": "-c timezone=UTC"},
+        # JIT off: its compile time (tens of ms, seconds for a big plan) lands on short queries whose
+        # estimated cost passes jit_above_cost, e.g. the forecast's burn on every read (docs/performance.md).
+        connect_args={"options": "-c timezone=UTC -c jit=off"},
     )
 
 
 def build_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+def build_read_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    """Sessions for requests that only read, on the same pool in autocommit: a read is its statements
+    alone, without the BEGIN and COMMIT round trips a transaction would add. Each statement sees its
+    own snapshot, so a read that needs one consistent view is one statement (the budget reads are)."""
+    return async_sessionmaker(engine.execution_options(isolation_level="AUTOCOMMIT"), expire_on_commit=False)
 
 
 @asynccontextmanager

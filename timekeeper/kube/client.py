@@ -15,6 +15,7 @@ import os
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -146,6 +147,7 @@ class KubeClient:
         self._core = client.CoreV1Api(self._api)
         self._authn = client.AuthenticationV1Api(self._api)
         self._authz = client.AuthorizationV1Api(self._api)
+        self._custom = client.CustomObjectsApi(self._api)
         self._timeout = request_timeout_seconds
         self._instance = os.environ.get("HOSTNAME", COMPONENT)
         self._eviction_api_version: str | None = None
@@ -230,15 +232,31 @@ class KubeClient:
             if not token:
                 return PodSnapshot(tuple(pods), resource_version)
 
-    async def _raw_json(self, call: Awaitable[Any]) -> JSON:
+    async def namespace_labels(self, page_size: int = 500) -> dict[str, dict[str, str]]:
+        """Every namespace's labels (in pages), for the pools' selectors."""
+        labels: dict[str, dict[str, str]] = {}
+        token: str | None = None
+        while True:
+            query: dict[str, Any] = {"limit": page_size, "_continue": token}
+            page = await self._raw_json(
+                self._core.list_namespace(**query, _preload_content=False, _request_timeout=self._timeout)
+            )
+            for item in page.get("items") or []:
+                meta = item.get("metadata") or {}
+                labels[meta["name"]] = dict(meta.get("labels") or {})
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return labels
+
+    async def _raw_json(self, call: Awaitable[Any], exact: bool = False) -> JSON:
         """The JSON body of an unparsed answer (`_preload_content=False` answers the aiohttp response
-        itself, status unchecked)."""
+        itself, status unchecked); `exact`: fractions as Decimal, as the API server wrote them."""
         response: aiohttp.ClientResponse = await self._call(call)
         async with response:
             body = await self._call(response.read())
             if not 200 <= response.status < 300:
                 raise _error(ApiException(status=response.status, reason=body.decode(errors="replace")))
-        parsed: JSON = json.loads(body)
+        parsed: JSON = json.loads(body, parse_float=Decimal) if exact else json.loads(body)
         return parsed
 
     async def watch_pods(
@@ -303,6 +321,16 @@ class KubeClient:
             raise _error(exc) from exc
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise KubeUnavailableError(f"pod watch interrupted: {exc!r}") from exc
+
+    async def node_labels(self, name: str) -> dict[str, str]:
+        """A node's labels; none for a node that is gone (404)."""
+        try:
+            node = await self._call(self._core.read_node(name, _request_timeout=self._timeout))
+        except KubeApiError as error:
+            if error.status == HTTP_NOT_FOUND:
+                return {}
+            raise
+        return dict((node.metadata and node.metadata.labels) or {})
 
     async def eviction_api_version(self) -> str:
         """`policy/v1` where the API server serves it (1.22 on), else `policy/v1beta1` (1.20, 1.21): the
@@ -410,6 +438,76 @@ class KubeClient:
             )
         )
         return {q.metadata.namespace for q in quotas.items if q.metadata.name == QUOTA_NAME}
+
+    # ---- custom objects (GPUBudget, GPUBudgetDefault) ----------------------------------------------------
+
+    async def list_custom_objects(self, group: str, version: str, plural: str) -> list[JSON]:
+        """Every object of a custom resource, in all namespaces, as JSON (numbers with a fraction as
+        Decimal: a budget is exact). Few objects: one page."""
+        page = await self._raw_json(
+            self._custom.list_cluster_custom_object(
+                group, version, plural, _preload_content=False, _request_timeout=self._timeout
+            ),
+            exact=True,
+        )
+        return list(page.get("items") or [])
+
+    async def watch_custom_objects(
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        timeout_seconds: int = 300,
+        backoff: Backoff | None = None,
+    ) -> AsyncGenerator[tuple[str, str | None, str], None]:
+        """Every change to a custom resource's objects, as (ADDED | MODIFIED | DELETED, namespace, name),
+        until the consumer stops: a trigger, not a cache (the consumer lists what is true). Each watch
+        starts where the API server is (an ADDED per existing object first) and is opened again when it
+        ends; errors back off as the pod watch does."""
+        backoff = backoff or Backoff(WATCH_BACKOFF_BASE_SECONDS, WATCH_BACKOFF_CAP_SECONDS)
+        while True:
+            try:
+                async with Watch(return_type="object") as watch:
+                    stream = watch.stream(
+                        self._custom.list_cluster_custom_object,
+                        group,
+                        version,
+                        plural,
+                        timeout_seconds=timeout_seconds,
+                        _request_timeout=(self._timeout, timeout_seconds + self._timeout),
+                    )
+                    async for event in stream:
+                        backoff.reset()
+                        meta = (event.get("raw_object") or {}).get("metadata") or {}
+                        yield str(event["type"]), meta.get("namespace"), str(meta.get("name", ""))
+            except (ApiException, aiohttp.ClientError, TimeoutError, OSError) as exc:
+                delay = backoff.next_delay()
+                log.warning(
+                    "custom_object_watch_failed",
+                    extra={"plural": plural, "error": repr(exc), "retry_in_seconds": delay},
+                )
+                await asyncio.sleep(delay)
+
+    async def replace_custom_object_status(self, group: str, version: str, plural: str, obj: JSON) -> None:
+        """Write an object's status subresource (`update` on <plural>/status). The body carries the
+        resourceVersion read: a change since answers 409, and the caller writes again next time."""
+        meta = obj["metadata"]
+        # The API server takes nothing but the status from this write (the rest is the stored object's).
+        body = {
+            "apiVersion": obj["apiVersion"],
+            "kind": obj["kind"],
+            "metadata": {k: meta[k] for k in ("name", "namespace", "resourceVersion") if k in meta},
+            "status": obj["status"],
+        }
+        if meta.get("namespace"):
+            call = self._custom.replace_namespaced_custom_object_status(
+                group, version, meta["namespace"], plural, meta["name"], body, _request_timeout=self._timeout
+            )
+        else:
+            call = self._custom.replace_cluster_custom_object_status(
+                group, version, plural, meta["name"], body, _request_timeout=self._timeout
+            )
+        await self._call(call)
 
     # ---- events ----------------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from timekeeper.kube import PodEvent, PodInfo, PodSnapshot
 class TrackedPod:
     info: PodInfo
     share: Decimal
+    sidecar: bool = False  # the webhook injected our sidecar: reports are expected from it
     # When it stopped holding its GPUs: its containers' real finishedAt, else when it was seen gone.
     ended_at: datetime | None = None
     closed: bool = False  # its final charge is done
@@ -25,6 +26,15 @@ class TrackedPod:
     @property
     def running(self) -> bool:
         return self.ended_at is None and self.info.phase == "Running" and self.info.started_at is not None
+
+
+def has_sidecar(pod: PodInfo) -> bool:
+    """Whether the pod carries our sidecar (a native sidecar among the init containers, or a plain
+    container on older clusters). A pod without one (admitted while the webhook was down, or in a
+    namespace it skips) never reports, so its silence says nothing about a sidecar."""
+    spec = pod.raw.get("spec") or {}
+    containers = [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]
+    return any(container.get("name") == SIDECAR_CONTAINER_NAME for container in containers)
 
 
 def pod_share(pod: PodInfo, hardware: GpuHardware) -> Decimal | None:
@@ -84,7 +94,7 @@ class PodRegistry:
             share = pod_share(pod, self._hardware)
             if share is None:
                 return
-            tracked = TrackedPod(pod, share)
+            tracked = TrackedPod(pod, share, sidecar=has_sidecar(pod))
         ended_at = tracked.ended_at
         if ended_at is None and pod.ended:
             ended_at = pod.finished_at or self._clock.now()

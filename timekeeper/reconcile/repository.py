@@ -5,7 +5,7 @@ coverage test stays PostgreSQL (multirange arithmetic has no Core spelling)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from decimal import Decimal
 
@@ -48,6 +48,34 @@ class ReconcileRepository:
             return set()
         uids, starts, ends = (list(column) for column in zip(*spans, strict=True))
         result = await self.session.execute(_UNCOVERED, {"uids": uids, "starts": starts, "ends": ends})
+        return set(result.scalars())
+
+    async def sidecar_reports(self, uids: Iterable[str]) -> dict[str, tuple[datetime, bool]]:
+        """Each pod's last sign of life from its sidecar and whether it sent its final report, for the
+        pods that have a coverage row (a pod without one has never reported nor been charged)."""
+        wanted = sorted(set(uids))
+        if not wanted:
+            return {}
+        result = await self.session.execute(
+            sa.select(PodCoverage.pod_uid, PodCoverage.last_report_at, PodCoverage.final).where(
+                PodCoverage.pod_uid == sa.any_(sa.literal(wanted, ARRAY(sa.Text)))
+            )
+        )
+        return {row.pod_uid: (row.last_report_at, row.final) for row in result}
+
+    async def record_models(self, models: Mapping[str, str]) -> set[str]:
+        """Records each pod's GPU model on its coverage row unless one is known already (the first source
+        to tell wins); answers the pods whose row now holds a model."""
+        given = sa.values(sa.column("pod_uid", sa.Text), sa.column("gpu_model", sa.Text), name="given").data(
+            sorted(models.items())
+        )
+        result = await self.session.execute(
+            sa.update(PodCoverage)
+            .where(PodCoverage.pod_uid == given.c.pod_uid)
+            .values(gpu_model=sa.func.coalesce(PodCoverage.gpu_model, given.c.gpu_model))
+            .returning(PodCoverage.pod_uid)
+            .execution_options(synchronize_session=False)
+        )
         return set(result.scalars())
 
     async def states(self) -> dict[str, BudgetState]:

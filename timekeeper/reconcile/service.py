@@ -7,6 +7,10 @@ ranges decide what is still uncharged: the pass charges a running pod's silent t
 grace), a late sidecar report afterwards charges only what the pass did not, and vice versa. A charge by
 the pass is not a report: the pod's `last_report_at` (the scheduler's close-out reads it) is left as the
 sidecar last set it. An ended pod is closed at its real end: `final`, `closed_at` = that end.
+
+The pass also counts, per namespace, the running GPU pods and those whose sidecar has been silent for
+`sidecar_silent_after_seconds` (`timekeeper_silent_gpu_pods`): the API server says the pod still runs,
+so the silence is the sidecar's, not a pod that finished (which the close-out job cannot tell apart).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpuaccounting.wire import BudgetState
+from timekeeper.billing.weights import model_key
 from timekeeper.clock import Clock
 from timekeeper.kube import (
     EvictionResult,
@@ -33,6 +38,8 @@ from timekeeper.kube import (
     ObjectReference,
     QuotaChange,
 )
+from timekeeper.metrics import PodWatchCollector
+from timekeeper.pools.service import PoolService
 from timekeeper.reconcile.pods import PodRegistry, TrackedPod
 from timekeeper.reconcile.quotas import quota_hard
 from timekeeper.reconcile.repository import ReconcileRepository
@@ -42,6 +49,9 @@ from timekeeper.usage.service import IngestService
 
 log = logging.getLogger(__name__)
 
+# GPU Feature Discovery's label naming the node's GPU model (with the MIG profile under the single strategy).
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+NODE_LABEL_TTL = timedelta(minutes=10)
 # A sequence number no sidecar reaches; coverage, not the number, is what prevents double charging.
 RECONCILER_SEQ = 2**62
 
@@ -64,6 +74,9 @@ class PassResult:
     blocked: list[tuple[str, str]] = field(default_factory=list)  # by a PodDisruptionBudget
     deferred: list[tuple[str, str]] = field(default_factory=list)  # past the pass's eviction limit
     quotas: dict[str, QuotaChange] = field(default_factory=dict)
+    silent: list[tuple[str, str]] = field(default_factory=list)  # running pods whose sidecar is silent
+    modelled: int = 0  # pods whose GPU model this pass recorded (or found recorded)
+    pool_moves: list[str] = field(default_factory=list)  # namespaces a label change moved between pools
 
     def as_detail(self) -> dict[str, Any]:
         return {
@@ -74,6 +87,9 @@ class PassResult:
             "blocked": [list(pod) for pod in self.blocked],
             "deferred": [list(pod) for pod in self.deferred],
             "quotas": {ns: change.value for ns, change in self.quotas.items()},
+            "silent": [list(pod) for pod in self.silent],
+            "modelled": self.modelled,
+            "pool_moves": self.pool_moves,
         }
 
 
@@ -93,6 +109,10 @@ class Reconciler:
         self.registry = PodRegistry(clock, self.hardware)
         self._last_states: dict[str, BudgetState] | None = None
         self._watch: asyncio.Task[None] | None = None
+        self.pod_metrics = PodWatchCollector()
+        self._silent: set[str] = set()  # uids found silent by the last pass (logged once per silence)
+        self._modelled: set[str] = set()  # uids whose coverage row holds their GPU model
+        self._node_models: dict[str, tuple[str | None, datetime]] = {}  # node -> (model, read at)
 
     # ---- leadership: the watch runs only on the leader, whose passes it feeds ----------------------------
 
@@ -105,15 +125,24 @@ class Reconciler:
         loop). The states are learnt anew, so a change of leader does not repeat old news."""
         self.registry.reset()
         self._last_states = None
+        self._forget_pods()
         self._watch = asyncio.create_task(self._follow(self.registry), name="pod-watch")
 
     async def stop_leading(self) -> None:
         """Cancel the watch: its open request ends with the task, nothing is left waiting (the next
         leader lists the pods itself). The client stays open for next time."""
         watch, self._watch = self._watch, None
+        self._forget_pods()
         if watch is not None:
             watch.cancel()
             await asyncio.gather(watch, return_exceptions=True)
+
+    def _forget_pods(self) -> None:
+        """Not leading (or not yet passed): no pod counts are exported, so only the leader's show."""
+        self.pod_metrics.counts = None
+        self._silent = set()
+        self._modelled = set()
+        self._node_models = {}
 
     async def aclose(self) -> None:
         await self.stop_leading()
@@ -145,13 +174,19 @@ class Reconciler:
         """One reconcile pass. Only the scheduler's leader runs it (the `reconcile` job), one window at a
         time: the election and the window's job_runs row are the one mechanism, no lock of its own."""
         result = PassResult()
+        await self._learn_models(result)
         await self._charge(result)
+        await self._sync_labels(result)
         async with self.sessionmaker() as session:
             repository = ReconcileRepository(session)
+            reports = await repository.sidecar_reports(
+                p.info.uid for p in self.registry.pods() if p.running and p.sidecar
+            )
             states = await repository.states()
             evicting = await repository.evicting()
             namespaces = {p.info.namespace for p in self.registry.pods()}
             limits = await repository.concurrent_limits(namespaces)
+        self._count_pods(reports, result)
         await self._announce(states, result)
         await self._downgrade(evicting, result)
         await self._apply_quotas(limits, result)
@@ -189,12 +224,88 @@ class Reconciler:
                 self.registry.mark_closed(uid)
                 result.closed.append(uid)
 
+    async def _learn_models(self, result: PassResult) -> None:
+        """Each bound GPU pod's GPU model from its node's GPU Feature Discovery label, recorded on its
+        coverage row unless the sidecar named one first (billing weights). A node's label is read at most
+        once per NODE_LABEL_TTL; a pod without a coverage row yet is tried again next pass."""
+        pods = {
+            pod.info.uid: pod.info.node_name
+            for pod in self.registry.pods()
+            if pod.running and pod.info.node_name and pod.info.uid not in self._modelled
+        }
+        self._modelled &= {pod.info.uid for pod in self.registry.pods()}
+        models: dict[str, str] = {}
+        for uid, node in pods.items():
+            model = await self._node_model(node) if node else None
+            if model is not None:
+                models[uid] = model
+        if models:
+            async with self.sessionmaker() as session, session.begin():
+                known = await ReconcileRepository(session).record_models(models)
+            self._modelled |= known
+            result.modelled = len(known)
+
+    async def _node_model(self, node: str) -> str | None:
+        now = self.clock.now()
+        cached = self._node_models.get(node)
+        if cached is not None and now - cached[1] < NODE_LABEL_TTL:
+            return cached[0]
+        try:
+            product = (await self.kube.node_labels(node)).get(GPU_PRODUCT_LABEL)
+        except KubeError as error:
+            log.warning("node_labels_unavailable", extra={"node": node, "error": str(error)})
+            return None if cached is None else cached[0]
+        model = model_key(product) if product else None
+        self._node_models[node] = (model, now)
+        return model
+
+    async def _sync_labels(self, result: PassResult) -> None:
+        """The namespaces' labels, for the pools' selectors (docs/timekeeper.md#pools)."""
+        labels = await self.kube.namespace_labels()
+        async with self.sessionmaker() as session, session.begin():
+            result.pool_moves = await PoolService(session, self.settings, self.clock).sync_labels(labels)
+
+    def _count_pods(self, reports: dict[str, tuple[datetime, bool]], result: PassResult) -> None:
+        """Running GPU pods per namespace, and those with our sidecar whose last report (their start when
+        none came) is older than `sidecar_silent_after_seconds`; a sidecar that sent its final report has
+        finished, not stopped. Each pod is logged once when it turns silent."""
+        now = self.clock.now()
+        threshold = timedelta(seconds=self.settings.sidecar_silent_after_seconds)
+        counts: dict[str, tuple[int, int]] = {}
+        silent: dict[str, tuple[TrackedPod, datetime]] = {}
+        for pod in self.registry.pods():
+            if not pod.running:
+                continue
+            info = pod.info
+            running, quiet = counts.get(info.namespace, (0, 0))
+            last_report, final = reports.get(info.uid, (info.started_at, False))
+            if pod.sidecar and not final and last_report is not None and now - last_report > threshold:
+                silent[info.uid] = (pod, last_report)
+                quiet += 1
+            counts[info.namespace] = (running + 1, quiet)
+        for pod, last_report in sorted(
+            (silent[uid] for uid in silent.keys() - self._silent),
+            key=lambda item: (item[0].info.namespace, item[0].info.name),
+        ):
+            log.warning(
+                "sidecar_silent",
+                extra={
+                    "namespace": pod.info.namespace,
+                    "pod": pod.info.name,
+                    "last_report_at": last_report.isoformat(),
+                },
+            )
+        self._silent = set(silent)
+        self.pod_metrics.counts = counts
+        result.silent = sorted((pod.info.namespace, pod.info.name) for pod, _ in silent.values())
+
     async def _charge_pod(
         self, pod: TrackedPod, start: datetime, end: datetime, final: bool, now: datetime
     ) -> Decimal:
         """Charge [start, end] minus what is covered, as a report would, in one transaction that leaves
         the pod's last report time alone and, for an ended pod, closes it at its end."""
         info = pod.info
+        model = await self._node_model(info.node_name) if info.node_name else None
         try:
             report = ReportIn(
                 namespace=info.namespace,
@@ -213,7 +324,9 @@ class Reconciler:
             )
             return Decimal(0)
         async with self.sessionmaker() as session, session.begin():
-            outcome = await IngestService(session, self.settings).charge_one(report, now, from_sidecar=False)
+            outcome = await IngestService(session, self.settings).charge_one(
+                report, now, from_sidecar=False, gpu_model=model
+            )
             if final:
                 await ReconcileRepository(session).close_at(info.uid, end)
         log.info(

@@ -13,6 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from timekeeper.admission.service import AdmissionService
 from timekeeper.budgets.periods import EPOCH, PeriodKind, period_containing
+from timekeeper.budgets.repository import BudgetRepository
+from timekeeper.budgets.service import end_expired_grants
 from timekeeper.clock import Clock
 from timekeeper.scheduler.repository import SchedulerRepository
 from timekeeper.settings import Settings
@@ -29,6 +31,7 @@ class SchedulerService:
     def __init__(self, session: AsyncSession, settings: Settings) -> None:
         self.repository = SchedulerRepository(session)
         self.admission = AdmissionService(session, settings)
+        self.budgets = BudgetRepository(session)
         self.settings = settings
 
     async def restate_all(self, now: datetime, window: datetime) -> dict[str, Any]:
@@ -38,10 +41,12 @@ class SchedulerService:
         period), so the first run after a midnight returns exhausted namespaces to in_budget; any other
         run records a change no report has made yet (a budget's new period kind, say). Changes become
         events (trigger) and bump the snapshot version. The `rollover` job runs it once per UTC day
-        (alerting watches that), the `states` job every states_interval."""
+        (alerting watches that), the `states` job every states_interval. Grants whose expiry passed
+        stop counting first, so a grant's expiry shows within one states_interval."""
         await self.repository.lock_states()
+        expired = await end_expired_grants(self.budgets, now)
         await self.admission.restate(now, None, config_changed=False)
-        return {}
+        return {"grants_expired_in": expired} if expired else {}
 
     async def close_out(self, now: datetime, window: datetime) -> dict[str, Any]:
         """Pods silent for closeout_after_intervals report intervals stop counting as running."""

@@ -30,10 +30,16 @@ class LeaderElection:
         retry_seconds: float,
         on_elected: Callable[[], Awaitable[None]],
         on_lost: Callable[[], Awaitable[None]],
+        check_seconds: float | None = None,
     ) -> None:
         self.conninfo = libpq_url(database_url)
         self.lock_key = lock_key
         self.retry_seconds = retry_seconds
+        # A check slower than this fails it (the leader steps down): by default two retry intervals.
+        self.check_seconds = check_seconds if check_seconds is not None else retry_seconds * 2
+        # Rounds done (lock attempts or checks, whatever their outcome): what a test waits for instead
+        # of sleeping for "a few tries".
+        self.rounds = 0
         self.on_elected = on_elected
         self.on_lost = on_lost
         self.leading = False
@@ -67,7 +73,7 @@ class LeaderElection:
         if self._connection is None or self._connection.closed:
             async with asyncio.timeout(self._connect_seconds + 1):
                 self._connection = await self._connect()
-        async with asyncio.timeout(self.retry_seconds * 2):
+        async with asyncio.timeout(self.check_seconds):
             if self.leading:
                 await self._connection.execute("SELECT 1")
                 return
@@ -95,6 +101,7 @@ class LeaderElection:
                 except (psycopg.Error, OSError, TimeoutError) as error:
                     log.warning("scheduler_leader_check_failed", extra={"error": type(error).__name__})
                     await self._give_up()
+                self.rounds += 1
                 await asyncio.sleep(self.retry_seconds)
         finally:
             # Closing the session releases the lock at once, so a clean shutdown hands over fast.

@@ -1,5 +1,5 @@
-"""What the periodic jobs keep: one row per job and window, the budget-state events, and the hourly
-per-pod aggregates that old ledger rows are folded into."""
+"""What the periodic jobs keep: one row per job and window, and the hourly per-pod aggregates that old
+ledger rows are folded into."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from sqlalchemy import (
     SmallInteger,
     Text,
     UniqueConstraint,
-    func,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB, TSTZMULTIRANGE
@@ -38,27 +37,21 @@ class JobRun(Base):
     detail: Mapped[Any] = mapped_column(JSONB)
 
 
-class BudgetEvent(Base):
-    """A namespace's budget state changed (old_state NULL: first seen). Written by a trigger on
-    namespace_status, so every path that changes a state (a report, an admin change, a job) is recorded."""
-
-    __tablename__ = "budget_events"
-    __table_args__ = (Index("ix_budget_events_namespace_id", "namespace", "id"),)
-
-    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
-    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
-    namespace: Mapped[str] = mapped_column(Text)
-    old_state: Mapped[str | None] = mapped_column(Text)
-    new_state: Mapped[str] = mapped_column(Text)
-
-
 class UsageHourly(Base):
     """Ledger rows older than the retention window, folded per pod, hour and share: the charged time
     (clipped to the hour) is kept as a multirange, so usage is computed from it exactly as from raw rows."""
 
     __tablename__ = "usage_hourly"
     __table_args__ = (
-        UniqueConstraint("pod_uid", "hour_start", "gpu_share", name="uq_usage_hourly_pod_hour_share"),
+        UniqueConstraint(
+            "pod_uid",
+            "hour_start",
+            "gpu_share",
+            "charge_share",
+            "gpu_model",
+            name="uq_usage_hourly_pod_hour_share",
+            postgresql_nulls_not_distinct=True,
+        ),
         Index("ix_usage_hourly_namespace_hour_start", "namespace", "hour_start"),
     )
 
@@ -80,3 +73,6 @@ class UsageHourly(Base):
     peak_mem_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
     energy_joules: Mapped[Decimal | None] = mapped_column(Numeric)
     gpu_status_bits: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
+    # As on the ledger rows folded (usage/models.py): an aggregate holds rows of one charge rate and model.
+    charge_share: Mapped[Decimal] = mapped_column(Numeric)
+    gpu_model: Mapped[str | None] = mapped_column(Text)

@@ -13,23 +13,20 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from timekeeper.admission.models import NamespaceStatus
 from timekeeper.scheduler.models import JobRun
-from timekeeper.usage.models import PodCoverage
+from timekeeper.usage.models import RUNNING_POD, PodCoverage
 
-# A pod counts as running until it sent its final report or was closed out after its last report.
-RUNNING_POD = sa.and_(
-    sa.not_(PodCoverage.final),
-    sa.or_(PodCoverage.closed_at.is_(None), PodCoverage.closed_at <= PodCoverage.last_report_at),
-)
+__all__ = ["RUNNING_POD", "SchedulerRepository"]
 # Ledger rows that ended before the cutoff are deleted and their charged time, split at hour boundaries,
-# is added to the (pod, hour, share) aggregate, in one statement: exactly the deleted rows are folded.
+# is added to the (pod, hour, share, charge share, model) aggregate, in one statement: exactly the deleted
+# rows are folded.
 # A row counts once in each hour its charged time touches (as the usage query's hour grouping does); its
 # figures are added as figure x its seconds in the hour (usage/figures.py), so they fold exactly.
 _ROLL_UP = sa.text(
     """
     WITH folded AS (
         DELETE FROM usage_ledger WHERE interval_end <= :cutoff
-        RETURNING id, namespace, pod, pod_uid, gpu_share, charged, mean_sm_util_pct, peak_sm_util_pct,
-                  mem_used_bytes, mean_power_w, gpu_status_bits
+        RETURNING id, namespace, pod, pod_uid, gpu_share, charge_share, gpu_model, charged,
+                  mean_sm_util_pct, peak_sm_util_pct, mem_used_bytes, mean_power_w, gpu_status_bits
     ), pieces AS (
         SELECT f.*, b AS hour_start, r * tstzrange(b, b + interval '1 hour') AS piece
         FROM folded f
@@ -37,21 +34,23 @@ _ROLL_UP = sa.text(
         CROSS JOIN LATERAL generate_series(
             date_trunc('hour', lower(r), 'UTC'), upper(r) - interval '1 microsecond', interval '1 hour') AS b
     ), per_report AS (
-        SELECT pod_uid, hour_start, gpu_share, id, max(namespace) AS namespace, max(pod) AS pod,
-               range_agg(piece) AS charged, sum(extract(epoch FROM upper(piece) - lower(piece))) AS seconds,
+        SELECT pod_uid, hour_start, gpu_share, charge_share, gpu_model, id, max(namespace) AS namespace,
+               max(pod) AS pod, range_agg(piece) AS charged,
+               sum(extract(epoch FROM upper(piece) - lower(piece))) AS seconds,
                max(mean_sm_util_pct) AS util, max(coalesce(peak_sm_util_pct, mean_sm_util_pct)) AS util_peak,
                max(mem_used_bytes) AS mem, max(mean_power_w) AS power, max(gpu_status_bits) AS status_bits
-        FROM pieces GROUP BY pod_uid, hour_start, gpu_share, id
+        FROM pieces GROUP BY pod_uid, hour_start, gpu_share, charge_share, gpu_model, id
     ), upserted AS (
         INSERT INTO usage_hourly
-            (namespace, pod, pod_uid, hour_start, gpu_share, charged, reports, util_seconds,
-             util_covered_seconds, peak_sm_util_pct, mem_byte_seconds, mem_covered_seconds,
+            (namespace, pod, pod_uid, hour_start, gpu_share, charge_share, gpu_model, charged, reports,
+             util_seconds, util_covered_seconds, peak_sm_util_pct, mem_byte_seconds, mem_covered_seconds,
              peak_mem_used_bytes, energy_joules, gpu_status_bits)
-        SELECT max(namespace), max(pod), pod_uid, hour_start, gpu_share, range_agg(charged), count(*),
+        SELECT max(namespace), max(pod), pod_uid, hour_start, gpu_share, charge_share, gpu_model,
+               range_agg(charged), count(*),
                sum(util * seconds), coalesce(sum(seconds) FILTER (WHERE util IS NOT NULL), 0), max(util_peak),
                sum(mem * seconds), coalesce(sum(seconds) FILTER (WHERE mem IS NOT NULL), 0), max(mem),
                sum(power * seconds), bit_or(status_bits)
-        FROM per_report GROUP BY pod_uid, hour_start, gpu_share
+        FROM per_report GROUP BY pod_uid, hour_start, gpu_share, charge_share, gpu_model
         ON CONFLICT ON CONSTRAINT uq_usage_hourly_pod_hour_share DO UPDATE SET
             charged = usage_hourly.charged + excluded.charged,
             reports = usage_hourly.reports + excluded.reports,

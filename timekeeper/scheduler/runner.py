@@ -79,6 +79,7 @@ class SchedulerRunner:
         registry: CollectorRegistry | None = None,
         jobs: tuple[Job, ...] = JOBS,
         services: tuple[LeaderService, ...] = (),
+        collectors: tuple[Collector, ...] = (),
     ) -> None:
         self.sessionmaker = sessionmaker
         self.settings = settings
@@ -94,12 +95,13 @@ class SchedulerRunner:
             settings.leader_retry_interval.total_seconds(),
             self._start_jobs,
             self._stop_jobs,
+            None if settings.leader_check_timeout is None else settings.leader_check_timeout.total_seconds(),
         )
         self._scheduler: AsyncIOScheduler | None = None
         self._running: set[asyncio.Task[Any]] = set()
         self._task: asyncio.Task[None] | None = None
         self._registry = registry
-        self._collector = SchedulerCollector(self)
+        self._collectors = (SchedulerCollector(self), *collectors)
 
     @property
     def leading(self) -> bool:
@@ -108,7 +110,8 @@ class SchedulerRunner:
     def start(self) -> None:
         """Compete for leadership from now on (in the background); health goes into the registry."""
         if self._registry is not None:
-            self._registry.register(self._collector)
+            for collector in self._collectors:
+                self._registry.register(collector)
         self._task = asyncio.create_task(self.election.run(), name="scheduler-leader-election")
 
     async def stop(self) -> None:
@@ -119,7 +122,8 @@ class SchedulerRunner:
         for service in self.services:
             await service.aclose()
         if self._registry is not None:
-            self._registry.unregister(self._collector)
+            for collector in self._collectors:
+                self._registry.unregister(collector)
 
     async def _start_jobs(self) -> None:
         for service in self.services:
@@ -232,24 +236,26 @@ async def build_runner(
     clock: Clock,
     registry: CollectorRegistry | None,
 ) -> SchedulerRunner:
-    """The runner with every job; with `reconcile`, also the reconcile pass and the pod watch it needs
-    (both the leader's alone), wherever the scheduler runs: in the API process or on its own."""
-    if not settings.reconcile:
-        return SchedulerRunner(database_url, sessionmaker, settings, clock, registry)
-    # Imported only when asked for: it needs a cluster, and its Kubernetes client costs a process about
+    """The runner with every job; with `reconcile`, also the reconcile pass and the pod watch it needs;
+    with `gitops`, the GPUBudget sync (all the leader's alone), wherever the scheduler runs: in the API
+    process or on its own."""
+    jobs: tuple[Job, ...] = JOBS
+    services: tuple[LeaderService, ...] = ()
+    collectors: tuple[Collector, ...] = ()
+    # Imported only when asked for: they need a cluster, and the Kubernetes client costs a process about
     # 50 MB and seconds of start-up (docs/kubernetes.md).
-    from timekeeper.reconcile.service import build_reconciler
+    if settings.reconcile:
+        from timekeeper.reconcile.service import build_reconciler
 
-    reconciler = await build_reconciler(settings, sessionmaker, clock)
-    return SchedulerRunner(
-        database_url,
-        sessionmaker,
-        settings,
-        clock,
-        registry,
-        (*JOBS, reconcile_job(reconciler)),
-        (reconciler,),
-    )
+        reconciler = await build_reconciler(settings, sessionmaker, clock)
+        jobs, services = (*jobs, reconcile_job(reconciler)), (*services, reconciler)
+        collectors = (*collectors, reconciler.pod_metrics)
+    if settings.gitops:
+        from timekeeper.gitops.sync import build_gitops_sync
+
+        sync = await build_gitops_sync(settings, sessionmaker, clock)
+        services, collectors = (*services, sync), (*collectors, sync.metrics)
+    return SchedulerRunner(database_url, sessionmaker, settings, clock, registry, jobs, services, collectors)
 
 
 def with_scheduler(

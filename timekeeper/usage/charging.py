@@ -1,4 +1,5 @@
-"""The charging arithmetic: GPU share times the minutes not yet charged, split at period boundaries. Exact."""
+"""The charging arithmetic: GPU share times the minutes not yet charged, each minute at its GPU model's
+weight then, split at period boundaries. Exact."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
+from timekeeper.billing.weights import UNWEIGHTED, WeightTimeline
 from timekeeper.budgets.periods import Period, PeriodKind, periods_overlapping
 
 NANO = Decimal("0.000000001")
@@ -22,14 +24,21 @@ def gpu_minutes(share: Decimal, duration: timedelta) -> Decimal:
 
 
 def split_charge(
-    share: Decimal, uncovered: Iterable[tuple[datetime, datetime]], kind: PeriodKind
+    share: Decimal,
+    uncovered: Iterable[tuple[datetime, datetime]],
+    kind: PeriodKind,
+    weights: WeightTimeline = UNWEIGHTED,
 ) -> list[tuple[Period, Decimal]]:
-    """The charge of each period the uncovered time falls into, in period order (the lock order)."""
-    durations: dict[datetime, tuple[Period, timedelta]] = {}
+    """The charge of each period the uncovered time falls into, in period order (the lock order): share x
+    the period's minutes, each at the weight in force then, rounded once per period."""
+    weighted: dict[datetime, tuple[Period, Decimal]] = {}
     for lower, upper in uncovered:
         for period in periods_overlapping(kind, lower, upper):
-            overlap = min(upper, period.end or upper) - max(lower, period.start)
-            if overlap > timedelta(0):
-                _, seen = durations.get(period.start, (period, timedelta(0)))
-                durations[period.start] = (period, seen + overlap)
-    return [(period, gpu_minutes(share, duration)) for _, (period, duration) in sorted(durations.items())]
+            start, end = max(lower, period.start), min(upper, period.end or upper)
+            for piece_start, piece_end, weight in weights.pieces(start, end) if end > start else ():
+                _, seen = weighted.get(period.start, (period, Decimal(0)))
+                weighted[period.start] = (period, seen + weight * _microseconds(piece_end - piece_start))
+    return [
+        (period, (share * microseconds / MICROSECONDS_PER_MINUTE).quantize(NANO, rounding=ROUND_HALF_UP))
+        for _, (period, microseconds) in sorted(weighted.items())
+    ]

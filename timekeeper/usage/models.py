@@ -16,7 +16,10 @@ from sqlalchemy import (
     SmallInteger,
     Text,
     UniqueConstraint,
+    and_,
     func,
+    not_,
+    or_,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB, TSTZMULTIRANGE
@@ -33,7 +36,8 @@ class LedgerEntry(Base):
     __table_args__ = (
         # Same seq and same interval is a retry; a re-used seq with another interval is new data.
         UniqueConstraint("pod_uid", "seq", "interval_start", "interval_end", name="uq_usage_ledger_report"),
-        Index("ix_usage_ledger_namespace_interval_start", "namespace", "interval_start"),
+        # Recent windows (the forecast's burn, the current period's usage) ask for rows ending after a moment.
+        Index("ix_usage_ledger_namespace_interval_end", "namespace", "interval_end"),
         # For the roll-up's "ended before the cutoff": BRIN, nearly free on inserts in time order.
         Index("ix_usage_ledger_interval_end", "interval_end", postgresql_using="brin"),
     )
@@ -60,6 +64,11 @@ class LedgerEntry(Base):
     mem_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
     mean_power_w: Mapped[Decimal | None] = mapped_column(Numeric)
     gpu_status_bits: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
+    # What the budget is charged per second of charged time, before the GPU model's weight: gpu_share under
+    # the allocation basis, gpu_share x max(floor, utilisation) under the measured one (billing/).
+    charge_share: Mapped[Decimal] = mapped_column(Numeric)
+    # The pod's GPU model (billing/weights.py's model_key) when known at ingest; None counts weight 1.
+    gpu_model: Mapped[str | None] = mapped_column(Text)
 
 
 class PodCoverage(Base):
@@ -78,3 +87,13 @@ class PodCoverage(Base):
     # Set by the close-out job when the pod stopped reporting; a later report (last_report_at from then on)
     # makes the pod running again.
     closed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The GPU model the pod got, from whichever told first: the node's GPU Feature Discovery label (the
+    # reconciler) or the sidecar's NVML device name (a report). Fixed once known.
+    gpu_model: Mapped[str | None] = mapped_column(Text)
+
+
+# A pod counts as running until it sent its final report or was closed out after its last report.
+RUNNING_POD = and_(
+    not_(PodCoverage.final),
+    or_(PodCoverage.closed_at.is_(None), PodCoverage.closed_at <= PodCoverage.last_report_at),
+)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
 
+from timekeeper.billing.weights import UNWEIGHTED, WeightTimeline
 from timekeeper.budgets.periods import Period, period_containing
 from timekeeper.budgets.repository import BudgetConfig, NamespaceFigures
 from timekeeper.usage.charging import split_charge
@@ -31,19 +32,31 @@ class ReportCharge:
         return sum((amount for _, amount in self.by_period), Decimal(0))
 
 
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """What a second of a pod's time is charged: its charge share (billing.weights.charge_share) times
+    the weight of its GPU model at that second."""
+
+    charge_share: Decimal
+    weights: WeightTimeline = UNWEIGHTED
+
+
 def plan_charges(
     reports: Sequence[ReportIn],
     uncovered: Mapping[str, Sequence[Interval]],
     configs: Mapping[str, BudgetConfig],
+    rates: Mapping[str, Rate] | None = None,
 ) -> dict[str, ReportCharge]:
-    """Each report's charge (by pod_uid): its share times the time of its interval not yet charged,
-    split at its namespace's period boundaries."""
-    return {
-        report.pod_uid: ReportCharge(
-            tuple(split_charge(report.gpu_share, uncovered[report.pod_uid], configs[report.namespace].period))
+    """Each report's charge (by pod_uid): its rate (without one: its share, unweighted) times the time of
+    its interval not yet charged, split at its namespace's period boundaries."""
+    charges = {}
+    for report in reports:
+        rate = rates[report.pod_uid] if rates is not None else Rate(report.gpu_share)
+        split = split_charge(
+            rate.charge_share, uncovered[report.pod_uid], configs[report.namespace].period, rate.weights
         )
-        for report in reports
-    }
+        charges[report.pod_uid] = ReportCharge(tuple(split))
+    return charges
 
 
 def plan_totals(reports: Sequence[ReportIn], charges: Mapping[str, ReportCharge]) -> dict[TotalKey, Decimal]:

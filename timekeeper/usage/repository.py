@@ -4,78 +4,122 @@ ingest service's plan) and the usage queries."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple, cast
 
 import orjson
+import psycopg
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import insert
+from psycopg.rows import namedtuple_row
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from timekeeper.budgets.models import UsageTotal
+from gpuaccounting.wire import BudgetState
+from timekeeper.billing.repository import CHARGE_INPUTS, charge_inputs, charge_inputs_parameters
+from timekeeper.billing.weights import WeightTimeline
+from timekeeper.budgets.repository import FIGURES, NamespaceFigures, figures_parameters, namespace_figures
 from timekeeper.usage.figures import FigureSums
-from timekeeper.usage.models import PodCoverage
+from timekeeper.usage.models import RUNNING_POD, PodCoverage
 from timekeeper.usage.planning import Interval, TotalKey
 
-# A batch holds at most one report per pod (ON CONFLICT may touch a row once per statement), as one JSON
-# array of rows in pod_uid order: every writer locks pods, then totals, then namespace states, then the
-# snapshot version, each in key order, so concurrent batches (and replicas) never deadlock. Multiranges
-# and jsonb_to_recordset keep these statements as text.
+# The ingest statements run on the session's psycopg connection in pipeline mode (IngestStatements): a
+# batch reads in one round trip and writes in another, without SQLAlchemy's per-statement work. A batch
+# holds at most one report per pod (ON CONFLICT may touch a row once per statement) and travels as one
+# JSON array read by jsonb_to_recordset, in pod_uid order: every writer locks pods, then totals, then
+# namespace states, then the snapshot version, each in key order, so concurrent batches (and replicas)
+# never deadlock. Multiranges and jsonb_to_recordset keep these statements as text.
+_PODS = (
+    "jsonb_to_recordset(CAST(%(pods)s AS jsonb)) AS r(pod_uid text, namespace text, pod text, seq bigint, "
+    "interval_start timestamptz, interval_end timestamptz, final boolean, gpu_model text)"
+)
 _REPORTS = (
-    "jsonb_to_recordset(CAST(:reports AS jsonb)) AS r(pod_uid text, namespace text, pod text, seq bigint, "
+    "jsonb_to_recordset(CAST(%(reports)s AS jsonb)) AS r(pod_uid text, namespace text, pod text, seq bigint, "
     "interval_start timestamptz, interval_end timestamptz, final boolean, gpu_share numeric, "
     "gpu_minutes numeric, gpu_count integer, mean_sm_util_pct double precision, max_mem_used_bytes bigint, "
     "gpus jsonb, peak_sm_util_pct double precision, mem_used_bytes bigint, mean_power_w numeric, "
-    "gpu_status_bits smallint)"
+    "gpu_status_bits smallint, charge_share numeric, gpu_model text)"
 )
-# Creates each pod's row on its first report and locks it; answers the part of each interval not yet
-# charged. A pod_uid already known in another namespace is neither touched nor answered. `last_report_at`
-# records a sign of life from the sidecar: a charge made without one (the reconciler's, for silent time)
-# leaves it alone, and a pod first seen that way counts as silent since the start of that charge.
-_LOCK_PODS = sa.text(
-    f"WITH r AS (SELECT * FROM {_REPORTS}), locked AS ("
-    "INSERT INTO pod_coverage (pod_uid, namespace, pod, covered, last_seq, last_report_at, final) "
+# Creates each pod's row on its first report and locks it; answers the pieces of each interval not yet
+# charged, one row each (one row of NULLs for a report whose time is all charged already). A pod_uid
+# already known in another namespace is neither touched nor answered. `last_report_at` records a sign of
+# life from the sidecar: a charge made without one (the reconciler's, for silent time) leaves it alone,
+# and a pod first seen that way counts as silent since the start of that charge. The pod's GPU model is the
+# first one told (billing weights): kept once known, and answered.
+_LOCK_PODS = (
+    f"WITH r AS (SELECT * FROM {_PODS}), locked AS ("
+    "INSERT INTO pod_coverage (pod_uid, namespace, pod, covered, last_seq, last_report_at, final, gpu_model) "
     "SELECT pod_uid, namespace, pod, '{}', seq, "
-    "CASE WHEN :from_sidecar THEN CAST(:now AS timestamptz) ELSE interval_start END, false "
+    "CASE WHEN %(from_sidecar)s THEN CAST(%(now)s AS timestamptz) ELSE interval_start END, false, gpu_model "
     "FROM r ORDER BY pod_uid "
-    "ON CONFLICT (pod_uid) DO UPDATE SET last_report_at = CASE WHEN :from_sidecar "
-    "THEN excluded.last_report_at ELSE pod_coverage.last_report_at END "
-    "WHERE pod_coverage.namespace = excluded.namespace RETURNING pod_uid, covered) "
-    "SELECT r.pod_uid, tstzmultirange(tstzrange(r.interval_start, r.interval_end)) - locked.covered "
-    "AS uncovered FROM r JOIN locked USING (pod_uid)"
+    "ON CONFLICT (pod_uid) DO UPDATE SET last_report_at = CASE WHEN %(from_sidecar)s "
+    "THEN excluded.last_report_at ELSE pod_coverage.last_report_at END, "
+    "gpu_model = coalesce(pod_coverage.gpu_model, excluded.gpu_model) "
+    "WHERE pod_coverage.namespace = excluded.namespace RETURNING pod_uid, covered, gpu_model) "
+    "SELECT r.pod_uid, lower(u.piece), upper(u.piece), locked.gpu_model FROM r JOIN locked USING (pod_uid) "
+    "LEFT JOIN LATERAL unnest(tstzmultirange(tstzrange(r.interval_start, r.interval_end)) - locked.covered) "
+    "AS u(piece) ON true"
 )
-# Answers the reports that were new; a repeat of (pod_uid, seq, interval) inserts nothing.
-_INSERT_LEDGER = sa.text(
+# The reports already in the ledger (a retry of the same pod_uid, seq and interval charges nothing). Run
+# after _LOCK_PODS, as its own statement: its snapshot then sees every batch that held a pod's lock before.
+_REPEATED = (
+    f"SELECT r.pod_uid FROM {_PODS} JOIN usage_ledger l ON l.pod_uid = r.pod_uid AND l.seq = r.seq "
+    "AND l.interval_start = r.interval_start AND l.interval_end = r.interval_end"
+)
+# Each row is charged the part of its interval its pod has not covered (the pod row is locked since
+# _LOCK_PODS, and covered only by _COVER after this). ON CONFLICT stays as a guard: IngestStatements.write
+# refuses the batch when a row it was sure was new did not go in.
+_INSERT_LEDGER = (
     "INSERT INTO usage_ledger (namespace, pod, pod_uid, seq, interval_start, interval_end, gpu_share, "
     "charged, gpu_minutes, final, received_at, gpu_count, mean_sm_util_pct, max_mem_used_bytes, gpus, "
-    "peak_sm_util_pct, mem_used_bytes, mean_power_w, gpu_status_bits) "
+    "peak_sm_util_pct, mem_used_bytes, mean_power_w, gpu_status_bits, charge_share, gpu_model) "
     "SELECT r.namespace, r.pod, r.pod_uid, r.seq, r.interval_start, r.interval_end, r.gpu_share, "
     "tstzmultirange(tstzrange(r.interval_start, r.interval_end)) - c.covered, r.gpu_minutes, r.final, "
-    "CAST(:now AS timestamptz), r.gpu_count, r.mean_sm_util_pct, r.max_mem_used_bytes, r.gpus, "
-    "r.peak_sm_util_pct, r.mem_used_bytes, r.mean_power_w, r.gpu_status_bits "
+    "CAST(%(now)s AS timestamptz), r.gpu_count, r.mean_sm_util_pct, r.max_mem_used_bytes, r.gpus, "
+    "r.peak_sm_util_pct, r.mem_used_bytes, r.mean_power_w, r.gpu_status_bits, r.charge_share, r.gpu_model "
     f"FROM {_REPORTS} JOIN pod_coverage c USING (pod_uid) "
-    "ON CONFLICT ON CONSTRAINT uq_usage_ledger_report DO NOTHING RETURNING pod_uid"
+    "ON CONFLICT ON CONSTRAINT uq_usage_ledger_report DO NOTHING"
 )
-_COVER = sa.text(
+_COVER = (
     "UPDATE pod_coverage p SET covered = p.covered + tstzmultirange(tstzrange(r.interval_start, "
     "r.interval_end)), last_seq = r.seq, pod = r.pod, final = p.final OR r.final "
-    f"FROM {_REPORTS} WHERE p.pod_uid = r.pod_uid"
+    f"FROM {_PODS} WHERE p.pod_uid = r.pod_uid"
 )
+# Adds to the running totals in key order (the lock order); answers each total afterwards.
+_ADD_USED = (
+    "INSERT INTO usage_totals (namespace, period_kind, period_start, used_gpu_minutes) "
+    "SELECT * FROM jsonb_to_recordset(CAST(%(totals)s AS jsonb)) "
+    "AS t(namespace text, period_kind text, period_start timestamptz, used numeric) ORDER BY 1, 2, 3 "
+    "ON CONFLICT (namespace, period_kind, period_start) "
+    "DO UPDATE SET used_gpu_minutes = usage_totals.used_gpu_minutes + excluded.used_gpu_minutes "
+    "RETURNING namespace, period_kind, period_start, used_gpu_minutes, granted_gpu_minutes"
+)
+# The namespaces' stored states, locked after the totals in key order (byte order, as Python sorts the
+# names AdmissionRepository.set_states writes in): the lock order.
+_LOCK_STATES = (
+    "SELECT namespace, state FROM namespace_status WHERE namespace = ANY(%(namespaces)s) "
+    'ORDER BY namespace COLLATE "C" FOR UPDATE'
+)
+# The budgets' figures, as BudgetRepository reads them, in the driver's parameter style.
+_FIGURES = str(FIGURES.compile(dialect=psycopg_dialect()))
+
 # Raw ledger rows and the hourly per-pod aggregates the roll-up job folds old rows into, in one shape:
 # a report counts once per aggregate (an aggregate row counts the reports folded into its hour). Each
 # additive figure is a value for `per` seconds of the source's charged time: a ledger row's per second
 # (its utilisation, memory, power; 1 where it has the figure), an aggregate's for its whole charged time
 # (its sums), so the seconds of a bucket or window take their part (all of it for a whole hour, exactly).
 _USAGE_SOURCE = (
-    "SELECT 'l' || l.id AS id, l.pod, l.gpu_share, l.charged, 1 AS reports, 1 AS per, "
+    "SELECT 'l' || l.id AS id, l.pod, l.gpu_share, l.charge_share, l.gpu_model, l.charged, 1 AS reports, "
+    "1 AS per, "
     "l.mean_sm_util_pct AS util, CAST(l.mean_sm_util_pct IS NOT NULL AS int) AS util_covered, "
     "coalesce(l.peak_sm_util_pct, l.mean_sm_util_pct) AS util_peak, l.mem_used_bytes AS mem, "
     "CAST(l.mem_used_bytes IS NOT NULL AS int) AS mem_covered, l.mem_used_bytes AS mem_peak, "
     "l.mean_power_w AS energy, l.gpu_status_bits AS status_bits "
     "FROM usage_ledger l "
     "WHERE l.namespace = :namespace AND l.interval_end > :since AND l.interval_start < :until "
-    "UNION ALL SELECT 'h' || h.id, h.pod, h.gpu_share, h.charged, h.reports, "
+    "UNION ALL SELECT 'h' || h.id, h.pod, h.gpu_share, h.charge_share, h.gpu_model, h.charged, h.reports, "
     "(SELECT sum(extract(epoch FROM upper(c) - lower(c))) FROM unnest(h.charged) AS c), "
     "h.util_seconds, h.util_covered_seconds, h.peak_sm_util_pct, h.mem_byte_seconds, h.mem_covered_seconds, "
     "h.peak_mem_used_bytes, h.energy_joules, h.gpu_status_bits "
@@ -83,9 +127,11 @@ _USAGE_SOURCE = (
     "AND h.hour_start > CAST(:since AS timestamptz) - interval '1 hour' AND h.hour_start < :until"
 )
 
-GroupBy = Literal["pod", "hour", "day"]
+GroupBy = Literal["pod", "hour", "day", "model"]
+UNKNOWN_MODEL = "unknown"
 _USAGE_PIECE = {
     "pod": ("s.pod", "r", ""),
+    "model": (f"coalesce(s.gpu_model, '{UNKNOWN_MODEL}')", "r", ""),
     "hour": (
         'to_char(b, \'YYYY-MM-DD"T"HH24:00:00"Z"\')',
         "r * tstzrange(b, b + interval '1 hour')",
@@ -101,26 +147,186 @@ _USAGE_PIECE = {
 }
 
 
+# Per pod over [since, until): allocation (share x charged seconds), the allocation of the seconds that had a
+# utilisation figure, and that allocation x the mean SM utilisation, each as share-seconds rounded once to
+# GPU-minutes (as the usage answer's minutes are). A source's figures stand for `per` seconds (see above).
+_EFFICIENCY = sa.text(
+    f"WITH source AS ({_USAGE_SOURCE}), per_source AS ("
+    "SELECT s.pod, s.id, max(s.gpu_share) AS share, max(s.per) AS per, max(s.util) AS util, "
+    "max(s.util_covered) AS util_covered, sum(extract(epoch FROM upper(r) - lower(r))) AS seconds "
+    "FROM source s CROSS JOIN LATERAL unnest(s.charged * tstzmultirange(tstzrange(:since, :until))) AS r "
+    "GROUP BY 1, 2) "
+    "SELECT pod, round(sum(share * seconds) / 60, 9) AS allocated, "
+    "round(coalesce(sum(share * util_covered * seconds / per), 0) / 60, 9) AS measured, "
+    "round(coalesce(sum(share * util * seconds / per), 0) / 6000, 9) AS utilised "
+    "FROM per_source GROUP BY pod ORDER BY pod"
+)
+_RUNNING = str(RUNNING_POD.compile(dialect=postgresql.dialect()))
+# Running pods that have held their GPUs since before :held_since (their first charged time) and whose
+# utilisation over [:held_since, :now) is known; the caller keeps those below the threshold. Raw rows
+# only: the window is far younger than the roll-up's retention.
+_HELD = sa.text(
+    "WITH pods AS (SELECT namespace, pod, pod_uid, lower(covered) AS held_from FROM pod_coverage "
+    "WHERE (CAST(:namespaces AS text[]) IS NULL OR namespace = ANY(CAST(:namespaces AS text[]))) "
+    f"AND {_RUNNING} AND NOT isempty(covered) AND lower(covered) <= :held_since), pieces AS ("
+    "SELECT l.pod_uid, l.gpu_share, l.mean_sm_util_pct AS util, "
+    "extract(epoch FROM upper(r) - lower(r)) AS seconds FROM pods "
+    "JOIN usage_ledger l ON l.pod_uid = pods.pod_uid AND l.namespace = pods.namespace "
+    "AND l.interval_end > :held_since AND l.interval_start < :now "
+    "CROSS JOIN LATERAL unnest(l.charged * tstzmultirange(tstzrange(:held_since, :now))) AS r) "
+    "SELECT pods.namespace, pods.pod, pods.pod_uid, pods.held_from, max(x.gpu_share) AS gpu_share, "
+    "round(sum(x.gpu_share * x.seconds) / 60, 9) AS allocated, "
+    "sum(x.util * x.seconds) FILTER (WHERE x.util IS NOT NULL) "
+    "/ sum(x.seconds) FILTER (WHERE x.util IS NOT NULL) AS mean_util "
+    "FROM pods JOIN pieces x USING (pod_uid) GROUP BY 1, 2, 3, 4 "
+    "HAVING count(x.util) > 0 ORDER BY 1, 2, 3"
+)
+
+
+class UsageFound(NamedTuple):
+    key: str
+    gpu_minutes: Decimal
+    raw_gpu_minutes: Decimal
+    reports: int
+    figures: FigureSums
+
+
+@dataclass(frozen=True, slots=True)
+class PodEfficiency:
+    pod: str
+    allocated_gpu_minutes: Decimal
+    measured_gpu_minutes: Decimal  # the allocation of the time that had a utilisation figure
+    utilised_gpu_minutes: Decimal  # that allocation x its mean SM utilisation
+
+
+@dataclass(frozen=True, slots=True)
+class HeldPod:
+    namespace: str
+    pod: str
+    pod_uid: str
+    held_from: datetime
+    gpu_share: Decimal
+    allocated_gpu_minutes: Decimal  # inside the window
+    mean_sm_util_pct: Decimal  # over the window's time that had the figure
+
+
 def batch_json(rows: Sequence[Mapping[str, Any]]) -> str:
-    """A batch's rows (the columns of _REPORTS) as the one JSON parameter its statements read with
-    jsonb_to_recordset: encoded in C, rather than a Python-dumped array per column."""
+    """A batch's rows as the one JSON parameter its statements read with jsonb_to_recordset: encoded in
+    C, rather than a Python-dumped array per column."""
     return orjson.dumps(rows).decode()
 
 
+@dataclass(frozen=True, slots=True)
+class BatchRead:
+    """What a batch's plan needs, read with its pods locked."""
+
+    figures: list[NamespaceFigures]  # each namespace of the batch
+    uncovered: dict[str, list[Interval]]  # by pod_uid: the pods of the namespace they report for
+    models: dict[str, str | None]  # by pod_uid (as uncovered): the GPU model known for the pod
+    repeated: set[str]  # pod_uids whose report is in the ledger already
+    weights: dict[str, WeightTimeline]  # the weight timelines over the batch's intervals, by model
+    bases: dict[str, tuple[str, Decimal]]  # the charge basis rows of the batch's namespaces and cluster
+
+
+@dataclass(frozen=True, slots=True)
+class BatchWritten:
+    totals: list[tuple[TotalKey, Decimal, Decimal]]  # (used, granted) of each total the batch added to
+    states: dict[str, BudgetState]  # as stored, locked: the namespaces asked for that have a state yet
+
+
+class IngestStatements:
+    """The ingest statements, on the session's own psycopg connection (so in its transaction) in
+    pipeline mode: a batch costs one round trip to read and one to write, whatever its size. They only
+    read or write; what to charge is the caller's plan."""
+
+    def __init__(self, connection: psycopg.AsyncConnection[Any]) -> None:
+        self.connection = connection
+
+    @classmethod
+    async def of(cls, session: AsyncSession) -> IngestStatements:
+        connection = (await (await session.connection()).get_raw_connection()).driver_connection
+        assert isinstance(connection, psycopg.AsyncConnection), "the engine's driver is psycopg"
+        return cls(connection)
+
+    async def read(
+        self, pods: str, namespaces: list[str], span: Interval, now: datetime, *, from_sidecar: bool
+    ) -> BatchRead:
+        """The namespaces' figures and charge bases, the weights over `span` (the batch's intervals);
+        locks (creating on first sight) the pods of `pods` (batch_json rows of _PODS' columns) and
+        answers the part of each report's interval not yet charged, each pod's GPU model, and which
+        reports are repeats."""
+        connection = self.connection
+        async with connection.pipeline() as pipeline:
+            figures = connection.cursor(row_factory=namedtuple_row)
+            await figures.execute(_FIGURES, figures_parameters(now, namespaces))
+            billing = await connection.execute(CHARGE_INPUTS, charge_inputs_parameters(namespaces, *span))
+            locked = await connection.execute(
+                _LOCK_PODS, {"pods": pods, "now": now, "from_sidecar": from_sidecar}
+            )
+            repeated = await connection.execute(_REPEATED, {"pods": pods})
+            await pipeline.sync()
+            uncovered: dict[str, list[Interval]] = {}
+            models: dict[str, str | None] = {}
+            for pod_uid, lower, upper, model in await locked.fetchall():
+                pieces = uncovered.setdefault(pod_uid, [])
+                models[pod_uid] = model
+                if lower is not None:
+                    pieces.append((lower, upper))
+            weights, bases = charge_inputs(await billing.fetchone())
+            return BatchRead(
+                [namespace_figures(row) for row in await figures.fetchall()],
+                uncovered,
+                models,
+                {pod_uid for (pod_uid,) in await repeated.fetchall()},
+                weights,
+                bases,
+            )
+
+    async def write(
+        self,
+        reports: str,
+        count: int,
+        covering: str | None,
+        totals: str | None,
+        namespaces: list[str],
+        now: datetime,
+    ) -> BatchWritten:
+        """Inserts the `count` new reports' ledger rows (`reports`: batch_json rows of _REPORTS'
+        columns, each charged the part of its interval its pod has not covered), adds the `covering`
+        reports' intervals to their pods' charged time and the `totals` (rows of namespace, period_kind,
+        period_start, used) to the running totals; answers each total afterwards, and the stored states
+        of `namespaces`, locked until the commit (so the caller writes only states that really change,
+        and none when none do)."""
+        connection = self.connection
+        async with connection.pipeline() as pipeline:
+            inserted = await connection.execute(_INSERT_LEDGER, {"reports": reports, "now": now})
+            if covering is not None:
+                await connection.execute(_COVER, {"pods": covering})
+            added = None if totals is None else await connection.execute(_ADD_USED, {"totals": totals})
+            states = (
+                await connection.execute(_LOCK_STATES, {"namespaces": namespaces}) if namespaces else None
+            )
+            await pipeline.sync()
+            if inserted.rowcount != count:  # a repeat the read did not see: never charge it twice
+                raise RuntimeError(f"{count - inserted.rowcount} ledger rows of the batch were there already")
+            return BatchWritten(
+                []
+                if added is None
+                else [
+                    ((ns, kind, start), used, granted)
+                    for ns, kind, start, used, granted in await added.fetchall()
+                ],
+                {}
+                if states is None
+                else {namespace: cast(BudgetState, state) for namespace, state in await states.fetchall()},
+            )
+
+
 class UsageRepository:
-    """The ledger's statements. Each takes the batch's rows (in pod_uid order, at most one per pod)
-    already encoded by batch_json, and only reads or writes: what to charge is decided by the caller."""
+    """The usage queries, and the owners of refused pod_uids."""
 
     def __init__(self, session: AsyncSession) -> None:
         self.session = session
-
-    async def lock_pods(self, rows: str, now: datetime, *, from_sidecar: bool) -> dict[str, list[Interval]]:
-        """Creates and locks each pod's coverage row; answers, for the pods of this namespace, the part of
-        their interval not yet charged (a pod_uid known in another namespace is absent from the answer)."""
-        locked = await self.session.execute(
-            _LOCK_PODS, {"reports": rows, "now": now, "from_sidecar": from_sidecar}
-        )
-        return {row.pod_uid: [(piece.lower, piece.upper) for piece in row.uncovered] for row in locked}
 
     async def owners(self, pod_uids: Sequence[str]) -> dict[str, str]:
         """The namespace each pod_uid reports for."""
@@ -129,52 +335,11 @@ class UsageRepository:
         )
         return dict(result.tuples().all())
 
-    async def insert_ledger(self, rows: str, now: datetime) -> set[str]:
-        """Adds the reports' ledger rows (each charged the part of its interval its pod has not covered);
-        answers the pod_uids whose report was new (a repeat of (pod_uid, seq, interval) adds nothing)."""
-        inserted = await self.session.execute(_INSERT_LEDGER, {"reports": rows, "now": now})
-        return set(inserted.scalars())
-
-    async def cover(self, rows: str) -> None:
-        """Adds the reports' intervals to their pods' charged time."""
-        await self.session.execute(_COVER, {"reports": rows})
-
-    async def add_used(self, added: Mapping[TotalKey, Decimal]) -> list[tuple[TotalKey, Decimal, Decimal]]:
-        """Adds to the running totals (in the given order, the lock order); answers each total's
-        (used, granted) afterwards."""
-        if not added:
-            return []
-        statement = insert(UsageTotal).values(
-            [
-                {"namespace": ns, "period_kind": kind, "period_start": start, "used_gpu_minutes": amount}
-                for (ns, kind, start), amount in added.items()
-            ]
-        )
-        result = await self.session.execute(
-            statement.on_conflict_do_update(
-                index_elements=[UsageTotal.namespace, UsageTotal.period_kind, UsageTotal.period_start],
-                set_={"used_gpu_minutes": UsageTotal.used_gpu_minutes + statement.excluded.used_gpu_minutes},
-            ).returning(
-                UsageTotal.namespace,
-                UsageTotal.period_kind,
-                UsageTotal.period_start,
-                UsageTotal.used_gpu_minutes,
-                UsageTotal.granted_gpu_minutes,
-            )
-        )
-        return [
-            (
-                (row.namespace, row.period_kind, row.period_start),
-                row.used_gpu_minutes,
-                row.granted_gpu_minutes,
-            )
-            for row in result
-        ]
-
     async def usage(
         self, namespace: str, since: datetime, until: datetime, group_by: GroupBy
-    ) -> list[tuple[str, Decimal, int, FigureSums]]:
-        """Charged GPU-minutes inside [since, until), exactly (charged time clipped to the window and to
+    ) -> list[UsageFound]:
+        """Charged GPU-minutes (what the budget counts: weighted, at the charge basis) and raw ones (share x
+        time) inside [since, until), exactly (charged time clipped to the window and to
         each bucket, share x seconds summed exactly and rounded once per row), grouped by pod, hour or day,
         with the figures' sums over the same seconds. Raw ledger rows and the hourly aggregates old rows
         were folded into answer alike."""
@@ -183,6 +348,7 @@ class UsageRepository:
             f"WITH source AS ({_USAGE_SOURCE}), per_source AS ("
             f"SELECT {key} AS key, s.id, "
             f"sum(s.gpu_share * extract(epoch FROM upper({piece}) - lower({piece}))) AS share_seconds, "
+            f"sum(s.charge_share * gpu_weighted_seconds(s.gpu_model, {piece})) AS charged_seconds, "
             f"sum(extract(epoch FROM upper({piece}) - lower({piece}))) AS seconds, max(s.per) AS per, "
             "max(s.reports) AS reports, max(s.util) AS util, max(s.util_covered) AS util_covered, "
             "max(s.util_peak) AS util_peak, max(s.mem) AS mem, max(s.mem_covered) AS mem_covered, "
@@ -190,7 +356,8 @@ class UsageRepository:
             "FROM source s "
             "CROSS JOIN LATERAL unnest(s.charged * tstzmultirange(tstzrange(:since, :until))) AS r "
             f"{bucket} GROUP BY 1, 2) "
-            "SELECT key, round(sum(share_seconds) / 60, 9) AS minutes, sum(reports) AS reports, "
+            "SELECT key, round(sum(charged_seconds) / 60, 9) AS minutes, "
+            "round(sum(share_seconds) / 60, 9) AS raw_minutes, sum(reports) AS reports, "
             "sum(util * seconds / per) AS util_seconds, "
             "coalesce(sum(util_covered * seconds / per), 0) AS util_covered_seconds, "
             "max(util_peak) AS util_peak, sum(mem * seconds / per) AS mem_byte_seconds, "
@@ -200,9 +367,10 @@ class UsageRepository:
         )
         result = await self.session.execute(query, {"namespace": namespace, "since": since, "until": until})
         return [
-            (
+            UsageFound(
                 row.key,
                 row.minutes,
+                row.raw_minutes,
                 int(row.reports),
                 FigureSums(
                     util_seconds=row.util_seconds,
@@ -214,6 +382,40 @@ class UsageRepository:
                     energy_joules=row.energy_joules,
                     gpu_status_bits=int(row.status_bits),
                 ),
+            )
+            for row in result
+        ]
+
+    async def efficiency(self, namespace: str, since: datetime, until: datetime) -> list[PodEfficiency]:
+        """Per pod over [since, until): allocated, measured and utilised GPU-minutes, exactly (raw rows and
+        hourly aggregates alike)."""
+        result = await self.session.execute(
+            _EFFICIENCY, {"namespace": namespace, "since": since, "until": until}
+        )
+        return [PodEfficiency(row.pod, row.allocated, row.measured, row.utilised) for row in result]
+
+    async def held_pods(
+        self, namespaces: Sequence[str] | None, held_since: datetime, now: datetime
+    ) -> list[HeldPod]:
+        """Running pods (of the namespaces, or all) holding GPUs since held_since or earlier, with their
+        allocation and mean utilisation over [held_since, now) where they reported one."""
+        result = await self.session.execute(
+            _HELD,
+            {
+                "namespaces": None if namespaces is None else list(namespaces),
+                "held_since": held_since,
+                "now": now,
+            },
+        )
+        return [
+            HeldPod(
+                row.namespace,
+                row.pod,
+                row.pod_uid,
+                row.held_from,
+                row.gpu_share,
+                row.allocated,
+                row.mean_util,
             )
             for row in result
         ]

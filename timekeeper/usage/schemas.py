@@ -9,7 +9,16 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
 from gpuaccounting.wire import BudgetState, GpuStatus
-from timekeeper.schemas import Amount, DecimalNumber, NamespaceName, PodName, PodUid, StoredText, Timestamp
+from timekeeper.schemas import (
+    Amount,
+    DecimalNumber,
+    NamespaceName,
+    OptionalAmount,
+    PodName,
+    PodUid,
+    StoredText,
+    Timestamp,
+)
 
 # Numbers only as JSON numbers (strict: no "50", no true), within what a GPU can report.
 Percent = Annotated[StrictFloat, Field(ge=0, le=100)]
@@ -80,7 +89,10 @@ class UsageRow(BaseModel):
     figures are the pod's own where the sidecar could attribute them (docs/timekeeper.md)."""
 
     key: str
+    # What the budget counts: share x time x the GPU model's weight (x utilisation under the measured
+    # charge basis); raw: share x time.
     gpu_minutes: Amount
+    raw_gpu_minutes: Amount
     reports: int
     mean_sm_util_pct: float | None
     peak_sm_util_pct: float | None
@@ -94,8 +106,9 @@ class UsageOut(BaseModel):
     namespace: str
     since: datetime
     until: datetime
-    group_by: Literal["pod", "hour", "day"]
+    group_by: Literal["pod", "hour", "day", "model"]
     total_gpu_minutes: Amount
+    total_raw_gpu_minutes: Amount
     total_mean_sm_util_pct: float | None
     total_peak_sm_util_pct: float | None
     total_mean_mem_used_bytes: int | None
@@ -103,3 +116,44 @@ class UsageOut(BaseModel):
     total_energy_joules: float | None
     total_gpu_statuses: list[GpuStatus]
     rows: list[UsageRow]
+
+
+class PodEfficiencyOut(BaseModel):
+    """A pod's allocated GPU-minutes beside what it used of them (docs/timekeeper.md#efficiency)."""
+
+    pod: str
+    allocated_gpu_minutes: Amount
+    measured_gpu_minutes: Amount  # the allocation of the time that had a utilisation figure
+    utilised_gpu_minutes: Amount  # that allocation x its mean SM utilisation
+    efficiency: OptionalAmount  # utilised / measured; null without figures
+
+
+class EfficiencyOut(BaseModel):
+    namespace: str
+    since: datetime
+    until: datetime
+    allocated_gpu_minutes: Amount
+    measured_gpu_minutes: Amount
+    utilised_gpu_minutes: Amount
+    efficiency: OptionalAmount
+    pods: list[PodEfficiencyOut]
+
+
+class IdlePodOut(BaseModel):
+    namespace: str
+    pod: str
+    pod_uid: str
+    gpu_share: Amount
+    held_since: datetime  # the start of its charged time
+    window_gpu_minutes: Amount  # allocated inside the report's window
+    mean_sm_util_pct: Amount  # over the window's time that had the figure
+
+
+class IdleReportOut(BaseModel):
+    """Running pods that have held GPUs for at least `held_for_seconds` and used less than
+    `below_sm_util_pct` of them over the last `held_for_seconds` (pods without figures are not judged)."""
+
+    generated_at: datetime
+    held_for_seconds: float
+    below_sm_util_pct: Amount
+    pods: list[IdlePodOut]

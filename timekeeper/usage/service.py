@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -14,15 +14,16 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.wire import BudgetState
 from timekeeper.admission.repository import AdmissionRepository
-from timekeeper.admission.service import AdmissionService
+from timekeeper.admission.service import AdmissionService, figures_state
+from timekeeper.billing.weights import charge_share, model_key, resolve_basis, timeline_of
 from timekeeper.budgets.periods import period_containing
 from timekeeper.budgets.repository import BudgetRepository
 from timekeeper.clock import Clock
 from timekeeper.errors import TimekeeperError
 from timekeeper.settings import Settings
-from timekeeper.usage.figures import NO_FIGURES, measure
-from timekeeper.usage.planning import figures_after, plan_charges, plan_totals
-from timekeeper.usage.repository import GroupBy, UsageRepository, batch_json
+from timekeeper.usage.figures import NO_FIGURES, Measured, measure
+from timekeeper.usage.planning import Rate, figures_after, plan_charges, plan_totals
+from timekeeper.usage.repository import BatchWritten, GroupBy, IngestStatements, UsageRepository, batch_json
 from timekeeper.usage.schemas import ReportIn, UsageOut, UsageRow
 
 log = logging.getLogger(__name__)
@@ -61,10 +62,14 @@ class IngestOutcome:
     state: BudgetState
 
 
-def report_row(report: ReportIn) -> dict[str, Any]:
-    """A report as the ingest statements read it (one element of batch_json); amounts as exact decimal
-    text, its charge filled in once planned."""
-    measured = measure(report)
+def reported_model(report: ReportIn) -> str | None:
+    """The GPU model the sidecar read from NVML (its first GPU that has a name), in model_key's spelling."""
+    return next((model_key(gpu.name) for gpu in report.gpus if gpu.name), None)
+
+
+def pod_row(report: ReportIn, gpu_model: str | None = None) -> dict[str, Any]:
+    """A report as the statements that lock and cover its pod read it (IngestStatements), with the GPU
+    model it tells of (its own NVML name, else the one its node told the caller)."""
     return {
         "pod_uid": report.pod_uid,
         "namespace": report.namespace,
@@ -73,8 +78,20 @@ def report_row(report: ReportIn) -> dict[str, Any]:
         "interval_start": report.interval_start,
         "interval_end": report.interval_end,
         "final": report.final,
+        "gpu_model": reported_model(report) or gpu_model,
+    }
+
+
+def ledger_row(
+    report: ReportIn, measured: Measured, gpu_minutes: Decimal, rate: Rate, gpu_model: str | None
+) -> dict[str, Any]:
+    """A report's ledger row as the ledger insert reads it: amounts as exact decimal text."""
+    return {
+        **pod_row(report),
         "gpu_share": str(report.gpu_share),
-        "gpu_minutes": None,
+        "gpu_minutes": str(gpu_minutes),
+        "charge_share": str(rate.charge_share),
+        "gpu_model": gpu_model,
         "gpu_count": measured.gpu_count,
         "mean_sm_util_pct": measured.mean_sm_util_pct,
         "max_mem_used_bytes": measured.max_mem_used_bytes,
@@ -90,76 +107,129 @@ class IngestService:
     """Charges reports in the caller's transaction (the batcher's, or the reconciler's for silent time)."""
 
     def __init__(self, session: AsyncSession, settings: Settings) -> None:
+        self.session = session
         self.usage = UsageRepository(session)
-        self.budgets = BudgetRepository(session)
         self.admission = AdmissionService(session, settings)
         self.states = AdmissionRepository(session)
 
     async def charge_one(
-        self, report: ReportIn, now: datetime, *, from_sidecar: bool = True
+        self, report: ReportIn, now: datetime, *, from_sidecar: bool = True, gpu_model: str | None = None
     ) -> IngestOutcome:
         """A batch of one; raises what refused the report."""
-        [outcome] = await self.charge([report], now, from_sidecar=from_sidecar)
+        models = {report.pod_uid: gpu_model} if gpu_model else None
+        [outcome] = await self.charge([report], now, from_sidecar=from_sidecar, models=models)
         if isinstance(outcome, TimekeeperError):
             raise outcome
         return outcome
 
     async def charge(
-        self, reports: Sequence[ReportIn], now: datetime, *, from_sidecar: bool = True
+        self,
+        reports: Sequence[ReportIn],
+        now: datetime,
+        *,
+        from_sidecar: bool = True,
+        models: Mapping[str, str] | None = None,
     ) -> list[IngestOutcome | TimekeeperError]:
         """Charge a batch of reports, at most one per pod: for each, the part of its interval its pod has
         not been charged for, split at period boundaries, with its ledger row, its pod's coverage, the
-        running totals and its namespace's state. The same few statements whatever the batch's size.
+        running totals and its namespace's state. The same few round trips whatever the batch's size:
+        read (figures, pods locked, repeats), plan, write (ledger, coverage, totals; the stored states
+        locked), and record the states that change, when any do.
         Answers in the reports' order; a report refused (its pod_uid belongs to another namespace) gets
         its error and changes nothing. `from_sidecar=False` (the reconciler charging silent time) leaves
-        the pod's last report time alone."""
+        the pod's last report time alone; `models` (pod_uid -> GPU model, from the pod's node) stand in
+        for reports that name no GPU model. Each report is charged at its rate: its charge share (the
+        namespace's charge basis) x the weight of its pod's GPU model at each moment (billing/)."""
+        told = models or {}
         in_order = sorted(reports, key=lambda report: report.pod_uid)
-        figures = {
-            f.namespace: f
-            for f in await self.budgets.figures(now, sorted({report.namespace for report in in_order}))
-        }
-        rows = {report.pod_uid: report_row(report) for report in in_order}
-        uncovered = await self.usage.lock_pods(
-            batch_json([rows[report.pod_uid] for report in in_order]), now, from_sidecar=from_sidecar
+        statements = await IngestStatements.of(self.session)
+        read = await statements.read(
+            batch_json([pod_row(report, told.get(report.pod_uid)) for report in in_order]),
+            sorted({report.namespace for report in in_order}),
+            (min(r.interval_start for r in in_order), max(r.interval_end for r in in_order)),
+            now,
+            from_sidecar=from_sidecar,
         )
+        figures = {f.namespace: f for f in read.figures}
+        uncovered = read.uncovered
         outcomes: dict[str, IngestOutcome | TimekeeperError] = {}
         refused = [report.pod_uid for report in in_order if report.pod_uid not in uncovered]
         if refused:
             for pod_uid, owner in (await self.usage.owners(refused)).items():
                 outcomes[pod_uid] = TimekeeperError(f"pod_uid {pod_uid} reports for namespace {owner}", 409)
         accepted = [report for report in in_order if report.pod_uid in uncovered]
-        charges = plan_charges(accepted, uncovered, {ns: f.config for ns, f in figures.items()})
-        new: set[str] = set()
-        if accepted:
-            for report in accepted:
-                rows[report.pod_uid]["gpu_minutes"] = str(charges[report.pod_uid].gpu_minutes)
-            new = await self.usage.insert_ledger(
-                batch_json([rows[report.pod_uid] for report in accepted]), now
+        fresh = [report for report in accepted if report.pod_uid not in read.repeated]
+        measured = {report.pod_uid: measure(report) for report in fresh}
+        rates = {
+            report.pod_uid: Rate(
+                charge_share(
+                    report.gpu_share,
+                    resolve_basis(report.namespace, read.bases)[0],
+                    measured[report.pod_uid].mean_sm_util_pct,
+                ),
+                timeline_of(read.models[report.pod_uid], read.weights),
             )
-        fresh = [report for report in accepted if report.pod_uid in new]
-        covering = [rows[report.pod_uid] for report in fresh if uncovered[report.pod_uid]]
-        if covering:
-            await self.usage.cover(batch_json(covering))
-        totals = await self.usage.add_used(plan_totals(fresh, charges))
-        after = figures_after(figures, totals, now)
-        states, changed = await self.admission.record(
-            [after[namespace] for namespace in sorted({report.namespace for report in fresh})],
-            config_changed=False,
-        )
+            for report in fresh
+        }
+        charges = plan_charges(fresh, uncovered, {ns: f.config for ns, f in figures.items()}, rates)
+        namespaces = sorted({report.namespace for report in fresh})
+        # Pool members' states are locked and decided together by AdmissionService.record (all members
+        # in name order); the batch locks and compares the others' in its write round trip.
+        pooled = any(figures[namespace].config.pool is not None for namespace in namespaces)
+        written = BatchWritten([], {})
+        if fresh:
+            added = plan_totals(fresh, charges)
+            covering = [pod_row(report) for report in fresh if uncovered[report.pod_uid]]
+            ledger = [
+                ledger_row(
+                    report,
+                    measured[report.pod_uid],
+                    charges[report.pod_uid].gpu_minutes,
+                    rates[report.pod_uid],
+                    read.models[report.pod_uid],
+                )
+                for report in fresh
+            ]
+            written = await statements.write(
+                batch_json(ledger),
+                len(fresh),
+                batch_json(covering) if covering else None,
+                batch_json(
+                    [
+                        {"namespace": ns, "period_kind": kind, "period_start": start, "used": str(amount)}
+                        for (ns, kind, start), amount in added.items()
+                    ]
+                )
+                if added
+                else None,
+                [] if pooled else namespaces,
+                now,
+            )
+        after = figures_after(figures, written.totals, now)
+        changed: set[str] = set()
+        if pooled:  # a pool member's state is its pool's: the one restate path decides, for all members
+            states, changed = await self.admission.record(
+                [after[namespace] for namespace in namespaces], config_changed=False, now=now
+            )
+        else:
+            states = {namespace: figures_state(after[namespace]) for namespace in namespaces}
+            moved = [after[ns] for ns in namespaces if written.states.get(ns) != states[ns]]
+            if moved:  # the one restate path, for the states that move (the others stay locked as they are)
+                changed = (await self.admission.record(moved, config_changed=False, now=now))[1]
         for namespace in sorted(changed):
             log.info("namespace_state_changed", extra={"namespace": namespace, "state": states[namespace]})
         repeated = sorted(
-            {report.namespace for report in accepted if report.pod_uid not in new} - set(states)
+            {report.namespace for report in accepted if report.pod_uid in read.repeated} - set(states)
         )
         states |= await self.states.stored_states(repeated)
         for report in accepted:
-            if report.pod_uid in new:
+            if report.pod_uid in read.repeated:
                 outcomes[report.pod_uid] = IngestOutcome(
-                    False, charges[report.pod_uid].gpu_minutes, states[report.namespace]
+                    True, Decimal(0), states.get(report.namespace, "in_budget")
                 )
             else:
                 outcomes[report.pod_uid] = IngestOutcome(
-                    True, Decimal(0), states.get(report.namespace, "in_budget")
+                    False, charges[report.pod_uid].gpu_minutes, states[report.namespace]
                 )
         return [outcomes[report.pod_uid] for report in reports]
 
@@ -183,21 +253,23 @@ class UsageService:
         if until <= since:
             raise TimekeeperError("until must be after since", 422)
         found = await self.repository.usage(namespace, since, until, group_by)
-        totals = sum((figures for _, _, _, figures in found), NO_FIGURES)
+        totals = sum((row.figures for row in found), NO_FIGURES)
         return UsageOut(
             namespace=namespace,
             since=since,
             until=until,
             group_by=group_by,
-            total_gpu_minutes=sum((minutes for _, minutes, _, _ in found), Decimal(0)),
+            total_gpu_minutes=sum((row.gpu_minutes for row in found), Decimal(0)),
+            total_raw_gpu_minutes=sum((row.raw_gpu_minutes for row in found), Decimal(0)),
             **totals.answer("total_"),
             rows=[
                 UsageRow(
-                    key=key,
-                    gpu_minutes=minutes,
-                    reports=reports,
-                    **figures.answer(),
+                    key=row.key,
+                    gpu_minutes=row.gpu_minutes,
+                    raw_gpu_minutes=row.raw_gpu_minutes,
+                    reports=row.reports,
+                    **row.figures.answer(),
                 )
-                for key, minutes, reports, figures in found
+                for row in found
             ],
         )

@@ -1,0 +1,98 @@
+"""CPU per report spent charging batches (the IngestBatcher and IngestService against a real PostgreSQL),
+isolating the batch path the end-to-end ingest figure mixes with HTTP, uvicorn and wrk, by a measure
+other load on the machine does not move much (this process's CPU time). Round trips per batch: run it
+under `strace -f -c -e trace=sendto` (libpq sends once per round trip) and divide by the batches.
+
+`python -m bench.ingest_batch [--batches 200] [--size 32]`; uses TIMEKEEPER_TEST_DATABASE_URL, else the
+embedded PostgreSQL (a database of its own, dropped afterwards).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tests.support.postgres import url_string
+from tests.support.timekeeper import migrated_database, report_body
+from timekeeper.clock import ManualClock
+from timekeeper.db.session import build_engine, build_sessionmaker
+from timekeeper.metrics import Metrics
+from timekeeper.settings import Settings
+from timekeeper.usage.batcher import IngestBatcher
+from timekeeper.usage.schemas import ReportIn
+
+NAMESPACES = 100
+
+
+@dataclass(frozen=True)
+class BatchFigures:
+    cpu_us_per_report: float
+    wall_ms_per_batch: float
+
+
+async def _batches(engine: AsyncEngine, batches: int, size: int) -> BatchFigures:
+    now = datetime.now(UTC).replace(microsecond=0)
+    clock = ManualClock(now)
+    settings = Settings(database_url="postgresql+psycopg://unused@127.0.0.1/unused")
+    sessions = build_sessionmaker(engine)
+    batcher = IngestBatcher(lambda: sessions, settings, clock, Metrics(), max_batch=size, in_flight=1)
+    start = now - timedelta(hours=2)
+
+    def reports(round_: int) -> list[ReportIn]:
+        return [
+            ReportIn.model_validate(
+                report_body(
+                    namespace=f"bench-{i % NAMESPACES}",
+                    pod=f"pod-{i}",
+                    pod_uid=f"uid-{i}",
+                    seq=round_,
+                    start=start + timedelta(seconds=30 * round_),
+                    minutes=0.5,
+                    gpu_share=0.5,
+                )
+            )
+            for i in range(size)
+        ]
+
+    prepared = [reports(r) for r in range(batches + batches // 10)]
+    batcher.start()
+    try:
+        for batch in prepared[: batches // 10]:  # warm-up: pods created, statements prepared
+            await asyncio.gather(*(batcher.submit(r) for r in batch))
+        cpu, wall = time.process_time(), time.perf_counter()
+        for batch in prepared[batches // 10 :]:
+            await asyncio.gather(*(batcher.submit(r) for r in batch))
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    finally:
+        await batcher.aclose()
+    return BatchFigures(1e6 * cpu / (batches * size), 1e3 * wall / batches)
+
+
+async def _run(url: str, batches: int, size: int) -> BatchFigures:
+    engine = build_engine(url, pool_size=2)
+    try:
+        return await _batches(engine, batches, size)
+    finally:
+        await engine.dispose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--batches", type=int, default=200)
+    parser.add_argument("--size", type=int, default=32)
+    args = parser.parse_args()
+    with migrated_database("gtk_batch") as url:
+        figures = asyncio.run(_run(url_string(url), args.batches, args.size))
+    print(
+        f"batches of {args.size}: {figures.cpu_us_per_report:.0f} µs CPU per report, "
+        f"{figures.wall_ms_per_batch:.2f} ms per batch"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,226 @@
+"""CPU per budget read and per admission snapshot, in-process against a real PostgreSQL: the timekeeper's
+ASGI stack, its SQL and the database backends that served it, measured in CPU seconds rather than
+requests per second, so the figure holds on a busy machine (docs/performance.md, "Reads").
+
+For each route it reports, per request: this process's CPU (`time.process_time`), the PostgreSQL
+backends' CPU (their /proc/<pid>/stat, when the server runs on this machine), the statements and
+transaction commands sent (SQLAlchemy's cursor events: each is one round trip), and the body size.
+
+`python -m bench.read_route [--requests N] [--namespaces N]`; the database server is
+TIMEKEEPER_TEST_DATABASE_URL's (else the embedded one); a database of its own is created and dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import itertools
+import os
+import pstats
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg._connection_base import BaseConnection
+from sqlalchemy.engine import URL
+
+from bench.common import asgi_caller
+from tests.support.postgres import url_string
+from tests.support.timekeeper import migrated_database, sha256
+from timekeeper.app import create_app, lifespan
+from timekeeper.settings import Settings
+
+BUDGET_NAMESPACES = 100
+
+
+@dataclass
+class RouteCost:
+    name: str
+    process_us: float
+    database_us: float | None
+    round_trips: float
+    body_bytes: int
+
+    def line(self) -> str:
+        database = "n/a" if self.database_us is None else f"{self.database_us:,.0f} µs"
+        return (
+            f"{self.name}: {self.process_us:,.0f} µs process CPU, {database} PostgreSQL CPU, "
+            f"{self.round_trips:.2f} round trips, {self.body_bytes:,} bytes per request"
+        )
+
+
+def seed(dsn: str, namespaces: int) -> None:
+    """Budget namespaces with budgets, totals and a grant (as the read bench's), and `namespaces` known
+    namespaces with states (as the snapshot bench's: every 7th exhausted)."""
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        connection.execute(
+            "INSERT INTO namespace_budgets (namespace, budget_gpu_minutes, period, warn_at_fraction,"
+            " updated_at, updated_by) SELECT 'bench-' || i, 1000000, 'monthly', 0.8, now(), 'bench'"
+            " FROM generate_series(0, %s) AS i",
+            (BUDGET_NAMESPACES - 1,),
+        )
+        connection.execute(
+            "INSERT INTO usage_totals (namespace, period_kind, period_start, used_gpu_minutes,"
+            " granted_gpu_minutes) SELECT 'bench-' || i, 'monthly', date_trunc('month', now()), 12.5, 1"
+            " FROM generate_series(0, %s) AS i",
+            (BUDGET_NAMESPACES - 1,),
+        )
+        connection.execute(
+            "INSERT INTO namespace_status (namespace, state) SELECT 'bench-' || i, 'in_budget'"
+            " FROM generate_series(0, %s) AS i",
+            (BUDGET_NAMESPACES - 1,),
+        )
+        connection.execute(
+            "INSERT INTO namespace_status (namespace, state) "
+            "SELECT 'seeded-' || i, CASE WHEN i %% 7 = 0 THEN 'exhausted' ELSE 'in_budget' END "
+            "FROM generate_series(1, %s) AS i",
+            (namespaces,),
+        )
+
+
+def _backend_cpu_seconds(dsn: str, database: str) -> float | None:
+    """CPU used so far by the PostgreSQL backends connected to `database` (None: not readable here)."""
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        pids = [
+            row[0]
+            for row in connection.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                (database,),
+            )
+        ]
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    try:
+        for pid in pids:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks
+    except OSError:
+        return None
+    return total
+
+
+@contextmanager
+def counted_round_trips() -> Iterator[list[int]]:
+    """Counts what psycopg sends and waits for: statements (the pool's pre-ping `;` among them) and
+    transaction commands (BEGIN, COMMIT, ROLLBACK), each one round trip to the server."""
+    count = [0]
+    execute, command = psycopg.AsyncCursor.execute, BaseConnection._exec_command
+
+    async def counted_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        count[0] += 1
+        return await execute(self, *args, **kwargs)
+
+    def counted_command(self: Any, *args: Any, **kwargs: Any) -> Any:
+        count[0] += 1
+        return command(self, *args, **kwargs)
+
+    psycopg.AsyncCursor.execute = counted_execute  # type: ignore[method-assign]
+    BaseConnection._exec_command = counted_command  # type: ignore[method-assign]
+    try:
+        yield count
+    finally:
+        psycopg.AsyncCursor.execute = execute  # type: ignore[method-assign]
+        BaseConnection._exec_command = command  # type: ignore[method-assign]
+
+
+async def profile(call: Callable[[], Awaitable[int]], requests: int, top: int) -> None:
+    """cProfile's view of `requests` calls: the functions with the most time of their own, and the
+    largest cumulative ones (deterministic profiling inflates small calls; read proportions)."""
+    profiler = cProfile.Profile(time.process_time)
+    profiler.enable()
+    for _ in range(requests):
+        await call()
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    # Deterministic, whatever the machine's load: Python function calls per request.
+    print(f"{stats.total_calls / requests:,.0f} Python function calls per request")  # type: ignore[attr-defined]
+    for order in ("tottime", "cumulative"):
+        stats.sort_stats(order).print_stats(top)
+
+
+async def measure(
+    name: str,
+    call: Callable[[], Awaitable[int]],
+    requests: int,
+    cpu: Callable[[], float | None],
+    top: int = 0,
+) -> RouteCost:
+    for _ in range(max(5, requests // 10)):  # warm-up: the pool, prepared statements, caches
+        await call()
+    if top:
+        await profile(call, requests, top)
+    database_before = cpu()
+    with counted_round_trips() as trips:
+        started = time.process_time()
+        for _ in range(requests):
+            await call()
+        used = time.process_time() - started
+    database_after = cpu()
+    database = (
+        None
+        if database_before is None or database_after is None
+        else 1e6 * (database_after - database_before) / requests
+    )
+    return RouteCost(name, 1e6 * used / requests, database, trips[0] / requests, await call())
+
+
+async def costs(url: URL, requests: int, namespaces: int, top: int = 0) -> list[RouteCost]:
+    dsn = url_string(url).replace("postgresql+psycopg://", "postgresql://")
+    seed(dsn, namespaces)
+    token = secrets.token_urlsafe(24)
+    settings = Settings(
+        database_url=url_string(url), scheduler_enabled=False, reader_token_sha256=sha256(token)
+    )
+    app = create_app(settings)
+    headers = [(b"authorization", f"Bearer {token}".encode())]
+
+    def caller(path: str) -> Callable[[], Awaitable[int]]:
+        return asgi_caller(app, path, b"", headers, method="GET")
+
+    results = []
+    async with lifespan(app):
+
+        def cpu() -> float | None:
+            return _backend_cpu_seconds(dsn, str(url.database))
+
+        budget_calls = itertools.cycle(
+            [caller(f"/api/v1/namespaces/bench-{i}/budget") for i in range(BUDGET_NAMESPACES)]
+        )
+
+        async def budget() -> int:
+            return await next(budget_calls)()
+
+        results.append(await measure("GET /namespaces/{ns}/budget", budget, requests, cpu, top))
+        snapshot = caller("/api/v1/admission-state")
+        snapshots = max(20, requests // 50)
+        # The seeded states are in_budget and exhausted under an unlimited default: every namespace
+        # differs from the default entry (the worst case). With a default budget, the in-budget
+        # namespaces on it equal the default entry, as in a cluster where most teams are in budget.
+        name = f"GET /admission-state ({namespaces:,} namespaces"
+        results.append(await measure(f"{name}, all differ from the default)", snapshot, snapshots, cpu, top))
+        with psycopg.connect(dsn, autocommit=True) as connection:
+            connection.execute("UPDATE default_budget SET budget_gpu_minutes = 1000000")
+            connection.execute("UPDATE admission_version SET version = version + 1")
+        results.append(await measure(f"{name}, 1 in 7 exhausted)", snapshot, snapshots, cpu, top))
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--namespaces", type=int, default=10_000)
+    parser.add_argument("--profile", type=int, default=0, metavar="TOP", help="print cProfile's top frames")
+    args = parser.parse_args()
+    with migrated_database("gtk_bench_reads") as url:
+        for cost in asyncio.run(costs(url, args.requests, args.namespaces, args.profile)):
+            print(cost.line())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""The snapshot's published form: distinct policies by index, entries equal to the default left out, and
+`resolve` giving every namespace exactly the entry it was published with."""
+
+from __future__ import annotations
+
+import random
+from typing import cast
+
+import pytest
+
+from gpuaccounting.admission_state import (
+    USER_CLASS_RULES,
+    NamespaceAdmission,
+    PriorityPolicy,
+    compact,
+    default_priority_policy,
+    resolve,
+)
+from gpuaccounting.wire import BUDGET_STATES
+
+CLASSES = {"in_budget": "gpu-in-budget", "over_budget": "gpu-over-budget"}
+
+
+def random_policy(rng: random.Random) -> PriorityPolicy:
+    return {
+        "exempt_classes": sorted(rng.sample(["a", "b", "system-node-critical"], rng.randint(0, 2))),
+        "user_classes": rng.choice(USER_CLASS_RULES),
+        "ceiling": rng.choice([None, 100, 1000]),
+    }
+
+
+def random_entry(rng: random.Random, policies: list[PriorityPolicy]) -> NamespaceAdmission:
+    return {
+        "state": rng.choice(BUDGET_STATES),
+        "max_gpu_share_per_pod": rng.choice([None, 0.5, 2.0]),
+        "priority_policy": rng.choice(policies),
+    }
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_every_namespace_resolves_to_the_entry_it_was_published_with(seed: int) -> None:
+    rng = random.Random(seed)
+    policies = [default_priority_policy(), *(random_policy(rng) for _ in range(rng.randint(0, 4)))]
+    default = random_entry(rng, policies)
+    namespaces = {f"team-{i}": random_entry(rng, policies) for i in range(rng.randint(0, 200))}
+
+    published = compact(7, "2026-11-22T00:00:00Z", CLASSES, default, namespaces)
+    resolved_default, listed = resolve(published)
+
+    assert resolved_default == default
+    for name, entry in namespaces.items():
+        assert listed.get(name, resolved_default) == entry
+    # Only the namespaces that differ from the default are listed, and every policy is sent once.
+    assert set(listed) == {name for name, entry in namespaces.items() if entry != default}
+    sent = published["priority_policies"]
+    assert len(sent) == len({repr(policy) for policy in sent})
+    assert published["default"]["priority_policy"] == 0
+
+
+def test_a_policy_shared_by_many_namespaces_is_sent_once() -> None:
+    strict: PriorityPolicy = {"exempt_classes": [], "user_classes": "replace", "ceiling": None}
+    default: NamespaceAdmission = {
+        "state": "in_budget",
+        "max_gpu_share_per_pod": None,
+        "priority_policy": default_priority_policy(),
+    }
+    namespaces: dict[str, NamespaceAdmission] = {
+        f"team-{i}": {**default, "state": "exhausted", "priority_policy": strict} for i in range(1000)
+    }
+
+    published = compact(1, "2026-11-22T00:00:00Z", CLASSES, default, namespaces)
+
+    assert published["priority_policies"] == [default_priority_policy(), strict]
+    assert {entry["priority_policy"] for entry in published["namespaces"].values()} == {1}
+
+
+def test_an_index_that_names_no_policy_is_refused() -> None:
+    published = compact(
+        1,
+        "2026-11-22T00:00:00Z",
+        CLASSES,
+        cast(
+            NamespaceAdmission,
+            {
+                "state": "in_budget",
+                "max_gpu_share_per_pod": None,
+                "priority_policy": default_priority_policy(),
+            },
+        ),
+        {},
+    )
+    published["namespaces"]["team-a"] = {
+        "state": "exhausted",
+        "max_gpu_share_per_pod": None,
+        "priority_policy": 1,
+    }
+
+    with pytest.raises(ValueError, match="priority_policy 1"):
+        resolve(published)

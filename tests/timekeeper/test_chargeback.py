@@ -1,0 +1,165 @@
+"""The chargeback export: every row is the usage API's answer by model for its namespace and period, so
+the CSV's totals equal the usage API's exactly; cost is raw GPU-hours x the model's price."""
+
+from __future__ import annotations
+
+import csv
+import io
+import secrets
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from sqlalchemy.engine import URL
+
+from tests.support.postgres import url_string
+from tests.support.timekeeper import Api, Tokens, bearer, ok, sha256
+from timekeeper.clock import ManualClock
+from timekeeper.settings import Settings
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+MARCH = datetime(2026, 3, 1, tzinfo=UTC)
+TEAM_B_READER = secrets.token_urlsafe(24)
+WINDOW = {"since": "2026-02-01T00:00:00Z", "until": "2026-04-01T00:00:00Z"}
+
+
+def gpus(name: str | None, util: float) -> list[dict[str, Any]]:
+    gpu: dict[str, Any] = {"uuid": "GPU-0", "sm_util_pct": util, "mem_used_bytes": 1, "mem_total_bytes": 2}
+    return [gpu | ({"name": name} if name else {})]
+
+
+@pytest.fixture
+def settings(database_url: URL, tokens: Tokens) -> Settings:
+    """The suite's settings, and a reader token scoped to team-b."""
+    return Settings(
+        database_url=url_string(database_url),
+        scheduler_enabled=False,
+        reader_tokens={sha256(TEAM_B_READER): ["team-b"]},
+        **tokens.settings(),
+    )
+
+
+@pytest.fixture
+async def history(api: Api, clock: ManualClock) -> None:
+    """Two months, two namespaces, three models (one priced, one weighted, one unknown), odd shares."""
+    admin = bearer(api.tokens.admin)
+    clock.set(MARCH - timedelta(days=30))
+    ok(await api.client.put("/billing/weights/Tesla-T4", json={"weight": 0.5}, headers=admin))
+    ok(
+        await api.client.put(
+            "/billing/prices/NVIDIA-H100-80GB-HBM3", json={"price_per_gpu_hour": 2.75}, headers=admin
+        )
+    )
+    ok(await api.client.put("/billing/prices/Tesla-T4", json={"price_per_gpu_hour": 0.35}, headers=admin))
+    reports = [
+        ("team-a", "a1", MARCH - timedelta(days=3), 37, 1 / 3, "NVIDIA H100 80GB HBM3", 71.5),
+        ("team-a", "a2", MARCH - timedelta(minutes=10), 25, 0.5, "Tesla T4", 12.25),  # across the month
+        ("team-a", "a3", MARCH + timedelta(days=2), 13, 2, None, 40.0),
+        ("team-b", "b1", MARCH + timedelta(days=5), 59, 0.125, "NVIDIA H100 80GB HBM3", 99.0),
+    ]
+    for namespace, pod, start, minutes, share, name, util in reports:
+        clock.set(start + timedelta(minutes=minutes + 1))
+        body = dict(pod=pod, pod_uid=f"uid-{pod}", start=start, minutes=minutes, gpu_share=share)
+        ok(await api.report(namespace=namespace, **body, gpus=gpus(name, util)))
+    clock.set(MARCH + timedelta(days=20))
+
+
+async def export_csv(api: Api, token: str | None = None, **params: str) -> list[dict[str, str]]:
+    response = await api.client.get(
+        "/billing/chargeback",
+        params={**WINDOW, **params},
+        headers=bearer(token or api.tokens.admin) | {"Accept": "text/csv"},
+    )
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/csv")
+    return list(csv.DictReader(io.StringIO(response.text)))
+
+
+async def test_the_csv_totals_equal_the_usage_apis_exactly(api: Api, history: None) -> None:
+    rows = await export_csv(api)
+
+    for namespace in ("team-a", "team-b"):
+        for start, end in (
+            ("2026-02-01T00:00:00Z", "2026-03-01T00:00:00Z"),
+            ("2026-03-01T00:00:00Z", "2026-04-01T00:00:00Z"),
+        ):
+            usage = ok(
+                await api.get(f"/namespaces/{namespace}/usage", group_by="model", since=start, until=end)
+            )
+            mine = [row for row in rows if row["namespace"] == namespace and row["period_start"] == start]
+            assert [
+                (row["gpu_model"], float(row["gpu_minutes"]), float(row["raw_gpu_minutes"])) for row in mine
+            ] == [(row["key"], row["gpu_minutes"], row["raw_gpu_minutes"]) for row in usage["rows"]]
+            assert sum((Decimal(row["gpu_minutes"]) for row in mine), Decimal(0)) == pytest.approx(
+                Decimal(str(usage["total_gpu_minutes"])), abs=Decimal("1e-9")
+            )
+
+
+async def test_rows_carry_weighted_minutes_utilisation_and_cost_by_model(api: Api, history: None) -> None:
+    rows = {
+        (row["period_start"][:7], row["namespace"], row["gpu_model"]): row for row in await export_csv(api)
+    }
+
+    a2_february = rows[("2026-02", "team-a", "Tesla-T4")]
+    assert (Decimal(a2_february["raw_gpu_minutes"]), Decimal(a2_february["gpu_minutes"])) == (
+        Decimal(5),
+        Decimal("2.5"),
+    )
+    assert Decimal(a2_february["cost"]) == (Decimal(5) / 60 * Decimal("0.35")).quantize(Decimal("0.000001"))
+    h100 = rows[("2026-03", "team-b", "NVIDIA-H100-80GB-HBM3")]
+    assert Decimal(h100["raw_gpu_minutes"]) == Decimal("7.375")
+    assert Decimal(h100["cost"]) == (Decimal("7.375") / 60 * Decimal("2.75")).quantize(Decimal("0.000001"))
+    assert float(h100["mean_sm_util_pct"]) == 99.0
+    unknown = rows[("2026-03", "team-a", "unknown")]
+    assert (unknown["price_per_gpu_hour"], unknown["cost"], unknown["currency"]) == ("", "", "USD")
+    assert list(rows) == sorted(rows, key=lambda key: (key[0], key[1], key[2]))
+
+
+async def test_json_and_csv_hold_the_same_rows(api: Api, history: None) -> None:
+    as_csv = await export_csv(api, period="weekly")
+    answer = ok(
+        await api.client.get(
+            "/billing/chargeback",
+            params={**WINDOW, "period": "weekly", "format": "json"},
+            headers=bearer(api.tokens.admin),
+        )
+    )
+
+    assert answer["currency"] == "USD" and answer["since"] == WINDOW["since"]
+    assert [
+        (row["period_start"], row["namespace"], row["gpu_model"], row["gpu_minutes"])
+        for row in answer["rows"]
+    ] == [
+        (row["period_start"], row["namespace"], row["gpu_model"], float(row["gpu_minutes"])) for row in as_csv
+    ]
+    # Weeks start on Monday: 1 March is a Sunday, so a2's use across the month is one week's.
+    assert {row["period_start"] for row in answer["rows"]} == {"2026-02-23T00:00:00Z", "2026-03-02T00:00:00Z"}
+
+
+async def test_a_scoped_reader_exports_only_its_namespaces(api: Api, history: None) -> None:
+    rows = await export_csv(api, token=TEAM_B_READER)
+
+    assert {row["namespace"] for row in rows} == {"team-b"}
+
+
+async def test_a_range_backwards_or_too_fine_is_refused(api: Api) -> None:
+    admin = bearer(api.tokens.admin)
+    backwards = await api.client.get(
+        "/billing/chargeback",
+        params={"since": "2026-03-02T00:00:00Z", "until": "2026-03-01T00:00:00Z"},
+        headers=admin,
+    )
+    too_fine = await api.client.get(
+        "/billing/chargeback",
+        params={"since": "2020-01-01T00:00:00Z", "until": "2026-01-01T00:00:00Z", "period": "daily"},
+        headers=admin,
+    )
+
+    assert (backwards.status_code, too_fine.status_code) == (422, 422)
+    assert "at most 400" in too_fine.json()["detail"]
+
+
+async def test_the_export_needs_a_reader(api: Api) -> None:
+    assert (await api.client.get("/billing/chargeback")).status_code == 401

@@ -1,0 +1,162 @@
+"""The chargeback export: per period, namespace and GPU model, raw and charged GPU-minutes, utilisation and
+cost at the admin-set price per GPU-hour. Each row is the usage API's answer by model for that namespace and
+period (the same query, so their totals agree exactly), streamed as JSON or CSV one row at a time."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Literal
+
+import orjson
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from timekeeper.billing.repository import BillingRepository
+from timekeeper.budgets.periods import Period, PeriodKind, periods_overlapping
+from timekeeper.errors import TimekeeperError
+from timekeeper.usage.repository import UNKNOWN_MODEL, UsageRepository
+
+ExportFormat = Literal["json", "csv"]
+BucketKind = Literal["daily", "weekly", "monthly"]
+MAX_PERIODS = 400  # a year of days; a longer range asks for weeks or months
+COLUMNS = (
+    "period_start",
+    "period_end",
+    "namespace",
+    "gpu_model",
+    "raw_gpu_minutes",
+    "gpu_minutes",
+    "mean_sm_util_pct",
+    "price_per_gpu_hour",
+    "cost",
+    "currency",
+)
+_MINUTES_PER_HOUR = Decimal(60)
+_CENT_FRACTION = Decimal("0.000001")
+
+_NAMESPACES_WITH_USE = sa.text(
+    "SELECT namespace FROM usage_ledger WHERE interval_end > :since AND interval_start < :until "
+    "UNION SELECT namespace FROM usage_hourly "
+    "WHERE hour_start > CAST(:since AS timestamptz) - interval '1 hour' AND hour_start < :until "
+    "ORDER BY namespace"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ChargebackRange:
+    since: datetime
+    until: datetime
+    periods: tuple[Period, ...]
+
+
+def chargeback_range(kind: BucketKind, since: datetime, until: datetime) -> ChargebackRange:
+    """The periods of `kind` that [since, until) touches, each clipped to it."""
+    if until <= since:
+        raise TimekeeperError("until must be after since", 422)
+    periods = periods_overlapping(PeriodKind(kind), since, until)
+    if len(periods) > MAX_PERIODS:
+        raise TimekeeperError(
+            f"the range holds {len(periods)} {kind} periods; at most {MAX_PERIODS} (ask for longer periods)",
+            422,
+        )
+    clipped = tuple(
+        Period(period.kind, max(period.start, since), min(period.end or until, until)) for period in periods
+    )
+    return ChargebackRange(since, until, clipped)
+
+
+def cost(raw_gpu_minutes: Decimal, price_per_gpu_hour: Decimal | None) -> Decimal | None:
+    """GPU-hours actually held (raw: weights say what a minute counts against a budget, prices what an
+    hour of that GPU costs) x the model's price; None where the model has no price."""
+    if price_per_gpu_hour is None:
+        return None
+    return (raw_gpu_minutes / _MINUTES_PER_HOUR * price_per_gpu_hour).quantize(_CENT_FRACTION)
+
+
+async def namespaces_with_use(session: AsyncSession, since: datetime, until: datetime) -> list[str]:
+    result = await session.execute(_NAMESPACES_WITH_USE, {"since": since, "until": until})
+    return list(result.scalars())
+
+
+async def chargeback_rows(
+    sessions: async_sessionmaker[AsyncSession],
+    span: ChargebackRange,
+    namespaces: Sequence[str],
+    currency: str,
+) -> AsyncIterator[dict[str, object]]:
+    """One row per period, namespace and GPU model with use, in that order; one short read per
+    namespace and period, so a long export holds no transaction open."""
+    async with sessions() as session:
+        prices = {
+            price.model: price.price_per_gpu_hour for price in await BillingRepository(session).prices()
+        }
+    for period in span.periods:
+        for namespace in namespaces:
+            async with sessions() as session:
+                found = await UsageRepository(session).usage(
+                    namespace, period.start, period.end or span.until, "model"
+                )
+            for row in found:
+                price = None if row.key == UNKNOWN_MODEL else prices.get(row.key)
+                yield {
+                    "period_start": period.start,
+                    "period_end": period.end,
+                    "namespace": namespace,
+                    "gpu_model": row.key,
+                    "raw_gpu_minutes": row.raw_gpu_minutes,
+                    "gpu_minutes": row.gpu_minutes,
+                    "mean_sm_util_pct": row.figures.answer()["mean_sm_util_pct"],
+                    "price_per_gpu_hour": price,
+                    "cost": cost(row.raw_gpu_minutes, price),
+                    "currency": currency,
+                }
+
+
+def _text(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return value.isoformat().replace("+00:00", "Z")
+    if isinstance(value, Decimal):
+        return format(value.normalize(), "f")
+    return str(value)
+
+
+async def as_csv(rows: AsyncIterator[dict[str, object]]) -> AsyncIterator[bytes]:
+    """RFC 4180 CSV with a header; exact decimals as plain text."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\r\n")
+    writer.writerow(COLUMNS)
+    yield buffer.getvalue().encode()
+    async for row in rows:
+        buffer.seek(0)
+        buffer.truncate()
+        writer.writerow([_text(row[column]) for column in COLUMNS])
+        yield buffer.getvalue().encode()
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, Decimal):
+        return float(value)
+    raise TypeError(type(value).__name__)
+
+
+async def as_json(
+    span: ChargebackRange, currency: str, rows: AsyncIterator[dict[str, object]]
+) -> AsyncIterator[bytes]:
+    """{"since", "until", "currency", "rows": [...]}, written as the rows come (amounts as JSON numbers,
+    as every other answer of the API)."""
+    head = orjson.dumps(
+        {"since": span.since, "until": span.until, "currency": currency}, option=orjson.OPT_UTC_Z
+    )
+    yield head[:-1] + b', "rows": ['
+    first = True
+    async for row in rows:
+        yield (b"" if first else b",") + orjson.dumps(row, default=_json_default, option=orjson.OPT_UTC_Z)
+        first = False
+    yield b"]}"

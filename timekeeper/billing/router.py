@@ -1,0 +1,155 @@
+"""Billing weights per GPU model, prices per GPU-hour and the charge basis: read by readers, set by admins."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import StreamingResponse
+from pydantic import AwareDatetime
+
+from timekeeper.auth.dependencies import Admin, Reader, ReadScope
+from timekeeper.billing.chargeback import (
+    BucketKind,
+    ExportFormat,
+    as_csv,
+    as_json,
+    chargeback_range,
+    chargeback_rows,
+    namespaces_with_use,
+)
+from timekeeper.billing.schemas import (
+    ChargeBasisIn,
+    ChargeBasisOut,
+    ModelPath,
+    PriceIn,
+    PriceOut,
+    WeightIn,
+    WeightOut,
+    WeightsOut,
+)
+from timekeeper.billing.service import BillingService
+from timekeeper.budgets.periods import PeriodKind, period_containing
+from timekeeper.db.session import SessionDep
+from timekeeper.routing import StrictJsonRoute
+from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
+
+router = APIRouter(prefix="/billing", tags=["billing"], route_class=StrictJsonRoute)
+namespaced = APIRouter(tags=["billing"], route_class=StrictJsonRoute)
+
+
+def _service(request: Request, session: SessionDep) -> BillingService:
+    return BillingService(session, request.app.state.settings, request.app.state.clock)
+
+
+Service = Annotated[BillingService, Depends(_service)]
+
+
+@router.get("/weights", response_model=WeightsOut)
+async def list_weights(service: Service, _: Reader) -> WeightsOut:
+    """The weights in force (a GPU model not listed counts 1) and the changes set for later."""
+    return await service.weights()
+
+
+@router.put("/weights/{model}", response_model=WeightOut, responses=BODY_ERRORS)
+async def put_weight(model: ModelPath, body: WeightIn, service: Service, admin: Admin) -> WeightOut:
+    """A GPU-minute on `model` counts `weight` from `effective_from` on; earlier time keeps its weight."""
+    return await service.set_weight(model, body, admin)
+
+
+@router.delete("/weights/{model}", response_model=WeightOut, responses=error_responses(404))
+async def reset_weight(model: ModelPath, service: Service, admin: Admin) -> WeightOut:
+    return await service.reset_weight(model, admin)
+
+
+@router.get("/prices", response_model=list[PriceOut])
+async def list_prices(service: Service, _: Reader) -> list[PriceOut]:
+    return await service.prices()
+
+
+@router.put("/prices/{model}", response_model=PriceOut, responses=BODY_ERRORS)
+async def put_price(model: ModelPath, body: PriceIn, service: Service, admin: Admin) -> PriceOut:
+    return await service.set_price(model, body, admin)
+
+
+@router.delete("/prices/{model}", status_code=204, responses=error_responses(404))
+async def delete_price(model: ModelPath, service: Service, admin: Admin) -> Response:
+    await service.delete_price(model, admin)
+    return Response(status_code=204)
+
+
+@router.get("/charge-basis", response_model=ChargeBasisOut)
+async def get_cluster_basis(service: Service, _: Reader) -> ChargeBasisOut:
+    return await service.basis(None)
+
+
+@router.put("/charge-basis", response_model=ChargeBasisOut, responses=BODY_ERRORS)
+async def put_cluster_basis(body: ChargeBasisIn, service: Service, admin: Admin) -> ChargeBasisOut:
+    return await service.set_basis(None, body, admin)
+
+
+@router.delete("/charge-basis", response_model=ChargeBasisOut, responses=error_responses(404))
+async def delete_cluster_basis(service: Service, admin: Admin) -> ChargeBasisOut:
+    return await service.delete_basis(None, admin)
+
+
+_CSV = "text/csv"
+
+
+@router.get(
+    "/chargeback",
+    responses={
+        200: {
+            "description": "rows per period, namespace and GPU model (JSON, or CSV with a header row)",
+            "content": {"application/json": {}, _CSV: {"schema": {"type": "string"}}},
+        },
+        **error_responses(503),
+    },
+    response_class=StreamingResponse,
+)
+async def export_chargeback(
+    request: Request,
+    session: SessionDep,
+    scope: ReadScope,
+    since: AwareDatetime | None = None,
+    until: AwareDatetime | None = None,
+    period: BucketKind = "monthly",
+    export_format: Annotated[ExportFormat | None, Query(alias="format")] = None,
+) -> StreamingResponse:
+    """Per period (clipped to [since, until); default: this month so far), namespace and GPU model: raw
+    and charged GPU-minutes, mean utilisation, price and cost. `?format=csv` or `Accept: text/csv` for
+    CSV. Each row equals the usage API's answer by model for that namespace and period."""
+    settings, now = request.app.state.settings, request.app.state.clock.now()
+    span = chargeback_range(period, since or period_containing(PeriodKind(period), now).start, until or now)
+    namespaces = await namespaces_with_use(session, span.since, span.until)
+    if scope is not None:
+        namespaces = [namespace for namespace in namespaces if namespace in scope]
+    rows = chargeback_rows(request.app.state.sessionmaker, span, namespaces, settings.billing_currency)
+    wanted = export_format or ("csv" if _CSV in request.headers.get("accept", "") else "json")
+    if wanted == "csv":
+        return StreamingResponse(
+            as_csv(rows),
+            media_type=f"{_CSV}; charset=utf-8",
+            headers={"Content-Disposition": 'attachment; filename="chargeback.csv"'},
+        )
+    return StreamingResponse(as_json(span, settings.billing_currency, rows), media_type="application/json")
+
+
+@namespaced.get("/namespaces/{namespace}/charge-basis", response_model=ChargeBasisOut)
+async def get_basis(namespace: NamespacePath, service: Service, _: Reader) -> ChargeBasisOut:
+    return await service.basis(namespace)
+
+
+@namespaced.put("/namespaces/{namespace}/charge-basis", response_model=ChargeBasisOut, responses=BODY_ERRORS)
+async def put_basis(
+    namespace: NamespacePath, body: ChargeBasisIn, service: Service, admin: Admin
+) -> ChargeBasisOut:
+    return await service.set_basis(namespace, body, admin)
+
+
+@namespaced.delete(
+    "/namespaces/{namespace}/charge-basis", response_model=ChargeBasisOut, responses=error_responses(404)
+)
+async def delete_basis(namespace: NamespacePath, service: Service, admin: Admin) -> ChargeBasisOut:
+    """The namespace follows the cluster's basis again."""
+    return await service.delete_basis(namespace, admin)

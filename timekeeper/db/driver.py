@@ -1,0 +1,42 @@
+"""Statements run on the session's own psycopg connection, for the reads where SQLAlchemy's per-statement
+and per-row work is most of the cost (docs/performance.md, "Reads"): a budget status (about as much CPU
+in SQLAlchemy's execute as in psycopg and the round trip together) and the admission snapshot (10,000
+rows). Same connection, same transaction (or autocommit) as the session's; errors are raised as
+SQLAlchemy's, so an outage is still told from a refused statement (timekeeper/db/outage.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import cache
+from typing import Any, cast
+
+import psycopg
+import sqlalchemy as sa
+from psycopg.rows import AsyncRowFactory, namedtuple_row
+from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.asyncio import AsyncSession
+
+
+@cache
+def _compiled(statement: sa.TextClause, dialect: Dialect) -> str:
+    """The statement in the driver's parameter style (`:name` → `%(name)s`, `%` escaped)."""
+    return str(statement.compile(dialect=dialect))
+
+
+async def driver_rows(
+    session: AsyncSession,
+    statement: sa.TextClause,
+    params: Mapping[str, Any],
+    row_factory: AsyncRowFactory[Any] = namedtuple_row,
+) -> list[Any]:
+    """The statement's rows as psycopg's named tuples (no SQLAlchemy Row, no result metadata), or as
+    `row_factory` makes them (`tuple_row` for many rows: a named tuple costs a Python call per row)."""
+    connection = await session.connection()
+    driver = cast(psycopg.AsyncConnection[Any], (await connection.get_raw_connection()).driver_connection)
+    sql = _compiled(statement, connection.dialect)
+    try:
+        async with driver.cursor(row_factory=row_factory) as cursor:
+            await cursor.execute(sql, params)
+            return await cursor.fetchall()
+    except psycopg.Error as error:
+        raise sa.exc.DBAPIError.instance(sql, dict(params), error, psycopg.Error) from error

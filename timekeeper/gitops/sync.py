@@ -1,0 +1,318 @@
+"""The sync between GPUBudget objects and the database, run by the scheduler's leader alone: whenever a
+watch sees an object change, and at least every gitops_interval_seconds, it lists the objects, applies
+each spec that differs from the budget in force through BudgetService (so a change is audited, re-states
+the namespace and bumps the admission snapshot, as a REST PUT does), returns namespaces whose object is
+gone to the default, and writes every object's status subresource where it changed. Level-based: a new
+leader, a missed pass, a lost watch or a crash mid-pass is repaired by the next pass, and a pass that
+finds nothing to change writes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from timekeeper.auth.base import Principal
+from timekeeper.budgets.schemas import BudgetIn
+from timekeeper.budgets.service import BudgetService
+from timekeeper.clock import Clock
+from timekeeper.errors import TimekeeperError
+from timekeeper.gitops.objects import (
+    BUDGET_KIND,
+    BUDGETS,
+    DEFAULT_KIND,
+    DEFAULT_NAME,
+    DEFAULTS,
+    GROUP,
+    VERSION,
+    ObjectRef,
+    Readiness,
+    SpecError,
+    applied,
+    budget_in,
+    budget_status,
+    default_status,
+    object_ref,
+    owner_of,
+    stored_json,
+    substance,
+)
+from timekeeper.gitops.repository import ManagedRepository
+from timekeeper.kube import KubeApiError, KubeClient, KubeConfig
+from timekeeper.metrics import GitOpsMetrics
+from timekeeper.settings import Settings
+
+log = logging.getLogger(__name__)
+HTTP_NOT_FOUND = 404
+HTTP_CONFLICT = 409
+DEBOUNCE_SECONDS = 0.5
+
+
+@dataclass
+class SyncResult:
+    """What one pass did (for logs and tests)."""
+
+    applied: list[str] = field(default_factory=list)  # objects whose spec was written to the database
+    released: list[str] = field(default_factory=list)  # namespaces returned to the default
+    not_ready: dict[str, str] = field(default_factory=dict)  # object -> why its spec is not in force
+    statuses: int = 0  # status subresources written
+
+
+class GitOpsSync:
+    """A LeaderService of the scheduler runner: the pass loop runs while this replica leads."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        sessionmaker: async_sessionmaker[AsyncSession],
+        settings: Settings,
+        clock: Clock,
+        metrics: GitOpsMetrics,
+    ) -> None:
+        self.kube = kube
+        self.sessionmaker = sessionmaker
+        self.settings = settings
+        self.clock = clock
+        self.metrics = metrics
+        self._task: asyncio.Task[None] | None = None
+        # What this leadership has seen in force: object uid -> generation (its spec then needs no
+        # database read: only the sync writes what an object governs), and when each object's status
+        # was last written (figures alone are written at most every gitops_status_interval_seconds).
+        self._in_force: dict[str, int] = {}
+        self._written: dict[str, float] = {}
+        # Set by the watches when an object changes: the next pass starts then, not at the interval.
+        self._changed = asyncio.Event()
+        self._watches: list[asyncio.Task[None]] = []
+
+    async def start_leading(self) -> None:
+        self._in_force.clear()
+        self._written.clear()
+        self._watches = [
+            asyncio.create_task(self._follow(plural), name=f"gitops-watch-{plural}")
+            for plural in (BUDGETS, DEFAULTS)
+        ]
+        self._task = asyncio.create_task(self._loop(), name="gitops-sync")
+
+    async def stop_leading(self) -> None:
+        tasks = [task for task in (self._task, *self._watches) if task is not None]
+        self._task, self._watches = None, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _follow(self, plural: str) -> None:
+        async with aclosing(self.kube.watch_custom_objects(GROUP, VERSION, plural)) as changes:
+            async for _ in changes:
+                self._changed.set()
+
+    async def aclose(self) -> None:
+        await self.stop_leading()
+        await self.kube.close()
+
+    async def _loop(self) -> None:
+        while True:
+            self._changed.clear()
+            try:
+                result = await self.run_pass()
+            except KubeApiError as error:
+                # 404: the CRDs are not installed (deployment/base/crds); 403: RBAC lacks the rules.
+                log.warning("gitops_sync_refused", extra={"status": error.status, "error": str(error)})
+                self.metrics.passes.labels(outcome="error").inc()
+            except Exception:
+                # The next pass starts from the cluster and the database again: nothing is half-done.
+                log.exception("gitops_sync_failed")
+                self.metrics.passes.labels(outcome="error").inc()
+            else:
+                self.metrics.passes.labels(outcome="ok").inc()
+                if result.applied or result.released:
+                    log.info(
+                        "gitops_sync_applied",
+                        extra={"applied": result.applied, "released": result.released},
+                    )
+            try:
+                async with asyncio.timeout(self.settings.gitops_interval_seconds):
+                    await self._changed.wait()
+            except TimeoutError:
+                continue
+            # Woken by a change: a moment more gathers a burst (a GitOps tool applying many objects,
+            # the status writes of the last pass) into one pass.
+            await asyncio.sleep(DEBOUNCE_SECONDS)
+
+    def _service(self, session: AsyncSession) -> BudgetService:
+        return BudgetService(session, self.settings, self.clock)
+
+    async def run_pass(self) -> SyncResult:
+        budgets = await self.kube.list_custom_objects(GROUP, VERSION, BUDGETS)
+        defaults = await self.kube.list_custom_objects(GROUP, VERSION, DEFAULTS)
+        result = SyncResult()
+        now = self.clock.now()
+        by_namespace: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for obj in budgets:
+            by_namespace[obj["metadata"]["namespace"]].append(obj)
+        owners = {namespace: owner_of(objects) for namespace, objects in by_namespace.items()}
+        default = next((o for o in defaults if o["metadata"]["name"] == DEFAULT_NAME), None)
+        readiness: dict[str, Readiness] = {}
+
+        async with self.sessionmaker() as session, session.begin():
+            managed = await ManagedRepository(session).all()
+        for key, ref in managed.items():
+            still_there = key in owners if key else default is not None
+            if still_there:
+                continue
+            await self._release(key, ref, now)
+            if key:
+                result.released.append(key)
+
+        for namespace, obj in owners.items():
+            ref = object_ref(BUDGET_KIND, obj)
+            readiness[ref.uid] = await self._apply(ref, obj.get("spec"), managed.get(ref.key), now, result)
+            for other in by_namespace[namespace]:
+                if other is not obj:
+                    readiness[other["metadata"]["uid"]] = Readiness(
+                        False,
+                        "Conflict",
+                        f"namespace {namespace} is governed by {ref.display}, the older GPUBudget there: "
+                        "delete this one",
+                    )
+        if default is not None:
+            ref = object_ref(DEFAULT_KIND, default)
+            readiness[ref.uid] = await self._apply(ref, default.get("spec"), managed.get(""), now, result)
+        for obj in defaults:
+            if obj is not default:
+                readiness[obj["metadata"]["uid"]] = Readiness(
+                    False, "Ignored", f"only the {DEFAULT_KIND} named `{DEFAULT_NAME}` sets the default"
+                )
+
+        async with self.sessionmaker() as session, session.begin():
+            figures = {b.namespace: b for b in await self._service(session).some(sorted(owners))}
+        for obj in budgets:
+            meta = obj["metadata"]
+            ready = readiness[meta["uid"]]
+            status = budget_status(
+                figures[meta["namespace"]], ready, meta.get("generation", 0), obj.get("status"), now
+            )
+            result.statuses += await self._write_status(BUDGETS, obj, status)
+        for obj in defaults:
+            meta = obj["metadata"]
+            status = default_status(readiness[meta["uid"]], meta.get("generation", 0), obj.get("status"), now)
+            result.statuses += await self._write_status(DEFAULTS, obj, status)
+        for obj in (*budgets, *defaults):
+            ready = readiness[obj["metadata"]["uid"]]
+            if not ready.ready:
+                result.not_ready[object_ref(obj["kind"], obj).display] = ready.message
+        self.metrics.not_ready.set(len(result.not_ready))
+        return result
+
+    async def _apply(
+        self,
+        ref: ObjectRef,
+        spec: dict[str, Any] | None,
+        claimed: ObjectRef | None,
+        now: datetime,
+        result: SyncResult,
+    ) -> Readiness:
+        """Claim what the object governs (the REST API refuses it from then on) and, when its spec is
+        valid and differs from the budget in force, apply it whole: one transaction. A spec this
+        leadership has already seen in force, of an object already claimed, needs no transaction."""
+        try:
+            body: BudgetIn | None = budget_in(spec)
+        except SpecError as error:
+            body, readiness = None, Readiness(False, "InvalidSpec", f"not applied: {error}")
+        else:
+            readiness = applied(ref)
+        owned = claimed is not None and (claimed.kind, claimed.name, claimed.uid) == (
+            ref.kind,
+            ref.name,
+            ref.uid,
+        )
+        if owned and (body is None or self._in_force.get(ref.uid) == ref.generation):
+            return readiness
+        try:
+            changed = await self._write(ref, body, owned, now)
+        except TimekeeperError as error:  # refused by the service: this object's, not the pass's, problem
+            return Readiness(False, "ApplyFailed", f"not applied: {error.message}")
+        if body is None:
+            return readiness
+        if changed:
+            result.applied.append(ref.display)
+            self.metrics.changes.labels(action="applied").inc()
+        self._in_force[ref.uid] = ref.generation
+        return readiness
+
+    async def _write(self, ref: ObjectRef, body: BudgetIn | None, owned: bool, now: datetime) -> bool:
+        """The claim (unless the object holds it already) and the spec where it differs from the budget in
+        force, in one transaction; whether the budget changed."""
+        async with self.sessionmaker() as session, session.begin():
+            if not owned:
+                await ManagedRepository(session).claim(ref, now)
+            if body is None:
+                return False
+            service, principal = self._service(session), Principal(ref.actor)
+            if ref.kind == DEFAULT_KIND:
+                if (await service.repository.default()).as_json() == stored_json(body, cluster_default=True):
+                    return False
+                await service.put_default(body, principal)
+                return True
+            own = await service.repository.own(ref.key)
+            if own is not None and own.as_json() == stored_json(body, cluster_default=False):
+                return False
+            await service.put(ref.key, body, principal)
+            return True
+
+    async def _release(self, key: str, ref: ObjectRef, now: datetime) -> None:
+        """The object is gone: its namespace returns to the default (audited, naming it); the default
+        stays as last applied. Either way the REST API may change it again."""
+        async with self.sessionmaker() as session, session.begin():
+            if key:
+                try:
+                    await self._service(session).delete(key, Principal(f"{ref.actor} (deleted)"))
+                except TimekeeperError as error:
+                    if error.status_code != HTTP_NOT_FOUND:  # never applied (its spec was invalid)
+                        raise
+                else:
+                    self.metrics.changes.labels(action="released").inc()
+            await ManagedRepository(session).release(key)
+
+    async def _write_status(self, plural: str, obj: dict[str, Any], status: dict[str, Any]) -> int:
+        """Write the status where it says something new; 1 when written. Figures alone (a namespace
+        charging) are written at most every gitops_status_interval_seconds per object; anything else (a
+        state, a condition, a generation) at once. A conflict (the object changed since the list) or a
+        deletion is left to the next pass."""
+        before = obj.get("status") or {}
+        if before == status:
+            return 0
+        uid = obj["metadata"]["uid"]
+        moment = time.monotonic()
+        last = self._written.get(uid)
+        figures_only = substance(before) == substance(status)
+        if figures_only and last is not None and moment - last < self.settings.gitops_status_interval_seconds:
+            return 0
+        try:
+            await self.kube.replace_custom_object_status(GROUP, VERSION, plural, {**obj, "status": status})
+        except KubeApiError as error:
+            # 404/409: deleted or changed since the list; the next pass writes what is then true. Any
+            # other refusal is this object's: logged, and the other objects' statuses still written.
+            if error.status not in (HTTP_NOT_FOUND, HTTP_CONFLICT):
+                log.warning(
+                    "gitops_status_refused",
+                    extra={"object": obj["metadata"]["name"], "status": error.status, "error": str(error)},
+                )
+            return 0
+        self._written[uid] = moment
+        return 1
+
+
+async def build_gitops_sync(
+    settings: Settings, sessionmaker: async_sessionmaker[AsyncSession], clock: Clock
+) -> GitOpsSync:
+    """The scheduler's GPUBudget sync, with a Kubernetes client of its own (closed by `aclose`) and its
+    metrics (`metrics`, for the runner to register)."""
+    kube = await KubeClient.from_config(KubeConfig.from_settings(settings))
+    return GitOpsSync(kube, sessionmaker, settings, clock, GitOpsMetrics())

@@ -1,0 +1,1 @@
+"""Budget pools: one budget shared by several namespaces, with optional caps per member."""

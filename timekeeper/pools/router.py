@@ -1,0 +1,57 @@
+"""Pools: admins create, replace and delete them; a member namespace's readers read its pool."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Request, Response
+
+from timekeeper.auth.dependencies import Admin, Reader, ReadScope
+from timekeeper.db.session import SessionDep
+from timekeeper.errors import TimekeeperError
+from timekeeper.pools.schemas import PoolIn, PoolOut
+from timekeeper.pools.service import PoolService
+from timekeeper.routing import StrictJsonRoute
+from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
+
+router = APIRouter(tags=["pools"], route_class=StrictJsonRoute)
+PoolPath = Annotated[str, Path(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
+
+
+def _service(request: Request, session: SessionDep) -> PoolService:
+    return PoolService(session, request.app.state.settings, request.app.state.clock)
+
+
+Service = Annotated[PoolService, Depends(_service)]
+
+
+@router.get("/pools", response_model=list[PoolOut])
+async def list_pools(service: Service, scope: ReadScope) -> list[PoolOut]:
+    """Every pool; for a credential scoped to namespaces, the pools its namespaces are in."""
+    return await service.visible(scope)
+
+
+@router.get("/pools/{name}", response_model=PoolOut, responses=error_responses(404))
+async def get_pool(name: PoolPath, service: Service, scope: ReadScope) -> PoolOut:
+    """A cluster-wide reader reads any pool; a scoped one only a pool one of its namespaces is in."""
+    pool = await service.pool(name)
+    if scope is not None and not any(member.namespace in scope for member in pool.members):
+        raise TimekeeperError(f"no pool {name} among the caller's namespaces", 404)
+    return pool
+
+
+@router.put("/pools/{name}", response_model=PoolOut, responses=BODY_ERRORS | error_responses(409))
+async def put_pool(name: PoolPath, body: PoolIn, service: Service, admin: Admin) -> PoolOut:
+    return await service.put(name, body, admin)
+
+
+@router.delete("/pools/{name}", status_code=204, response_class=Response, responses=error_responses(404))
+async def delete_pool(name: PoolPath, service: Service, admin: Admin) -> Response:
+    await service.delete(name, admin)
+    return Response(status_code=204)
+
+
+@router.get("/namespaces/{namespace}/pool", response_model=PoolOut, responses=error_responses(404))
+async def get_namespace_pool(namespace: NamespacePath, service: Service, _: Reader) -> PoolOut:
+    """The pool the namespace is in (404: none), with every member's figures."""
+    return await service.of_namespace(namespace)

@@ -1,0 +1,194 @@
+"""Pools: admins create, replace and delete them (audited); members' readers read them. A change moves
+namespaces in or out of a pool, so it rebuilds the current totals of every namespace whose period kind it
+changes (a member counts in its pool's period) and re-states them all in the request's transaction."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from timekeeper.admission.service import AdmissionService
+from timekeeper.audit.repository import AuditRepository
+from timekeeper.auth.base import Principal
+from timekeeper.budgets.periods import PeriodKind, period_containing
+from timekeeper.budgets.repository import BudgetRepository
+from timekeeper.budgets.service import period_out
+from timekeeper.clock import Clock
+from timekeeper.errors import TimekeeperError
+from timekeeper.pools.models import BudgetPool
+from timekeeper.pools.repository import MemberFigures, PoolRepository
+from timekeeper.pools.rules import member_state, pool_state
+from timekeeper.pools.schemas import NamespaceSelectorBody, PoolIn, PoolMemberOut, PoolOut
+from timekeeper.settings import Settings
+
+
+def _number(value: Decimal | None) -> str | None:
+    return None if value is None else format(value.normalize(), "f")
+
+
+def audited(pool: BudgetPool, listed: dict[str, Decimal | None]) -> dict[str, Any]:
+    """The audit log's view of a pool."""
+    return {
+        "budget_gpu_minutes": _number(pool.budget_gpu_minutes),
+        "period": pool.period,
+        "warn_at_fraction": _number(pool.warn_at_fraction),
+        "namespace_selector": pool.namespace_selector,
+        "members": [{"namespace": ns, "cap_gpu_minutes": _number(cap)} for ns, cap in listed.items()],
+    }
+
+
+def pool_out(pool: BudgetPool, members: Sequence[MemberFigures], now: datetime) -> PoolOut:
+    state = pool_state(pool.budget_gpu_minutes, pool.warn_at_fraction, members)
+    used = sum((member.used_gpu_minutes for member in members), Decimal(0))
+    granted = sum((member.granted_gpu_minutes for member in members), Decimal(0))
+    selector = pool.namespace_selector
+    return PoolOut(
+        name=pool.name,
+        period=period_out(PeriodKind(pool.period), now),
+        budget_gpu_minutes=pool.budget_gpu_minutes,
+        granted_gpu_minutes=granted,
+        used_gpu_minutes=used,
+        remaining_gpu_minutes=pool.budget_gpu_minutes + granted - used,
+        state=state,
+        warn_at_fraction=pool.warn_at_fraction,
+        namespace_selector=None if selector is None else NamespaceSelectorBody(matchLabels=selector),
+        members=[
+            PoolMemberOut(
+                namespace=member.namespace,
+                listed=member.listed,
+                cap_gpu_minutes=member.cap_gpu_minutes,
+                used_gpu_minutes=member.used_gpu_minutes,
+                granted_gpu_minutes=member.granted_gpu_minutes,
+                state=member_state(state, member, pool.warn_at_fraction),
+            )
+            for member in members
+        ],
+        updated_at=pool.updated_at,
+        updated_by=pool.updated_by,
+    )
+
+
+class PoolService:
+    def __init__(self, session: AsyncSession, settings: Settings, clock: Clock) -> None:
+        self.repository = PoolRepository(session)
+        self.budgets = BudgetRepository(session)
+        self.audit = AuditRepository(session)
+        self.admission = AdmissionService(session, settings)
+        self.clock = clock
+
+    async def pools(self, names: Sequence[str] | None = None) -> list[PoolOut]:
+        now = self.clock.now()
+        pools = await self.repository.pools(names)
+        members = await self.repository.members([pool.name for pool in pools], now)
+        return [pool_out(pool, members[pool.name], now) for pool in pools]
+
+    async def pool(self, name: str) -> PoolOut:
+        found = await self.pools([name])
+        if not found:
+            raise TimekeeperError(f"no pool {name}", 404)
+        return found[0]
+
+    async def visible(self, scope: frozenset[str] | None) -> list[PoolOut]:
+        """Every pool for a cluster-wide reader; for a scoped one, the pools one of its namespaces is in."""
+        pools = await self.pools()
+        if scope is None:
+            return pools
+        return [pool for pool in pools if any(member.namespace in scope for member in pool.members)]
+
+    async def of_namespace(self, namespace: str) -> PoolOut:
+        pool = (await self.budgets.effective(namespace)).pool
+        if pool is None:
+            raise TimekeeperError(f"namespace {namespace} is in no pool", 404)
+        return await self.pool(pool)
+
+    async def put(self, name: str, body: PoolIn, principal: Principal) -> PoolOut:
+        now = self.clock.now()
+        listed = {member.namespace: member.cap_gpu_minutes for member in body.members}
+        elsewhere = await self.repository.listed_elsewhere(name, sorted(listed))
+        if elsewhere:
+            raise TimekeeperError(
+                "already listed in another pool: "
+                + ", ".join(f"{ns} (pool {pool})" for ns, pool in sorted(elsewhere.items())),
+                409,
+            )
+        previous = await self.repository.pool_for_update(name)
+        old = None if previous is None else audited(previous, await self.repository.listed(name))
+        before = await self._periods(name, sorted(listed), now)
+        values = body.model_dump(include={"budget_gpu_minutes", "period", "warn_at_fraction"})
+        values["namespace_selector"] = (
+            None if body.namespace_selector is None else body.namespace_selector.matchLabels
+        )
+        await self.repository.put(name, values, listed, principal.name, now)
+        [pool] = await self.repository.pools([name])
+        await self.audit.record(
+            now, principal.name, "pool.put", None, old, audited(pool, listed) | {"name": name}
+        )
+        await self._settle(before, now)
+        return await self.pool(name)
+
+    async def delete(self, name: str, principal: Principal) -> None:
+        now = self.clock.now()
+        pool = await self.repository.pool_for_update(name)
+        if pool is None:
+            raise TimekeeperError(f"no pool {name}", 404)
+        old = audited(pool, await self.repository.listed(name)) | {"name": name}
+        before = await self._periods(name, [], now)
+        await self.repository.delete(name)
+        await self.audit.record(now, principal.name, "pool.delete", None, old, None)
+        await self._settle(before, now)
+
+    async def sync_labels(self, labels: dict[str, dict[str, str]]) -> list[str]:
+        """The namespaces' labels as the reconciler just listed them: stored when they changed, and the
+        namespaces whose pool that changed (a selector now matches, or no longer) are settled as a pool
+        change settles its members, with the other members of the pools they left or joined. Answers the
+        namespaces that moved."""
+        now = self.clock.now()
+        known = await self.repository.labels()
+        changed = sorted(ns for ns in known.keys() | labels.keys() if known.get(ns) != labels.get(ns))
+        if not changed:
+            return []
+        before = {f.namespace: f.config for f in await self.budgets.figures(now, changed)}
+        await self.repository.put_labels(labels, now)
+        after = {f.namespace: f.config for f in await self.budgets.figures(now, changed)}
+        moved = [ns for ns in changed if before[ns].pool != after[ns].pool]
+        if moved:
+            pools = sorted({c.pool for ns in moved for c in (before[ns], after[ns]) if c.pool is not None})
+            others = {
+                m.namespace for listed in (await self.repository.members(pools, now)).values() for m in listed
+            }
+            periods = {ns: before[ns].period for ns in moved}
+            periods |= {
+                f.namespace: f.config.period
+                for f in await self.budgets.figures(now, sorted(others - set(moved)))
+            }
+            await self._settle(periods, now)
+        return moved
+
+    async def _periods(self, name: str, also: Sequence[str], now: datetime) -> dict[str, PeriodKind]:
+        """The period kind each namespace a change of the pool may affect counts in now: its members
+        (listed or selected) and the namespaces about to be listed."""
+        members = (await self.repository.members([name], now))[name]
+        namespaces = sorted({member.namespace for member in members} | set(also))
+        figures = await self.budgets.figures(now, namespaces) if namespaces else []
+        return {f.namespace: f.config.period for f in figures}
+
+    async def _settle(self, before: dict[str, PeriodKind], now: datetime) -> None:
+        """Rebuild the current totals of the namespaces whose period kind the change moved (each now counts
+        in another kind, whose running total missed what it charged under the old one), then re-state
+        them (their pool's other members with them) and bump the snapshot version."""
+        namespaces = sorted(before)
+        if not namespaces:
+            return
+        moved: dict[PeriodKind, list[str]] = defaultdict(list)
+        for figures in await self.budgets.figures(now, namespaces):
+            if figures.config.period != before[figures.namespace]:
+                moved[figures.config.period].append(figures.namespace)
+        for kind, targets in moved.items():
+            period = period_containing(kind, now)
+            await self.budgets.rebuild_totals(targets, kind, period.start, period.end)
+        await self.admission.restate(now, namespaces, config_changed=True)

@@ -1,0 +1,78 @@
+"""The web dashboard: committed static files (HTML, CSS, JavaScript modules; no build step) served under
+/ui by the timekeeper itself. The page calls the same /api/v1 with the user's bearer token, so it shows
+exactly what that identity may read (docs/dashboard.md).
+
+Every answer under /ui carries a strict Content-Security-Policy: scripts, styles and connections only from
+this origin, no inline script or style, no framing, and Trusted Types required, so the page cannot turn
+text from the API (namespace names, grant reasons, audit values) into markup or script.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException
+from starlette.responses import PlainTextResponse, RedirectResponse
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+UI_PATH = "/ui"
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+
+CONTENT_SECURITY_POLICY = "; ".join(
+    (
+        "default-src 'none'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self'",
+        "connect-src 'self'",
+        "base-uri 'none'",
+        "form-action 'none'",
+        "frame-ancestors 'none'",
+        "require-trusted-types-for 'script'",
+        "trusted-types 'none'",
+    )
+)
+SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+    (b"cross-origin-resource-policy", b"same-origin"),
+    (b"permissions-policy", b"camera=(), microphone=(), geolocation=(), payment=(), usb=()"),
+    # Revalidated on every load (StaticFiles answers 304 by ETag): an upgraded timekeeper serves new files.
+    (b"cache-control", b"no-cache"),
+)
+
+
+class SecurityHeaders:
+    """Adds SECURITY_HEADERS to every response of the wrapped app (replacing any of the same name),
+    including the 404 and 405 StaticFiles raises rather than answers."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._names = {name for name, _ in SECURITY_HEADERS}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in self._names]
+                message = {**message, "headers": [*kept, *SECURITY_HEADERS]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, with_headers)
+        except HTTPException as error:
+            await PlainTextResponse(str(error.detail), error.status_code)(scope, receive, with_headers)
+
+
+def mount_ui(app: FastAPI) -> None:
+    """Serves the dashboard under /ui/ (index.html for the folder) and redirects /ui there."""
+
+    async def to_folder() -> RedirectResponse:
+        return RedirectResponse(f"{UI_PATH}/", status_code=308)
+
+    app.add_api_route(UI_PATH, to_folder, methods=["GET", "HEAD"], include_in_schema=False)
+    app.mount(UI_PATH, SecurityHeaders(StaticFiles(directory=STATIC_DIR, html=True)), name="ui")

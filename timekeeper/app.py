@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuaccounting.names import API_PREFIX
 from timekeeper.admission.router import router as admission_router
+from timekeeper.admission.service import SnapshotCache
 from timekeeper.audit.router import router as audit_router
 from timekeeper.auth.digests import TokenDigests
 from timekeeper.auth.factory import build_access_control
@@ -83,6 +84,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.engine = engine
     app.state.sessionmaker = build_sessionmaker(engine)
     app.state.read_sessionmaker = build_read_sessionmaker(engine)
+    app.state.snapshot_cache = SnapshotCache()
     app.state.access = await build_access_control(settings)
     app.state.metrics.outages.attach(engine)
     app.state.ingest = IngestBatcher(

@@ -117,3 +117,19 @@ async def test_versions_only_grow(api: Api) -> None:
         versions.append((await snapshot(api))[0]["version"])
 
     assert versions == sorted(set(versions))
+
+
+async def test_a_version_is_built_once_and_a_change_builds_the_next(api: Api, clock: ManualClock) -> None:
+    ok(await api.put_budget("team-a", budget_gpu_minutes=10))
+    first = await api.get("/admission-state")
+    clock.advance(timedelta(minutes=5))
+
+    again = await api.get("/admission-state")
+    ok(await api.put_budget("team-a", budget_gpu_minutes=0))
+    changed = await api.get("/admission-state")
+
+    assert again.content == first.content  # the same bytes: built at the first GET, not rebuilt
+    assert ok(again)["generated_at"] == "2026-03-18T12:00:00Z"
+    assert ok(changed)["version"] > ok(first)["version"]
+    assert ok(changed)["namespaces"]["team-a"]["state"] == "exhausted"
+    assert ok(changed)["generated_at"] == "2026-03-18T12:05:00Z"

@@ -32,7 +32,10 @@ async def admission_state(request: Request) -> Response:
     state = request.app.state
     async with state.read_sessionmaker() as session:
         version, body = await AdmissionService(session, state.settings).snapshot_json(
-            state.clock.now(), lambda version: _etag(version) in known
+            state.clock.now(),
+            lambda version: _etag(version) in known,
+            cache=state.snapshot_cache,
+            source=state.read_sessionmaker,
         )
     if body is None:
         return Response(status_code=304, headers={"ETag": _etag(version)})

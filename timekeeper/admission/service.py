@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
@@ -27,6 +28,25 @@ def figures_state(figures: NamespaceFigures) -> BudgetState:
         figures.used_gpu_minutes,
         config.warn_at_fraction,
     )
+
+
+@dataclass
+class SnapshotCache:
+    """The last snapshot document this replica built, under its version. Every change to what the
+    snapshot holds bumps the version in the same transaction (the ETag's 304 relies on that already), so
+    the document of a version never changes: the webhooks that poll after a change all get the bytes
+    built for the first of them. `source` is what the version was read from (the app's sessionmaker):
+    another database's version numbers mean other documents."""
+
+    source: object = None
+    version: int | None = None
+    body: bytes = b""
+
+    def get(self, source: object, version: int) -> bytes | None:
+        return self.body if self.source is source and self.version == version else None
+
+    def put(self, source: object, version: int, body: bytes) -> None:
+        self.source, self.version, self.body = source, version, body
 
 
 class AdmissionService:
@@ -80,10 +100,16 @@ class AdmissionService:
         return states, changed
 
     async def snapshot_json(
-        self, now: datetime, unchanged: Callable[[int], bool] = lambda version: False
+        self,
+        now: datetime,
+        unchanged: Callable[[int], bool] = lambda version: False,
+        cache: SnapshotCache | None = None,
+        source: object = None,
     ) -> tuple[int, bytes | None]:
         """The snapshot's version and the gpuaccounting.admission_state.AdmissionState document under it,
         or None for the document when the caller already has that version (`unchanged`: it answers 304).
+        With a `cache`, a version's document is built once (`generated_at` says when) and kept until the
+        version moves.
         Reading writes nothing: the roll-over at midnight UTC (when every period begins) is the
         scheduler's `rollover` job's, which re-states every namespace. The entries are read after the
         version, so a change racing this read shows up under the next version rather than hiding under
@@ -91,6 +117,8 @@ class AdmissionService:
         version, budget, warn_at_fraction = await self.repository.version_and_default()
         if unchanged(version):
             return version, None
+        if cache is not None and (built := cache.get(source, version)) is not None:
+            return version, built
         default_state = budget_state(budget, Decimal(0), Decimal(0), warn_at_fraction)
         policies, default_share, namespaces = await self.repository.snapshot(default_state)
         document: AdmissionState = {
@@ -104,4 +132,7 @@ class AdmissionService:
             "default": {"state": default_state, "max_gpu_share_per_pod": default_share, "priority_policy": 0},
             "namespaces": namespaces,
         }
-        return version, orjson.dumps(document)
+        body = orjson.dumps(document)
+        if cache is not None:
+            cache.put(source, version, body)
+        return version, body

@@ -54,10 +54,29 @@ class RouteCost:
         )
 
 
-def seed(dsn: str, namespaces: int) -> None:
+def seed(dsn: str, namespaces: int, pods: int = 0) -> None:
     """Budget namespaces with budgets, totals and a grant (as the read bench's), and `namespaces` known
-    namespaces with states (as the snapshot bench's: every 7th exhausted)."""
+    namespaces with states (as the snapshot bench's: every 7th exhausted); with `pods`, each budget
+    namespace's pods reporting every 30 s over the last six hours (the forecast's window) into the ledger
+    and, where the schema has them, the forecast's burn buckets."""
     with psycopg.connect(dsn, autocommit=True) as connection:
+        if pods:
+            connection.execute(
+                "INSERT INTO usage_ledger (namespace, pod, pod_uid, seq, interval_start, interval_end,"
+                " gpu_share, charged, gpu_minutes, final, gpu_count, gpus, charge_share)"
+                " SELECT 'bench-' || n, 'pod-' || p, 'uid-' || n || '-' || p, s, t - interval '30 seconds', t,"
+                " 1, tstzmultirange(tstzrange(t - interval '30 seconds', t)), 0.5, false, 1, '[]', 1"
+                " FROM generate_series(0, %s) AS n, generate_series(1, %s) AS p, generate_series(0, 719) AS s,"
+                " LATERAL (SELECT now() - s * interval '30 seconds' AS t) AS at",
+                (BUDGET_NAMESPACES - 1, pods),
+            )
+            if connection.execute("SELECT to_regclass('usage_burn')").fetchone() != (None,):
+                connection.execute(
+                    "INSERT INTO usage_burn (namespace, bucket_start, gpu_minutes) SELECT namespace,"
+                    " date_bin(interval '5 minutes', interval_start, timestamptz '1970-01-01 00:00:00+00'),"
+                    " sum(gpu_minutes) FROM usage_ledger GROUP BY 1, 2"
+                )
+            connection.execute("ANALYZE")
         connection.execute(
             "INSERT INTO namespace_budgets (namespace, budget_gpu_minutes, period, warn_at_fraction,"
             " updated_at, updated_by) SELECT 'bench-' || i, 1000000, 'monthly', 0.8, now(), 'bench'"
@@ -170,9 +189,11 @@ async def measure(
     return RouteCost(name, 1e6 * used / requests, database, trips[0] / requests, await call())
 
 
-async def costs(url: URL, requests: int, namespaces: int, top: int = 0) -> list[RouteCost]:
+async def costs(
+    url: URL, requests: int, namespaces: int, top: int = 0, pods: int = 0
+) -> list[RouteCost]:
     dsn = url_string(url).replace("postgresql+psycopg://", "postgresql://")
-    seed(dsn, namespaces)
+    seed(dsn, namespaces, pods)
     token = secrets.token_urlsafe(24)
     settings = Settings(
         database_url=url_string(url), scheduler_enabled=False, reader_token_sha256=sha256(token)
@@ -216,9 +237,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--namespaces", type=int, default=10_000)
     parser.add_argument("--profile", type=int, default=0, metavar="TOP", help="print cProfile's top frames")
+    parser.add_argument(
+        "--pods", type=int, default=4, help="pods per budget namespace in the ledger's last six hours"
+    )
     args = parser.parse_args()
     with migrated_database("gtk_bench_reads") as url:
-        for cost in asyncio.run(costs(url, args.requests, args.namespaces, args.profile)):
+        for cost in asyncio.run(costs(url, args.requests, args.namespaces, args.profile, args.pods)):
             print(cost.line())
 
 

@@ -7,12 +7,15 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
+import sqlalchemy as sa
 from fastapi import FastAPI
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tests.support.timekeeper import Api, ok
 from tests.timekeeper.conftest import START
 from tests.timekeeper.test_health import root_client, samples
 from tests.timekeeper.test_scheduler_jobs import run
+from timekeeper.budgets.burn import attribute
 from timekeeper.budgets.forecast import forecast
 from timekeeper.clock import ManualClock
 
@@ -79,7 +82,34 @@ def test_a_namespace_already_exhausted_is_not_forecast_again(remaining: Decimal)
     assert (outlook.burn_rate_gpu_minutes_per_hour, outlook.exhausts_at) == (20, None)
 
 
-# Through the API, from the ledger.
+# The burn buckets on their own: a charge goes to the 5-minute buckets its time overlaps, in proportion.
+
+
+def test_a_charge_straddling_a_bucket_boundary_is_split_by_time_and_sums_exactly() -> None:
+    t = NOW + timedelta(minutes=3)  # 12:03-12:08: two minutes before 12:05, three after
+    assert attribute([("team-a", Decimal("1.5"), [(t, t + timedelta(minutes=5))])]) == {
+        ("team-a", NOW): Decimal("0.6"),
+        ("team-a", NOW + timedelta(minutes=5)): Decimal("0.9"),
+    }
+    # Thirds round at the ledger's scale; the last bucket takes the remainder, so nothing is lost.
+    t = NOW + timedelta(minutes=4)
+    split = attribute([("team-a", Decimal(1), [(t, t + timedelta(seconds=90))])])
+    assert split == {
+        ("team-a", NOW): Decimal("0.666666667"),
+        ("team-a", t + timedelta(minutes=1)): Decimal("0.333333333"),
+    }
+    assert sum(split.values()) == 1
+
+
+def test_charges_of_one_bucket_add_up_and_a_zero_charge_burns_nothing() -> None:
+    t = NOW + timedelta(minutes=1)
+    pieces = [(t, t + timedelta(minutes=1)), (t + timedelta(minutes=2), t + timedelta(minutes=3))]
+    assert attribute(
+        [("a", Decimal(2), pieces), ("a", Decimal(1), pieces[:1]), ("b", Decimal(0), pieces)]
+    ) == {("a", NOW): Decimal(3)}
+
+
+# Through the API, from what ingest keeps.
 
 
 class Pod:
@@ -238,3 +268,75 @@ async def test_metrics_show_the_burn_rate_and_the_seconds_left_only_where_a_fore
     assert scraped[("timekeeper_namespace_forecast_exhaustion_seconds", team_a)] == 9 * 3600
     assert scraped[("timekeeper_namespace_burn_rate_gpu_minutes_per_hour", idle)] == 0
     assert ("timekeeper_namespace_forecast_exhaustion_seconds", idle) not in scraped
+
+
+async def report_steadily(api: Api, clock: ManualClock, namespace: str, minutes: float, every: float) -> None:
+    """One GPU reported in `every`-minute intervals ending at the clock's now (not aligned to buckets)."""
+    for seq in range(1, int(minutes // every) + 1):
+        start = clock.now()
+        clock.advance(timedelta(minutes=every))
+        ok(
+            await api.report(
+                namespace=namespace,
+                pod="pod",
+                pod_uid=f"uid-{namespace}",
+                seq=seq,
+                start=start,
+                minutes=every,
+            )
+        )
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_burn_is_exact_across_bucket_boundaries_and_prorated_at_the_window_edge(
+    api: Api, clock: ManualClock
+) -> None:
+    ok(await api.put_budget("team-a", budget_gpu_minutes=10_000))
+    await report_steadily(api, clock, "team-a", 60, every=7.5)  # reports straddle the 5-minute buckets
+
+    assert (await api.budget("team-a"))["forecast"]["burn_rate_gpu_minutes_per_hour"] == 10  # 60 in 6 h
+
+    # The window now starts 37.5 minutes into the hour of use, halfway through a bucket: 22.5 minutes of
+    # it are inside, half of that bucket's among them.
+    clock.advance(timedelta(hours=5, minutes=37.5))
+    assert (await api.budget("team-a"))["forecast"]["burn_rate_gpu_minutes_per_hour"] == 3.75
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_burn_is_kept_by_ingest_not_recomputed_from_the_ledger(
+    api: Api, clock: ManualClock, connection: AsyncConnection
+) -> None:
+    ok(await api.put_budget("team-a", budget_gpu_minutes=1000))
+    await report_steadily(api, clock, "team-a", 60, every=7.5)
+    ledger = (
+        await connection.execute(
+            sa.text("SELECT sum(gpu_minutes) FROM usage_ledger WHERE namespace = 'team-a'")
+        )
+    ).scalar_one()
+    buckets = (
+        await connection.execute(
+            sa.text("SELECT sum(gpu_minutes) FROM usage_burn WHERE namespace = 'team-a'")
+        )
+    ).scalar_one()
+    assert ledger == buckets == 60  # every charged GPU-minute went to a bucket, exactly once
+
+    ok(await api.grant("team-a", 500))  # grants do not burn
+    await connection.execute(sa.text("DELETE FROM usage_ledger WHERE namespace = 'team-a'"))
+
+    assert (await api.budget("team-a"))["forecast"]["burn_rate_gpu_minutes_per_hour"] == 10
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_roll_up_drops_burn_buckets_no_window_reaches_and_keeps_the_rest(
+    app: FastAPI, api: Api, clock: ManualClock, connection: AsyncConnection
+) -> None:
+    ok(await api.put_budget("team-a", budget_gpu_minutes=10_000))
+    await report_steadily(api, clock, "team-a", 60, every=7.5)  # 12 buckets, 12:00-13:00
+    clock.advance(timedelta(hours=6, days=1))  # the window (6 h) plus the margin (a day) from 13:00
+    await report_steadily(api, clock, "team-b", 60, every=7.5)  # 12 more, a day later
+
+    assert (await run(app, "rollup")).detail["burn_buckets_purged"] == 12
+
+    kept = await connection.execute(sa.text("SELECT DISTINCT namespace FROM usage_burn"))
+    assert {namespace for (namespace,) in kept} == {"team-b"}
+    assert (await api.budget("team-b"))["forecast"]["burn_rate_gpu_minutes_per_hour"] == 10

@@ -113,3 +113,16 @@ class UsageTotal(Base):
     period_start: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
     used_gpu_minutes: Mapped[Decimal] = mapped_column(GPU_MINUTES, server_default="0")
     granted_gpu_minutes: Mapped[Decimal] = mapped_column(GPU_MINUTES, server_default="0")
+
+
+class UsageBurn(Base):
+    """GPU-minutes charged per namespace in fixed 5-minute buckets of time (budgets/burn.py), kept by
+    ingest in the same transaction as the ledger row, so the forecast's burn over a window reads a few
+    dozen rows instead of the ledger. Buckets older than the largest forecast window are purged by the
+    roll-up job."""
+
+    __tablename__ = "usage_burn"
+
+    namespace: Mapped[str] = mapped_column(Text, primary_key=True)
+    bucket_start: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    gpu_minutes: Mapped[Decimal] = mapped_column(GPU_MINUTES)

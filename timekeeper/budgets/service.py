@@ -123,10 +123,8 @@ class BudgetService:
         return timedelta(minutes=self.settings.forecast_window_minutes)
 
     async def _burned(self, now: datetime, namespaces: list[str] | None) -> dict[str, Decimal]:
-        """Each namespace's charge over the forecast window, in one statement."""
-        return await self.burn.burned(
-            now - self._window, now, now - self.settings.rollup_retention, namespaces
-        )
+        """Each namespace's charge over the forecast window, in one statement (its burn buckets)."""
+        return await self.burn.burned(now - self._window, now, namespaces)
 
     async def _statuses(self, namespaces: list[str] | None) -> list[NamespaceBudgetOut]:
         now = self.clock.now()

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from timekeeper.admission.service import AdmissionService
+from timekeeper.budgets.burn import PURGE_MARGIN, BurnRepository
 from timekeeper.budgets.periods import EPOCH, PeriodKind, period_containing
 from timekeeper.budgets.repository import BudgetRepository
 from timekeeper.budgets.service import end_expired_grants
@@ -32,6 +33,7 @@ class SchedulerService:
         self.repository = SchedulerRepository(session)
         self.admission = AdmissionService(session, settings)
         self.budgets = BudgetRepository(session)
+        self.burn = BurnRepository(session)
         self.settings = settings
 
     async def restate_all(self, now: datetime, window: datetime) -> dict[str, Any]:
@@ -60,9 +62,12 @@ class SchedulerService:
     async def roll_up(self, now: datetime, window: datetime) -> dict[str, Any]:
         """Ledger rows that ended by the window's start (now - rollup_retention, floored to the job's
         interval) are folded into hourly per-pod aggregates, merging with those of earlier windows;
-        pod coverage and running totals are untouched."""
+        pod coverage and running totals are untouched. The forecast's burn buckets older than its window
+        (and a margin) are dropped: no read reaches them."""
         folded, hours = await self.repository.roll_up(window)
-        return {"folded_rows": folded, "hourly_rows": hours}
+        oldest = now - timedelta(minutes=self.settings.forecast_window_minutes) - PURGE_MARGIN
+        purged = await self.burn.purge(oldest)
+        return {"folded_rows": folded, "hourly_rows": hours, "burn_buckets_purged": purged}
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from timekeeper.usage.planning import Interval, TotalKey
 # batch reads in one round trip and writes in another, without SQLAlchemy's per-statement work. A batch
 # holds at most one report per pod (ON CONFLICT may touch a row once per statement) and travels as one
 # JSON array read by jsonb_to_recordset, in pod_uid order: every writer locks pods, then totals, then
-# namespace states, then the snapshot version, each in key order, so concurrent batches (and replicas)
+# burn buckets, then namespace states, then the snapshot version, each in key order, so concurrent batches (and replicas)
 # never deadlock. Multiranges and jsonb_to_recordset keep these statements as text.
 _PODS = (
     "jsonb_to_recordset(CAST(%(pods)s AS jsonb)) AS r(pod_uid text, namespace text, pod text, seq bigint, "
@@ -96,7 +96,14 @@ _ADD_USED = (
     "DO UPDATE SET used_gpu_minutes = usage_totals.used_gpu_minutes + excluded.used_gpu_minutes "
     "RETURNING namespace, period_kind, period_start, used_gpu_minutes, granted_gpu_minutes"
 )
-# The namespaces' stored states, locked after the totals in key order (byte order, as Python sorts the
+# Adds to the forecast's burn buckets (budgets/burn.py), after the totals, in key order (the lock order).
+_ADD_BURN = (
+    "INSERT INTO usage_burn (namespace, bucket_start, gpu_minutes) "
+    "SELECT * FROM jsonb_to_recordset(CAST(%(burn)s AS jsonb)) "
+    "AS b(namespace text, bucket_start timestamptz, gpu_minutes numeric) ORDER BY 1, 2 "
+    "ON CONFLICT (namespace, bucket_start) DO UPDATE SET gpu_minutes = usage_burn.gpu_minutes + excluded.gpu_minutes"
+)
+# The namespaces' stored states, locked after the totals and burn buckets in key order (byte order, as Python sorts the
 # names AdmissionRepository.set_states writes in): the lock order.
 _LOCK_STATES = (
     "SELECT namespace, state FROM namespace_status WHERE namespace = ANY(%(namespaces)s) "
@@ -290,11 +297,13 @@ class IngestStatements:
         totals: str | None,
         namespaces: list[str],
         now: datetime,
+        burn: str | None = None,
     ) -> BatchWritten:
         """Inserts the `count` new reports' ledger rows (`reports`: batch_json rows of _REPORTS'
         columns, each charged the part of its interval its pod has not covered), adds the `covering`
         reports' intervals to their pods' charged time and the `totals` (rows of namespace, period_kind,
-        period_start, used) to the running totals; answers each total afterwards, and the stored states
+        period_start, used) to the running totals and the `burn` (rows of namespace, bucket_start,
+        gpu_minutes) to the forecast's burn buckets; answers each total afterwards, and the stored states
         of `namespaces`, locked until the commit (so the caller writes only states that really change,
         and none when none do)."""
         connection = self.connection
@@ -303,6 +312,8 @@ class IngestStatements:
             if covering is not None:
                 await connection.execute(_COVER, {"pods": covering})
             added = None if totals is None else await connection.execute(_ADD_USED, {"totals": totals})
+            if burn is not None:
+                await connection.execute(_ADD_BURN, {"burn": burn})
             states = (
                 await connection.execute(_LOCK_STATES, {"namespaces": namespaces}) if namespaces else None
             )

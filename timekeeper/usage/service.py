@@ -16,13 +16,21 @@ from gpuaccounting.wire import BudgetState
 from timekeeper.admission.repository import AdmissionRepository
 from timekeeper.admission.service import AdmissionService, figures_state
 from timekeeper.billing.weights import charge_share, model_key, resolve_basis, timeline_of
+from timekeeper.budgets.burn import attribute, burn_rows
 from timekeeper.budgets.periods import period_containing
 from timekeeper.budgets.repository import BudgetRepository
 from timekeeper.clock import Clock
 from timekeeper.errors import TimekeeperError
 from timekeeper.settings import Settings
 from timekeeper.usage.figures import NO_FIGURES, Measured, measure
-from timekeeper.usage.planning import Rate, figures_after, plan_charges, plan_totals
+from timekeeper.usage.planning import (
+    Interval,
+    Rate,
+    ReportCharge,
+    figures_after,
+    plan_charges,
+    plan_totals,
+)
 from timekeeper.usage.repository import BatchWritten, GroupBy, IngestStatements, UsageRepository, batch_json
 from timekeeper.usage.schemas import ReportIn, UsageOut, UsageRow
 
@@ -101,6 +109,17 @@ def ledger_row(
         "mean_power_w": None if measured.mean_power_w is None else str(measured.mean_power_w),
         "gpu_status_bits": measured.gpu_status_bits,
     }
+
+
+def burn_json(
+    reports: Sequence[ReportIn], charges: Mapping[str, ReportCharge], uncovered: Mapping[str, list[Interval]]
+) -> str | None:
+    """The forecast's burn buckets the reports' charges add to (budgets/burn.py), as the write reads them."""
+    added = attribute(
+        (report.namespace, charges[report.pod_uid].gpu_minutes, uncovered[report.pod_uid])
+        for report in reports
+    )
+    return batch_json(burn_rows(added)) if added else None
 
 
 class IngestService:
@@ -204,6 +223,7 @@ class IngestService:
                 else None,
                 [] if pooled else namespaces,
                 now,
+                burn_json(fresh, charges, uncovered),
             )
         after = figures_after(figures, written.totals, now)
         changed: set[str] = set()

@@ -64,9 +64,10 @@ def seed(dsn: str, namespaces: int, pods: int = 0) -> None:
             connection.execute(
                 "INSERT INTO usage_ledger (namespace, pod, pod_uid, seq, interval_start, interval_end,"
                 " gpu_share, charged, gpu_minutes, final, gpu_count, gpus, charge_share)"
-                " SELECT 'bench-' || n, 'pod-' || p, 'uid-' || n || '-' || p, s, t - interval '30 seconds', t,"
-                " 1, tstzmultirange(tstzrange(t - interval '30 seconds', t)), 0.5, false, 1, '[]', 1"
-                " FROM generate_series(0, %s) AS n, generate_series(1, %s) AS p, generate_series(0, 719) AS s,"
+                " SELECT 'bench-' || n, 'pod-' || p, 'uid-' || n || '-' || p, s,"
+                " t - interval '30 seconds', t, 1, tstzmultirange(tstzrange(t - interval '30 seconds', t)),"
+                " 0.5, false, 1, '[]', 1 FROM generate_series(0, %s) AS n, generate_series(1, %s) AS p,"
+                " generate_series(0, 719) AS s,"
                 " LATERAL (SELECT now() - s * interval '30 seconds' AS t) AS at",
                 (BUDGET_NAMESPACES - 1, pods),
             )
@@ -189,9 +190,7 @@ async def measure(
     return RouteCost(name, 1e6 * used / requests, database, trips[0] / requests, await call())
 
 
-async def costs(
-    url: URL, requests: int, namespaces: int, top: int = 0, pods: int = 0
-) -> list[RouteCost]:
+async def costs(url: URL, requests: int, namespaces: int, top: int = 0, pods: int = 0) -> list[RouteCost]:
     dsn = url_string(url).replace("postgresql+psycopg://", "postgresql://")
     seed(dsn, namespaces, pods)
     token = secrets.token_urlsafe(24)

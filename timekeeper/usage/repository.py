@@ -29,8 +29,8 @@ from timekeeper.usage.planning import Interval, TotalKey
 # batch reads in one round trip and writes in another, without SQLAlchemy's per-statement work. A batch
 # holds at most one report per pod (ON CONFLICT may touch a row once per statement) and travels as one
 # JSON array read by jsonb_to_recordset, in pod_uid order: every writer locks pods, then totals, then
-# burn buckets, then namespace states, then the snapshot version, each in key order, so concurrent batches (and replicas)
-# never deadlock. Multiranges and jsonb_to_recordset keep these statements as text.
+# burn buckets, then namespace states, then the snapshot version, each in key order, so concurrent
+# batches (and replicas) never deadlock. Multiranges and jsonb_to_recordset keep these statements as text.
 _PODS = (
     "jsonb_to_recordset(CAST(%(pods)s AS jsonb)) AS r(pod_uid text, namespace text, pod text, seq bigint, "
     "interval_start timestamptz, interval_end timestamptz, final boolean, gpu_model text)"
@@ -101,10 +101,11 @@ _ADD_BURN = (
     "INSERT INTO usage_burn (namespace, bucket_start, gpu_minutes) "
     "SELECT * FROM jsonb_to_recordset(CAST(%(burn)s AS jsonb)) "
     "AS b(namespace text, bucket_start timestamptz, gpu_minutes numeric) ORDER BY 1, 2 "
-    "ON CONFLICT (namespace, bucket_start) DO UPDATE SET gpu_minutes = usage_burn.gpu_minutes + excluded.gpu_minutes"
+    "ON CONFLICT (namespace, bucket_start) "
+    "DO UPDATE SET gpu_minutes = usage_burn.gpu_minutes + excluded.gpu_minutes"
 )
-# The namespaces' stored states, locked after the totals and burn buckets in key order (byte order, as Python sorts the
-# names AdmissionRepository.set_states writes in): the lock order.
+# The namespaces' stored states, locked after the totals and burn buckets in key order (byte order, as
+# Python sorts the names AdmissionRepository.set_states writes in): the lock order.
 _LOCK_STATES = (
     "SELECT namespace, state FROM namespace_status WHERE namespace = ANY(%(namespaces)s) "
     'ORDER BY namespace COLLATE "C" FOR UPDATE'

@@ -64,28 +64,34 @@ _LOCK_PODS = (
 )
 # The reports already in the ledger (a retry of the same pod_uid, seq and interval charges nothing). Run
 # after _LOCK_PODS, as its own statement: its snapshot then sees every batch that held a pod's lock before.
+# Each report's lookup is an index probe whatever the planner estimates: jsonb_to_recordset counts as
+# 100 rows, so against a young ledger (the plan psycopg prepares is kept as the ledger grows) a join was
+# planned as a hash join over a scan of the whole ledger; OFFSET 0 keeps the EXISTS a per-row subplan.
 _REPEATED = (
-    f"SELECT r.pod_uid FROM {_PODS} JOIN usage_ledger l ON l.pod_uid = r.pod_uid AND l.seq = r.seq "
-    "AND l.interval_start = r.interval_start AND l.interval_end = r.interval_end"
+    f"SELECT r.pod_uid FROM {_PODS} WHERE EXISTS (SELECT FROM usage_ledger l WHERE l.pod_uid = r.pod_uid "
+    "AND l.seq = r.seq AND l.interval_start = r.interval_start AND l.interval_end = r.interval_end OFFSET 0)"
 )
 # Each row is charged the part of its interval its pod has not covered (the pod row is locked since
 # _LOCK_PODS, and covered only by _COVER after this). ON CONFLICT stays as a guard: IngestStatements.write
-# refuses the batch when a row it was sure was new did not go in.
+# refuses the batch when a row it was sure was new did not go in. The pod's coverage is a per-row index
+# probe (a join was planned as a scan of every pod, as in _REPEATED).
 _INSERT_LEDGER = (
     "INSERT INTO usage_ledger (namespace, pod, pod_uid, seq, interval_start, interval_end, gpu_share, "
     "charged, gpu_minutes, final, received_at, gpu_count, mean_sm_util_pct, max_mem_used_bytes, gpus, "
     "peak_sm_util_pct, mem_used_bytes, mean_power_w, gpu_status_bits, charge_share, gpu_model) "
     "SELECT r.namespace, r.pod, r.pod_uid, r.seq, r.interval_start, r.interval_end, r.gpu_share, "
-    "tstzmultirange(tstzrange(r.interval_start, r.interval_end)) - c.covered, r.gpu_minutes, r.final, "
+    "tstzmultirange(tstzrange(r.interval_start, r.interval_end)) "
+    "- (SELECT c.covered FROM pod_coverage c WHERE c.pod_uid = r.pod_uid), r.gpu_minutes, r.final, "
     "CAST(%(now)s AS timestamptz), r.gpu_count, r.mean_sm_util_pct, r.max_mem_used_bytes, r.gpus, "
     "r.peak_sm_util_pct, r.mem_used_bytes, r.mean_power_w, r.gpu_status_bits, r.charge_share, r.gpu_model "
-    f"FROM {_REPORTS} JOIN pod_coverage c USING (pod_uid) "
-    "ON CONFLICT ON CONSTRAINT uq_usage_ledger_report DO NOTHING"
+    f"FROM {_REPORTS} ON CONFLICT ON CONSTRAINT uq_usage_ledger_report DO NOTHING"
 )
+# The pods are found by their keys (`= ANY`: an index scan), not by a join the planner may make a scan.
 _COVER = (
+    f"WITH r AS MATERIALIZED (SELECT * FROM {_PODS}) "
     "UPDATE pod_coverage p SET covered = p.covered + tstzmultirange(tstzrange(r.interval_start, "
     "r.interval_end)), last_seq = r.seq, pod = r.pod, final = p.final OR r.final "
-    f"FROM {_PODS} WHERE p.pod_uid = r.pod_uid"
+    "FROM r WHERE p.pod_uid = r.pod_uid AND p.pod_uid = ANY(ARRAY(SELECT pod_uid FROM r))"
 )
 # Adds to the running totals in key order (the lock order); answers each total afterwards.
 _ADD_USED = (

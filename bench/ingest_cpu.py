@@ -1,0 +1,149 @@
+"""Where the CPU of one acknowledged report goes, by process and by statement: the ingest load of
+`make bench` (2 timekeeper replicas, wrk), but measured as CPU seconds per report rather than reports per
+second, a figure other load on the machine moves far less than throughput (it inflates each process's
+CPU a little through caches and context switches; it does not hand one process another's work).
+
+For each process: the timekeepers' user + system time (/proc), PostgreSQL's (the backends serving the
+bench's database, plus the cluster's own background processes: WAL writer, checkpointer ...; on a shared
+cluster those also serve others), wrk's (wait4). With pg_stat_statements loaded in the cluster, each
+statement's execution time per report, and its calls per batch.
+
+`python -m bench.ingest_cpu [--seconds 8] [--connections 64] [--replicas 2]`; uses
+TIMEKEEPER_TEST_DATABASE_URL (pg_stat_statements needs the cluster started with it in
+shared_preload_libraries; without it the per-statement table is left out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import psycopg
+
+from bench.ingest import _reports, timekeeper
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pids: Iterable[int], kernel: bool | None = None) -> float:
+    """User + system time of the processes (those that exited meanwhile count 0); only the system
+    time with kernel=True, only the user time with kernel=False."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rpartition(")")[2].split()
+        except FileNotFoundError:
+            continue
+        user, system = int(fields[11]), int(fields[12])
+        total += system if kernel else user if kernel is False else user + system
+    return total / _TICKS
+
+
+def _database_pids(connection: psycopg.Connection[Any]) -> tuple[list[int], list[int]]:
+    """The backends of this database, and the cluster's background processes."""
+    rows = connection.execute(
+        "SELECT pid, datname = current_database(), backend_type FROM pg_stat_activity"
+    ).fetchall()
+    backends = [pid for pid, ours, kind in rows if ours and kind == "client backend"]
+    background = [pid for pid, _, kind in rows if kind not in ("client backend", "autovacuum worker")]
+    return backends, background
+
+
+def _statements(connection: psycopg.Connection[Any]) -> list[tuple[str, int, float]] | None:
+    try:
+        return [
+            (str(query), int(calls), float(total))
+            for query, calls, total in connection.execute(
+                "SELECT query, calls, total_exec_time + total_plan_time FROM pg_stat_statements "
+                "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+                "ORDER BY 3 DESC"
+            )
+        ]
+    except psycopg.Error:
+        return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=int, default=8)
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--top", type=int, default=14)
+    args = parser.parse_args()
+    with timekeeper(workers=1, replicas=args.replicas) as server:
+        ports = [url.rsplit(":", 1)[1] for url in server.urls]
+        pids = [
+            int(found)
+            for port in ports
+            for found in subprocess.run(
+                ["pgrep", "-f", f"timekeeper --port {port}"], capture_output=True, text=True, check=True
+            ).stdout.split()
+        ]
+        _reports(server.urls, server.token, 2, args.connections)  # warm-up: pods created, plans cached
+        with psycopg.connect(server.dsn, autocommit=True) as connection:
+            statements = connection.execute("SELECT to_regclass('pg_stat_statements')").fetchone()
+            tracked = statements is not None and statements[0] is not None
+            if not tracked:
+                try:
+                    connection.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                    tracked = True
+                except psycopg.Error:
+                    tracked = False
+            if tracked:
+                try:
+                    connection.execute("SELECT pg_stat_statements_reset()")
+                except psycopg.Error:
+                    tracked = False
+            backends, background = _database_pids(connection)
+            own = [pid for (pid,) in [connection.execute("SELECT pg_backend_pid()").fetchone() or (0,)]]
+            backends = [pid for pid in backends if pid not in own]
+            before = (
+                _cpu_seconds(pids),
+                _cpu_seconds(pids, kernel=True),
+                _cpu_seconds(backends),
+                _cpu_seconds(backends, kernel=True),
+                _cpu_seconds(background),
+            )
+            started = time.monotonic()
+            load = _reports(server.urls, server.token, args.seconds, args.connections)
+            elapsed = time.monotonic() - started
+            after = (
+                _cpu_seconds(pids),
+                _cpu_seconds(pids, kernel=True),
+                _cpu_seconds(backends),
+                _cpu_seconds(backends, kernel=True),
+                _cpu_seconds(background),
+            )
+            found = _statements(connection) if tracked else None
+    reports = load.requests
+    timekeepers, timekeepers_kernel, database, database_kernel, cluster = (
+        1e6 * (b - a) / reports for a, b in zip(before, after, strict=True)
+    )
+    client = 1e6 * load.client_cpu_seconds / reports
+    print(
+        f"{reports:,} reports in {elapsed:.1f} s ({load.rate:,.0f}/s, p99 {load.p99_ms:.0f} ms, "
+        f"{load.errors} errors), load average {os.getloadavg()[0]:.1f}"
+    )
+    print("CPU per acknowledged report (µs):")
+    print(f"  timekeepers          {timekeepers:7.0f}  (of which in the kernel {timekeepers_kernel:.0f})")
+    print(f"  PostgreSQL backends  {database:7.0f}  (of which in the kernel {database_kernel:.0f})")
+    print(f"  PostgreSQL cluster   {cluster:7.0f}  (background processes: WAL writer, checkpointer ...)")
+    print(f"  wrk                  {client:7.0f}")
+    total = timekeepers + database + cluster + client
+    print(f"  all                  {total:7.0f}  -> {2e6 / total:,.0f} reports/s on 2 cores (kernel aside)")
+    if found is None:
+        print("(pg_stat_statements is not loaded in this cluster: no per-statement figures)")
+        return
+    print("\nPostgreSQL time per report by statement (µs; planning + execution), calls per 1,000 reports:")
+    for query, calls, milliseconds in found[: args.top]:
+        text = " ".join(query.split())
+        print(f"  {1000 * milliseconds / reports:7.1f}  {1000 * calls / reports:7.1f}  {text[:110]}")
+
+
+if __name__ == "__main__":
+    main()

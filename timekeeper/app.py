@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from inspect import isawaitable
 from typing import Any
 
-from fastapi import APIRouter, FastAPI
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gpuaccounting.names import API_PREFIX
+from gpuaccounting.names import API_PREFIX, REPORTS_PATH
 from timekeeper.admission.router import router as admission_router
 from timekeeper.admission.service import SnapshotCache
 from timekeeper.audit.router import router as audit_router
@@ -38,13 +39,34 @@ from timekeeper.schemas import API_ERRORS
 from timekeeper.settings import Settings, get_settings
 from timekeeper.ui import mount_ui
 from timekeeper.usage.batcher import IngestBatcher
-from timekeeper.usage.router import REPORT_SCHEMAS, add_report_route
+from timekeeper.usage.router import REPORT_SCHEMAS, add_report_route, post_report
 from timekeeper.usage.router import router as usage_router
 
 
+def limited_body(scope: Scope, receive: Receive, max_bytes: int) -> tuple[Response | None, Receive]:
+    """A body above the limit refused with 413: by Content-Length before reading (the answer, to send
+    instead), or while streaming (chunked uploads), by failing the read with an HTTPException (the
+    receive to read through), which the app's handler answers."""
+    too_large = HTTPException(413, f"request body larger than {max_bytes} bytes")
+    for name, value in scope["headers"]:
+        if name == b"content-length" and value.isdigit() and int(value) > max_bytes:
+            return JSONResponse({"detail": too_large.detail}, status_code=413), receive
+    received = 0
+
+    async def limited() -> Message:
+        nonlocal received
+        message = await receive()
+        if message["type"] == "http.request":
+            received += len(message.get("body", b""))
+            if received > max_bytes:
+                raise too_large
+        return message
+
+    return None, limited
+
+
 class BodySizeLimit:
-    """Refuses bodies above the limit with 413: by Content-Length before reading, or while streaming
-    (chunked uploads), by failing the read (FastAPI passes that HTTPException through to its handler)."""
+    """Refuses bodies above the limit with 413 (limited_body)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -54,23 +76,58 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        too_large = HTTPException(413, f"request body larger than {self.max_bytes} bytes")
-        for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                await JSONResponse({"detail": too_large.detail}, status_code=413)(scope, receive, send)
-                return
-        received = 0
-
-        async def limited() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise too_large
-            return message
-
+        refused, limited = limited_body(scope, receive, self.max_bytes)
+        if refused is not None:
+            await refused(scope, receive, send)
+            return
         await self.app(scope, limited, send)
+
+
+class TimekeeperApp(FastAPI):
+    """FastAPI, with `POST /reports` (the hottest path by far: every GPU pod, every interval) answered
+    before Starlette's middleware and router: the endpoint takes the Request alone and answers a
+    Response itself, its refusals are answered by the app's own exception handlers and its body is
+    limited as every other's, so the layers between (two exception middlewares, FastAPI's telemetry
+    and exit-stack middlewares, the router's matching, the route's wrapper) did nothing for it but
+    cost CPU, on the way in and again on every resumption while the report waits for its batch's
+    commit (docs/performance.md, "Ingest"). Everything else, and any other method on that path, takes
+    the usual way; the route stays declared, so the OpenAPI documents it as before."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == REPORTS_PATH and scope["method"] == "POST":
+            await self._report(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+    async def _report(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope["app"] = self
+        refused, limited = limited_body(scope, receive, self.state.settings.max_body_bytes)
+        if refused is not None:
+            await refused(scope, receive, send)
+            return
+        request = Request(scope, limited)
+        try:
+            try:
+                response = await post_report(request)
+            except Exception as error:
+                handler = next(
+                    (
+                        self.exception_handlers[kind]
+                        for kind in type(error).__mro__
+                        if kind in self.exception_handlers
+                    ),
+                    None,
+                )
+                if handler is None:
+                    raise
+                answer = handler(request, error)
+                response = await answer if isawaitable(answer) else answer
+        except Exception:
+            # As Starlette's ServerErrorMiddleware: a plain 500, and the error raised on to the server,
+            # which logs it with its traceback.
+            await PlainTextResponse("Internal Server Error", status_code=500)(scope, receive, send)
+            raise
+        await response(scope, receive, send)
 
 
 def default_clock(settings: Settings) -> Clock:
@@ -101,7 +158,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 def create_app(settings: Settings | None = None, clock: Clock | None = None) -> FastAPI:
     settings = settings or get_settings()
-    app = FastAPI(
+    app = TimekeeperApp(
         title="GPU Timekeeper",
         version="1",
         summary="Per-namespace GPU-minute budgets, the usage ledger and the admission snapshot.",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -18,6 +19,7 @@ from sqlalchemy.engine import URL
 
 from tests.support.postgres import url_string
 from tests.support.replicas import Replica, scheduler_status, started_replicas, wait_for_leader
+from gpuaccounting.clock import AcceleratedClock
 from tests.support.timekeeper import Tokens, bearer, migrated_database, report_body
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
@@ -27,6 +29,15 @@ REPORTS_PER_POD = 40
 SHARES = (Decimal(1), Decimal("0.5"), Decimal("0.25"), Decimal(2))
 NAMESPACES = ("team-0", "team-1", "team-2", "team-3")
 INTERVAL = timedelta(seconds=30)
+# The replicas' clock: noon of a fixed day, running at real speed from the fixture's start. On the system
+# clock a run that crossed 00:00 UTC gave the survivor a new day's roll-over to run ("ok", a second
+# `rollover` row) and failed; twelve hours from midnight, no run does.
+NOON = datetime(2026, 3, 18, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def clock() -> AcceleratedClock:
+    return AcceleratedClock(NOON, 1.0, time.time())
 
 
 @pytest.fixture
@@ -36,9 +47,13 @@ def database() -> Iterator[URL]:
 
 
 @pytest.fixture
-def replicas(database: URL, tokens: Tokens, tmp_path: Path) -> Iterator[list[Replica]]:
+def replicas(
+    database: URL, tokens: Tokens, tmp_path: Path, clock: AcceleratedClock
+) -> Iterator[list[Replica]]:
     env = {
         **tokens.env(),
+        "TIMEKEEPER_CLOCK_START": clock.start.isoformat(),
+        "TIMEKEEPER_CLOCK_ORIGIN": f"{clock.real_origin:.6f}",
         "TIMEKEEPER_LEADER_RETRY_INTERVAL": "0.5",
         # A slow check on a loaded machine would hand leadership over before the kill; a killed leader's
         # session ends at once, whatever this timeout (docs/scheduler.md).
@@ -138,7 +153,7 @@ def expected_totals() -> dict[str, Decimal]:
 
 
 async def test_two_replicas_keep_exact_books_and_hand_the_jobs_over_when_the_leader_dies(
-    database: URL, replicas: list[Replica], tokens: Tokens
+    database: URL, replicas: list[Replica], tokens: Tokens, clock: AcceleratedClock
 ) -> None:
     limits = httpx.Limits(max_connections=64)
     async with httpx.AsyncClient(timeout=10, limits=limits) as client:
@@ -152,17 +167,17 @@ async def test_two_replicas_keep_exact_books_and_hand_the_jobs_over_when_the_lea
         assert ok.status_code == 200, ok.text
 
         # Intervals of the last few hours: older than the (zero) retention, so rolled up as they land.
-        now = datetime.now(UTC)
+        now = clock.now()
         traffic = Traffic(
             client, tokens, replicas, now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=4)
         )
         pods = asyncio.gather(*(traffic.pod(number) for number in range(PODS)))
         await traffic.halfway.wait()
         leader.kill()
-        killed_at = datetime.now(UTC)
+        killed_at = clock.now()  # compared with job_runs.ran_at: the replicas' clock
         await pods
 
-        traffic_done = datetime.now(UTC)
+        traffic_done = datetime.now(UTC)  # compared with /readyz's last_run: the process's own time
         assert await wait_for_leader(client, [survivor]) is survivor
         # The survivor runs every job once more after the last report (however loaded the machine is).
         status = await status_once_every_job_ran_since(client, survivor, traffic_done)

@@ -1,10 +1,13 @@
 """A real timekeeper (`python -m timekeeper`, static tokens, its own migrated PostgreSQL database) for the
 CLI's tests, seeded once through the API: budgets and reports ending now, so burn rates and forecasts
-are real."""
+are real. "Now" is the timekeeper's clock, set to the middle of a month: on the system clock the tests
+failed in a month's first half hour (part of the use fell in the month before) and its last six days
+(the forecast's exhaustion, six days out, fell after the period's end and is not shown)."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -17,6 +20,8 @@ import pytest
 from gpubudget.commands import main
 from tests.support.processes import TimekeeperProcess, free_port
 from tests.support.timekeeper import Tokens, bearer, migrated_database, report_body
+
+MID_MONTH = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
 
 
 @dataclass
@@ -72,14 +77,20 @@ def timekeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
     tokens = Tokens()
     folder: Path = tmp_path_factory.mktemp("cli-timekeeper")
     with migrated_database("gtk_cli") as database:
-        process = TimekeeperProcess(database, tokens.env(), free_port(), folder / "timekeeper.log")
+        origin = time.time()
+        env = tokens.env() | {
+            "TIMEKEEPER_CLOCK_START": MID_MONTH.isoformat(),
+            "TIMEKEEPER_CLOCK_ORIGIN": f"{origin:.6f}",
+        }
+        process = TimekeeperProcess(database, env, free_port(), folder / "timekeeper.log")
         process.start()
         try:
             url = process.url
             _send(url, tokens.admin, "PUT", "/namespaces/cli-train/budget", {"budget_gpu_minutes": 1000})
             _send(url, tokens.admin, "PUT", "/namespaces/cli-free/budget", {"budget_gpu_minutes": None})
             _send(url, tokens.admin, "PUT", "/namespaces/cli-idle/budget", {"budget_gpu_minutes": 50})
-            now = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=5)
+            elapsed = timedelta(seconds=time.time() - origin)
+            now = (MID_MONTH + elapsed).replace(microsecond=0) - timedelta(seconds=5)
             for namespace, pod, minutes, share in (
                 ("cli-train", "trainer", 30, 1.0),
                 ("cli-train", "notebook", 20, 0.5),

@@ -58,11 +58,15 @@ def budget(timekeeper: TimekeeperProcess, tokens: Tokens) -> dict[str, Any]:
     return response.json()
 
 
-def prepare_pod(timekeeper: TimekeeperProcess, tokens: Tokens, tmp_path: Path, **env: str) -> dict[str, str]:
-    """A namespace with a large budget and one pod's sidecar env (token file, buffer dir) reporting to it."""
+def prepare_pod(
+    timekeeper: TimekeeperProcess, tokens: Tokens, tmp_path: Path, period: str = "none", **env: str
+) -> dict[str, str]:
+    """A namespace with a large budget and one pod's sidecar env (token file, buffer dir) reporting to it.
+    The budget has no period unless asked: a monthly one on the system clock would count only the new
+    month's part of a run that crosses midnight on the 1st, and the charge would no longer match."""
     put = httpx.put(
         f"{timekeeper.url}/api/v1/namespaces/{NAMESPACE}/budget",
-        json={"budget_gpu_minutes": 100000, "period": "monthly"},
+        json={"budget_gpu_minutes": 100000, "period": period},
         headers=bearer(tokens.admin),
         timeout=5,
     )
@@ -159,6 +163,7 @@ def test_under_an_accelerated_clock_intervals_are_stamped_and_charged_in_simulat
             timekeeper,
             tokens,
             tmp_path,
+            period="monthly",  # on the simulated clock, whose month ends during the test
             SIDECAR_REPORT_INTERVAL_SECONDS="600",  # simulated: a sixth of a real second
             **{f"SIDECAR_{name}": value for name, value in clock.items()},
         )

@@ -17,9 +17,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
+from gpuaccounting.clock import AcceleratedClock
 from tests.support.postgres import url_string
 from tests.support.replicas import Replica, scheduler_status, started_replicas, wait_for_leader
-from gpuaccounting.clock import AcceleratedClock
 from tests.support.timekeeper import Tokens, bearer, migrated_database, report_body
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]

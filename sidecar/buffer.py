@@ -82,7 +82,11 @@ class ReportBuffer:
 
     def load(self) -> list[Pending]:
         """Read what a previous run left behind; reports wholly inside another (a fold interrupted
-        before it deleted its parts) are removed, since the other one covers their time."""
+        before it deleted its parts) are removed, since the other one covers their time. So is a write
+        a kill cut short (atomic_write's temporary file): that report was never stored, and the state
+        never moved past its interval, which is cut again under a new sequence number."""
+        for partial in self._dir.glob(f".report-*{SUFFIX}.tmp"):
+            partial.unlink(missing_ok=True)
         found: list[Pending] = []
         for path in self._dir.glob(f"report-*{SUFFIX}"):
             try:

@@ -185,3 +185,15 @@ def test_state_catches_up_with_a_report_written_just_before_a_crash(harness: Har
     assert reopened.state.covered_until_us == T0 + STEP
     assert reopened.state.next_seq == seq + 1
     assert reopened.state.anchor_us == T0
+
+
+def test_a_report_write_cut_short_by_a_kill_leaves_no_file_behind(harness: Harness) -> None:
+    harness.cut(T0, T0 + STEP)
+    seq = harness.store.allocate_seq()  # persisted before the write, as in a cut
+    partial = harness.dir / f".report-{seq:012d}.json.tmp"
+    partial.write_bytes(b'{"seq": ')  # the kill came before atomic_write's rename
+
+    reloaded = harness.fresh_buffer().load()
+
+    assert [p.seq for p in reloaded] == [1]
+    assert sorted(path.name for path in harness.dir.iterdir()) == ["report-000000000001.json"]

@@ -16,7 +16,7 @@ import secrets
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -36,7 +36,7 @@ from bench.common import (
     progress,
     write_results,
 )
-from bench.wrk import WrkResult, combine, run_wrk
+from bench.wrk import WrkResult, combine, one_after_another, run_wrk
 from tests.support.postgres import url_string
 from tests.support.timekeeper import migrated_database
 
@@ -44,6 +44,7 @@ OUT = REPO_ROOT / "bench" / "out" / "ingest.md"
 UVICORN_OPTIONS = ["--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning"]
 NAMESPACES = 10_000
 POISON_PER_SECOND = 10
+PODS_PER_CLIENT = 2000  # each wrk's pods (bench/reports.lua): a round of reports is one report per pod
 # What issue #20's probe sent: a report dated before year 1 in UTC (it answered 500 and made its whole batch
 # be charged again one report at a time) and one whose repeated key would have charged a share of 200.
 POISON = (
@@ -99,10 +100,18 @@ def bare_asgi() -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
 
 
-def _reports(urls: list[str], token: str, seconds: int, connections: int) -> WrkResult:
-    """Report load split evenly over the given servers, one wrk per server, run at the same time."""
-    # Intervals start two hours ago, so even the last of them ends in the past (no clock-skew refusals).
-    base = int(time.time()) - 2 * 3600
+def _base() -> int:
+    """Where a load's intervals start: two hours ago, so even the last of them ends in the past (no
+    clock-skew refusals)."""
+    return int(time.time()) - 2 * 3600
+
+
+def _reports(
+    urls: list[str], token: str, seconds: int, connections: int, base: int | None = None
+) -> WrkResult:
+    """Report load split evenly over the given servers, one wrk per server, run at the same time; each
+    wrk's pods report in rounds of PODS_PER_CLIENT, round n covering [base + 30 s n, base + 30 s (n + 1))."""
+    base = _base() if base is None else base
     share = max(1, connections // len(urls))
     with ThreadPoolExecutor(len(urls)) as pool:
         runs = [
@@ -110,7 +119,7 @@ def _reports(urls: list[str], token: str, seconds: int, connections: int) -> Wrk
                 run_wrk,
                 url,
                 "reports.lua",
-                [str(base), "2000", token, "100", str(client)],
+                [str(base), str(PODS_PER_CLIENT), token, "100", str(client)],
                 seconds=seconds,
                 connections=share,
             )
@@ -148,18 +157,23 @@ def _poison(urls: list[str], token: str) -> Iterator[Counter[int]]:
         sender.join()
 
 
-def _set_weights(dsn: str) -> None:
+WEIGHTED_MODELS = ["NVIDIA-H100-80GB-HBM3", *(f"MODEL-{n}" for n in range(19))]
+# Where the weights change, in seconds from the load's first interval start: every two hours before it, at
+# it, twice inside it (so the reports of two of each pod's rounds are split at a weight change: 30 s
+# rounds, so 45 s and 165 s fall inside the second and the sixth), when the load runs (base + 2 h: now) and
+# ten minutes ahead.
+WEIGHT_CHANGES = (-4 * 3600, -2 * 3600, 0, 45, 165, 2 * 3600, 2 * 3600 + 600)
+
+
+def set_weights(dsn: str, base: float, offsets: Sequence[float] = WEIGHT_CHANGES) -> None:
     """Billing weights as a cluster would keep them, generously: 20 GPU models (the reports' among them),
-    each changed every two hours over the last six and once more ten minutes ahead, so charges are split
-    at weight changes as well as periods (docs/billing.md)."""
-    models = ["NVIDIA-H100-80GB-HBM3", *(f"MODEL-{n}" for n in range(19))]
+    each changed at base + each offset (docs/billing.md), to weights 2, 2.5, 3, 1.5, 2, ... in turn."""
     with psycopg.connect(dsn, autocommit=True) as connection:
         connection.execute(
             "INSERT INTO gpu_weights (model, effective_from, weight, set_by) "
-            "SELECT m, now() - interval '6 hours' + i * interval '2 hours', 2 + i %% 3, 'bench' "
-            "FROM unnest(%s::text[]) AS m, generate_series(0, 3) AS i "
-            "UNION ALL SELECT m, now() + interval '10 minutes', 1.5, 'bench' FROM unnest(%s::text[]) AS m",
-            (models, models),
+            "SELECT m, to_timestamp(%s + o), 2 + (i %% 4) * 0.5, 'bench' "
+            "FROM unnest(%s::text[]) AS m, unnest(%s::float8[]) WITH ORDINALITY AS x(o, i)",
+            (base, WEIGHTED_MODELS, list(offsets)),
         )
 
 
@@ -199,30 +213,69 @@ def _snapshot_latencies(server: Server, samples: int) -> tuple[list[float], list
     return built, unchanged, size
 
 
+# The variants compared with the plain load, and the order of the rounds: each round on a fresh migrated
+# database with fresh timekeeper processes, so no variant inherits another's ledger rows, autovacuum or
+# checkpoint; interleaved A B C C B A so a drift over the run (later runs were slower, whatever they were)
+# weighs on every variant alike.
+PLAIN, WEIGHTED, POISONED = "without weights or poison", "with billing weights", "with poison"
+ROUNDS = (PLAIN, WEIGHTED, POISONED, POISONED, WEIGHTED, PLAIN)
+
+
+def _crossing(result: WrkResult, clients: int, offsets: Sequence[float] = WEIGHT_CHANGES) -> int:
+    """How many of a weighted round's reports had a weight change strictly inside their interval (each
+    client's round n covers [base + 30 s n, base + 30 s (n + 1)))."""
+    per_client = result.requests // clients
+    crossing = 0
+    for offset in offsets:
+        if offset > 0 and offset % 30:
+            done = per_client - int(offset // 30) * PODS_PER_CLIENT
+            crossing += clients * max(0, min(PODS_PER_CLIENT, done))
+    return crossing
+
+
 def run(seconds: int = 10, connections: int = 64, workers: int = 1, replicas: int = 2) -> list[Section]:
     light = max(1, connections // 4)
     with bare_asgi() as url:
         progress(f"ingest: bare ASGI baseline, {seconds}s of reports and {seconds}s of GETs")
         bare = _reports([url], "unused", seconds, connections)
         bare_get = run_wrk(url, "get.lua", ["unused", "/"], seconds=seconds, connections=2)
-    with timekeeper(workers, replicas) as server:
-        progress("ingest: bare INSERT+COMMIT baseline")
-        db_rate = insert_commit_rate(server.dsn, connections=16, seconds=seconds / 2)
-        progress(f"ingest: {connections} clients, {seconds}s")
-        ingest = _reports(server.urls, server.token, seconds, connections)
-        progress(f"ingest: {connections} clients with {POISON_PER_SECOND} poison reports/s, {seconds}s")
-        with _poison(server.urls, server.token) as poison_codes:
-            poisoned = _reports(server.urls, server.token, seconds, connections)
-        progress(f"ingest: {light} clients, {seconds}s")
-        lighter = _reports(server.urls, server.token, seconds, light)
-        _set_weights(server.dsn)
-        progress(f"ingest with billing weights set: {connections} clients, {seconds}s")
-        weighted = _reports(server.urls, server.token, seconds, connections)
-        _seed_namespaces(server.dsn, NAMESPACES)
-        progress(f"budget reads, {seconds}s; admission snapshots")
-        paths = ",".join(f"/api/v1/namespaces/bench-{i}/budget" for i in range(100))
-        reads = run_wrk(server.url, "get.lua", [server.reader, paths], seconds=seconds, connections=2)
-        snapshot, unchanged_snapshot, snapshot_bytes = _snapshot_latencies(server, 200)
+    rounds: list[tuple[str, WrkResult]] = []
+    poison_codes: Counter[int] = Counter()
+    crossing = 0
+    for number, variant in enumerate(ROUNDS, 1):
+        with timekeeper(workers, replicas) as server:
+            if number == 1:
+                progress("ingest: bare INSERT+COMMIT baseline")
+                db_rate = insert_commit_rate(server.dsn, connections=16, seconds=seconds / 2)
+            progress(
+                f"ingest round {number}/{len(ROUNDS)} (fresh database), {variant}: "
+                f"{connections} clients, {seconds}s"
+            )
+            base = _base()
+            if variant == WEIGHTED:
+                set_weights(server.dsn, base)
+                result = _reports(server.urls, server.token, seconds, connections, base)
+                crossing += _crossing(result, len(server.urls))
+            elif variant == POISONED:
+                with _poison(server.urls, server.token) as codes:
+                    result = _reports(server.urls, server.token, seconds, connections, base)
+                poison_codes += codes
+            else:
+                result = _reports(server.urls, server.token, seconds, connections, base)
+            rounds.append((variant, result))
+            if number < len(ROUNDS):
+                continue
+            progress(f"ingest: {light} clients, {seconds}s")
+            lighter = _reports(server.urls, server.token, seconds, light)
+            _seed_namespaces(server.dsn, NAMESPACES)
+            progress(f"budget reads, {seconds}s; admission snapshots")
+            paths = ",".join(f"/api/v1/namespaces/bench-{i}/budget" for i in range(100))
+            reads = run_wrk(server.url, "get.lua", [server.reader, paths], seconds=seconds, connections=2)
+            snapshot, unchanged_snapshot, snapshot_bytes = _snapshot_latencies(server, 200)
+    ingest, weighted, poisoned = (
+        one_after_another([result for name, result in rounds if name == variant])
+        for variant in (PLAIN, WEIGHTED, POISONED)
+    )
     for name, result in (
         ("ingest", ingest),
         ("ingest", lighter),
@@ -266,7 +319,7 @@ def run(seconds: int = 10, connections: int = 64, workers: int = 1, replicas: in
                 "reports/s",
                 target="within 10 % of without",
                 baseline=ingest.rate,
-                baseline_name="the same load without poison, this run",
+                baseline_name="the same load without poison, the mean of this run's rounds",
             ),
             Figure("ingest p99 with poison mixed in", poisoned.p99_ms, "ms", target="< 50 ms"),
             Figure(
@@ -275,7 +328,7 @@ def run(seconds: int = 10, connections: int = 64, workers: int = 1, replicas: in
                 "reports/s",
                 target="within 10 % of without",
                 baseline=ingest.rate,
-                baseline_name="the same load without weights, this run",
+                baseline_name="the same load without weights, the mean of this run's rounds",
             ),
             Figure("ingest p99 with billing weights set", weighted.p99_ms, "ms", target="< 50 ms"),
             Figure(f"reports/s with {light} clients", lighter.rate, "reports/s"),
@@ -289,11 +342,20 @@ def run(seconds: int = 10, connections: int = 64, workers: int = 1, replicas: in
             f"{replicas} x `python -m timekeeper --workers {workers}` (replicas on one database, each"
             f" driven by its own wrk with {connections // replicas} of the connections); PostgreSQL on the"
             " same machine",
+            "rounds, each on a fresh migrated database and fresh timekeeper processes, in this order: "
+            + "; ".join(f"{n}. {name} {result.rate:,.0f}/s" for n, (name, result) in enumerate(rounds, 1))
+            + f"; the figures above are each variant's mean over its {ROUNDS.count(PLAIN)} rounds (p50 and"
+            f" p99: its worst round); without {ingest.rate:,.0f}/s, with weights {weighted.rate:,.0f}/s"
+            f" ({weighted.rate / ingest.rate:.2f}x), with poison {poisoned.rate:,.0f}/s"
+            f" ({poisoned.rate / ingest.rate:.2f}x); the {light}-client run, the reads and the snapshots ran"
+            " in the last round's timekeeper after its load",
             f"{ingest.requests + poisoned.requests + lighter.requests + weighted.requests:,} reports"
             " acknowledged, 0 errors",
-            "billing weights: the reports name their GPU (NVIDIA H100 80GB HBM3); the weighted run has"
-            " weights for 20 models, each changed every 2 h over the last 6 h and 10 min ahead, so charges"
-            " are split at weight changes",
+            "billing weights: the reports name their GPU (NVIDIA H100 80GB HBM3); the weighted rounds have"
+            " weights for 20 models, each changed 4 h and 2 h before the load's first interval, at it, 45 s"
+            " and 165 s into it, at the time the load runs and 10 min ahead; the changes inside the load's"
+            f" time split {crossing:,} of the weighted rounds' {weighted.requests:,} reports (the second and"
+            " sixth round of each pod's reports) at a weight change",
             f"poison: {sum(poison_codes.values())} reports at {POISON_PER_SECOND}/s beside the load (a report"
             " dated year 1 at +01:00, and one repeating gpu_share), answered"
             f" {', '.join(f'{n} x {code}' for code, n in sorted(poison_codes.items()))}",

@@ -1,6 +1,9 @@
 """CPU per report spent charging batches (the IngestBatcher and IngestService against a real PostgreSQL),
 isolating the batch path the end-to-end ingest figure mixes with HTTP, uvicorn and wrk, by a measure
-other load on the machine does not move much (this process's CPU time). Round trips per batch: run it
+other load on the machine does not move much (the CPU time of the thread that runs the event loop). Run
+without billing weights and with them (bench.ingest's 20 models and changes, and one every 10 minutes of
+the measured reports' time, so one round of reports in 20 is split at a change), each on a fresh
+database, in the order A B B A: the difference is what weights cost. Round trips per batch: run it
 under `strace -f -c -e trace=sendto` (libpq sends once per round trip) and divide by the batches.
 
 `python -m bench.ingest_batch [--batches 200] [--size 32]`; uses TIMEKEEPER_TEST_DATABASE_URL, else the
@@ -14,9 +17,11 @@ import asyncio
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from statistics import mean
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from bench.ingest import WEIGHT_CHANGES, set_weights
 from tests.support.postgres import url_string
 from tests.support.timekeeper import migrated_database, report_body
 from timekeeper.clock import ManualClock
@@ -35,8 +40,10 @@ class BatchFigures:
     wall_ms_per_batch: float
 
 
-async def _batches(engine: AsyncEngine, batches: int, size: int) -> BatchFigures:
-    now = datetime.now(UTC).replace(microsecond=0)
+MODEL = "NVIDIA H100 80GB HBM3"  # the reports' GPU, one of set_weights' models
+
+
+async def _batches(engine: AsyncEngine, batches: int, size: int, now: datetime) -> BatchFigures:
     clock = ManualClock(now)
     settings = Settings(database_url="postgresql+psycopg://unused@127.0.0.1/unused")
     sessions = build_sessionmaker(engine)
@@ -54,6 +61,7 @@ async def _batches(engine: AsyncEngine, batches: int, size: int) -> BatchFigures
                     start=start + timedelta(seconds=30 * round_),
                     minutes=0.5,
                     gpu_share=0.5,
+                    gpus=[{"uuid": "GPU-0", "sm_util_pct": 50.0, "name": MODEL}],
                 )
             )
             for i in range(size)
@@ -64,21 +72,34 @@ async def _batches(engine: AsyncEngine, batches: int, size: int) -> BatchFigures
     try:
         for batch in prepared[: batches // 10]:  # warm-up: pods created, statements prepared
             await asyncio.gather(*(batcher.submit(r) for r in batch))
-        cpu, wall = time.process_time(), time.perf_counter()
+        cpu, wall = time.thread_time(), time.perf_counter()
         for batch in prepared[batches // 10 :]:
             await asyncio.gather(*(batcher.submit(r) for r in batch))
-        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
     finally:
         await batcher.aclose()
     return BatchFigures(1e6 * cpu / (batches * size), 1e3 * wall / batches)
 
 
-async def _run(url: str, batches: int, size: int) -> BatchFigures:
+async def _run(url: str, batches: int, size: int, now: datetime) -> BatchFigures:
     engine = build_engine(url, pool_size=2)
     try:
-        return await _batches(engine, batches, size)
+        return await _batches(engine, batches, size, now)
     finally:
         await engine.dispose()
+
+
+def measure(batches: int, size: int, *, weighted: bool) -> BatchFigures:
+    """One run on a fresh database; with weights set as bench.ingest sets them."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    with migrated_database("gtk_batch") as url:
+        if weighted:
+            set_weights(
+                url_string(url.set(drivername="postgresql")),
+                (now - timedelta(hours=2)).timestamp(),
+                (*WEIGHT_CHANGES, *range(615, 30 * batches, 600)),
+            )
+        return asyncio.run(_run(url_string(url), batches, size, now))
 
 
 def main() -> None:
@@ -86,11 +107,20 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--size", type=int, default=32)
     args = parser.parse_args()
-    with migrated_database("gtk_batch") as url:
-        figures = asyncio.run(_run(url_string(url), args.batches, args.size))
+    runs: dict[bool, list[BatchFigures]] = {False: [], True: []}
+    for weighted in (False, True, True, False):
+        figures = measure(args.batches, args.size, weighted=weighted)
+        runs[weighted].append(figures)
+        print(
+            f"batches of {args.size}, {'with' if weighted else 'without'} weights: "
+            f"{figures.cpu_us_per_report:.0f} µs CPU per report, "
+            f"{figures.wall_ms_per_batch:.2f} ms per batch",
+            flush=True,
+        )
+    plain, with_weights = (mean(f.cpu_us_per_report for f in runs[w]) for w in (False, True))
     print(
-        f"batches of {args.size}: {figures.cpu_us_per_report:.0f} µs CPU per report, "
-        f"{figures.wall_ms_per_batch:.2f} ms per batch"
+        f"mean µs CPU per report: without weights {plain:.0f}, with {with_weights:.0f} "
+        f"({with_weights / plain:.2f}x)"
     )
 
 

@@ -102,3 +102,18 @@ def combine(results: list[WrkResult]) -> WrkResult:
         max_ms=max(result.max_ms for result in results),
         client_cpu_seconds=sum(result.client_cpu_seconds for result in results),
     )
+
+
+def one_after_another(results: list[WrkResult]) -> WrkResult:
+    """Runs of the same load made one after another (rounds) as one: requests, time and CPU add up, so the
+    rate is the rounds' mean (equal lengths); percentiles are the worst round's."""
+    return WrkResult(
+        requests=sum(result.requests for result in results),
+        seconds=sum(result.seconds for result in results),
+        errors=sum(result.errors for result in results),
+        p50_ms=max(result.p50_ms for result in results),
+        p90_ms=max(result.p90_ms for result in results),
+        p99_ms=max(result.p99_ms for result in results),
+        max_ms=max(result.max_ms for result in results),
+        client_cpu_seconds=sum(result.client_cpu_seconds for result in results),
+    )

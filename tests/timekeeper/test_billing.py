@@ -94,6 +94,29 @@ async def test_the_first_model_known_for_a_pod_stays_its_model(api: Api, clock: 
     assert ack["gpu_minutes"] == 5
 
 
+async def test_a_pod_keeps_its_first_model_when_a_report_names_another(api: Api, clock: ManualClock) -> None:
+    ok(await put_weight(api, "Tesla-T4", 0.5))
+    ok(await put_weight(api, "NVIDIA-H100-80GB-HBM3", 3))
+    clock.set(NOON + timedelta(minutes=30))
+
+    ok(await api.report(seq=1, start=NOON, minutes=10, gpus=gpu(T4)))
+    ack = ok(await api.report(seq=2, start=NOON + timedelta(minutes=10), minutes=10, gpus=gpu(H100)))
+
+    assert ack["gpu_minutes"] == 5
+
+
+async def test_a_change_set_between_reports_counts_from_its_time_on(api: Api, clock: ManualClock) -> None:
+    ok(await put_weight(api, "Tesla-T4", 0.5))
+    clock.set(NOON + timedelta(minutes=5))
+    ok(await api.report(seq=1, start=NOON, minutes=5, gpus=gpu(T4)))
+
+    ok(await put_weight(api, "Tesla-T4", 2, effective_from="2026-03-10T12:10:00Z"))
+    clock.set(NOON + timedelta(minutes=30))
+    ack = ok(await api.report(seq=2, start=NOON + timedelta(minutes=5), minutes=10, gpus=gpu(T4)))
+
+    assert ack["gpu_minutes"] == 5 * 0.5 + 5 * 2
+
+
 async def test_a_weight_change_mid_pod_applies_from_its_time_on(api: Api, clock: ManualClock) -> None:
     ok(await put_weight(api, "Tesla-T4", 2, effective_from="2026-03-10T12:10:00Z"))
     clock.set(NOON + timedelta(minutes=5))

@@ -60,6 +60,30 @@ def test_a_change_at_a_piece_boundary_does_not_cut_it() -> None:
     assert timeline.pieces(T0, T0 + timedelta(minutes=1)) == [(T0, T0 + timedelta(minutes=1), 2)]
 
 
+def test_the_integer_sum_is_each_piece_at_its_weight_exactly() -> None:
+    """Charging sums weight x µs in integers (10^-scale of a weight); it must be the pieces' sum, exactly,
+    whatever the weights' decimals and wherever the range starts and ends."""
+    timeline = WeightTimeline(
+        (
+            WeightChange(T0, Decimal("2.5")),
+            WeightChange(T0 + timedelta(minutes=10), Decimal("0.333333")),
+            WeightChange(T0 + timedelta(minutes=20), Decimal(4)),
+        )
+    )
+    edges = [T0 + timedelta(minutes=m, microseconds=u) for m in (-5, 0, 3, 10, 15, 20, 40) for u in (0, 7)]
+    for lower in edges:
+        for upper in (edge for edge in edges if edge > lower):
+            exact = sum(
+                (
+                    weight * int((end - start) / timedelta(microseconds=1))
+                    for start, end, weight in timeline.pieces(lower, upper)
+                ),
+                Decimal(0),
+            )
+            assert Decimal(timeline.weighted_microseconds(lower, upper)).scaleb(-timeline.scale) == exact
+    assert WeightTimeline().weighted_microseconds(T0, T0 + timedelta(seconds=30)) == 30_000_000
+
+
 def test_the_allocation_basis_charges_the_share() -> None:
     assert charge_share(Decimal("0.5"), SHIPPED_BASIS, 12.0) == Decimal("0.5")
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -15,36 +16,65 @@ from timekeeper.billing.models import CLUSTER_SCOPE, ChargeBasis, GpuPrice, GpuW
 from timekeeper.billing.weights import WeightTimeline, timelines
 from timekeeper.usage.models import RUNNING_POD, PodCoverage
 
-# The weight changes that can apply to time in [since, until): those inside it, and each model's last
-# change at or before since (the weight in force when the time starts); the primary key (model,
-# effective_from) finds both. With the charge basis rows of the batch's namespaces and the cluster. Run by
-# the ingest's pipelined read (usage/repository.py IngestStatements), so in the driver's parameter style.
+# The weight changes that can apply to the batch's time [since, until): for each GPU model its pods have
+# (read after the pods are locked, so a model named first by this batch counts), the model's last change
+# at or before since (the weight in force when the time starts) and those inside; the primary key (model,
+# effective_from) finds both with one index search each (and with no weights set, nothing is looked
+# up). As text in a fixed order, so the same changes
+# read by the next batch are parsed once (charge_inputs). With the charge basis rows of the batch's
+# namespaces and the cluster. Run by the ingest's pipelined read (usage/repository.py IngestStatements),
+# so in the driver's parameter style.
 CHARGE_INPUTS = (
-    "SELECT (SELECT coalesce(jsonb_agg(jsonb_build_array(w.model, w.effective_from, w.weight::text)), '[]') "
-    "FROM gpu_weights w WHERE w.effective_from < %(until)s AND (w.effective_from > %(since)s "
-    "OR w.effective_from = (SELECT max(x.effective_from) FROM gpu_weights x "
-    "WHERE x.model = w.model AND x.effective_from <= %(since)s))) AS weights, "
+    "SELECT (SELECT coalesce(jsonb_agg(jsonb_build_array(w.model, w.effective_from, w.weight::text) "
+    "ORDER BY w.model, w.effective_from), '[]')::text "
+    "FROM (SELECT DISTINCT c.gpu_model FROM pod_coverage c WHERE c.pod_uid = ANY(ARRAY("
+    "SELECT jsonb_array_elements_text(jsonb_path_query_array(CAST(%(pods)s AS jsonb), '$[*].pod_uid')))) "
+    "AND c.gpu_model IS NOT NULL AND EXISTS (SELECT FROM gpu_weights)) AS m CROSS JOIN LATERAL ("
+    "(SELECT x.model, x.effective_from, x.weight FROM gpu_weights x WHERE x.model = m.gpu_model "
+    "AND x.effective_from <= %(since)s ORDER BY x.effective_from DESC LIMIT 1) UNION ALL "
+    "SELECT x.model, x.effective_from, x.weight FROM gpu_weights x WHERE x.model = m.gpu_model "
+    "AND x.effective_from > %(since)s AND x.effective_from < %(until)s) AS w) AS weights, "
     "(SELECT coalesce(jsonb_agg(jsonb_build_array(scope, basis, floor::text)), '[]') FROM charge_basis "
     "WHERE scope = ANY(%(scopes)s)) AS bases"
 )
 
 
-def charge_inputs_parameters(namespaces: Sequence[str], since: datetime, until: datetime) -> dict[str, Any]:
-    return {"scopes": [CLUSTER_SCOPE, *namespaces], "since": since, "until": until}
+def charge_inputs_parameters(
+    pods: str, namespaces: Sequence[str], since: datetime, until: datetime
+) -> dict[str, Any]:
+    """`pods`: the batch's pod rows as IngestStatements.read gets them (batch_json, with pod_uid)."""
+    return {"pods": pods, "scopes": [CLUSTER_SCOPE, *namespaces], "since": since, "until": until}
+
+
+# Parsed weight timelines by CHARGE_INPUTS' text of them: batches in a row mostly read the same changes
+# (the models' and the weights in force do not change from one batch to the next), so each distinct
+# answer is parsed once per process. Bounded: an answer changes when a batch's span crosses a change or its
+# pods' models differ, and a long-running process forgets the ones seen long ago.
+_TIMELINES: dict[str, dict[str, WeightTimeline]] = {}
+_TIMELINES_KEPT = 256
+
+
+def _timelines(text: str) -> dict[str, WeightTimeline]:
+    known = _TIMELINES.get(text)
+    if known is None:
+        known = timelines(
+            (model, datetime.fromisoformat(since), Decimal(weight))
+            for model, since, weight in json.loads(text)
+        )
+        if len(_TIMELINES) >= _TIMELINES_KEPT:
+            _TIMELINES.clear()
+        _TIMELINES[text] = known
+    return known
 
 
 def charge_inputs(
     row: tuple[Any, ...] | None,
-) -> tuple[dict[str, WeightTimeline], dict[str, tuple[str, Decimal]]]:
-    """CHARGE_INPUTS' one row as the weight timelines by model and the basis rows by scope."""
+) -> tuple[Mapping[str, WeightTimeline], dict[str, tuple[str, Decimal]]]:
+    """CHARGE_INPUTS' one row as the weight timelines by model (shared: not to be changed) and the basis
+    rows by scope."""
     assert row is not None, "an aggregate answers one row"
     weights, bases = row
-    return (
-        timelines(
-            (model, datetime.fromisoformat(since), Decimal(weight)) for model, since, weight in weights
-        ),
-        {scope: (basis, Decimal(floor)) for scope, basis, floor in bases},
-    )
+    return _timelines(weights), {scope: (basis, Decimal(floor)) for scope, basis, floor in bases}
 
 
 class BillingRepository:

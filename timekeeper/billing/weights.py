@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Literal
 
@@ -36,18 +36,31 @@ class WeightChange:
 
 @dataclass(frozen=True, slots=True)
 class WeightTimeline:
-    """One model's weight changes in time order; before the first, and for a model never weighted, 1."""
+    """One model's weight changes in time order; before the first, and for a model never weighted, 1.
+
+    Charging uses `weighted_microseconds`: integers (each weight as a whole number of 10^-scale, the
+    finest its changes need), so splitting a report at weight changes costs a few integer products and
+    stays exact."""
 
     changes: tuple[WeightChange, ...] = ()
+    _starts: tuple[datetime, ...] = field(init=False, repr=False, compare=False)
+    _units: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    scale: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        scale = max((_decimals(change.weight) for change in self.changes), default=0)
+        object.__setattr__(self, "_starts", tuple(change.effective_from for change in self.changes))
+        object.__setattr__(self, "_units", tuple(int(change.weight.scaleb(scale)) for change in self.changes))
+        object.__setattr__(self, "scale", scale)
 
     def weight_at(self, moment: datetime) -> Decimal:
-        at = bisect_right(self.changes, moment, key=lambda change: change.effective_from)
+        at = bisect_right(self._starts, moment)
         return self.changes[at - 1].weight if at else ONE
 
     def pieces(self, lower: datetime, upper: datetime) -> list[tuple[datetime, datetime, Decimal]]:
         """[lower, upper) cut where the weight changes, each piece with its weight (a binary search, then
         the changes inside: a long weight history costs a batch little)."""
-        first = bisect_right(self.changes, lower, key=lambda change: change.effective_from)
+        first = bisect_right(self._starts, lower)
         weight = self.changes[first - 1].weight if first else ONE
         pieces = []
         start = lower
@@ -58,6 +71,31 @@ class WeightTimeline:
             start, weight = change.effective_from, change.weight
         pieces.append((start, upper, weight))
         return pieces
+
+    def weighted_microseconds(self, lower: datetime, upper: datetime) -> int:
+        """Σ weight x µs over [lower, upper), in 10^-scale weight-µs: the weight of each piece as `pieces`
+        cuts them, exactly (`Decimal(n).scaleb(-scale)` is the sum in weight-µs)."""
+        starts = self._starts
+        first = bisect_right(starts, lower)
+        if first == len(starts):  # no change inside (the common case): one product
+            return (self._units[first - 1] if first else 10**self.scale) * _microseconds(upper - lower)
+        total, start, unit = 0, lower, self._units[first - 1] if first else 10**self.scale
+        for at in range(first, len(starts)):
+            if starts[at] >= upper:
+                break
+            total += unit * _microseconds(starts[at] - start)
+            start, unit = starts[at], self._units[at]
+        return total + unit * _microseconds(upper - start)
+
+
+def _decimals(weight: Decimal) -> int:
+    exponent = weight.as_tuple().exponent
+    assert isinstance(exponent, int), "a weight is a finite number (the table's check)"
+    return max(0, -exponent)
+
+
+def _microseconds(delta: timedelta) -> int:
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
 UNWEIGHTED = WeightTimeline()

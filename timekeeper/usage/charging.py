@@ -30,15 +30,22 @@ def split_charge(
     weights: WeightTimeline = UNWEIGHTED,
 ) -> list[tuple[Period, Decimal]]:
     """The charge of each period the uncovered time falls into, in period order (the lock order): share x
-    the period's minutes, each at the weight in force then, rounded once per period."""
-    weighted: dict[datetime, tuple[Period, Decimal]] = {}
+    the period's minutes, each at the weight in force then, rounded once per period. The weighted time is
+    summed in integers (WeightTimeline.weighted_microseconds) and made a Decimal once per period."""
+    weighted: dict[datetime, tuple[Period, int]] = {}
     for lower, upper in uncovered:
         for period in periods_overlapping(kind, lower, upper):
             start, end = max(lower, period.start), min(upper, period.end or upper)
-            for piece_start, piece_end, weight in weights.pieces(start, end) if end > start else ():
-                _, seen = weighted.get(period.start, (period, Decimal(0)))
-                weighted[period.start] = (period, seen + weight * _microseconds(piece_end - piece_start))
+            if end > start:
+                _, seen = weighted.get(period.start, (period, 0))
+                weighted[period.start] = (period, seen + weights.weighted_microseconds(start, end))
+    scale = -weights.scale
     return [
-        (period, (share * microseconds / MICROSECONDS_PER_MINUTE).quantize(NANO, rounding=ROUND_HALF_UP))
-        for _, (period, microseconds) in sorted(weighted.items())
+        (
+            period,
+            (share * Decimal(units).scaleb(scale) / MICROSECONDS_PER_MINUTE).quantize(
+                NANO, rounding=ROUND_HALF_UP
+            ),
+        )
+        for _, (period, units) in sorted(weighted.items())
     ]

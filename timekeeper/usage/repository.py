@@ -238,7 +238,7 @@ class BatchRead:
     uncovered: dict[str, list[Interval]]  # by pod_uid: the pods of the namespace they report for
     models: dict[str, str | None]  # by pod_uid (as uncovered): the GPU model known for the pod
     repeated: set[str]  # pod_uids whose report is in the ledger already
-    weights: dict[str, WeightTimeline]  # the weight timelines over the batch's intervals, by model
+    weights: Mapping[str, WeightTimeline]  # the weight timelines of the batch's models over its intervals
     bases: dict[str, tuple[str, Decimal]]  # the charge basis rows of the batch's namespaces and cluster
 
 
@@ -265,17 +265,20 @@ class IngestStatements:
     async def read(
         self, pods: str, namespaces: list[str], span: Interval, now: datetime, *, from_sidecar: bool
     ) -> BatchRead:
-        """The namespaces' figures and charge bases, the weights over `span` (the batch's intervals);
-        locks (creating on first sight) the pods of `pods` (batch_json rows of _PODS' columns) and
-        answers the part of each report's interval not yet charged, each pod's GPU model, and which
-        reports are repeats."""
+        """The namespaces' figures and charge bases; locks (creating on first sight) the pods of `pods`
+        (batch_json rows of _PODS' columns) and answers the part of each report's interval not yet
+        charged, each pod's GPU model, the weights of those models over `span` (the batch's intervals)
+        and which reports are repeats."""
         connection = self.connection
         async with connection.pipeline() as pipeline:
             figures = connection.cursor(row_factory=namedtuple_row)
             await figures.execute(_FIGURES, figures_parameters(now, namespaces))
-            billing = await connection.execute(CHARGE_INPUTS, charge_inputs_parameters(namespaces, *span))
             locked = await connection.execute(
                 _LOCK_PODS, {"pods": pods, "now": now, "from_sidecar": from_sidecar}
+            )
+            # After the lock: it reads the weights of the models the pods have then.
+            billing = await connection.execute(
+                CHARGE_INPUTS, charge_inputs_parameters(pods, namespaces, *span)
             )
             repeated = await connection.execute(_REPEATED, {"pods": pods})
             await pipeline.sync()

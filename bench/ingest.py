@@ -158,16 +158,16 @@ def _poison(urls: list[str], token: str) -> Iterator[Counter[int]]:
 
 
 WEIGHTED_MODELS = ["NVIDIA-H100-80GB-HBM3", *(f"MODEL-{n}" for n in range(19))]
-# Where the weights change, in seconds from the load's first interval start: every two hours before it, at
-# it, twice inside it (so the reports of two of each pod's rounds are split at a weight change: 30 s
-# rounds, so 45 s and 165 s fall inside the second and the sixth), when the load runs (base + 2 h: now) and
-# ten minutes ahead.
-WEIGHT_CHANGES = (-4 * 3600, -2 * 3600, 0, 45, 165, 2 * 3600, 2 * 3600 + 600)
+# Where the weights change, in seconds from the load's first interval start: 4 h and 2 h before it, at it,
+# twice inside it, when the load runs (base + 2 h: now) and ten minutes ahead. Each pod reports in 30 s
+# rounds, so the changes at 15 s and 75 s fall inside its first and third report: every weighted round
+# splits reports at a weight change (the third round is reached at 800 reports/s over 10 s).
+WEIGHT_CHANGES = (-4 * 3600, -2 * 3600, 0, 15, 75, 2 * 3600, 2 * 3600 + 600)
 
 
 def set_weights(dsn: str, base: float, offsets: Sequence[float] = WEIGHT_CHANGES) -> None:
     """Billing weights as a cluster would keep them, generously: 20 GPU models (the reports' among them),
-    each changed at base + each offset (docs/billing.md), to weights 2, 2.5, 3, 1.5, 2, ... in turn."""
+    each changed at base + each offset (docs/billing.md), to weights 2.5, 3, 3.5, 2, 2.5, ... in turn."""
     with psycopg.connect(dsn, autocommit=True) as connection:
         connection.execute(
             "INSERT INTO gpu_weights (model, effective_from, weight, set_by) "
@@ -352,10 +352,10 @@ def run(seconds: int = 10, connections: int = 64, workers: int = 1, replicas: in
             f"{ingest.requests + poisoned.requests + lighter.requests + weighted.requests:,} reports"
             " acknowledged, 0 errors",
             "billing weights: the reports name their GPU (NVIDIA H100 80GB HBM3); the weighted rounds have"
-            " weights for 20 models, each changed 4 h and 2 h before the load's first interval, at it, 45 s"
-            " and 165 s into it, at the time the load runs and 10 min ahead; the changes inside the load's"
-            f" time split {crossing:,} of the weighted rounds' {weighted.requests:,} reports (the second and"
-            " sixth round of each pod's reports) at a weight change",
+            " weights for 20 models, each changed 4 h and 2 h before the load's first interval, at it, 15 s"
+            " and 75 s into it, at the time the load runs and 10 min ahead; the changes inside the load's"
+            f" time split {crossing:,} of the weighted rounds' {weighted.requests:,} reports (each pod's"
+            " first and third) at a weight change",
             f"poison: {sum(poison_codes.values())} reports at {POISON_PER_SECOND}/s beside the load (a report"
             " dated year 1 at +01:00, and one repeating gpu_share), answered"
             f" {', '.join(f'{n} x {code}' for code, n in sorted(poison_codes.items()))}",

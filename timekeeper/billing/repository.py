@@ -19,11 +19,10 @@ from timekeeper.usage.models import RUNNING_POD, PodCoverage
 # The weight changes that can apply to the batch's time [since, until): for each GPU model its pods have
 # (read after the pods are locked, so a model named first by this batch counts), the model's last change
 # at or before since (the weight in force when the time starts) and those inside; the primary key (model,
-# effective_from) finds both with one index search each (and with no weights set, nothing is looked
-# up). As text in a fixed order, so the same changes
-# read by the next batch are parsed once (charge_inputs). With the charge basis rows of the batch's
-# namespaces and the cluster. Run by the ingest's pipelined read (usage/repository.py IngestStatements),
-# so in the driver's parameter style.
+# effective_from) finds both with one index search each (and with no weights set, nothing is looked up).
+# As text in a fixed order, so the same changes read by the next batch are parsed once (charge_inputs).
+# With the charge basis rows of the batch's namespaces and the cluster. Run by the ingest's pipelined read
+# (usage/repository.py IngestStatements), so in the driver's parameter style.
 CHARGE_INPUTS = (
     "SELECT (SELECT coalesce(jsonb_agg(jsonb_build_array(w.model, w.effective_from, w.weight::text) "
     "ORDER BY w.model, w.effective_from), '[]')::text "

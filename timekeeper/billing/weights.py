@@ -78,14 +78,14 @@ class WeightTimeline:
         starts = self._starts
         first = bisect_right(starts, lower)
         if first == len(starts):  # no change inside (the common case): one product
-            return (self._units[first - 1] if first else 10**self.scale) * _microseconds(upper - lower)
+            return (self._units[first - 1] if first else 10**self.scale) * microseconds(upper - lower)
         total, start, unit = 0, lower, self._units[first - 1] if first else 10**self.scale
         for at in range(first, len(starts)):
             if starts[at] >= upper:
                 break
-            total += unit * _microseconds(starts[at] - start)
+            total += unit * microseconds(starts[at] - start)
             start, unit = starts[at], self._units[at]
-        return total + unit * _microseconds(upper - start)
+        return total + unit * microseconds(upper - start)
 
 
 def _decimals(weight: Decimal) -> int:
@@ -94,7 +94,8 @@ def _decimals(weight: Decimal) -> int:
     return max(0, -exponent)
 
 
-def _microseconds(delta: timedelta) -> int:
+def microseconds(delta: timedelta) -> int:
+    """A duration in whole microseconds, exactly (timedelta's own resolution)."""
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 

@@ -7,20 +7,16 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
-from timekeeper.billing.weights import UNWEIGHTED, WeightTimeline
+from timekeeper.billing.weights import UNWEIGHTED, WeightTimeline, microseconds
 from timekeeper.budgets.periods import Period, PeriodKind, periods_overlapping
 
 NANO = Decimal("0.000000001")
 MICROSECONDS_PER_MINUTE = Decimal(60_000_000)
 
 
-def _microseconds(delta: timedelta) -> int:
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-
-
 def gpu_minutes(share: Decimal, duration: timedelta) -> Decimal:
     """share x minutes, rounded half-up to the nano-GPU-minute (the ledger's scale; PostgreSQL's round())."""
-    return (share * _microseconds(duration) / MICROSECONDS_PER_MINUTE).quantize(NANO, rounding=ROUND_HALF_UP)
+    return (share * microseconds(duration) / MICROSECONDS_PER_MINUTE).quantize(NANO, rounding=ROUND_HALF_UP)
 
 
 def split_charge(

@@ -4,7 +4,7 @@ ingest service's plan) and the usage queries."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, Literal, NamedTuple, cast
@@ -18,7 +18,14 @@ from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.wire import BudgetState
-from timekeeper.billing.repository import CHARGE_INPUTS, charge_inputs, charge_inputs_parameters
+from timekeeper.billing.repository import (
+    CHARGE_INPUTS,
+    WEIGHTS,
+    charge_inputs,
+    charge_inputs_parameters,
+    weight_timelines,
+    weights_parameters,
+)
 from timekeeper.billing.weights import WeightTimeline
 from timekeeper.budgets.repository import FIGURES, NamespaceFigures, figures_parameters, namespace_figures
 from timekeeper.usage.figures import FigureSums
@@ -268,7 +275,8 @@ class IngestStatements:
         """The namespaces' figures and charge bases; locks (creating on first sight) the pods of `pods`
         (batch_json rows of _PODS' columns) and answers the part of each report's interval not yet
         charged, each pod's GPU model, the weights of those models over `span` (the batch's intervals)
-        and which reports are repeats."""
+        and which reports are repeats. One round trip; two when a pod's model is not the one its report
+        names."""
         connection = self.connection
         async with connection.pipeline() as pipeline:
             figures = connection.cursor(row_factory=namedtuple_row)
@@ -276,7 +284,6 @@ class IngestStatements:
             locked = await connection.execute(
                 _LOCK_PODS, {"pods": pods, "now": now, "from_sidecar": from_sidecar}
             )
-            # After the lock: it reads the weights of the models the pods have then.
             billing = await connection.execute(
                 CHARGE_INPUTS, charge_inputs_parameters(pods, namespaces, *span)
             )
@@ -289,15 +296,23 @@ class IngestStatements:
                 models[pod_uid] = model
                 if lower is not None:
                     pieces.append((lower, upper))
-            weights, bases = charge_inputs(await billing.fetchone())
-            return BatchRead(
+            inputs = charge_inputs(await billing.fetchone())
+            read = BatchRead(
                 [namespace_figures(row) for row in await figures.fetchall()],
                 uncovered,
                 models,
                 {pod_uid for (pod_uid,) in await repeated.fetchall()},
-                weights,
-                bases,
+                inputs.weights,
+                inputs.bases,
             )
+        unread = inputs.unread(models.values())
+        if not unread:
+            return read
+        # A pod whose model was told before and is not what its report names (or names none).
+        cursor = await connection.execute(WEIGHTS, weights_parameters(sorted(unread), *span))
+        row = await cursor.fetchone()
+        assert row is not None, "an aggregate answers one row"
+        return replace(read, weights={**read.weights, **weight_timelines(row[0])})
 
     async def write(
         self,

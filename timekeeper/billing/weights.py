@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
+from functools import lru_cache
 from typing import Literal
 
 ONE = Decimal(1)
@@ -21,6 +22,7 @@ _SEPARATORS = re.compile(r"[\s_]+")
 _DASHES = re.compile(r"-{2,}")
 
 
+@lru_cache(maxsize=1024)  # a cluster has few GPU models, and every report names one (ingest's hot path)
 def model_key(name: str) -> str:
     """One spelling per GPU model: NVML's device name ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB MIG
     1g.5gb") and GPU Feature Discovery's `nvidia.com/gpu.product` label ("NVIDIA-H100-80GB-HBM3",

@@ -77,7 +77,8 @@ def reported_model(report: ReportIn) -> str | None:
 
 def pod_row(report: ReportIn, gpu_model: str | None = None) -> dict[str, Any]:
     """A report as the statements that lock and cover its pod read it (IngestStatements), with the GPU
-    model it tells of (its own NVML name, else the one its node told the caller)."""
+    model given (the lock reads it: the report's own, else the one its node told the caller; the
+    coverage does not)."""
     return {
         "pod_uid": report.pod_uid,
         "namespace": report.namespace,
@@ -86,7 +87,7 @@ def pod_row(report: ReportIn, gpu_model: str | None = None) -> dict[str, Any]:
         "interval_start": report.interval_start,
         "interval_end": report.interval_end,
         "final": report.final,
-        "gpu_model": reported_model(report) or gpu_model,
+        "gpu_model": gpu_model,
     }
 
 
@@ -95,7 +96,7 @@ def ledger_row(
 ) -> dict[str, Any]:
     """A report's ledger row as the ledger insert reads it: amounts as exact decimal text."""
     return {
-        **pod_row(report),
+        **pod_row(report, gpu_model),
         "gpu_share": str(report.gpu_share),
         "gpu_minutes": str(gpu_minutes),
         "charge_share": str(rate.charge_share),
@@ -163,7 +164,9 @@ class IngestService:
         in_order = sorted(reports, key=lambda report: report.pod_uid)
         statements = await IngestStatements.of(self.session)
         read = await statements.read(
-            batch_json([pod_row(report, told.get(report.pod_uid)) for report in in_order]),
+            batch_json(
+                [pod_row(report, reported_model(report) or told.get(report.pod_uid)) for report in in_order]
+            ),
             sorted({report.namespace for report in in_order}),
             (min(r.interval_start for r in in_order), max(r.interval_end for r in in_order)),
             now,

@@ -127,25 +127,34 @@ def _backend_cpu_seconds(dsn: str, database: str) -> float | None:
 
 @contextmanager
 def counted_round_trips() -> Iterator[list[int]]:
-    """Counts what psycopg sends and waits for: statements (the pool's pre-ping `;` among them) and
-    transaction commands (BEGIN, COMMIT, ROLLBACK), each one round trip to the server."""
+    """Counts what psycopg sends and waits for: statements outside a pipeline (the pool's pre-ping `;`
+    among them), a pipeline's syncs (statements pipelined together travel in one), and transaction
+    commands (BEGIN, COMMIT, ROLLBACK), each one round trip to the server."""
     count = [0]
     execute, command = psycopg.AsyncCursor.execute, BaseConnection._exec_command
+    sync = psycopg.AsyncPipeline.sync
 
     async def counted_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
-        count[0] += 1
+        if self.connection._pipeline is None:
+            count[0] += 1
         return await execute(self, *args, **kwargs)
+
+    async def counted_sync(self: Any) -> None:
+        count[0] += 1
+        await sync(self)
 
     def counted_command(self: Any, *args: Any, **kwargs: Any) -> Any:
         count[0] += 1
         return command(self, *args, **kwargs)
 
     psycopg.AsyncCursor.execute = counted_execute  # type: ignore[method-assign]
+    psycopg.AsyncPipeline.sync = counted_sync  # type: ignore[method-assign]
     BaseConnection._exec_command = counted_command  # type: ignore[method-assign]
     try:
         yield count
     finally:
         psycopg.AsyncCursor.execute = execute  # type: ignore[method-assign]
+        psycopg.AsyncPipeline.sync = sync  # type: ignore[method-assign]
         BaseConnection._exec_command = command  # type: ignore[method-assign]
 
 

@@ -25,8 +25,6 @@ from decimal import ROUND_HALF_UP, Decimal
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from timekeeper.db.driver import driver_rows
-
 BUCKET = timedelta(minutes=5)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _NANO = Decimal("0.000000001")
@@ -75,9 +73,11 @@ def attribute(
     return dict(sorted(added.items()))
 
 
-# The window [since, until) as its buckets: every bucket from the one holding `since` (counted for the
-# part of it inside the window, `oldest_part`) up to the one holding `until`. Charged time after `until`
-# in that newest bucket (a report ending within the clock-skew allowance) counts too.
+# The GPU-minutes each namespace burnt in the window [since, until), from its buckets: every bucket from
+# the one holding `since` (counted for the part of it inside the window, `oldest_part`) up to the one
+# holding `until`; charged time after `until` in that newest bucket (a report ending within the
+# clock-skew allowance) counts too. Of exactly the listed namespaces (one primary-key range each), or of
+# every one: two statements, so neither's cached plan serves the other's case.
 _WINDOW = (
     "SELECT namespace, round(sum(CASE WHEN bucket_start = :oldest THEN gpu_minutes * :oldest_part "
     "ELSE gpu_minutes END), 9) AS burned FROM usage_burn "
@@ -87,8 +87,20 @@ _BURNED_IN = sa.text(_WINDOW.format(namespaces="namespace = ANY(CAST(:namespaces
 _BURNED_ALL = sa.text(_WINDOW.format(namespaces=""))
 
 
+def burned_query(
+    since: datetime, until: datetime, namespaces: list[str] | None
+) -> tuple[sa.TextClause, dict[str, object]]:
+    """The statement, with its parameters, of the GPU-minutes each namespace (every one, or exactly the
+    listed ones) burnt in [since, until): rows of (namespace, burned), none for a namespace that charged
+    nothing there."""
+    parameters = window_parameters(since, until)
+    if namespaces is None:
+        return _BURNED_ALL, parameters
+    return _BURNED_IN, {**parameters, "namespaces": namespaces}
+
+
 def window_parameters(since: datetime, until: datetime) -> dict[str, object]:
-    """The burn statements' window: its oldest bucket and the part of that bucket inside the window."""
+    """The burn statements' window: its oldest bucket, the part of that bucket inside it, its end."""
     oldest = bucket_of(since)
     inside = _microseconds(oldest + BUCKET - since)
     return {"oldest": oldest, "oldest_part": Decimal(inside) / _microseconds(BUCKET), "until": until}
@@ -97,18 +109,6 @@ def window_parameters(since: datetime, until: datetime) -> dict[str, object]:
 class BurnRepository:
     def __init__(self, session: AsyncSession) -> None:
         self.session = session
-
-    async def burned(
-        self, since: datetime, until: datetime, namespaces: list[str] | None = None
-    ) -> dict[str, Decimal]:
-        """GPU-minutes charged in [since, until) per namespace (every namespace, or exactly the listed
-        ones), from the buckets; a namespace that charged nothing there is absent."""
-        parameters = window_parameters(since, until)
-        if namespaces is None:
-            rows = await driver_rows(self.session, _BURNED_ALL, parameters)
-        else:
-            rows = await driver_rows(self.session, _BURNED_IN, {**parameters, "namespaces": namespaces})
-        return {row.namespace: row.burned for row in rows}
 
     async def purge(self, before: datetime) -> int:
         """Drops the buckets that end by `before` (older than any window read); answers how many."""

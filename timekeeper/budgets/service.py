@@ -14,7 +14,6 @@ from gpuaccounting.wire import BudgetState
 from timekeeper.admission.service import AdmissionService
 from timekeeper.audit.repository import AuditRepository
 from timekeeper.auth.base import Principal
-from timekeeper.budgets.burn import BurnRepository
 from timekeeper.budgets.forecast import forecast
 from timekeeper.budgets.models import SHIPPED_RUNNING_POD_ACTION, Grant
 from timekeeper.budgets.periods import EPOCH, PeriodKind, period_containing
@@ -72,7 +71,6 @@ def stored_values(body: BudgetIn, current: BudgetConfig | None) -> dict[str, Any
 class BudgetService:
     def __init__(self, session: AsyncSession, settings: Settings, clock: Clock) -> None:
         self.repository = BudgetRepository(session)
-        self.burn = BurnRepository(session)
         self.audit = AuditRepository(session)
         self.admission = AdmissionService(session, settings)
         self.settings = settings
@@ -122,14 +120,11 @@ class BudgetService:
     def _window(self) -> timedelta:
         return timedelta(minutes=self.settings.forecast_window_minutes)
 
-    async def _burned(self, now: datetime, namespaces: list[str] | None) -> dict[str, Decimal]:
-        """Each namespace's charge over the forecast window, in one statement (its burn buckets)."""
-        return await self.burn.burned(now - self._window, now, namespaces)
-
     async def _statuses(self, namespaces: list[str] | None) -> list[NamespaceBudgetOut]:
+        """The figures and each namespace's charge over the forecast window (its burn buckets), read in
+        one round trip."""
         now = self.clock.now()
-        burned = await self._burned(now, namespaces)
-        found = await self.repository.figures(now, namespaces)
+        found, burned = await self.repository.statuses(now, now - self._window, namespaces)
         states = await self.admission.states(found, now)
         return [
             self._out(figures, now, burned.get(figures.namespace, Decimal(0)), states[figures.namespace])

@@ -40,3 +40,26 @@ async def driver_rows(
             return await cursor.fetchall()
     except psycopg.Error as error:
         raise sa.exc.DBAPIError.instance(sql, dict(params), error, psycopg.Error) from error
+
+
+async def driver_rows_pipelined(
+    session: AsyncSession, *queries: tuple[sa.TextClause, Mapping[str, Any]]
+) -> list[list[Any]]:
+    """Each statement's rows as psycopg's named tuples, as driver_rows, all sent in one pipeline: one
+    round trip however many statements. Each stays its own statement, so PostgreSQL keeps a generic plan
+    for each where it would re-plan a statement made of both (docs/performance.md, "Reads")."""
+    connection = await session.connection()
+    driver = cast(psycopg.AsyncConnection[Any], (await connection.get_raw_connection()).driver_connection)
+    compiled = [(_compiled(statement, connection.dialect), params) for statement, params in queries]
+    try:
+        async with driver.pipeline() as pipeline:
+            cursors = []
+            for sql, params in compiled:
+                cursor = driver.cursor(row_factory=namedtuple_row)
+                await cursor.execute(sql, params)
+                cursors.append(cursor)
+            await pipeline.sync()
+            return [await cursor.fetchall() for cursor in cursors]
+    except psycopg.Error as error:
+        statements = "; ".join(sql for sql, _ in compiled)
+        raise sa.exc.DBAPIError.instance(statements, {}, error, psycopg.Error) from error

@@ -3,7 +3,7 @@ the lifespan; the factory itself only wires objects together."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from inspect import isawaitable
 from typing import Any
@@ -22,6 +22,7 @@ from timekeeper.auth.factory import build_access_control
 from timekeeper.auth.router import router as auth_router
 from timekeeper.billing.router import namespaced as billing_namespaced_router
 from timekeeper.billing.router import router as billing_router
+from timekeeper.budgets.router import get_budget
 from timekeeper.budgets.router import router as budgets_router
 from timekeeper.clock import Clock
 from timekeeper.db.session import (
@@ -83,6 +84,17 @@ class BodySizeLimit:
         await self.app(scope, limited, send)
 
 
+_BUDGET_PREFIX, _BUDGET_SUFFIX = f"{API_PREFIX}/namespaces/", "/budget"
+
+
+def _budget_namespace(path: str) -> str | None:
+    """The `{namespace}` of GET /namespaces/{namespace}/budget, when the path is that route's."""
+    if not (path.startswith(_BUDGET_PREFIX) and path.endswith(_BUDGET_SUFFIX)):
+        return None
+    namespace = path[len(_BUDGET_PREFIX) : -len(_BUDGET_SUFFIX)]
+    return namespace if namespace and "/" not in namespace else None
+
+
 class TimekeeperApp(FastAPI):
     """FastAPI, with `POST /reports` (the hottest path by far: every GPU pod, every interval) answered
     before Starlette's middleware and router: the endpoint takes the Request alone and answers a
@@ -90,16 +102,27 @@ class TimekeeperApp(FastAPI):
     limited as every other's, so the layers between (two exception middlewares, FastAPI's telemetry
     and exit-stack middlewares, the router's matching, the route's wrapper) did nothing for it but
     cost CPU, on the way in and again on every resumption while the report waits for its batch's
-    commit (docs/performance.md, "Ingest"). Everything else, and any other method on that path, takes
-    the usual way; the route stays declared, so the OpenAPI documents it as before."""
+    commit (docs/performance.md, "Ingest"). `GET /namespaces/{ns}/budget` is answered the same way
+    (docs/performance.md, "Reads"). Everything else, and any other method on those paths, takes the
+    usual way; the routes stay declared, so the OpenAPI documents them as before."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == REPORTS_PATH and scope["method"] == "POST":
-            await self._report(scope, receive, send)
-            return
+        if scope["type"] == "http":
+            if scope["path"] == REPORTS_PATH and scope["method"] == "POST":
+                await self._direct(post_report, scope, receive, send)
+                return
+            # The budget read likewise (what dashboards and the CLI poll): the same endpoint, handed the
+            # path parameter Starlette's router would have matched (`{namespace}`: one non-empty segment).
+            namespace = _budget_namespace(scope["path"])
+            if namespace is not None and scope["method"] == "GET":
+                scope["path_params"] = {"namespace": namespace}
+                await self._direct(get_budget, scope, receive, send)
+                return
         await super().__call__(scope, receive, send)
 
-    async def _report(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _direct(
+        self, endpoint: Callable[[Request], Awaitable[Response]], scope: Scope, receive: Receive, send: Send
+    ) -> None:
         scope["app"] = self
         refused, limited = limited_body(scope, receive, self.state.settings.max_body_bytes)
         if refused is not None:
@@ -108,7 +131,7 @@ class TimekeeperApp(FastAPI):
         request = Request(scope, limited)
         try:
             try:
-                response = await post_report(request)
+                response = await endpoint(request)
             except Exception as error:
                 handler = next(
                     (

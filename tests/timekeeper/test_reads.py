@@ -137,3 +137,18 @@ async def test_a_read_without_a_token_is_401_whatever_its_path(api: Api) -> None
         response = await api.client.get(path)
         assert response.status_code == 401, path
         assert response.headers["www-authenticate"] == "Bearer"
+
+
+async def test_the_budget_read_answered_before_the_router_is_the_routed_one(api: Api) -> None:
+    """GET /namespaces/{ns}/budget skips Starlette's router (timekeeper.app.TimekeeperApp); every other
+    method and every path that is not exactly that route's still goes through it."""
+    ok(await api.put_budget("team-a", budget_gpu_minutes=100))
+    reader = bearer(api.tokens.reader)
+    listed = {entry["namespace"]: entry for entry in ok(await api.get("/namespaces"))}
+
+    assert ok(await api.client.get("/namespaces/team-a/budget", headers=reader)) == listed["team-a"]
+    assert (await api.client.post("/namespaces/team-a/budget", headers=reader)).status_code == 405
+    assert (await api.client.get("/namespaces/a/b/budget", headers=reader)).status_code == 404
+    assert (await api.client.get("/namespaces//budget", headers=reader)).status_code == 404
+    too_large = {**reader, "content-length": str(10**9)}
+    assert (await api.client.get("/namespaces/team-a/budget", headers=too_large)).status_code == 413

@@ -83,6 +83,8 @@ class Story:
         self.reader = cluster.api_client(cluster.tokens.reader)
         self.webhook = cluster.webhook_client()
         self.running: list[Running] = []
+        # The newest budget event already told, per namespace (GET .../budget/events).
+        self.told_event: dict[str, int] = {}
 
     def say(self, text: str, style: str = "") -> None:
         self.view.event(self.board, text, style)
@@ -102,16 +104,43 @@ class Story:
             name = status["namespace"]
             before = self.board.status.get(name)
             self.board.status[name] = status
-            if before is not None and before["state"] != status["state"]:
-                forecast = outlook(status)
-                self.say(
-                    f"{name}: {before['state']} -> {status['state']} (used "
-                    f"{minutes(status['used_gpu_minutes'])} of "
-                    f"{minutes(status['budget_gpu_minutes'])} + {minutes(status['granted_gpu_minutes'])} "
-                    "granted GPU-min)" + (f"; forecast: {forecast}" if forecast else ""),
-                    "bold red" if status["state"] == "exhausted" else "yellow",
-                )
+            if before is None:
+                self.told_event[name] = max((event["id"] for event in self.events(name)), default=0)
+            elif before["state"] != status["state"]:
+                self.announce_transitions(name, before["state"], status)
         self.view.refresh(self.board)
+
+    def events(self, namespace: str) -> list[dict[str, Any]]:
+        """The namespace's latest budget-state transitions, oldest first."""
+        response = self.reader.get(f"/namespaces/{namespace}/budget/events", params={"limit": 100})
+        response.raise_for_status()
+        return sorted(response.json(), key=lambda event: int(event["id"]))
+
+    def announce_transitions(self, name: str, before: str, status: dict[str, Any]) -> None:
+        """Every transition up to the state now shown, from the timekeeper's record of them rather than
+        the two polls': vision spends from its warning line to exhausted in about 1.4 real seconds, which
+        one poll late on a loaded machine skipped (the story then lacked its warning). Transitions
+        recorded after this poll's read are told at the next one."""
+        recent = [event for event in self.events(name) if event["id"] > self.told_event.get(name, 0)]
+        reached = [n for n, event in enumerate(recent) if event["new_state"] == status["state"]]
+        steps = [(before, str(status["state"]))]
+        if reached:
+            told = recent[: reached[-1] + 1]
+            self.told_event[name] = told[-1]["id"]
+            steps = [
+                (event["old_state"], event["new_state"]) for event in told if event["old_state"]
+            ] or steps
+        for old, new in steps[:-1]:
+            self.say(f"{name}: {old} -> {new}", "bold red" if new == "exhausted" else "yellow")
+        old, new = steps[-1]
+        forecast = outlook(status)
+        self.say(
+            f"{name}: {old} -> {new} (used "
+            f"{minutes(status['used_gpu_minutes'])} of "
+            f"{minutes(status['budget_gpu_minutes'])} + {minutes(status['granted_gpu_minutes'])} "
+            "granted GPU-min)" + (f"; forecast: {forecast}" if forecast else ""),
+            "bold red" if new == "exhausted" else "yellow",
+        )
 
     def announce_new_period(self, statuses: list[dict[str, Any]]) -> None:
         """One line when budget periods roll over (the timekeeper starts them on its own clock)."""

@@ -47,7 +47,7 @@ _REPORTS = (
     "interval_start timestamptz, interval_end timestamptz, final boolean, gpu_share numeric, "
     "gpu_minutes numeric, gpu_count integer, mean_sm_util_pct double precision, max_mem_used_bytes bigint, "
     "gpus jsonb, peak_sm_util_pct double precision, mem_used_bytes bigint, mean_power_w numeric, "
-    "gpu_status_bits smallint, charge_share numeric, gpu_model text)"
+    "gpu_status_bits smallint, charge_share numeric, gpu_model text, covers boolean)"
 )
 # Creates each pod's row on its first report and locks it; answers the pieces of each interval not yet
 # charged, one row each (one row of NULLs for a report whose time is all charged already). A pod_uid
@@ -78,11 +78,19 @@ _REPEATED = (
     f"SELECT r.pod_uid FROM {_PODS} WHERE EXISTS (SELECT FROM usage_ledger l WHERE l.pod_uid = r.pod_uid "
     "AND l.seq = r.seq AND l.interval_start = r.interval_start AND l.interval_end = r.interval_end OFFSET 0)"
 )
-# Each row is charged the part of its interval its pod has not covered (the pod row is locked since
-# _LOCK_PODS, and covered only by _COVER after this). ON CONFLICT stays as a guard: IngestStatements.write
-# refuses the batch when a row it was sure was new did not go in. The pod's coverage is a per-row index
-# probe (a join was planned as a scan of every pod, as in _REPEATED).
-_INSERT_LEDGER = (
+# One statement: each report's ledger row, charged the part of its interval its pod has not covered,
+# and that interval added to its pod's coverage (reports whose time is all charged already add none).
+# Every part of a statement reads one snapshot, so the insert reads each pod's coverage as it was before
+# the update beside it; the pods are locked since _LOCK_PODS, so the update takes no lock out of order.
+# ON CONFLICT stays as a guard: IngestStatements.write refuses the batch when a row it was sure was new
+# did not go in. Pods are found by primary-key probes, not by joins the planner may make scans of every
+# pod (jsonb_to_recordset counts as 100 rows, as in _REPEATED).
+_CHARGE = (
+    f"WITH r AS MATERIALIZED (SELECT * FROM {_REPORTS}), cover AS ("
+    "UPDATE pod_coverage p SET covered = p.covered + tstzmultirange(tstzrange(r.interval_start, "
+    "r.interval_end)), last_seq = r.seq, pod = r.pod, final = p.final OR r.final "
+    "FROM r WHERE r.covers AND p.pod_uid = r.pod_uid "
+    "AND p.pod_uid = ANY(ARRAY(SELECT pod_uid FROM r WHERE covers))) "
     "INSERT INTO usage_ledger (namespace, pod, pod_uid, seq, interval_start, interval_end, gpu_share, "
     "charged, gpu_minutes, final, received_at, gpu_count, mean_sm_util_pct, max_mem_used_bytes, gpus, "
     "peak_sm_util_pct, mem_used_bytes, mean_power_w, gpu_status_bits, charge_share, gpu_model) "
@@ -91,14 +99,7 @@ _INSERT_LEDGER = (
     "- (SELECT c.covered FROM pod_coverage c WHERE c.pod_uid = r.pod_uid), r.gpu_minutes, r.final, "
     "CAST(%(now)s AS timestamptz), r.gpu_count, r.mean_sm_util_pct, r.max_mem_used_bytes, r.gpus, "
     "r.peak_sm_util_pct, r.mem_used_bytes, r.mean_power_w, r.gpu_status_bits, r.charge_share, r.gpu_model "
-    f"FROM {_REPORTS} ON CONFLICT ON CONSTRAINT uq_usage_ledger_report DO NOTHING"
-)
-# The pods are found by their keys (`= ANY`: an index scan), not by a join the planner may make a scan.
-_COVER = (
-    f"WITH r AS MATERIALIZED (SELECT * FROM {_PODS}) "
-    "UPDATE pod_coverage p SET covered = p.covered + tstzmultirange(tstzrange(r.interval_start, "
-    "r.interval_end)), last_seq = r.seq, pod = r.pod, final = p.final OR r.final "
-    "FROM r WHERE p.pod_uid = r.pod_uid AND p.pod_uid = ANY(ARRAY(SELECT pod_uid FROM r))"
+    "FROM r ON CONFLICT ON CONSTRAINT uq_usage_ledger_report DO NOTHING"
 )
 # Adds to the running totals in key order (the lock order); answers each total afterwards.
 _ADD_USED = (
@@ -318,24 +319,21 @@ class IngestStatements:
         self,
         reports: str,
         count: int,
-        covering: str | None,
         totals: str | None,
         namespaces: list[str],
         now: datetime,
         burn: str | None = None,
     ) -> BatchWritten:
         """Inserts the `count` new reports' ledger rows (`reports`: batch_json rows of _REPORTS'
-        columns, each charged the part of its interval its pod has not covered), adds the `covering`
-        reports' intervals to their pods' charged time and the `totals` (rows of namespace, period_kind,
+        columns, each charged the part of its interval its pod has not covered), adds the intervals of
+        those that `covers` to their pods' charged time and the `totals` (rows of namespace, period_kind,
         period_start, used) to the running totals and the `burn` (rows of namespace, bucket_start,
         gpu_minutes) to the forecast's burn buckets; answers each total afterwards, and the stored states
         of `namespaces`, locked until the commit (so the caller writes only states that really change,
         and none when none do)."""
         connection = self.connection
         async with connection.pipeline() as pipeline:
-            inserted = await connection.execute(_INSERT_LEDGER, {"reports": reports, "now": now})
-            if covering is not None:
-                await connection.execute(_COVER, {"pods": covering})
+            inserted = await connection.execute(_CHARGE, {"reports": reports, "now": now})
             added = None if totals is None else await connection.execute(_ADD_USED, {"totals": totals})
             if burn is not None:
                 await connection.execute(_ADD_BURN, {"burn": burn})

@@ -92,9 +92,16 @@ def pod_row(report: ReportIn, gpu_model: str | None = None) -> dict[str, Any]:
 
 
 def ledger_row(
-    report: ReportIn, measured: Measured, gpu_minutes: Decimal, rate: Rate, gpu_model: str | None
+    report: ReportIn,
+    measured: Measured,
+    gpu_minutes: Decimal,
+    rate: Rate,
+    gpu_model: str | None,
+    *,
+    covers: bool = True,
 ) -> dict[str, Any]:
-    """A report's ledger row as the ledger insert reads it: amounts as exact decimal text."""
+    """A report's ledger row as the ledger insert reads it: amounts as exact decimal text; `covers`:
+    its interval holds time its pod has not been charged for, which the write adds to the pod's coverage."""
     return {
         **pod_row(report, gpu_model),
         "gpu_share": str(report.gpu_share),
@@ -109,6 +116,7 @@ def ledger_row(
         "mem_used_bytes": measured.mem_used_bytes,
         "mean_power_w": None if measured.mean_power_w is None else str(measured.mean_power_w),
         "gpu_status_bits": measured.gpu_status_bits,
+        "covers": covers,
     }
 
 
@@ -201,7 +209,6 @@ class IngestService:
         written = BatchWritten([], {})
         if fresh:
             added = plan_totals(fresh, charges)
-            covering = [pod_row(report) for report in fresh if uncovered[report.pod_uid]]
             ledger = [
                 ledger_row(
                     report,
@@ -209,13 +216,13 @@ class IngestService:
                     charges[report.pod_uid].gpu_minutes,
                     rates[report.pod_uid],
                     read.models[report.pod_uid],
+                    covers=bool(uncovered[report.pod_uid]),
                 )
                 for report in fresh
             ]
             written = await statements.write(
                 batch_json(ledger),
                 len(fresh),
-                batch_json(covering) if covering else None,
                 batch_json(
                     [
                         {"namespace": ns, "period_kind": kind, "period_start": start, "used": str(amount)}

@@ -1,6 +1,7 @@
 """A database outage: while a real PostgreSQL server of the test's own is down, reports and reads are
 answered 503 with Retry-After (not 500), the outage is logged once (not per request) and shown as a
-metric, and when the server is back the timekeeper serves again by itself."""
+metric, and when the server is back the timekeeper serves again by itself; a restart while the pool sat
+idle costs no request."""
 
 from __future__ import annotations
 
@@ -83,3 +84,23 @@ async def test_an_outage_is_answered_503_logged_once_and_recovered_from(
     assert database_up(app) == 1
     budget = await api.budget("team-a")
     assert budget["used_gpu_minutes"] == 2  # the reports before and after; none during the outage
+
+
+async def test_a_server_restarted_while_the_pool_sat_idle_costs_no_request(
+    app: FastAPI, api: Api, server: ThrowawayPostgres
+) -> None:
+    """The pool's connections all died with the server; each is found closed at checkout and replaced
+    (timekeeper.db.session._still_connected), so no request meets one: no 503 after the restart."""
+    headers = bearer(api.tokens.reporter)
+    ok(await api.client.post("/reports", json=report(20), headers=headers))
+    # Several pooled connections, each used once (reads at once, a report).
+    await asyncio.gather(*(api.budget("team-a") for _ in range(4)))
+
+    server.restart()
+
+    budgets = await asyncio.gather(*(api.budget("team-a") for _ in range(4)))
+    ok(await api.client.post("/reports", json=report(21), headers=headers))
+    snapshot = await api.client.get("/admission-state", headers=bearer(api.tokens.reader))
+    assert snapshot.status_code == 200
+    assert len({budget["used_gpu_minutes"] for budget in budgets}) == 1
+    assert database_up(app) == 1

@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Annotated
+from typing import Annotated, Any
 
+import psycopg
+import sqlalchemy as sa
 from fastapi import Depends, Request
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
@@ -22,16 +24,39 @@ async def resolve_database_url(settings: Settings) -> str:
 
 
 def build_engine(url: str, pool_size: int = 10) -> AsyncEngine:
-    """Sessions run in UTC so day and hour buckets never depend on the server's time zone."""
-    return create_async_engine(
+    """Sessions run in UTC so day and hour buckets never depend on the server's time zone. A pooled
+    connection the server has closed is replaced at checkout (`_still_connected`)."""
+    engine = create_async_engine(
         url,
         pool_size=pool_size,
         max_overflow=pool_size,
-        pool_pre_ping=True,
         # JIT off: its compile time (tens of ms, seconds for a big plan) lands on short queries whose
         # estimated cost passes jit_above_cost, e.g. the forecast's burn on every read (docs/performance.md).
         connect_args={"options": "-c timezone=UTC -c jit=off"},
     )
+    sa.event.listen(engine.sync_engine.pool, "checkout", _still_connected)
+    return engine
+
+
+def _still_connected(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    """What the pool's pre-ping checked, without its round trip (one per budget read; docs/performance.md,
+    "Reads"): a server that went away (restart, crash, idle timeout, terminated backend) has closed the
+    connection's socket, so reading what is there without waiting (libpq's socket never blocks) finds
+    the end of it. Raising DisconnectionError makes the pool drop the connection and hand out a
+    fresh one, as the pre-ping did; a server that is unreachable answers that connect with the outage.
+    Not seen here, as not by a pre-ping that would wait on it: a peer that vanished without closing (a
+    partition), which the statement then meets."""
+    pgconn = dbapi_connection.driver_connection.pgconn
+    try:
+        # Twice: a backend that was stopped sends its FATAL message before closing, and the first read
+        # takes that message, the second the end of the stream. On a live idle connection both find
+        # nothing to read and return at once.
+        pgconn.consume_input()
+        pgconn.consume_input()
+    except psycopg.OperationalError as error:
+        raise sa.exc.DisconnectionError(str(error)) from error
+    if pgconn.status != psycopg.pq.ConnStatus.OK:
+        raise sa.exc.DisconnectionError("the server closed the connection")
 
 
 def build_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

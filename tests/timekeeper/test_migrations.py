@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 import pytest
 import sqlalchemy as sa
@@ -16,6 +18,7 @@ from sqlalchemy.engine import URL
 from tests.support.postgres import create_database, drop_database, url_string
 from tests.support.processes import REPO_ROOT
 from tests.support.timekeeper import alembic_config, migrate
+from timekeeper.budgets.burn import bucket_of
 
 
 @pytest.fixture
@@ -74,5 +77,54 @@ def test_the_migrations_go_down_and_up_again() -> None:
         with engine.connect() as connection:
             assert "usage_ledger" in sa.inspect(connection).get_table_names()
         engine.dispose()
+    finally:
+        drop_database(url)
+
+
+def test_the_burn_buckets_are_backfilled_from_the_last_seven_days_of_the_ledger() -> None:
+    """Migration b5d2e8f1c3a7 gives the forecast's burn buckets (budgets/burn.py) the charges already in
+    the ledger, by ingest's rule: each row's charge split over the 5-minute buckets its charged time
+    overlaps, in proportion to that time; rows older than seven days are left out."""
+    url = create_database("gtk_burn_backfill")
+    try:
+        migrate(url)
+        migrate(url, "e7b2c9d4a1f6")  # down to the revision before the buckets
+        engine = sa.create_engine(url_string(url), poolclass=sa.NullPool)
+        base = bucket_of(datetime.now(UTC) - timedelta(hours=1))
+        rows = [  # (seq, interval start, end and charged part, in minutes from base; GPU-minutes)
+            (1, 3, 8, (3, 8), "1.5"),  # straddles base+5: 2 minutes before, 3 after
+            (2, 20, 25, (20, 22), "0.2"),  # only two minutes of it were not charged before
+            (3, -8 * 24 * 60, -8 * 24 * 60 + 5, (-8 * 24 * 60, -8 * 24 * 60 + 5), "5"),  # 8 days old
+        ]
+        with engine.begin() as connection:
+            for seq, start, end, (lower, upper), minutes in rows:
+                connection.execute(
+                    sa.text(
+                        "INSERT INTO usage_ledger (namespace, pod, pod_uid, seq, interval_start, "
+                        "interval_end, gpu_share, charged, gpu_minutes, final, gpu_count, gpus, "
+                        "charge_share) VALUES ('team-a', 'p', 'uid-p', :seq, :start, :end, 1, "
+                        "tstzmultirange(tstzrange(:lower, :upper)), :minutes, false, 1, '[]', 1)"
+                    ),
+                    {
+                        "seq": seq,
+                        "start": base + timedelta(minutes=start),
+                        "end": base + timedelta(minutes=end),
+                        "lower": base + timedelta(minutes=lower),
+                        "upper": base + timedelta(minutes=upper),
+                        "minutes": Decimal(minutes),
+                    },
+                )
+        migrate(url)
+        with engine.connect() as connection:
+            found = connection.execute(
+                sa.text("SELECT bucket_start, gpu_minutes FROM usage_burn WHERE namespace = 'team-a'")
+            )
+            buckets = {row.bucket_start: row.gpu_minutes for row in found}
+        engine.dispose()
+        assert buckets == {
+            base: Decimal("0.6"),
+            base + timedelta(minutes=5): Decimal("0.9"),
+            base + timedelta(minutes=20): Decimal("0.2"),
+        }
     finally:
         drop_database(url)

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 
 import httpx
+import psycopg
 import pytest
 from fastapi import FastAPI
 from sqlalchemy.engine import make_url
@@ -103,4 +104,27 @@ async def test_a_server_restarted_while_the_pool_sat_idle_costs_no_request(
     snapshot = await api.client.get("/admission-state", headers=bearer(api.tokens.reader))
     assert snapshot.status_code == 200
     assert len({budget["used_gpu_minutes"] for budget in budgets}) == 1
+    assert database_up(app) == 1
+
+
+async def test_a_batch_runners_backend_terminated_between_batches_costs_no_report(
+    app: FastAPI, api: Api, server: ThrowawayPostgres
+) -> None:
+    """Each batch runner keeps its connection from batch to batch (timekeeper.db.session.HeldConnection);
+    one the server closed since the last batch (here its backend terminated, as an administrator or a
+    failover would) is found closed before the next batch and replaced, so that batch is charged. Reports
+    one at a time: the idle runners take turns, so each runner charges some before and after."""
+    headers = bearer(api.tokens.reporter)
+    for n in range(30, 34):
+        ok(await api.client.post("/reports", json=report(n), headers=headers))
+
+    with psycopg.connect(server.url.replace("+psycopg", ""), autocommit=True) as admin:
+        terminated = admin.execute(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchone()
+    assert terminated is not None and terminated[0] >= 2  # both runners' connections (and any pooled)
+
+    for n in range(34, 38):
+        ok(await api.client.post("/reports", json=report(n), headers=headers))
     assert database_up(app) == 1

@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from timekeeper.clock import Clock
 from timekeeper.db.outage import is_outage
-from timekeeper.db.session import transaction
+from timekeeper.db.session import HeldConnection
 from timekeeper.errors import TimekeeperError, unavailable
 from timekeeper.metrics import Metrics
 from timekeeper.settings import Settings
@@ -47,7 +47,8 @@ class IngestBatcher:
     ) -> None:
         """`sessions` is looked up for every batch (tests swap the app's sessionmaker after startup).
         `in_flight` batches run at once: while one commits the next gathers and charges, instead of the
-        reports that arrive during a commit waiting for it."""
+        reports that arrive during a commit waiting for it. Each runner keeps its connection from batch
+        to batch (`HeldConnection`)."""
         self._sessions = sessions
         self._settings = settings
         self._clock = clock
@@ -58,6 +59,7 @@ class IngestBatcher:
         self._arrived = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._charging: dict[int, list[Pending]] = {}
+        self._held = [HeldConnection() for _ in range(in_flight)]
 
     def start(self) -> None:
         self._tasks = [
@@ -71,6 +73,8 @@ class IngestBatcher:
         for task in self._tasks:
             with suppress(asyncio.CancelledError):
                 await task
+        for held in self._held:
+            await held.release()
         charging = [pending for batch in self._charging.values() for pending in batch]
         for _, future in [*charging, *self._queue]:
             if not future.done():
@@ -108,14 +112,14 @@ class IngestBatcher:
                 continue
             batch = self._charging[runner] = self._take()
             if batch:
-                await self._charge(batch)
+                await self._charge(batch, self._held[runner])
             del self._charging[runner]
 
-    async def _charge(self, batch: list[Pending]) -> None:
+    async def _charge(self, batch: list[Pending], held: HeldConnection) -> None:
         outcomes: list[IngestOutcome | Exception]
         self._metrics.batch_size.observe(len(batch))
         try:
-            async with transaction(self._sessions()) as session:
+            async with held.transaction(self._sessions()) as session:
                 outcomes = [
                     *await IngestService(session, self._settings).charge(
                         [report for report, _ in batch], self._clock.now()
@@ -129,7 +133,7 @@ class IngestBatcher:
             elif len(batch) > 1:
                 log.warning("ingest_batch_failed", extra={"reports": len(batch), "error": repr(error)})
                 for pending in batch:
-                    await self._charge([pending])
+                    await self._charge([pending], held)
                 return
             else:
                 report = batch[0][0]

@@ -94,8 +94,8 @@ async def transaction(sessions: Callable[[], AsyncSession]) -> AsyncIterator[Asy
 
 class HeldConnection:
     """One connection kept from transaction to transaction (each ingest batch runner has one): a batch
-    then costs no pool checkout, check and return (docs/performance.md, "The batch's fixed cost").
-    Checked without a round trip before each transaction as the pool checks at checkout
+    then costs no pool checkout, check and return (docs/performance.md, "A connection held by each batch
+    runner"). Checked without a round trip before each transaction as the pool checks at checkout
     (`closed_by_server`), so a restart or a terminated backend between batches costs no batch; dropped
     after any error (the next transaction connects afresh, or meets the outage and says so) and when the
     sessionmaker's engine changes. A sessionmaker bound to a connection (the tests' per-test

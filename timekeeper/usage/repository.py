@@ -279,7 +279,9 @@ class IngestStatements:
         and which reports are repeats. One round trip; two when a pod's model is not the one its report
         names."""
         connection = self.connection
-        async with connection.pipeline() as pipeline:
+        # The pipeline's exit sends the one Sync and reads every result into its cursor: a sync() inside
+        # the block would cost a round trip of its own, the exit's (docs/performance.md, "One sync").
+        async with connection.pipeline():
             figures = connection.cursor(row_factory=namedtuple_row)
             await figures.execute(_FIGURES, figures_parameters(now, namespaces))
             locked = await connection.execute(
@@ -289,23 +291,22 @@ class IngestStatements:
                 CHARGE_INPUTS, charge_inputs_parameters(pods, namespaces, *span)
             )
             repeated = await connection.execute(_REPEATED, {"pods": pods})
-            await pipeline.sync()
-            uncovered: dict[str, list[Interval]] = {}
-            models: dict[str, str | None] = {}
-            for pod_uid, lower, upper, model in await locked.fetchall():
-                pieces = uncovered.setdefault(pod_uid, [])
-                models[pod_uid] = model
-                if lower is not None:
-                    pieces.append((lower, upper))
-            inputs = charge_inputs(await billing.fetchone())
-            read = BatchRead(
-                [namespace_figures(row) for row in await figures.fetchall()],
-                uncovered,
-                models,
-                {pod_uid for (pod_uid,) in await repeated.fetchall()},
-                inputs.weights,
-                inputs.bases,
-            )
+        uncovered: dict[str, list[Interval]] = {}
+        models: dict[str, str | None] = {}
+        for pod_uid, lower, upper, model in await locked.fetchall():
+            pieces = uncovered.setdefault(pod_uid, [])
+            models[pod_uid] = model
+            if lower is not None:
+                pieces.append((lower, upper))
+        inputs = charge_inputs(await billing.fetchone())
+        read = BatchRead(
+            [namespace_figures(row) for row in await figures.fetchall()],
+            uncovered,
+            models,
+            {pod_uid for (pod_uid,) in await repeated.fetchall()},
+            inputs.weights,
+            inputs.bases,
+        )
         unread = inputs.unread(models.values())
         if not unread:
             return read
@@ -332,7 +333,7 @@ class IngestStatements:
         of `namespaces`, locked until the commit (so the caller writes only states that really change,
         and none when none do)."""
         connection = self.connection
-        async with connection.pipeline() as pipeline:
+        async with connection.pipeline():  # one Sync, at the exit (as in read)
             inserted = await connection.execute(_CHARGE, {"reports": reports, "now": now})
             added = None if totals is None else await connection.execute(_ADD_USED, {"totals": totals})
             if burn is not None:
@@ -340,20 +341,19 @@ class IngestStatements:
             states = (
                 await connection.execute(_LOCK_STATES, {"namespaces": namespaces}) if namespaces else None
             )
-            await pipeline.sync()
-            if inserted.rowcount != count:  # a repeat the read did not see: never charge it twice
-                raise RuntimeError(f"{count - inserted.rowcount} ledger rows of the batch were there already")
-            return BatchWritten(
-                []
-                if added is None
-                else [
-                    ((ns, kind, start), used, granted)
-                    for ns, kind, start, used, granted in await added.fetchall()
-                ],
-                {}
-                if states is None
-                else {namespace: cast(BudgetState, state) for namespace, state in await states.fetchall()},
-            )
+        if inserted.rowcount != count:  # a repeat the read did not see: never charge it twice
+            raise RuntimeError(f"{count - inserted.rowcount} ledger rows of the batch were there already")
+        return BatchWritten(
+            []
+            if added is None
+            else [
+                ((ns, kind, start), used, granted)
+                for ns, kind, start, used, granted in await added.fetchall()
+            ],
+            {}
+            if states is None
+            else {namespace: cast(BudgetState, state) for namespace, state in await states.fetchall()},
+        )
 
 
 class UsageRepository:

@@ -112,18 +112,20 @@ def _reports(
     """Report load split evenly over the given servers, one wrk per server, run at the same time; each
     wrk's pods report in rounds of PODS_PER_CLIENT, round n covering [base + 30 s n, base + 30 s (n + 1))."""
     base = _base() if base is None else base
+    arguments = [[str(base), str(PODS_PER_CLIENT), token, "100", str(client)] for client in range(len(urls))]
+    return _across(urls, "reports.lua", arguments, seconds, connections)
+
+
+def _across(
+    urls: list[str], script: str, arguments: list[list[str]], seconds: int, connections: int
+) -> WrkResult:
+    """One wrk per server (with the script arguments of the same index), the connections split evenly,
+    run at the same time: the load a Service spreading clients over the replicas would give them."""
     share = max(1, connections // len(urls))
     with ThreadPoolExecutor(len(urls)) as pool:
         runs = [
-            pool.submit(
-                run_wrk,
-                url,
-                "reports.lua",
-                [str(base), str(PODS_PER_CLIENT), token, "100", str(client)],
-                seconds=seconds,
-                connections=share,
-            )
-            for client, url in enumerate(urls)
+            pool.submit(run_wrk, url, script, args, seconds=seconds, connections=share)
+            for url, args in zip(urls, arguments, strict=True)
         ]
         return combine([run.result() for run in runs])
 
@@ -194,7 +196,8 @@ def _snapshot_latencies(server: Server, samples: int) -> tuple[list[float], list
     every further webhook replica polling after that change gets: the document built for the first);
     and the body size."""
     headers = {"Authorization": f"Bearer {server.reader}"}
-    built, unchanged = [], []
+    built: list[float] = []
+    unchanged: list[float] = []
     size = 0
     with (
         httpx.Client(base_url=server.url, headers=headers) as client,
@@ -270,7 +273,9 @@ def run(seconds: int = 10, connections: int = 64, workers: int = 1, replicas: in
             _seed_namespaces(server.dsn, NAMESPACES)
             progress(f"budget reads, {seconds}s; admission snapshots")
             paths = ",".join(f"/api/v1/namespaces/bench-{i}/budget" for i in range(100))
-            reads = run_wrk(server.url, "get.lua", [server.reader, paths], seconds=seconds, connections=2)
+            read_arguments = [server.reader, paths]
+            reads = _across(server.urls, "get.lua", [read_arguments] * len(server.urls), seconds, 2)
+            one_replica_reads = run_wrk(server.url, "get.lua", read_arguments, seconds=seconds, connections=2)
             snapshot, unchanged_snapshot, snapshot_bytes = _snapshot_latencies(server, 200)
     ingest, weighted, poisoned = (
         one_after_another([result for name, result in rounds if name == variant])
@@ -283,6 +288,7 @@ def run(seconds: int = 10, connections: int = 64, workers: int = 1, replicas: in
         ("ingest with weights", weighted),
         ("bare ASGI", bare),
         ("budget reads", reads),
+        ("budget reads, one replica", one_replica_reads),
     ):
         if result.errors:
             raise RuntimeError(f"{name}: {result.errors} errors under load")
@@ -368,7 +374,7 @@ def run(seconds: int = 10, connections: int = 64, workers: int = 1, replicas: in
         "Budget reads and the admission snapshot",
         [
             Figure(
-                "budget reads/s (2 connections, closed loop)",
+                f"budget reads/s (2 connections over the {replicas} replicas, closed loop)",
                 reads.rate,
                 "req/s",
                 target="≥ 1,000 req/s",
@@ -383,6 +389,8 @@ def run(seconds: int = 10, connections: int = 64, workers: int = 1, replicas: in
                 baseline=bare_get.p99_ms,
                 baseline_name="bare ASGI p99",
             ),
+            Figure("budget reads/s, one replica (2 connections)", one_replica_reads.rate, "req/s"),
+            Figure("budget read p99, one replica", one_replica_reads.p99_ms, "ms"),
             Figure(f"admission snapshot, {NAMESPACES:,} namespaces, p50", percentile(snapshot, 0.5), "ms"),
             Figure(
                 f"admission snapshot, {NAMESPACES:,} namespaces, p99",
@@ -397,9 +405,10 @@ def run(seconds: int = 10, connections: int = 64, workers: int = 1, replicas: in
             ),
         ],
         [
-            "budget reads: wrk with 2 connections back to back over 100 namespaces (plain wrk cannot hold a"
-            " fixed rate); when the closed loop reaches 1,000 req/s its p99 is that of a load at least as"
-            f" high as the target's; this run reached {reads.rate:,.0f} req/s",
+            "budget reads: 2 wrk connections back to back over 100 namespaces, one to each replica as a"
+            " Service would spread them (plain wrk cannot hold a fixed rate); when the closed loop reaches"
+            " 1,000 req/s its p99 is that of a load at least as high as the target's; this run reached"
+            f" {reads.rate:,.0f} req/s; beside it both connections to one replica (one Python process)",
             f"snapshot: {len(snapshot)} full GETs of /admission-state one at a time (no If-None-Match),"
             f" {snapshot_bytes / 1024:,.0f} KiB each, timed by the client end to end, each right after the"
             " version moved (so the document is built); beside each, a second full GET of the same version"

@@ -27,6 +27,7 @@ from typing import Any
 
 import psycopg
 from psycopg._connection_base import BaseConnection
+from psycopg._pipeline_base import BasePipeline
 from sqlalchemy.engine import URL
 
 from bench.common import asgi_caller
@@ -128,33 +129,34 @@ def _backend_cpu_seconds(dsn: str, database: str) -> float | None:
 @contextmanager
 def counted_round_trips() -> Iterator[list[int]]:
     """Counts what psycopg sends and waits for: statements outside a pipeline (the pool's pre-ping `;`
-    among them), a pipeline's syncs (statements pipelined together travel in one), and transaction
-    commands (BEGIN, COMMIT, ROLLBACK), each one round trip to the server."""
+    among them), a pipeline's Syncs (statements pipelined together travel in one; `sync()`'s and the one
+    a pipeline's exit sends alike), and transaction commands (BEGIN, COMMIT, ROLLBACK), each one round
+    trip to the server."""
     count = [0]
     execute, command = psycopg.AsyncCursor.execute, BaseConnection._exec_command
-    sync = psycopg.AsyncPipeline.sync
+    sync = BasePipeline._enqueue_sync
 
     async def counted_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
         if self.connection._pipeline is None:
             count[0] += 1
         return await execute(self, *args, **kwargs)
 
-    async def counted_sync(self: Any) -> None:
+    def counted_sync(self: Any) -> None:
         count[0] += 1
-        await sync(self)
+        sync(self)
 
     def counted_command(self: Any, *args: Any, **kwargs: Any) -> Any:
         count[0] += 1
         return command(self, *args, **kwargs)
 
     psycopg.AsyncCursor.execute = counted_execute  # type: ignore[method-assign]
-    psycopg.AsyncPipeline.sync = counted_sync  # type: ignore[method-assign]
+    BasePipeline._enqueue_sync = counted_sync  # type: ignore[method-assign]
     BaseConnection._exec_command = counted_command  # type: ignore[method-assign]
     try:
         yield count
     finally:
         psycopg.AsyncCursor.execute = execute  # type: ignore[method-assign]
-        psycopg.AsyncPipeline.sync = sync  # type: ignore[method-assign]
+        BasePipeline._enqueue_sync = sync  # type: ignore[method-assign]
         BaseConnection._exec_command = command  # type: ignore[method-assign]
 
 

@@ -52,14 +52,15 @@ async def driver_rows_pipelined(
     driver = cast(psycopg.AsyncConnection[Any], (await connection.get_raw_connection()).driver_connection)
     compiled = [(_compiled(statement, connection.dialect), params) for statement, params in queries]
     try:
-        async with driver.pipeline() as pipeline:
+        # The block's exit sends the one Sync and reads every result into its cursor; a sync() inside it
+        # would be a round trip of its own before the exit's (docs/performance.md, "One sync per pipeline").
+        async with driver.pipeline():
             cursors = []
             for sql, params in compiled:
                 cursor = driver.cursor(row_factory=namedtuple_row)
                 await cursor.execute(sql, params)
                 cursors.append(cursor)
-            await pipeline.sync()
-            return [await cursor.fetchall() for cursor in cursors]
+        return [await cursor.fetchall() for cursor in cursors]
     except psycopg.Error as error:
         statements = "; ".join(sql for sql, _ in compiled)
         raise sa.exc.DBAPIError.instance(statements, {}, error, psycopg.Error) from error

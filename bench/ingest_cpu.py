@@ -84,7 +84,7 @@ def main() -> None:
                 ["pgrep", "-f", f"timekeeper --port {port}"], capture_output=True, text=True, check=True
             ).stdout.split()
         ]
-        # warm-up (pods created, plans cached) an hour earlier than the load, so no measured report repeats one
+        # warm-up (pods created, plans cached) an hour before the load, so no measured report repeats one
         _reports(server.urls, server.token, 2, args.connections, _base() - 3600)
         with psycopg.connect(server.dsn, autocommit=True) as connection:
             statements = connection.execute("SELECT to_regclass('pg_stat_statements')").fetchone()

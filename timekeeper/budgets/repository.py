@@ -17,7 +17,7 @@ from timekeeper.budgets.burn import burned_query
 from timekeeper.budgets.models import Grant, RunningPodAction
 from timekeeper.budgets.periods import PeriodKind, current_period_starts
 from timekeeper.db.driver import driver_rows, driver_rows_pipelined
-from timekeeper.pools.models import MEMBERSHIP_SQL
+from timekeeper.pools.models import MEMBERSHIP_SQL, membership_sql
 
 BUDGET_FIELDS = (
     "budget_gpu_minutes",
@@ -118,8 +118,13 @@ def _resolved(pooled: bool) -> str:
 
 
 _RESOLVED = _resolved(pooled=True)
-# The namespace `w.namespace`'s pool (pl) through its membership (pm), if any.
+# The namespace `w.namespace`'s pool (pl) through its membership (pm), if any: looked up by key for each
+# wanted namespace, or (_POOL_ALL, for every known namespace) joined with every member at once.
 _POOL = (
+    f"LEFT JOIN LATERAL {membership_sql('w.namespace')} pm ON true "
+    "LEFT JOIN budget_pools pl ON pl.name = pm.pool"
+)
+_POOL_ALL = (
     f"LEFT JOIN {MEMBERSHIP_SQL} pm ON pm.namespace = w.namespace "
     "LEFT JOIN budget_pools pl ON pl.name = pm.pool"
 )
@@ -150,28 +155,35 @@ _UPDATE_DEFAULT = sa.text(
     + ", priority_policy = CAST(:priority_policy AS jsonb), running_pod_action = :running_pod_action"
     + ", updated_at = :now, updated_by = :actor"
 )
-# Known namespaces (or exactly the listed ones, known or not) with their effective budget and the totals
-# of the period they are in now.
-_FIGURES = sa.text(
-    f"""
-    WITH wanted AS (
-        SELECT namespace FROM namespace_status WHERE CAST(:namespaces AS text[]) IS NULL
-        UNION SELECT unnest(CAST(:namespaces AS text[]))
-    ), effective AS (
-        SELECT w.namespace, {_RESOLVED}
-        FROM wanted w
-        CROSS JOIN default_budget d
-        LEFT JOIN namespace_budgets b ON b.namespace = w.namespace
-        {_POOL}
+
+
+# Each wanted namespace with its effective budget and the totals of the period it is in now. Two
+# statements, not one with `:namespaces IS NULL` deciding at run time: PostgreSQL could not plan that one
+# once (a plan for any parameters had to include reading every known namespace, so it planned it anew on
+# each run: ~500 µs of server CPU per ingest batch and per budget read, docs/performance.md).
+def _figures(wanted: str, pool: str) -> sa.TextClause:
+    return sa.text(
+        f"""
+        WITH wanted AS ({wanted}), effective AS (
+            SELECT w.namespace, {_RESOLVED}
+            FROM wanted w
+            CROSS JOIN default_budget d
+            LEFT JOIN namespace_budgets b ON b.namespace = w.namespace
+            {pool}
+        )
+        SELECT e.*, coalesce(t.used_gpu_minutes, 0) AS used, coalesce(t.granted_gpu_minutes, 0) AS granted
+        FROM effective e
+        LEFT JOIN usage_totals t ON t.namespace = e.namespace AND t.period_kind = e.period
+            AND t.period_start = CASE e.period WHEN 'daily' THEN :daily WHEN 'weekly' THEN :weekly
+                                               WHEN 'monthly' THEN :monthly ELSE :none END
+        ORDER BY e.namespace
+        """
     )
-    SELECT e.*, coalesce(t.used_gpu_minutes, 0) AS used, coalesce(t.granted_gpu_minutes, 0) AS granted
-    FROM effective e
-    LEFT JOIN usage_totals t ON t.namespace = e.namespace AND t.period_kind = e.period
-        AND t.period_start = CASE e.period WHEN 'daily' THEN :daily WHEN 'weekly' THEN :weekly
-                                           WHEN 'monthly' THEN :monthly ELSE :none END
-    ORDER BY e.namespace
-    """
-)
+
+
+# Exactly the listed namespaces (:namespaces), known or not; every known namespace.
+FIGURES_OF = _figures("SELECT DISTINCT unnest(CAST(:namespaces AS text[])) AS namespace", _POOL)
+FIGURES_ALL = _figures("SELECT namespace FROM namespace_status", _POOL_ALL)
 _TOTALS = sa.text(
     "SELECT used_gpu_minutes, granted_gpu_minutes FROM usage_totals "
     "WHERE namespace = :namespace AND period_kind = :kind AND period_start = :start"
@@ -226,18 +238,21 @@ _REBUILD = sa.text(
 )
 
 
-# The figures query for the ingest batch too, which runs it on the driver connection in a pipeline.
-FIGURES = _FIGURES
+def figures_parameters(now: datetime, namespaces: list[str] | None = None) -> dict[str, Any]:
+    """A figures statement's parameters: the current period's start of every kind at `now`, and the
+    listed namespaces (FIGURES_OF's)."""
+    starts: dict[str, Any] = {kind.value: start for kind, start in current_period_starts(now).items()}
+    return starts if namespaces is None else {**starts, "namespaces": namespaces}
 
 
-def figures_parameters(now: datetime, namespaces: list[str] | None) -> dict[str, Any]:
-    """FIGURES' parameters: the current period's start of every kind at `now`."""
-    starts = current_period_starts(now)
-    return {**{kind.value: start for kind, start in starts.items()}, "namespaces": namespaces}
+def figures_query(now: datetime, namespaces: list[str] | None) -> tuple[sa.TextClause, dict[str, Any]]:
+    """The figures statement of exactly the listed namespaces (every known one: None), with its
+    parameters."""
+    return FIGURES_ALL if namespaces is None else FIGURES_OF, figures_parameters(now, namespaces)
 
 
 def namespace_figures(row: Any) -> NamespaceFigures:
-    """A row of FIGURES."""
+    """A row of a figures statement (figures_query)."""
     return NamespaceFigures(row.namespace, _config(row), row.used, row.granted)
 
 
@@ -290,14 +305,14 @@ class BudgetRepository:
         buckets; absent: none), in one round trip (the two statements pipelined)."""
         figures, burned = await driver_rows_pipelined(
             self.session,
-            (FIGURES, figures_parameters(now, namespaces)),
+            figures_query(now, namespaces),
             burned_query(burn_since, now, namespaces),
         )
         return [namespace_figures(row) for row in figures], {row.namespace: row.burned for row in burned}
 
     async def figures(self, now: datetime, namespaces: list[str] | None = None) -> list[NamespaceFigures]:
         """Every known namespace's (or exactly the listed ones') budget and current-period totals."""
-        rows = await driver_rows(self.session, FIGURES, figures_parameters(now, namespaces))
+        rows = await driver_rows(self.session, *figures_query(now, namespaces))
         return [namespace_figures(row) for row in rows]
 
     async def totals(self, namespace: str, kind: PeriodKind, start: datetime) -> tuple[Decimal, Decimal]:

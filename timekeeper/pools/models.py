@@ -64,13 +64,26 @@ class NamespaceLabels(Base):
     seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
-# Every namespace in a pool, with its pool and cap: its listing when listed (a listing wins), else the
-# first pool by name whose selector its labels match. One rule, used wherever a budget is resolved; a
-# derived table joined on `namespace` (a hash join over the members, not a lookup per namespace).
-MEMBERSHIP_SQL = (
-    "(SELECT DISTINCT ON (x.namespace) x.namespace, x.pool, x.cap_gpu_minutes FROM ("
-    "SELECT m.namespace, m.pool, m.cap_gpu_minutes, 0 AS rank FROM budget_pool_members m "
-    "UNION ALL SELECT l.namespace, p.name, NULL, 1 FROM namespace_labels l "
-    "JOIN budget_pools p ON p.namespace_selector IS NOT NULL AND l.labels @> p.namespace_selector"
-    ") x ORDER BY x.namespace, x.rank, x.pool)"
-)
+def membership_sql(namespace: str | None = None) -> str:
+    """Every namespace in a pool, with its pool and cap: its listing when listed (a listing wins), else the
+    first pool by name whose selector its labels match. One rule, used wherever a budget is resolved.
+    Without `namespace`, a derived table of every member joined on `namespace` (a hash join over the
+    members, for every namespace at once); with it (an SQL expression, e.g. `w.namespace` of a LATERAL
+    join), that one namespace's membership or no row, found by key (for a few namespaces, instead of
+    reading every member and every namespace's labels)."""
+    member = "" if namespace is None else f" WHERE m.namespace = {namespace}"
+    labelled = "" if namespace is None else f" AND l.namespace = {namespace}"
+    rows = (
+        f"SELECT m.namespace, m.pool, m.cap_gpu_minutes, 0 AS rank FROM budget_pool_members m{member} "
+        "UNION ALL SELECT l.namespace, p.name, NULL, 1 FROM namespace_labels l JOIN budget_pools p "
+        f"ON p.namespace_selector IS NOT NULL AND l.labels @> p.namespace_selector{labelled}"
+    )
+    if namespace is None:
+        return (
+            f"(SELECT DISTINCT ON (x.namespace) x.namespace, x.pool, x.cap_gpu_minutes FROM ({rows}) x "
+            "ORDER BY x.namespace, x.rank, x.pool)"
+        )
+    return f"(SELECT x.namespace, x.pool, x.cap_gpu_minutes FROM ({rows}) x ORDER BY x.rank, x.pool LIMIT 1)"
+
+
+MEMBERSHIP_SQL = membership_sql()

@@ -14,10 +14,13 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy import TextClause
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from timekeeper.billing.repository import CHARGE_INPUTS, WEIGHTS, charge_inputs_parameters, weights_parameters
-from timekeeper.budgets.repository import figures_parameters
+from timekeeper.budgets.burn import burned_query
+from timekeeper.budgets.repository import BudgetRepository, figures_parameters
+from timekeeper.db.driver import PLANNING_SQL
 from timekeeper.usage import repository
 from timekeeper.usage.repository import batch_json
 
@@ -68,7 +71,7 @@ def _scanned(plan: dict[str, Any]) -> Iterator[str]:
         yield from _scanned(child)
 
 
-def _ingest_statements() -> dict[str, tuple[str, dict[str, Any]]]:
+def _planned_statements() -> dict[str, tuple[str, dict[str, Any]]]:
     pods = batch_json([POD])
     return {
         "figures": (repository._FIGURES, figures_parameters(NOW, NAMESPACES)),
@@ -90,15 +93,21 @@ def _ingest_statements() -> dict[str, tuple[str, dict[str, Any]]]:
             {"burn": batch_json([{"namespace": "team-a", "bucket_start": NOW, "gpu_minutes": "1"}])},
         ),
         "lock states": (repository._LOCK_STATES, {"namespaces": NAMESPACES}),
+        # A budget read's (BudgetRepository.statuses), beside the figures above.
+        "burned": _compiled(*burned_query(NOW - timedelta(hours=6), NOW, NAMESPACES)),
     }
 
 
-async def test_ingest_statements_read_no_table_by_sequential_scan(connection: AsyncConnection) -> None:
+def _compiled(statement: TextClause, parameters: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    return str(statement.compile(dialect=repository.psycopg_dialect())), parameters
+
+
+async def test_planned_statements_read_no_table_by_sequential_scan(connection: AsyncConnection) -> None:
     """On the near-empty tables of a fresh install (where a sequential scan is cheapest, and the plan then
-    kept), each statement of the batch's transaction finds its rows by index."""
+    kept), each statement of a batch and of a budget read finds its rows by index."""
     driver = await _driver(connection)
-    await driver.execute(repository.PLANNING, prepare=False)
-    for name, (statement, parameters) in _ingest_statements().items():
+    await driver.execute(PLANNING_SQL, prepare=False)
+    for name, (statement, parameters) in _planned_statements().items():
         cursor = await driver.execute(f"EXPLAIN (FORMAT JSON) {statement}", parameters)
         row = await cursor.fetchone()
         assert row is not None
@@ -120,6 +129,17 @@ async def test_a_batch_plans_its_transaction_for_index_probes(connection: AsyncC
     assert await cursor.fetchone() == ("off", "force_generic_plan")
 
 
+async def test_a_budget_read_plans_its_statements_for_index_probes(connection: AsyncConnection) -> None:
+    """A budget read's figures and burn (one pipeline: one implicit transaction in autocommit) are
+    planned as the batch's."""
+    await connection.exec_driver_sql("SET LOCAL enable_seqscan = on")
+    session = AsyncSession(bind=connection)
+    figures, burned = await BudgetRepository(session).statuses(NOW, NOW - timedelta(hours=6), ["team-a"])
+    assert [f.namespace for f in figures] == ["team-a"] and burned == {}
+    cursor = await (await _driver(connection)).execute("SELECT current_setting('enable_seqscan')")
+    assert await cursor.fetchone() == ("off",)
+
+
 async def test_figures_of_listed_namespaces_keep_one_plan_by_index(connection: AsyncConnection) -> None:
     """The figures of listed namespaces (every ingest batch's) are planned once and that plan is kept,
     with many namespaces known, and the kept plan finds them by index."""
@@ -129,7 +149,7 @@ async def test_figures_of_listed_namespaces_keep_one_plan_by_index(connection: A
         "FROM generate_series(1, 5000) AS i"
     )
     await driver.execute("ANALYZE namespace_status")
-    await driver.execute(repository.PLANNING, prepare=False)
+    await driver.execute(PLANNING_SQL, prepare=False)
     for run in range(12):
         names = [f"known-{run}", f"team-{run}"]
         await driver.execute(repository._FIGURES, figures_parameters(NOW, names), prepare=True)

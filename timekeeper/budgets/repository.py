@@ -16,7 +16,7 @@ from gpuaccounting.admission_state import PriorityPolicy
 from timekeeper.budgets.burn import burned_query
 from timekeeper.budgets.models import Grant, RunningPodAction
 from timekeeper.budgets.periods import PeriodKind, current_period_starts
-from timekeeper.db.driver import driver_rows, driver_rows_pipelined
+from timekeeper.db.driver import PLANNING, driver_rows, driver_rows_pipelined
 from timekeeper.pools.models import MEMBERSHIP_SQL, membership_sql
 
 BUDGET_FIELDS = (
@@ -302,12 +302,12 @@ class BudgetRepository:
         self, now: datetime, burn_since: datetime, namespaces: list[str] | None = None
     ) -> tuple[list[NamespaceFigures], dict[str, Decimal]]:
         """`figures`, and the GPU-minutes each namespace burnt since `burn_since` (the forecast's burn
-        buckets; absent: none), in one round trip (the two statements pipelined)."""
-        figures, burned = await driver_rows_pipelined(
-            self.session,
-            figures_query(now, namespaces),
-            burned_query(burn_since, now, namespaces),
-        )
+        buckets; absent: none), in one round trip (the two statements pipelined; for listed namespaces,
+        planned as index probes, once: PLANNING)."""
+        queries = [figures_query(now, namespaces), burned_query(burn_since, now, namespaces)]
+        if namespaces is not None:
+            queries.insert(0, (PLANNING, {}))
+        *_, figures, burned = await driver_rows_pipelined(self.session, *queries)
         return [namespace_figures(row) for row in figures], {row.namespace: row.burned for row in burned}
 
     async def figures(self, now: datetime, namespaces: list[str] | None = None) -> list[NamespaceFigures]:

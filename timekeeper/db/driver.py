@@ -16,6 +16,22 @@ from psycopg.rows import AsyncRowFactory, namedtuple_row
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncSession
 
+# The statements of an ingest batch and of a budget read find their rows by index (a probe per report, pod,
+# total or namespace), whatever a table's size, with one plan kept per statement; their transaction (a
+# pipeline's implicit one, for a read) says both to the planner. psycopg prepares a statement after five
+# runs and PostgreSQL keeps the generic plan it then makes: made while a table was young, where reading
+# its page or two was cheapest, a sequential scan stayed in the plan as the table grew, until an ANALYZE
+# invalidated it (autovacuum's, a minute or more later; never where autovacuum is off): the coverage
+# update read every pod and the figures every total, each batch. And the figures of listed namespaces were
+# planned again on every run (~500-650 µs of server CPU): their plan for any list estimates 100
+# namespaces, the list's own plan its length, so PostgreSQL judged the kept plan dearer. Checked in
+# tests/timekeeper/test_plans.py; docs/performance.md, "Plans".
+PLANNING_SQL = (
+    "SELECT set_config('enable_seqscan', 'off', true) AS seqscan, "
+    "set_config('plan_cache_mode', 'force_generic_plan', true) AS plans"
+)
+PLANNING = sa.text(PLANNING_SQL)
+
 
 @cache
 def _compiled(statement: sa.TextClause, dialect: Dialect) -> str:

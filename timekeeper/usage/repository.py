@@ -28,6 +28,7 @@ from timekeeper.billing.repository import (
 )
 from timekeeper.billing.weights import WeightTimeline
 from timekeeper.budgets.repository import FIGURES_OF, NamespaceFigures, figures_parameters, namespace_figures
+from timekeeper.db.driver import PLANNING_SQL
 from timekeeper.usage.figures import FigureSums
 from timekeeper.usage.models import RUNNING_POD, PodCoverage
 from timekeeper.usage.planning import Interval, TotalKey
@@ -123,19 +124,6 @@ _ADD_BURN = (
 _LOCK_STATES = (
     "SELECT namespace, state FROM namespace_status WHERE namespace = ANY(%(namespaces)s) "
     'ORDER BY namespace COLLATE "C" FOR UPDATE'
-)
-# Every ingest statement finds its rows by index (a probe per report, pod, total or namespace), whatever a
-# table's size, with one plan kept per statement; the batch's transaction says both to the planner.
-# psycopg prepares a statement after five runs and PostgreSQL keeps the generic plan it then makes: made
-# while a table was young, where reading its page or two was cheapest, a sequential scan stayed in the
-# plan as the table grew, until an ANALYZE invalidated it (autovacuum's, a minute or more later; never
-# where autovacuum is off): the coverage update read every pod and the figures every total, each batch.
-# And the figures of a batch's namespaces were planned again on every run (~500 µs of server CPU): their
-# plan for any list estimates 100 namespaces, the list's own plan its length, so PostgreSQL judged the
-# kept plan dearer. Checked in tests/timekeeper/test_plans.py; docs/performance.md, "Plans".
-PLANNING = (
-    "SELECT set_config('enable_seqscan', 'off', true), "
-    "set_config('plan_cache_mode', 'force_generic_plan', true)"
 )
 # The budgets' figures, as BudgetRepository reads them, in the driver's parameter style.
 _FIGURES = str(FIGURES_OF.compile(dialect=psycopg_dialect()))
@@ -295,7 +283,7 @@ class IngestStatements:
         # The pipeline's exit sends the one Sync and reads every result into its cursor: a sync() inside
         # the block would cost a round trip of its own, the exit's (docs/performance.md, "One sync").
         async with connection.pipeline():
-            await connection.execute(PLANNING, prepare=False)
+            await connection.execute(PLANNING_SQL, prepare=False)
             figures = connection.cursor(row_factory=namedtuple_row)
             await figures.execute(_FIGURES, figures_parameters(now, namespaces))
             locked = await connection.execute(

@@ -26,6 +26,7 @@ from timekeeper.budgets.router import get_budget
 from timekeeper.budgets.router import router as budgets_router
 from timekeeper.clock import Clock
 from timekeeper.db.session import (
+    ReadConnections,
     build_engine,
     build_read_sessionmaker,
     build_sessionmaker,
@@ -164,6 +165,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.engine = engine
     app.state.sessionmaker = build_sessionmaker(engine)
     app.state.read_sessionmaker = build_read_sessionmaker(engine)
+    app.state.reads = ReadConnections()
     app.state.snapshot_cache = SnapshotCache()
     app.state.access = await build_access_control(settings)
     app.state.metrics.outages.attach(engine)
@@ -175,6 +177,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         await app.state.ingest.aclose()
+        await app.state.reads.release()
         await app.state.access.aclose()
         await engine.dispose()
 

@@ -15,11 +15,11 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from sqlalchemy import TextClause
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from timekeeper.billing.repository import CHARGE_INPUTS, WEIGHTS, charge_inputs_parameters, weights_parameters
 from timekeeper.budgets.burn import burned_query
-from timekeeper.budgets.repository import BudgetRepository, figures_parameters
+from timekeeper.budgets.repository import figures_parameters, statuses_on
 from timekeeper.db.driver import PLANNING_SQL
 from timekeeper.usage import repository
 from timekeeper.usage.repository import batch_json
@@ -93,7 +93,7 @@ def _planned_statements() -> dict[str, tuple[str, dict[str, Any]]]:
             {"burn": batch_json([{"namespace": "team-a", "bucket_start": NOW, "gpu_minutes": "1"}])},
         ),
         "lock states": (repository._LOCK_STATES, {"namespaces": NAMESPACES}),
-        # A budget read's (BudgetRepository.statuses), beside the figures above.
+        # A budget read's (budgets.repository.statuses_on), beside the figures above.
         "burned": _compiled(*burned_query(NOW - timedelta(hours=6), NOW, NAMESPACES)),
     }
 
@@ -133,8 +133,8 @@ async def test_a_budget_read_plans_its_statements_for_index_probes(connection: A
     """A budget read's figures and burn (one pipeline: one implicit transaction in autocommit) are
     planned as the batch's."""
     await connection.exec_driver_sql("SET LOCAL enable_seqscan = on")
-    session = AsyncSession(bind=connection)
-    figures, burned = await BudgetRepository(session).statuses(NOW, NOW - timedelta(hours=6), ["team-a"])
+    driver = await _driver(connection)
+    figures, burned = await statuses_on(driver, NOW, NOW - timedelta(hours=6), ["team-a"])
     assert [f.namespace for f in figures] == ["team-a"] and burned == {}
     cursor = await (await _driver(connection)).execute("SELECT current_setting('enable_seqscan')")
     assert await cursor.fetchone() == ("off",)

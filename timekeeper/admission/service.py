@@ -30,6 +30,14 @@ def figures_state(figures: NamespaceFigures) -> BudgetState:
     )
 
 
+def unpooled_states(figures: Sequence[NamespaceFigures]) -> dict[str, BudgetState] | None:
+    """`AdmissionService.states` when no namespace of `figures` is in a pool: each budget's own rule,
+    which reads nothing (None: some are, and their pools' figures are to be read)."""
+    if any(f.config.pool is not None for f in figures):
+        return None
+    return {f.namespace: figures_state(f) for f in figures}
+
+
 @dataclass
 class SnapshotCache:
     """The last snapshot document this replica built, under its version. Every change to what the
@@ -68,10 +76,11 @@ class AdmissionService:
         them all). Pool members' totals are read here, in their pool's period current at `now`; with
         `lock`, after locking every state to be written (in name order, the order every writer takes
         them), so of two members charging at once the second sees the first's charge."""
+        unpooled = unpooled_states(figures)
+        if unpooled is not None:
+            return unpooled
         states = {f.namespace: figures_state(f) for f in figures if f.config.pool is None}
         pools = sorted({f.config.pool for f in figures if f.config.pool is not None})
-        if not pools:
-            return states
         members = await self.pools.members(pools, now)
         if lock:
             pooled = {member.namespace for listed in members.values() for member in listed}

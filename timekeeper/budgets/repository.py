@@ -9,6 +9,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -256,6 +257,24 @@ def namespace_figures(row: Any) -> NamespaceFigures:
     return NamespaceFigures(row.namespace, _config(row), row.used, row.granted)
 
 
+async def statuses_on(
+    driver: psycopg.AsyncConnection[Any],
+    now: datetime,
+    burn_since: datetime,
+    namespaces: list[str] | None = None,
+) -> tuple[list[NamespaceFigures], dict[str, Decimal]]:
+    """The figures (`BudgetRepository.figures`) and the GPU-minutes each namespace burnt since
+    `burn_since` (the forecast's burn buckets; absent: none), in one round trip (the two statements
+    pipelined; for listed namespaces, planned as index probes, once: PLANNING), on a psycopg connection:
+    a session's own (`session_driver`) or a held read connection's, with no session around it
+    (db.session.ReadConnections)."""
+    queries = [figures_query(now, namespaces), burned_query(burn_since, now, namespaces)]
+    if namespaces is not None:
+        queries.insert(0, (PLANNING, {}))
+    *_, figures, burned = await driver_rows_pipelined(driver, *queries)
+    return [namespace_figures(row) for row in figures], {row.namespace: row.burned for row in burned}
+
+
 def _stored(values: dict[str, Any]) -> dict[str, Any]:
     policy = values["priority_policy"]
     return {**values, "priority_policy": None if policy is None else json.dumps(policy)}
@@ -297,18 +316,6 @@ class BudgetRepository:
             )
         )
         return list(result.scalars())
-
-    async def statuses(
-        self, now: datetime, burn_since: datetime, namespaces: list[str] | None = None
-    ) -> tuple[list[NamespaceFigures], dict[str, Decimal]]:
-        """`figures`, and the GPU-minutes each namespace burnt since `burn_since` (the forecast's burn
-        buckets; absent: none), in one round trip (the two statements pipelined; for listed namespaces,
-        planned as index probes, once: PLANNING)."""
-        queries = [figures_query(now, namespaces), burned_query(burn_since, now, namespaces)]
-        if namespaces is not None:
-            queries.insert(0, (PLANNING, {}))
-        *_, figures, burned = await driver_rows_pipelined(self.session, *queries)
-        return [namespace_figures(row) for row in figures], {row.namespace: row.burned for row in burned}
 
     async def figures(self, now: datetime, namespaces: list[str] | None = None) -> list[NamespaceFigures]:
         """Every known namespace's (or exactly the listed ones') budget and current-period totals."""

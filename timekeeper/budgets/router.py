@@ -17,7 +17,7 @@ from timekeeper.budgets.schemas import (
     GrantOut,
     NamespaceBudgetOut,
 )
-from timekeeper.budgets.service import BudgetService
+from timekeeper.budgets.service import BudgetReads, BudgetService
 from timekeeper.db.session import SessionDep
 from timekeeper.gitops.guard import refuse_if_managed
 from timekeeper.routing import (
@@ -45,9 +45,9 @@ async def list_namespaces(request: Request) -> Response:
     """Every known namespace; for a credential scoped to namespaces, exactly those."""
     scope = await read_scope(request)
     state = request.app.state
-    async with state.read_sessionmaker() as session:
-        service = BudgetService(session, state.settings, state.clock)
-        statuses = await service.all() if scope is None else await service.some(sorted(scope))
+    async with state.reads.reading(state.read_sessionmaker) as reading:
+        reads = BudgetReads(reading, state.settings, state.clock)
+        statuses = await reads.all() if scope is None else await reads.some(sorted(scope))
     return Response(_STATUSES.dump_json(statuses), media_type="application/json")
 
 
@@ -56,13 +56,15 @@ async def get_budget(request: Request) -> Response:
     await permitted(request, Action.READ, request.path_params["namespace"])
     namespace = path_param(request, "namespace", NAMESPACE)
     state = request.app.state
-    async with state.read_sessionmaker() as session:
-        status = await BudgetService(session, state.settings, state.clock).status(namespace)
+    async with state.reads.reading(state.read_sessionmaker) as reading:
+        status = await BudgetReads(reading, state.settings, state.clock).status(namespace)
     return Response(status.model_dump_json(), media_type="application/json")
 
 
 # The API's hottest GETs take the Request alone (RequestRoute): they authorize, validate the path, read
-# in autocommit (one statement, no BEGIN/COMMIT) and encode the answer once (docs/performance.md).
+# in autocommit (one round trip, no BEGIN/COMMIT) on a held read connection (no pool checkout, no ORM
+# session unless a pool is involved: db.session.ReadConnections) and encode the answer once
+# (docs/performance.md).
 _STATUSES = TypeAdapter(list[NamespaceBudgetOut])
 router.add_api_route(
     "/namespaces",

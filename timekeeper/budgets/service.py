@@ -11,13 +11,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.admission_state import default_priority_policy, is_over_budget
 from gpuaccounting.wire import BudgetState
-from timekeeper.admission.service import AdmissionService
+from timekeeper.admission.service import AdmissionService, unpooled_states
 from timekeeper.audit.repository import AuditRepository
 from timekeeper.auth.base import Principal
 from timekeeper.budgets.forecast import forecast
 from timekeeper.budgets.models import SHIPPED_RUNNING_POD_ACTION, Grant
 from timekeeper.budgets.periods import EPOCH, PeriodKind, period_containing
-from timekeeper.budgets.repository import BudgetConfig, BudgetRepository, NamespaceFigures
+from timekeeper.budgets.repository import BudgetConfig, BudgetRepository, NamespaceFigures, statuses_on
 from timekeeper.budgets.schemas import (
     BudgetConfigOut,
     BudgetIn,
@@ -31,6 +31,7 @@ from timekeeper.budgets.schemas import (
     PriorityPolicyBody,
 )
 from timekeeper.clock import Clock
+from timekeeper.db.session import Reading, SessionReading
 from timekeeper.errors import TimekeeperError
 from timekeeper.settings import Settings
 
@@ -68,66 +69,79 @@ def stored_values(body: BudgetIn, current: BudgetConfig | None) -> dict[str, Any
     return values
 
 
-class BudgetService:
-    def __init__(self, session: AsyncSession, settings: Settings, clock: Clock) -> None:
-        self.repository = BudgetRepository(session)
-        self.audit = AuditRepository(session)
-        self.admission = AdmissionService(session, settings)
+def status_out(
+    figures: NamespaceFigures,
+    now: datetime,
+    burned: Decimal,
+    state: BudgetState,
+    settings: Settings,
+) -> NamespaceBudgetOut:
+    """`burned`: the GPU-minutes the namespace was charged over the forecast window up to now;
+    `state`: the one its figures put it in (its pool's rule for a pool member)."""
+    config = figures.config
+    budget = config.budget_gpu_minutes
+    remaining = None if budget is None else budget + figures.granted_gpu_minutes - figures.used_gpu_minutes
+    over = is_over_budget(state)
+    period = period_out(config.period, now)
+    outlook = forecast(now, forecast_window(settings), burned, remaining, period.end)
+    return NamespaceBudgetOut(
+        namespace=figures.namespace,
+        source="namespace" if config.explicit else "default",
+        period=period,
+        budget_gpu_minutes=budget,
+        granted_gpu_minutes=figures.granted_gpu_minutes,
+        used_gpu_minutes=figures.used_gpu_minutes,
+        remaining_gpu_minutes=remaining,
+        state=state,
+        priority_class=settings.over_budget_priority_class if over else settings.in_budget_priority_class,
+        warn_at_fraction=config.warn_at_fraction,
+        max_gpu_share_per_pod=config.max_gpu_share_per_pod,
+        concurrent_gpu_limit=config.concurrent_gpu_limit,
+        priority_policy=PriorityPolicyBody.model_validate(config.priority_policy),
+        priority_policy_source="namespace" if config.own_priority_policy else "default",
+        running_pod_action=config.running_pod_action,
+        running_pod_action_source="namespace" if config.own_running_pod_action else "default",
+        pool=config.pool,
+        forecast=ForecastOut(
+            window_minutes=outlook.window_minutes,
+            burn_rate_gpu_minutes_per_hour=outlook.burn_rate_gpu_minutes_per_hour,
+            exhausts_at=outlook.exhausts_at,
+        ),
+    )
+
+
+def forecast_window(settings: Settings) -> timedelta:
+    return timedelta(minutes=settings.forecast_window_minutes)
+
+
+class BudgetReads:
+    """Budget statuses, on whatever the read runs on (db.session.Reading): the request's session, or a
+    held read connection without a session (GET /namespaces/{ns}/budget, GET /namespaces), where an ORM
+    session is made only for a namespace in a pool (its members' totals are read through the ORM)."""
+
+    def __init__(self, reading: Reading, settings: Settings, clock: Clock) -> None:
+        self.reading = reading
         self.settings = settings
         self.clock = clock
-
-    def _out(
-        self, figures: NamespaceFigures, now: datetime, burned: Decimal, state: BudgetState
-    ) -> NamespaceBudgetOut:
-        """`burned`: the GPU-minutes the namespace was charged over the forecast window up to now;
-        `state`: the one its figures put it in (its pool's rule for a pool member)."""
-        config = figures.config
-        budget = config.budget_gpu_minutes
-        remaining = (
-            None if budget is None else budget + figures.granted_gpu_minutes - figures.used_gpu_minutes
-        )
-        over = is_over_budget(state)
-        period = period_out(config.period, now)
-        outlook = forecast(now, self._window, burned, remaining, period.end)
-        return NamespaceBudgetOut(
-            namespace=figures.namespace,
-            source="namespace" if config.explicit else "default",
-            period=period,
-            budget_gpu_minutes=budget,
-            granted_gpu_minutes=figures.granted_gpu_minutes,
-            used_gpu_minutes=figures.used_gpu_minutes,
-            remaining_gpu_minutes=remaining,
-            state=state,
-            priority_class=self.settings.over_budget_priority_class
-            if over
-            else self.settings.in_budget_priority_class,
-            warn_at_fraction=config.warn_at_fraction,
-            max_gpu_share_per_pod=config.max_gpu_share_per_pod,
-            concurrent_gpu_limit=config.concurrent_gpu_limit,
-            priority_policy=PriorityPolicyBody.model_validate(config.priority_policy),
-            priority_policy_source="namespace" if config.own_priority_policy else "default",
-            running_pod_action=config.running_pod_action,
-            running_pod_action_source="namespace" if config.own_running_pod_action else "default",
-            pool=config.pool,
-            forecast=ForecastOut(
-                window_minutes=outlook.window_minutes,
-                burn_rate_gpu_minutes_per_hour=outlook.burn_rate_gpu_minutes_per_hour,
-                exhausts_at=outlook.exhausts_at,
-            ),
-        )
-
-    @property
-    def _window(self) -> timedelta:
-        return timedelta(minutes=self.settings.forecast_window_minutes)
 
     async def _statuses(self, namespaces: list[str] | None) -> list[NamespaceBudgetOut]:
         """The figures and each namespace's charge over the forecast window (its burn buckets), read in
         one round trip."""
         now = self.clock.now()
-        found, burned = await self.repository.statuses(now, now - self._window, namespaces)
-        states = await self.admission.states(found, now)
+        found, burned = await statuses_on(
+            await self.reading.driver(), now, now - forecast_window(self.settings), namespaces
+        )
+        states = unpooled_states(found)
+        if states is None:
+            states = await AdmissionService(await self.reading.session(), self.settings).states(found, now)
         return [
-            self._out(figures, now, burned.get(figures.namespace, Decimal(0)), states[figures.namespace])
+            status_out(
+                figures,
+                now,
+                burned.get(figures.namespace, Decimal(0)),
+                states[figures.namespace],
+                self.settings,
+            )
             for figures in found
         ]
 
@@ -142,6 +156,25 @@ class BudgetService:
     async def some(self, namespaces: list[str]) -> list[NamespaceBudgetOut]:
         """Exactly these namespaces (known or not, as `status`)."""
         return await self._statuses(namespaces)
+
+
+class BudgetService:
+    def __init__(self, session: AsyncSession, settings: Settings, clock: Clock) -> None:
+        self.repository = BudgetRepository(session)
+        self.audit = AuditRepository(session)
+        self.admission = AdmissionService(session, settings)
+        self.reads = BudgetReads(SessionReading(session), settings, clock)
+        self.settings = settings
+        self.clock = clock
+
+    async def status(self, namespace: str) -> NamespaceBudgetOut:
+        return await self.reads.status(namespace)
+
+    async def all(self) -> list[NamespaceBudgetOut]:
+        return await self.reads.all()
+
+    async def some(self, namespaces: list[str]) -> list[NamespaceBudgetOut]:
+        return await self.reads.some(namespaces)
 
     async def _settle(
         self, namespaces: list[str] | None, kind_before: PeriodKind, kind_after: PeriodKind

@@ -13,6 +13,7 @@ from typing import Any, cast
 import psycopg
 import sqlalchemy as sa
 from psycopg.rows import AsyncRowFactory, namedtuple_row
+from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -58,15 +59,25 @@ async def driver_rows(
         raise sa.exc.DBAPIError.instance(sql, dict(params), error, psycopg.Error) from error
 
 
-async def driver_rows_pipelined(
-    session: AsyncSession, *queries: tuple[sa.TextClause, Mapping[str, Any]]
-) -> list[list[Any]]:
-    """Each statement's rows as psycopg's named tuples, as driver_rows, all sent in one pipeline: one
-    round trip however many statements. Each stays its own statement, so PostgreSQL keeps a generic plan
-    for each where it would re-plan a statement made of both (docs/performance.md, "Reads")."""
+async def session_driver(session: AsyncSession) -> psycopg.AsyncConnection[Any]:
+    """The session's own psycopg connection (in the session's transaction, or autocommit)."""
     connection = await session.connection()
-    driver = cast(psycopg.AsyncConnection[Any], (await connection.get_raw_connection()).driver_connection)
-    compiled = [(_compiled(statement, connection.dialect), params) for statement, params in queries]
+    return cast(psycopg.AsyncConnection[Any], (await connection.get_raw_connection()).driver_connection)
+
+
+# Compiling a text statement only turns its `:name` parameters into the driver's style, the same for
+# every engine on psycopg; so statements run on a bare psycopg connection compile without an engine.
+_PSYCOPG = psycopg_dialect()
+
+
+async def driver_rows_pipelined(
+    driver: psycopg.AsyncConnection[Any], *queries: tuple[sa.TextClause, Mapping[str, Any]]
+) -> list[list[Any]]:
+    """Each statement's rows as psycopg's named tuples, as driver_rows, all sent in one pipeline on
+    `driver` (a session's own connection, `session_driver`, or a held read connection's): one round trip
+    however many statements. Each stays its own statement, so PostgreSQL keeps a generic plan for each
+    where it would re-plan a statement made of both (docs/performance.md, "Reads")."""
+    compiled = [(_compiled(statement, _PSYCOPG), params) for statement, params in queries]
     try:
         # The block's exit sends the one Sync and reads every result into its cursor; a sync() inside it
         # would be a round trip of its own before the exit's (docs/performance.md, "One sync per pipeline").

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
+from timekeeper.db.driver import session_driver
 from timekeeper.db.embedded import embedded_database_url
 from timekeeper.settings import Settings
 
@@ -122,6 +123,32 @@ class HeldConnection:
             await self.release(invalidate=True)
             raise
 
+    @asynccontextmanager
+    async def reading(self, sessions: async_sessionmaker[AsyncSession]) -> AsyncIterator[Reading]:
+        """A read on the held connection when `sessions` is bound to an engine (which must be in
+        autocommit: statements run on the driver, outside any transaction the session would end); else
+        on a session of `sessions` as it is. Dropped after any error, as after a failed transaction: a
+        read cancelled or failed mid-statement leaves the connection in a state not worth finding out."""
+        engine = sessions.kw.get("bind")
+        if not isinstance(engine, AsyncEngine):
+            async with sessions() as session:
+                yield SessionReading(session)
+            return
+        connection = await self._connection_to(engine)
+        assert self._driver is not None
+        if not self._driver.autocommit:
+            await self.release()
+            raise ValueError("reads on a held connection need an autocommit sessionmaker")
+        reading = HeldReading(self._driver, lambda: sessions(bind=connection))
+        try:
+            yield reading
+            await reading.aclose()
+        except BaseException:
+            with suppress(Exception):
+                await reading.aclose()
+            await self.release(invalidate=True)
+            raise
+
     async def _connection_to(self, engine: AsyncEngine) -> AsyncConnection:
         if self._engine is not engine:
             await self.release()
@@ -145,6 +172,85 @@ class HeldConnection:
                 await connection.invalidate()
         with suppress(Exception):  # a pool already disposed of, a server already gone: nothing to give back
             await connection.close()
+
+
+class Reading:
+    """What a read runs on: a psycopg connection for the statements it runs on the driver
+    (timekeeper.db.driver) and, for a read that needs the ORM as well, a session on that connection."""
+
+    async def driver(self) -> psycopg.AsyncConnection[Any]:
+        raise NotImplementedError
+
+    async def session(self) -> AsyncSession:
+        raise NotImplementedError
+
+
+class SessionReading(Reading):
+    """A read on a session: its own connection (the tests' per-test transaction; a request's session)."""
+
+    def __init__(self, session: AsyncSession) -> None:
+        self._session = session
+
+    async def driver(self) -> psycopg.AsyncConnection[Any]:
+        return await session_driver(self._session)
+
+    async def session(self) -> AsyncSession:
+        return self._session
+
+
+class HeldReading(Reading):
+    """A read on a held connection in autocommit: its psycopg connection as it is, and a session bound to
+    it made only when asked (a budget read of a namespace outside any pool needs none; making and closing
+    one costs ~160 Python calls, ~50 µs)."""
+
+    def __init__(self, driver: psycopg.AsyncConnection[Any], sessions: Callable[[], AsyncSession]) -> None:
+        self._driver = driver
+        self._sessions = sessions
+        self._session: AsyncSession | None = None
+
+    async def driver(self) -> psycopg.AsyncConnection[Any]:
+        return self._driver
+
+    async def session(self) -> AsyncSession:
+        if self._session is None:
+            self._session = self._sessions()
+        return self._session
+
+    async def aclose(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+
+class ReadConnections:
+    """Held connections for the budget reads (docs/performance.md, "Reads, fourth pass"): a read takes
+    an idle one (no pool checkout, autocommit set and reset, return: ~200 µs of CPU a read) and gives it
+    back after, so reads at once never share one; a read that finds none idle gets a new one. Up to `keep`
+    stay held between reads (more would sit out of the engine's pool unused), the rest go back to the
+    pool. Each is checked before use and dropped after an error as `HeldConnection` does."""
+
+    def __init__(self, keep: int = 2) -> None:
+        self._keep = keep
+        self._idle: list[HeldConnection] = []
+
+    @asynccontextmanager
+    async def reading(self, sessions: async_sessionmaker[AsyncSession]) -> AsyncIterator[Reading]:
+        """`HeldConnection.reading` on a connection no other read holds meanwhile."""
+        held = self._idle.pop() if self._idle else HeldConnection()
+        try:
+            async with held.reading(sessions) as reading:
+                yield reading
+        finally:
+            if len(self._idle) < self._keep:
+                self._idle.append(held)
+            else:
+                await held.release()
+
+    async def release(self) -> None:
+        """Gives every idle held connection back to its pool (at shutdown, before the engine goes)."""
+        idle, self._idle = self._idle, []
+        for held in idle:
+            await held.release()
 
 
 async def _session(request: Request) -> AsyncIterator[AsyncSession]:

@@ -1,0 +1,153 @@
+"""The budget reads' held connections (timekeeper.db.session.ReadConnections), with the app's own engine
+on a database of this module's own (reads there are not inside a test's transaction): reads at once never
+share a connection, a connection whose backend was terminated between reads is replaced before a read
+meets it, and a pool member's read (the one read that needs an ORM session) answers its pool's state
+and leaves the held connection idle, in autocommit."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from fastapi import FastAPI
+from sqlalchemy.engine import URL
+
+from tests.support.postgres import url_string
+from tests.support.timekeeper import Api, Tokens, bearer, migrated_database, ok, report_body
+from timekeeper.app import create_app
+from timekeeper.clock import ManualClock
+from timekeeper.db.session import ReadConnections
+from timekeeper.settings import Settings
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+NOW = datetime(2026, 3, 18, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+def own_database() -> Iterator[URL]:
+    with migrated_database("gtk_read_connections") as url:
+        yield url
+
+
+@pytest.fixture
+async def app(own_database: URL, tokens: Tokens) -> AsyncIterator[FastAPI]:
+    settings = Settings(database_url=url_string(own_database), scheduler_enabled=False, **tokens.settings())
+    app = create_app(settings, ManualClock(NOW))
+    async with app.router.lifespan_context(app):
+        yield app
+
+
+@pytest.fixture
+async def api(app: FastAPI, tokens: Tokens) -> AsyncIterator[Api]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://timekeeper/api/v1") as client:
+        yield Api(client, tokens)
+
+
+def checked_out(app: FastAPI) -> int:
+    return int(app.state.engine.sync_engine.pool.checkedout())
+
+
+async def test_reads_at_once_never_share_a_connection(app: FastAPI) -> None:
+    """Five reads inside at once, after one that left a connection held: five connections (five
+    backends). Two stay held afterwards, the rest go back to the engine's pool, and the next read takes
+    one of the two held."""
+    reads = ReadConnections(keep=2)
+    async with reads.reading(app.state.read_sessionmaker) as reading:
+        first = await reading.driver()
+    inside: list[tuple[psycopg.AsyncConnection[Any], int]] = []
+    all_inside = asyncio.Event()
+
+    async def read() -> None:
+        async with reads.reading(app.state.read_sessionmaker) as reading:
+            driver = await reading.driver()
+            row = await (await driver.execute("SELECT pg_backend_pid()")).fetchone()
+            assert row is not None
+            inside.append((driver, row[0]))
+            if len(inside) == 5:
+                all_inside.set()
+            await all_inside.wait()
+
+    await asyncio.wait_for(asyncio.gather(*(read() for _ in range(5))), 30)
+
+    assert len({id(driver) for driver, _ in inside}) == 5
+    assert first in [driver for driver, _ in inside]
+    assert len({pid for _, pid in inside}) == 5
+    assert checked_out(app) == 2  # the two held; the ingest batcher has charged nothing yet
+    async with reads.reading(app.state.read_sessionmaker) as reading:
+        assert await reading.driver() in [driver for driver, _ in inside]
+    await reads.release()
+    assert checked_out(app) == 0
+
+
+async def terminate_backends(database: URL) -> int:
+    """Terminates every backend connected to `database` (as an administrator or a failover would)."""
+    dsn = url_string(database.set(database="postgres")).replace("+psycopg", "")
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
+        cursor = await admin.execute(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000)) FROM pg_stat_activity "
+            "WHERE datname = %s AND pid <> pg_backend_pid()",
+            (database.database,),
+        )
+        row = await cursor.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_held_read_connections_terminated_between_reads_cost_no_read(
+    app: FastAPI, api: Api, own_database: URL
+) -> None:
+    """Each held read connection is checked before a read (timekeeper.db.session.closed_by_server); one
+    whose backend was terminated since its last read is replaced, so no read meets it (a 503 otherwise)."""
+    await asyncio.gather(*(api.budget("team-a") for _ in range(3)))  # two held, one back in the pool
+
+    assert await terminate_backends(own_database) >= 2
+
+    answers = await asyncio.gather(
+        *(api.client.get("/namespaces/team-a/budget", headers=bearer(api.tokens.reader)) for _ in range(3))
+    )
+    assert [answer.status_code for answer in answers] == [200, 200, 200]
+    for _ in range(3):
+        await api.budget("team-a")
+    ok(await api.client.get("/namespaces", headers=bearer(api.tokens.reader)))
+    assert app.state.metrics.registry.get_sample_value("timekeeper_database_up") == 1
+
+
+async def test_a_pool_members_read_on_a_held_connection_answers_its_pools_state(
+    app: FastAPI, api: Api
+) -> None:
+    """team-b spent nothing, but the pool it shares with team-a is spent: its read (a held connection, and
+    an ORM session on it made for the pool's figures) answers exhausted, as the snapshot does; the
+    session leaves the held connection idle in autocommit, not inside a transaction."""
+    pool = "vision-" + secrets.token_hex(3)
+    team_a, team_b = f"{pool}-a", f"{pool}-b"
+    body = {
+        "budget_gpu_minutes": 100,
+        "period": "monthly",
+        "members": [{"namespace": ns, "cap_gpu_minutes": None} for ns in (team_a, team_b)],
+    }
+    ok(await api.client.put(f"/pools/{pool}", json=body, headers=bearer(api.tokens.admin)))
+    start = NOW - timedelta(minutes=25)
+    spent = report_body(
+        namespace=team_a, pod="p", pod_uid="uid-" + pool, start=start, minutes=25, gpu_share=4
+    )
+    ok(await api.client.post("/reports", json=spent, headers=bearer(api.tokens.reporter)))
+
+    budget = await api.budget(team_b)
+    listed = {entry["namespace"]: entry for entry in ok(await api.get("/namespaces"))}
+    snapshot = ok(await api.get("/admission-state"))["namespaces"]
+
+    assert (budget["pool"], budget["state"], budget["used_gpu_minutes"]) == (pool, "exhausted", 0)
+    assert listed[team_b] == budget
+    assert listed[team_a]["state"] == snapshot[team_a]["state"] == snapshot[team_b]["state"] == "exhausted"
+    async with app.state.reads.reading(app.state.read_sessionmaker) as reading:
+        driver = await reading.driver()
+        assert driver.autocommit
+        assert driver.info.transaction_status == psycopg.pq.TransactionStatus.IDLE

@@ -45,6 +45,19 @@ def test_a_moment_with_another_offset_belongs_to_its_utc_day() -> None:
     assert period_containing(PeriodKind.DAILY, tokyo_morning).start == utc(2026, 3, 18)
 
 
+def test_periods_are_remembered_by_their_utc_day_not_the_moments_own() -> None:
+    """period_containing keeps the periods of a UTC day (budgets.periods._period_containing_day): the
+    same local date on either side of UTC midnight is two days, and a plain string is no period kind."""
+    plus_one, minus_one = timezone(timedelta(hours=1)), timezone(timedelta(hours=-1))
+    late = period_containing(PeriodKind.DAILY, datetime(2026, 3, 19, 0, 30, tzinfo=plus_one))
+    early = period_containing(PeriodKind.DAILY, datetime(2026, 3, 18, 23, 30, tzinfo=minus_one))
+    unknown = period_containing("daily", utc(2026, 3, 18, 12))  # type: ignore[arg-type]
+
+    assert (late.start, early.start) == (utc(2026, 3, 18), utc(2026, 3, 19))
+    assert (unknown.start, unknown.end) == (EPOCH, None)
+    assert period_containing(PeriodKind.DAILY, utc(2026, 3, 18, 12)).end == utc(2026, 3, 19)
+
+
 def test_an_interval_over_two_boundaries_touches_three_periods() -> None:
     periods = periods_overlapping(PeriodKind.DAILY, utc(2026, 3, 1, 23), utc(2026, 3, 3, 1))
 

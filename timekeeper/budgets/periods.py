@@ -4,9 +4,10 @@ is one open-ended period."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from enum import StrEnum
+from functools import lru_cache
 
 from gpuaccounting.wire import BudgetState
 
@@ -28,8 +29,14 @@ class Period:
 
 
 def period_containing(kind: PeriodKind, moment: datetime) -> Period:
-    moment = moment.astimezone(UTC)
-    midnight = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+    return _period_containing_day(kind, moment.astimezone(UTC).date())
+
+
+# A period depends on the UTC day alone, and every budget read asks for five (the current one of each
+# kind and the namespace's): cached, they are a dictionary lookup instead of ~5 datetime calls each.
+@lru_cache(maxsize=64, typed=True)  # typed: a plain "daily" is no PeriodKind.DAILY here
+def _period_containing_day(kind: PeriodKind, day: date) -> Period:
+    midnight = datetime(day.year, day.month, day.day, tzinfo=UTC)
     if kind is PeriodKind.DAILY:
         return Period(kind, midnight, midnight + timedelta(days=1))
     if kind is PeriodKind.WEEKLY:

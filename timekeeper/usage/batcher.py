@@ -5,6 +5,14 @@ One commit (and a handful of set-based statements) per batch instead of several 
 per report is what lets one timekeeper acknowledge thousands of reports a second. A batch holds at most
 one report per pod (a pod's second report waits for the next batch, so it sees the first one's coverage).
 
+Two batches may be in flight, but only one is gathered and charged at a time: a runner takes the turn,
+takes the queued reports, charges them and gives the turn up when its statements are written, so the next
+batch is gathered and charged while this one commits, and a report that arrives meanwhile waits for that
+next batch, not for a commit. Without the turn the two runners took the queue in turns as they came
+free, each with a third of a replica's waiting reports (batches of 11 where 16 waited, under `make
+bench`'s load), and a batch costs much the same whatever its size (docs/performance.md, "Ingest: one
+batch charged at a time").
+
 A failed batch is logged and counted. When the database refused it (a single report's data, say; the
 validation in front is meant to stop such reports before they get here), each report is charged again on
 its own, so a bad report fails only itself and costs the others one retry. When the database does not
@@ -46,9 +54,10 @@ class IngestBatcher:
         in_flight: int = 2,
     ) -> None:
         """`sessions` is looked up for every batch (tests swap the app's sessionmaker after startup).
-        `in_flight` batches run at once: while one commits the next gathers and charges, instead of the
-        reports that arrive during a commit waiting for it. Each runner keeps its connection from batch
-        to batch (`HeldConnection`)."""
+        `in_flight` batches run at once, one of them gathering and charging (the turn), the others
+        committing: while one commits the next gathers and charges, instead of the reports that arrive
+        during a commit waiting for it. Each runner keeps its connection from batch to batch
+        (`HeldConnection`)."""
         self._sessions = sessions
         self._settings = settings
         self._clock = clock
@@ -60,6 +69,7 @@ class IngestBatcher:
         self._tasks: list[asyncio.Task[None]] = []
         self._charging: dict[int, list[Pending]] = {}
         self._held = [HeldConnection() for _ in range(in_flight)]
+        self._turn = asyncio.Lock()
 
     def start(self) -> None:
         self._tasks = [
@@ -110,12 +120,21 @@ class IngestBatcher:
                 self._arrived.clear()
                 await self._arrived.wait()
                 continue
-            batch = self._charging[runner] = self._take()
-            if batch:
-                await self._charge(batch, self._held[runner])
-            del self._charging[runner]
+            await self._turn.acquire()
+            turn = _Turn(self._turn)
+            try:
+                batch = self._charging[runner] = self._take()
+                if batch:
+                    await self._charge(batch, self._held[runner], turn.give_up)
+                del self._charging[runner]
+            finally:
+                turn.give_up()
 
-    async def _charge(self, batch: list[Pending], held: HeldConnection) -> None:
+    async def _charge(
+        self, batch: list[Pending], held: HeldConnection, charged: Callable[[], None] = lambda: None
+    ) -> None:
+        """Charges the batch and answers its reports; `charged` is called once its statements are written
+        (before the commit) or it failed."""
         outcomes: list[IngestOutcome | Exception]
         self._metrics.batch_size.observe(len(batch))
         try:
@@ -125,7 +144,9 @@ class IngestBatcher:
                         [report for report, _ in batch], self._clock.now()
                     )
                 ]
+                charged()  # the commit is all that is left: the next batch may be gathered and charged
         except Exception as error:
+            charged()
             outage = is_outage(error)
             self._metrics.batch_failures.labels(reason="outage" if outage else "refused").inc()
             if outage:  # logged once per outage, by timekeeper.db.outage.OutageWatch
@@ -149,3 +170,17 @@ class IngestBatcher:
                 future.set_exception(outcome)
             else:
                 future.set_result(outcome)
+
+
+class _Turn:
+    """The batcher's turn to gather and charge, held by one runner and given up once."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self, lock: asyncio.Lock) -> None:
+        self._lock: asyncio.Lock | None = lock
+
+    def give_up(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None

@@ -1,13 +1,12 @@
-"""The cluster's hardware sizes, read from the one JSON file the webhook and the timekeeper both load.
+"""The cluster's hardware sizes and GPU catalogue, read from the one JSON file the webhook and the timekeeper
+both load.
 
-Admission computes a pod's share with these sizes and the timekeeper recomputes shares and sizes
-ResourceQuotas with them, so both must read the same file (deployment/ ships it as one ConfigMap mounted
-into both Deployments). Every key is optional and defaults to `GpuHardware`'s value; an unknown key or a
-value of the wrong type is refused at start, never read as a default:
-
-    {"gpu_memory_mib": 40960, "mig_slices_per_gpu": 7, "time_slicing_replicas": 4,
-     "time_slicing_renamed": false, "metagpu_units_per_gpu": 100, "gpushare_memory_unit_mib": 1024,
-     "clearml_fractions": ["1/16", "1/8", "1/4", "3/8", "1/2", "5/8", "3/4", "7/8"]}
+Admission computes a pod's share with these and the timekeeper recomputes shares and sizes ResourceQuotas
+with them, so both must read the same file (deployment/ ships it as one ConfigMap mounted into both
+Deployments; deployment/base/hardware/hardware.json lists every key at its default). Every key is
+optional and defaults to `GpuHardware`'s value; an unknown key or a value of the wrong type is refused at
+start, never read as a default. The catalogue's keys (`gpu_resources`, `gpu_resource_patterns`,
+`gpu_device_classes`, `accelerator_patterns`, `unknown_accelerators`) say which resources are GPUs.
 """
 
 from __future__ import annotations
@@ -19,9 +18,17 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from gpuaccounting.catalogue import (
+    DeviceClassEntry,
+    GpuCatalogue,
+    GpuEntry,
+    SharingSystem,
+    UnknownAccelerators,
+    check_entry,
+)
 from gpuaccounting.shares import GpuHardware
 
-_FIELDS = {field.name: field.type for field in dataclasses.fields(GpuHardware)}
+_FIELDS = {field.name: field.type for field in dataclasses.fields(GpuHardware) if field.name != "catalogue"}
 
 
 class HardwareConfigError(ValueError):
@@ -40,21 +47,22 @@ def _flag(key: str, value: Any) -> bool:
     return value
 
 
+def _fraction(key: str, item: Any) -> Fraction:
+    try:
+        if isinstance(item, bool) or not isinstance(item, str | int | float):
+            raise TypeError
+        fraction = Fraction(str(item))
+    except (TypeError, ValueError, ZeroDivisionError):
+        raise ValueError(f"{key}: {item!r} is not a fraction") from None
+    if fraction <= 0:
+        raise ValueError(f"{key}: {item!r} is not above zero")
+    return fraction
+
+
 def _fractions(key: str, value: Any) -> frozenset[Fraction]:
     if not isinstance(value, list) or not value:
         raise ValueError(f'{key} must be a non-empty list of fractions such as "1/8" or 0.125')
-    parsed = set()
-    for item in value:
-        try:
-            if isinstance(item, bool) or not isinstance(item, str | int | float):
-                raise TypeError
-            fraction = Fraction(str(item))
-        except (TypeError, ValueError, ZeroDivisionError):
-            raise ValueError(f"{key}: {item!r} is not a fraction") from None
-        if fraction <= 0:
-            raise ValueError(f"{key}: {item!r} is not above zero")
-        parsed.add(fraction)
-    return frozenset(parsed)
+    return frozenset(_fraction(key, item) for item in value)
 
 
 _READERS: dict[str, Callable[[str, Any], Any]] = {
@@ -64,15 +72,102 @@ _READERS: dict[str, Callable[[str, Any], Any]] = {
 }
 
 
+def _object(key: str, value: Any, allowed: set[str] | None = None) -> dict[str, Any]:
+    """A JSON object; with `allowed`, one whose keys are among those."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{key} must be an object")
+    if allowed is not None and (unknown := sorted(set(value) - allowed)):
+        raise ValueError(f"{key}: unknown keys {unknown}; known: {sorted(allowed)}")
+    return value
+
+
+def _system(key: str, value: Any) -> SharingSystem:
+    try:
+        return SharingSystem(value)
+    except ValueError:
+        systems = [system.value for system in SharingSystem]
+        raise ValueError(f"{key}.system must be one of {systems}, not {value!r}") from None
+
+
+def _gpu_entries(key: str, value: Any, *, patterns: bool) -> dict[str, GpuEntry]:
+    entries = {}
+    for name, raw in _object(key, value).items():
+        where = f"{key}[{name!r}]"
+        spec = _object(where, raw, {"system", "units_per_gpu"})
+        units = spec.get("units_per_gpu")
+        entry = GpuEntry(
+            _system(where, spec.get("system")),
+            None if units is None else _positive_int(f"{where}.units_per_gpu", units),
+        )
+        check_entry(name, entry, pattern=patterns)
+        entries[name] = entry
+    return entries
+
+
+def _device_classes(key: str, value: Any) -> dict[str, DeviceClassEntry]:
+    classes = {}
+    for name, raw in _object(key, value).items():
+        where = f"{key}[{name!r}]"
+        spec = _object(where, raw, {"system", "capacity", "all_devices_cap"})
+        capacity = _object(f"{where}.capacity", spec.get("capacity", {}))
+        classes[name] = DeviceClassEntry(
+            _system(where, spec.get("system")),
+            tuple(sorted((k, _fraction(f"{where}.capacity.{k}", v)) for k, v in capacity.items())),
+            _positive_int(f"{where}.all_devices_cap", spec.get("all_devices_cap", 8)),
+        )
+    return classes
+
+
+def _patterns(key: str, value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        raise ValueError(f'{key} must be a list of name patterns such as "*gpu*"')
+    return value
+
+
+def _unknown(key: str, value: Any) -> UnknownAccelerators:
+    try:
+        return UnknownAccelerators(value)
+    except ValueError:
+        choices = [choice.value for choice in UnknownAccelerators]
+        raise ValueError(f"{key} must be one of {choices}, not {value!r}") from None
+
+
+# The catalogue's keys in the file: `GpuCatalogue`'s parameter each gives, and its reader.
+CATALOGUE_KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
+    "gpu_resources": ("resources", lambda key, value: _gpu_entries(key, value, patterns=False)),
+    "gpu_resource_patterns": ("patterns", lambda key, value: _gpu_entries(key, value, patterns=True)),
+    "gpu_device_classes": ("device_classes", _device_classes),
+    "accelerator_patterns": ("accelerator_patterns", _patterns),
+    "unknown_accelerators": ("unknown", _unknown),
+}
+
+
+def _catalogue(document: dict[str, Any]) -> GpuCatalogue:
+    """The catalogue from its keys in the file; a key not given keeps the shipped default."""
+    return GpuCatalogue(
+        **{
+            parameter: read(key, document[key])
+            for key, (parameter, read) in CATALOGUE_KEYS.items()
+            if key in document
+        }
+    )
+
+
+# Every key the file may have.
+KEYS = frozenset({*_FIELDS, *CATALOGUE_KEYS})
+
+
 def parse_hardware(document: Any) -> GpuHardware:
     """A `GpuHardware` from the file's parsed JSON (an object; missing keys take the defaults)."""
     if not isinstance(document, dict):
         raise ValueError("the hardware configuration must be a JSON object")
-    unknown = sorted(set(document) - set(_FIELDS))
+    unknown = sorted(set(document) - KEYS)
     if unknown:
-        raise ValueError(f"unknown keys {unknown}; known: {sorted(_FIELDS)}")
-    values = {key: _READERS[str(_FIELDS[key])](key, value) for key, value in document.items()}
-    return GpuHardware(**values)
+        raise ValueError(f"unknown keys {unknown}; known: {sorted(KEYS)}")
+    values = {
+        key: _READERS[str(_FIELDS[key])](key, value) for key, value in document.items() if key in _FIELDS
+    }
+    return GpuHardware(**values, catalogue=_catalogue(document))
 
 
 def load_hardware(path: Path | None) -> GpuHardware:

@@ -22,19 +22,16 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any, Final
 
+from gpuaccounting.catalogue import (
+    COUNTING_SYSTEMS,
+    DEFAULT_CATALOGUE,
+    GpuCatalogue,
+    GpuEntry,
+    SharingSystem,
+)
 from gpuaccounting.quantity import QuantityError, parse_decimal, parse_quantity, shorten
 
-
-class SharingSystem(StrEnum):
-    NVIDIA = "nvidia"  # whole GPUs, or time-sliced replicas
-    MIG = "nvidia-mig"
-    VCUDA = "gpu-manager"
-    METAGPU = "metagpu"
-    GPUSHARE = "aliyun-gpushare"
-    HAMI = "hami"
-    CLEARML = "clearml"
-    KAI = "kai"
-    VOLCANO = "volcano-vgpu"
+__all__ = ["SharingSystem"]  # re-exported: callers read the systems beside the shares
 
 
 class Rule(StrEnum):
@@ -52,6 +49,7 @@ class Rule(StrEnum):
     KAI_FRACTION = "kai-fraction"
     KAI_CONTAINER = "kai-container"
     SINGLE_SYSTEM = "single-system"
+    UNKNOWN_ACCELERATOR = "unknown-accelerator"
     # Rules only the webhook can check: they need the namespace's state or the object's previous version.
     NAMESPACE_CAP = "namespace-cap"
     PROTECTED_ANNOTATIONS = "protected-annotations"
@@ -63,7 +61,6 @@ class Rule(StrEnum):
 # Resource and metadata keys, by system.
 NVIDIA_GPU: Final = "nvidia.com/gpu"
 NVIDIA_GPU_SHARED: Final = "nvidia.com/gpu.shared"  # time-slicing with renameByDefault
-MIG_PREFIX: Final = "nvidia.com/mig-"
 HAMI_CORES: Final = "nvidia.com/gpucores"
 HAMI_MEMORY: Final = "nvidia.com/gpumem"
 HAMI_MEMORY_PERCENTAGE: Final = "nvidia.com/gpumem-percentage"
@@ -82,22 +79,6 @@ KAI_MEMORY_ANNOTATION: Final = "gpu-memory"
 KAI_DEVICES_ANNOTATION: Final = "gpu-fraction-num-devices"
 
 _MIG_RESOURCE: Final = re.compile(r"^nvidia\.com/mig-([0-9]+)g\.([0-9]+)gb(?:\+me)?$")
-
-_SYSTEM_OF_RESOURCE: Final[dict[str, SharingSystem]] = {
-    NVIDIA_GPU: SharingSystem.NVIDIA,
-    NVIDIA_GPU_SHARED: SharingSystem.NVIDIA,
-    HAMI_CORES: SharingSystem.HAMI,
-    HAMI_MEMORY: SharingSystem.HAMI,
-    HAMI_MEMORY_PERCENTAGE: SharingSystem.HAMI,
-    VCUDA_CORE: SharingSystem.VCUDA,
-    VCUDA_MEMORY: SharingSystem.VCUDA,
-    METAGPU: SharingSystem.METAGPU,
-    GPUSHARE_MEMORY: SharingSystem.GPUSHARE,
-    GPUSHARE_COUNT: SharingSystem.GPUSHARE,
-    VOLCANO_NUMBER: SharingSystem.VOLCANO,
-    VOLCANO_CORES: SharingSystem.VOLCANO,
-    VOLCANO_MEMORY: SharingSystem.VOLCANO,
-}
 
 # Plain `nvidia.com/gpu` is the device count that HAMi and MIG pods use too, so it joins either system.
 _JOINS_PLAIN_NVIDIA: Final = frozenset({SharingSystem.HAMI, SharingSystem.MIG})
@@ -118,6 +99,7 @@ class GpuHardware:
     metagpu_units_per_gpu: int = 100
     gpushare_memory_unit_mib: int = 1024  # gpushare counts GiB unless its plugin says MiB
     clearml_fractions: frozenset[Fraction] = DEFAULT_CLEARML_FRACTIONS
+    catalogue: GpuCatalogue = DEFAULT_CATALOGUE  # which resources and DeviceClasses are GPUs
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,15 +150,11 @@ def format_share(share: Fraction) -> str:
     return text or "0"
 
 
-def _system_of_resource(name: str) -> SharingSystem:
-    return _SYSTEM_OF_RESOURCE.get(name, SharingSystem.MIG)
-
-
 def _mapping(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _gpu_requests(container: Mapping[str, Any]) -> dict[str, object]:
+def _gpu_requests(container: Mapping[str, Any], catalogue: GpuCatalogue) -> dict[str, object]:
     """The container's GPU requests; an extended resource given only as a limit is requested at the limit."""
     resources = _mapping(container.get("resources"))
     requests = _mapping(resources.get("requests"))
@@ -184,7 +162,7 @@ def _gpu_requests(container: Mapping[str, Any]) -> dict[str, object]:
     wanted: dict[str, object] = {}
     for source in (limits, requests):  # requests win where both are given
         for name, value in source.items():
-            if name in _SYSTEM_OF_RESOURCE or name.startswith(MIG_PREFIX):  # a GPU resource
+            if catalogue.entry(name) is not None:  # a GPU resource
                 wanted[name] = value
     return wanted
 
@@ -238,21 +216,42 @@ class _Reader:
         return fraction
 
 
-def _nvidia_share(reader: _Reader, requests: Mapping[str, object]) -> Fraction:
-    hardware = reader.hardware
+def _units_per_gpu(hardware: GpuHardware, name: str, entry: GpuEntry) -> int:
+    """How many of a counted resource make one GPU: the entry's figure, else the system's own rule."""
+    if entry.units_per_gpu is not None:
+        return entry.units_per_gpu
+    if entry.system is SharingSystem.NVIDIA and (
+        name == NVIDIA_GPU_SHARED or not hardware.time_slicing_renamed
+    ):
+        return hardware.time_slicing_replicas
+    return 1
+
+
+def _count_share(
+    reader: _Reader, requests: Mapping[str, object], systems: frozenset[SharingSystem]
+) -> Fraction:
+    """The GPUs the requests of counted resources of `systems` come to (whole GPUs or replicas)."""
+    catalogue = reader.hardware.catalogue
     share = Fraction(0)
-    for name in (NVIDIA_GPU, NVIDIA_GPU_SHARED):
-        if name in requests and (count := reader.count(name, requests[name])) is not None:
-            sliced = name == NVIDIA_GPU_SHARED or not hardware.time_slicing_renamed
-            share += count / hardware.time_slicing_replicas if sliced else count
+    for name, raw in requests.items():
+        entry = catalogue.entry(name)
+        if entry is None or entry.system not in systems:
+            continue
+        if (count := reader.count(name, raw)) is not None:
+            share += count / _units_per_gpu(reader.hardware, name, entry)
     return share
+
+
+_PLAIN_NVIDIA: Final = frozenset({SharingSystem.NVIDIA})
 
 
 def _mig_share(reader: _Reader, requests: Mapping[str, object]) -> Fraction:
     slices = reader.hardware.mig_slices_per_gpu
+    catalogue = reader.hardware.catalogue
     share = Fraction(0)
     for name, raw in requests.items():
-        if not name.startswith(MIG_PREFIX):
+        entry = catalogue.entry(name)
+        if entry is None or entry.system is not SharingSystem.MIG:
             continue
         profile = _MIG_RESOURCE.match(name)
         if profile is None or not 1 <= int(profile.group(1)) <= slices:
@@ -364,7 +363,7 @@ def _read_container(
     container: Mapping[str, Any], role: str, hardware: GpuHardware, violations: list[Violation]
 ) -> ContainerShare | None:
     requests = {
-        name: raw for name, raw in _gpu_requests(container).items() if not _is_zero(raw)
+        name: raw for name, raw in _gpu_requests(container, hardware.catalogue).items() if not _is_zero(raw)
     }  # a zero request (common in templates) asks for nothing
     if not requests:
         return None
@@ -385,7 +384,19 @@ def _read_requests(
     """One container's share and violations from its non-zero GPU requests (`key`: name, type, value)."""
     requests = {resource: raw for resource, _, raw in key}
     reader = _Reader(hardware, name)
-    systems = {_system_of_resource(resource) for resource in requests}
+    systems = set()
+    for resource, raw in requests.items():
+        entry = _entry(hardware, resource)
+        systems.add(entry.system)
+        if not entry.known:
+            reader.flag(
+                Rule.UNKNOWN_ACCELERATOR,
+                f'is an accelerator the GPU catalogue does not name: add "{resource}" to gpu_resources in'
+                ' the hardware configuration (e.g. {"system": "devices", "units_per_gpu": 1}), or set'
+                ' unknown_accelerators to "whole-gpus"',
+                resource,
+                raw,
+            )
     if len(systems) > 1 and systems & _JOINS_PLAIN_NVIDIA:
         systems.discard(SharingSystem.NVIDIA)
     share = Fraction(0)
@@ -397,10 +408,10 @@ def _read_requests(
             ", ".join(str(requests[resource]) for resource in sorted(requests)),
         )
     system = min(systems)
-    if system is SharingSystem.NVIDIA:
-        share = _nvidia_share(reader, requests)
+    if system in COUNTING_SYSTEMS:
+        share = _count_share(reader, requests, frozenset({system}))
     elif system is SharingSystem.MIG:
-        share = _mig_share(reader, requests) + _nvidia_share(reader, requests)
+        share = _mig_share(reader, requests) + _count_share(reader, requests, _PLAIN_NVIDIA)
     elif system is SharingSystem.HAMI:
         share = _vgpu_share(reader, requests, NVIDIA_GPU, HAMI_CORES, HAMI_MEMORY, HAMI_MEMORY_PERCENTAGE)
     elif system is SharingSystem.VOLCANO:
@@ -414,6 +425,13 @@ def _read_requests(
         share = _gpushare_share(reader, requests)
     read = ContainerShare(name=name, role=role, system=system, share=max(share, Fraction(0)))
     return read, tuple(reader.violations)
+
+
+def _entry(hardware: GpuHardware, resource: str) -> GpuEntry:
+    """The entry of a resource `_gpu_requests` kept: every one of them has an entry."""
+    entry = hardware.catalogue.entry(resource)
+    assert entry is not None
+    return entry
 
 
 # Pods repeat a few container shapes (a Job's pods are one template): the arithmetic is done once per
@@ -582,7 +600,10 @@ def read_pod(
                 "a pod may use one GPU-sharing system, this one uses " + ", ".join(systems),
             )
         )
-    share = pod_level[0][1] if pod_level else effective_share(init_shares, app_shares)
+    # A pod-level ask (a label, an annotation) beside counted container resources is at least those.
+    share = effective_share(init_shares, app_shares)
+    if pod_level:
+        share = max(share, pod_level[0][1])
     return PodShare(
         system=pod_level[0][0] if pod_level else systems[0],
         share=share,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import os
 import tarfile
 import textwrap
@@ -20,6 +21,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from gpuaccounting.catalogue import GpuEntry, SharingSystem
+from gpuaccounting.hardware import parse_hardware
 from tests.deployment.conftest import (
     CHART,
     CHART_VALUES,
@@ -414,3 +417,15 @@ def test_a_changed_hardware_value_rolls_both_servers():
     (before,) = checksums()
     (after,) = checksums("--set", "hardware.gpu_memory_mib=40960")
     assert before != after
+
+
+def test_a_gpu_resource_set_through_helm_joins_the_shipped_catalogue():
+    """An admin adds `amd.com/gpu` with one value; the shipped entries stay, and the servers can read it."""
+    objects = helm_template(
+        "--set-json", 'hardware.gpu_resources={"amd.com/gpu":{"system":"devices","units_per_gpu":1}}'
+    )
+    document = json.loads(one(objects, "ConfigMap", "gpu-timekeeper-hardware")["data"]["hardware.json"])
+    catalogue = parse_hardware(document).catalogue
+    assert catalogue.entry("amd.com/gpu") == GpuEntry(SharingSystem.DEVICES, 1)
+    assert catalogue.entry("nvidia.com/gpucores") == GpuEntry(SharingSystem.HAMI)
+    assert catalogue.entry("nvidia.com/gpu-0") == GpuEntry(SharingSystem.CLEARML, 8)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuaccounting.hardware import HardwareConfigError, load_hardware
+from gpuaccounting.catalogue import GpuEntry, SharingSystem, UnknownAccelerators
+from gpuaccounting.hardware import KEYS, HardwareConfigError, load_hardware
 from gpuaccounting.shares import GpuHardware, read_pod
 from tests.support.pods import container, pod
 
@@ -92,7 +93,65 @@ def test_a_file_that_is_not_json_or_not_there_is_refused(tmp_path: Path) -> None
 def test_the_shipped_file_states_the_defaults() -> None:
     """deployment/'s ConfigMap is the file operators edit: it lists every key, at the defaults."""
     document = json.loads(SHIPPED.read_text())
-    assert set(document) == {"gpu_memory_mib", "mig_slices_per_gpu", "time_slicing_replicas",
-                             "time_slicing_renamed", "metagpu_units_per_gpu", "gpushare_memory_unit_mib",
-                             "clearml_fractions"}  # fmt: skip
+    assert set(document) == KEYS
     assert load_hardware(SHIPPED) == GpuHardware()
+
+
+def test_the_catalogue_keys_are_read(tmp_path: Path) -> None:
+    hardware = load_hardware(
+        write(
+            tmp_path,
+            {
+                "gpu_resources": {
+                    "amd.com/gpu": {"system": "devices"},
+                    "nvidia.com/gpu": {"system": "nvidia"},
+                },
+                "gpu_resource_patterns": {"nvidia.com/a100-*": {"system": "nvidia", "units_per_gpu": 4}},
+                "gpu_device_classes": {"gpu.example.com": {"system": "hami", "capacity": {"cores": 100}}},
+                "accelerator_patterns": ["*accel*"],
+                "unknown_accelerators": "whole-gpus",
+            },
+        )
+    )
+    catalogue = hardware.catalogue
+    assert catalogue.entry("amd.com/gpu") == GpuEntry(SharingSystem.DEVICES)
+    assert catalogue.entry("nvidia.com/a100-0") == GpuEntry(SharingSystem.NVIDIA, 4)
+    assert catalogue.entry("nvidia.com/gpucores") is None  # the file's gpu_resources replace the defaults
+    assert catalogue.entry("example.com/accelerator") == GpuEntry(SharingSystem.DEVICES, 1)
+    assert catalogue.device_classes["gpu.example.com"].device_capacity("cores") == 100
+    assert catalogue.unknown is UnknownAccelerators.WHOLE_GPUS
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ({"gpu_resources": []}, "gpu_resources must be an object"),
+        (
+            {"gpu_resources": {"amd.com/gpu": {"system": "amd"}}},
+            r"gpu_resources\['amd.com/gpu'\].system must be",
+        ),
+        ({"gpu_resources": {"amd.com/gpu": {"system": "devices", "units": 1}}}, r"unknown keys \['units'\]"),
+        (
+            {"gpu_resources": {"a.com/gpu": {"system": "devices", "units_per_gpu": 0}}},
+            "must be a positive integer",
+        ),
+        ({"gpu_resources": {"a.com/cores": {"system": "hami"}}}, "hami reads only its own resources"),
+        (
+            {"gpu_resources": {"nvidia.com/gpucores": {"system": "hami", "units_per_gpu": 2}}},
+            "only for counted",
+        ),
+        (
+            {"gpu_resource_patterns": {"x.com/*": {"system": "metagpu"}}},
+            "metagpu reads only its own resources",
+        ),
+        ({"gpu_resources": {"x.com/kai": {"system": "kai"}}}, r"pod annotations only"),
+        ({"gpu_device_classes": {"g": {"system": "nvidia", "capacity": {"cores": 0}}}}, "is not above zero"),
+        ({"accelerator_patterns": "*gpu*"}, "must be a list of name patterns"),
+        ({"unknown_accelerators": "allow"}, "unknown_accelerators must be one of"),
+    ],
+)
+def test_a_wrong_catalogue_entry_is_refused_with_its_key(
+    tmp_path: Path, document: object, message: str
+) -> None:
+    with pytest.raises(HardwareConfigError, match=message):
+        load_hardware(write(tmp_path, document))

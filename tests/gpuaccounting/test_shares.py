@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 
+from gpuaccounting.catalogue import DEFAULT_GPU_RESOURCES, GpuCatalogue, GpuEntry, UnknownAccelerators
 from gpuaccounting.shares import GpuHardware, PodShare, Rule, SharingSystem, format_share, read_pod
 from tests.support.pods import container, pod
 
@@ -246,3 +247,69 @@ def test_a_denial_echoes_a_value_shortened_not_whole() -> None:
     (violation,) = share.violations
     assert violation.rule is Rule.QUANTITY
     assert violation.value == "1" * 63 + "…"
+
+
+@pytest.mark.parametrize(
+    ("requests", "share"),
+    [
+        ({"nvidia.com/gpu-0": 4}, Fraction(1, 2)),  # ClearML's CFGI: 8 time-slicing replicas of GPU 0
+        ({"nvidia.com/gpu-1": "8"}, Fraction(1)),
+        ({"nvidia.com/gpu-0": 1, "nvidia.com/gpu-1": 1}, Fraction(1, 4)),
+    ],
+)
+def test_renamed_nvidia_resources_are_counted_by_the_shipped_pattern(
+    requests: dict[str, Any], share: Fraction
+) -> None:
+    result = share_of(container("main", requests))
+    assert (result.system, result.share, result.violations) == (SharingSystem.CLEARML, share, ())
+
+
+def test_a_clearml_label_beside_renamed_replicas_is_at_least_the_replicas() -> None:
+    labelled = {"clearml-injector/fraction": "0.125"}
+    result = share_of(container("main", {"nvidia.com/gpu-0": 4}), labels=labelled)
+    assert (result.system, result.share, result.violations) == (SharingSystem.CLEARML, Fraction(1, 2), ())
+
+
+@pytest.mark.parametrize(
+    "resource", ["amd.com/gpu", "gpu.intel.com/i915", "gpu.intel.com/xe", "example.com/my-gpu"]
+)
+def test_an_accelerator_the_catalogue_does_not_name_is_denied_with_the_key_to_add(resource: str) -> None:
+    result = share_of(container("main", {resource: 1}))
+    assert result.uses_gpu and result.share == 1
+    (violation,) = result.violations
+    assert violation.rule is Rule.UNKNOWN_ACCELERATOR
+    assert f'add "{resource}" to gpu_resources' in violation.describe()
+
+
+def test_an_accelerator_added_to_the_catalogue_is_counted_without_a_violation() -> None:
+    amd = GpuEntry(SharingSystem.DEVICES, 1)
+    hardware = GpuHardware(catalogue=GpuCatalogue(resources={**DEFAULT_GPU_RESOURCES, "amd.com/gpu": amd}))
+    result = share_of(container("main", {"amd.com/gpu": 2}), hardware=hardware)
+    assert (result.system, result.share, result.violations) == (SharingSystem.DEVICES, Fraction(2), ())
+
+
+def test_unknown_accelerators_may_be_charged_as_whole_gpus_instead() -> None:
+    hardware = GpuHardware(catalogue=GpuCatalogue(unknown=UnknownAccelerators.WHOLE_GPUS))
+    result = share_of(container("main", {"amd.com/gpu": 3}), hardware=hardware)
+    assert (result.system, result.share, result.violations) == (SharingSystem.DEVICES, Fraction(3), ())
+
+
+def test_resources_that_are_no_accelerator_leave_the_pod_a_non_gpu_pod() -> None:
+    requests = {"cpu": "2", "memory": "1Gi", "hugepages-2Mi": "1Gi", "example.com/fpga-nic": 1, "rdma/hca": 1}
+    assert not share_of(container("main", requests)).uses_gpu
+
+
+def test_an_exact_entry_wins_over_a_pattern_and_the_longest_pattern_over_a_shorter_one() -> None:
+    catalogue = GpuCatalogue(
+        resources={**DEFAULT_GPU_RESOURCES, "nvidia.com/gpu-big": GpuEntry(SharingSystem.NVIDIA, 1)},
+        patterns={
+            "nvidia.com/gpu-*": GpuEntry(SharingSystem.NVIDIA, 2),
+            "nvidia.com/gpu-x*": GpuEntry(SharingSystem.NVIDIA, 4),
+        },
+    )
+    hardware = GpuHardware(catalogue=catalogue)
+    shares = [
+        share_of(container("a", {name: 4}), hardware=hardware).share
+        for name in ("nvidia.com/gpu-big", "nvidia.com/gpu-0", "nvidia.com/gpu-x1")
+    ]
+    assert shares == [4, 2, 1]

@@ -1,0 +1,195 @@
+"""Which resources, name patterns and DeviceClasses are GPUs: the catalogue in the hardware configuration.
+
+A pod's GPU requests are found by asking the catalogue about each extended resource it names: an exact
+entry, else the most specific (longest) matching pattern. A name that is in neither but looks like an
+accelerator (`accelerator_patterns`) is an unknown GPU: denied by default, or counted as whole GPUs.
+Pure and stdlib-only, like the share arithmetic that reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from fnmatch import fnmatchcase
+from fractions import Fraction
+from typing import Final
+
+
+class SharingSystem(StrEnum):
+    NVIDIA = "nvidia"  # whole GPUs, or time-sliced replicas
+    MIG = "nvidia-mig"
+    VCUDA = "gpu-manager"
+    METAGPU = "metagpu"
+    GPUSHARE = "aliyun-gpushare"
+    HAMI = "hami"
+    CLEARML = "clearml"
+    KAI = "kai"
+    VOLCANO = "volcano-vgpu"
+    DEVICES = "devices"  # another vendor's devices (or replicas of them), counted as GPUs
+
+
+class UnknownAccelerators(StrEnum):
+    """What an accelerator-like resource the catalogue does not name gets."""
+
+    DENY = "deny"
+    WHOLE_GPUS = "whole-gpus"
+
+
+# Systems whose resources are plain counts: `units_per_gpu` of them make one GPU.
+COUNTING_SYSTEMS: Final = frozenset({SharingSystem.NVIDIA, SharingSystem.CLEARML, SharingSystem.DEVICES})
+
+
+@dataclass(frozen=True, slots=True)
+class GpuEntry:
+    """A GPU resource (or DeviceClass): its sharing system and, for a count, how many units make a GPU.
+
+    `units_per_gpu` None: the system's own rule (NVIDIA: the time-slicing replicas; the others: 1).
+    """
+
+    system: SharingSystem
+    units_per_gpu: int | None = None
+    known: bool = True  # False: an accelerator the catalogue does not name, which its pod is denied for
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceClassEntry:
+    """A DeviceClass whose devices are GPUs: their system and the capacity one whole device has."""
+
+    system: SharingSystem
+    capacity: tuple[tuple[str, Fraction], ...] = ()  # consumable capacity of one device, e.g. cores: 100
+    all_devices_cap: int = 8  # allocationMode All counts as at most this many devices
+
+    def device_capacity(self, name: str) -> Fraction | None:
+        return next((value for key, value in self.capacity if key == name), None)
+
+
+DEFAULT_GPU_RESOURCES: Final[Mapping[str, GpuEntry]] = {
+    name: GpuEntry(system)
+    for name, system in (
+        ("nvidia.com/gpu", SharingSystem.NVIDIA),
+        ("nvidia.com/gpu.shared", SharingSystem.NVIDIA),  # time-slicing with renameByDefault
+        ("nvidia.com/gpucores", SharingSystem.HAMI),
+        ("nvidia.com/gpumem", SharingSystem.HAMI),
+        ("nvidia.com/gpumem-percentage", SharingSystem.HAMI),
+        ("tencent.com/vcuda-core", SharingSystem.VCUDA),
+        ("tencent.com/vcuda-memory", SharingSystem.VCUDA),
+        ("cnvrg.io/metagpu", SharingSystem.METAGPU),
+        ("aliyun.com/gpu-mem", SharingSystem.GPUSHARE),
+        ("aliyun.com/gpu-count", SharingSystem.GPUSHARE),
+        ("volcano.sh/vgpu-number", SharingSystem.VOLCANO),
+        ("volcano.sh/vgpu-cores", SharingSystem.VOLCANO),
+        ("volcano.sh/vgpu-memory", SharingSystem.VOLCANO),
+    )
+}
+DEFAULT_GPU_RESOURCE_PATTERNS: Final[Mapping[str, GpuEntry]] = {
+    "nvidia.com/mig-*": GpuEntry(SharingSystem.MIG),
+    # ClearML's CFGI renames the device plugin's time-slicing replicas per GPU index, 8 to a GPU.
+    "nvidia.com/gpu-*": GpuEntry(SharingSystem.CLEARML, 8),
+}
+DEFAULT_GPU_DEVICE_CLASSES: Final[Mapping[str, DeviceClassEntry]] = {
+    "gpu.nvidia.com": DeviceClassEntry(SharingSystem.NVIDIA),
+    "mig.nvidia.com": DeviceClassEntry(SharingSystem.MIG),
+    "hami-core-gpu.project-hami.io": DeviceClassEntry(SharingSystem.HAMI, (("cores", Fraction(100)),)),
+}
+DEFAULT_ACCELERATOR_PATTERNS: Final = (
+    "*gpu*",  # amd.com/gpu, gpu.intel.com/i915 and gpu.intel.com/xe, renamed NVIDIA resources
+    "amd.com/*",
+    "habana.ai/*",
+    "aws.amazon.com/neuron*",
+    "*tpu*",
+    "*npu*",
+    "*/dcu*",
+    "*/mlu*",
+)
+
+
+# The systems whose arithmetic reads resources by their own names: the catalogue may not give them others.
+FIXED_NAMES: Final[Mapping[SharingSystem, frozenset[str]]] = {
+    system: frozenset(name for name, entry in DEFAULT_GPU_RESOURCES.items() if entry.system is system)
+    for system in SharingSystem
+    if system not in COUNTING_SYSTEMS and system is not SharingSystem.MIG
+}
+
+
+def check_entry(name: str, entry: GpuEntry, *, pattern: bool) -> None:
+    """Refuse an entry the share arithmetic could not read (ValueError naming the resource)."""
+    if entry.units_per_gpu is not None and entry.system not in COUNTING_SYSTEMS:
+        counting = ", ".join(sorted(COUNTING_SYSTEMS))
+        raise ValueError(f"{name!r}: units_per_gpu is only for counted systems ({counting})")
+    if entry.system in FIXED_NAMES and (pattern or name not in FIXED_NAMES[entry.system]):
+        fixed = ", ".join(sorted(FIXED_NAMES[entry.system])) or "no resources (pod annotations only)"
+        raise ValueError(f"{name!r}: {entry.system} reads only its own resources: {fixed}")
+
+
+class GpuCatalogue:
+    """The catalogue, immutable and hashable (the share arithmetic caches per hardware configuration)."""
+
+    __slots__ = (
+        "_key",
+        "_seen",
+        "accelerator_patterns",
+        "device_classes",
+        "patterns",
+        "resources",
+        "unknown",
+    )
+
+    def __init__(
+        self,
+        resources: Mapping[str, GpuEntry] = DEFAULT_GPU_RESOURCES,
+        patterns: Mapping[str, GpuEntry] = DEFAULT_GPU_RESOURCE_PATTERNS,
+        device_classes: Mapping[str, DeviceClassEntry] = DEFAULT_GPU_DEVICE_CLASSES,
+        accelerator_patterns: Iterable[str] = DEFAULT_ACCELERATOR_PATTERNS,
+        unknown: UnknownAccelerators = UnknownAccelerators.DENY,
+    ) -> None:
+        self.resources = dict(resources)
+        # The most specific pattern first: JSON merged by Helm has no order to rely on.
+        self.patterns = sorted(patterns.items(), key=lambda item: (-len(item[0]), item[0]))
+        self.device_classes = dict(device_classes)
+        self.accelerator_patterns = tuple(sorted(set(accelerator_patterns)))
+        self.unknown = unknown
+        self._key = (
+            tuple(sorted(self.resources.items())),
+            tuple(self.patterns),
+            tuple(sorted(self.device_classes.items())),
+            self.accelerator_patterns,
+            unknown,
+        )
+        self._seen: dict[str, GpuEntry | None] = {}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GpuCatalogue) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __repr__(self) -> str:
+        return f"GpuCatalogue{self._key!r}"
+
+    def entry(self, resource: str) -> GpuEntry | None:
+        """The resource's entry; None for a resource that is no GPU. An accelerator the catalogue does not
+        name counts as whole devices, marked unknown under `deny` (its pod is then denied)."""
+        if resource in self._seen:
+            return self._seen[resource]
+        found = self.resources.get(resource)
+        if found is None:
+            found = next((e for pattern, e in self.patterns if fnmatchcase(resource, pattern)), None)
+        if found is None and self.looks_like_accelerator(resource):
+            found = UNKNOWN if self.unknown is UnknownAccelerators.DENY else WHOLE_DEVICES
+        if len(self._seen) >= 4096:  # pods name few resources; a flood of invented names must not grow this
+            self._seen.clear()
+        self._seen[resource] = found
+        return found
+
+    def looks_like_accelerator(self, resource: str) -> bool:
+        """An extended resource (a domain-prefixed name) whose name matches an accelerator pattern."""
+        if "/" not in resource or resource.startswith("kubernetes.io/"):
+            return False
+        lowered = resource.lower()
+        return any(fnmatchcase(lowered, pattern) for pattern in self.accelerator_patterns)
+
+
+WHOLE_DEVICES: Final = GpuEntry(SharingSystem.DEVICES, 1)
+UNKNOWN: Final = GpuEntry(SharingSystem.DEVICES, 1, known=False)
+DEFAULT_CATALOGUE: Final = GpuCatalogue()

@@ -1,0 +1,76 @@
+"""The GPU catalogue at admission over real HTTPS: renamed NVIDIA resources are governed with the shipped
+defaults; an accelerator the catalogue does not name is denied with the key to add, governed once added."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuaccounting import names
+from tests.support.admission_state_server import StateServer, entry, snapshot
+from tests.support.pods import container, pod
+from tests.webhook.conftest import Publish, Tls, Webhook, serve_webhook
+
+SHIPPED = Path(__file__).resolve().parents[2] / "deployment" / "base" / "hardware" / "hardware.json"
+
+
+def reduced_and_injected(webhook: Webhook, original: dict[str, Any]) -> dict[str, Any]:
+    """The pod as /mutate leaves it in an exhausted namespace: the reduced class and the sidecar."""
+    patched = webhook.admit(original)
+    assert patched["spec"]["priorityClassName"] == "gpu-over-budget"
+    assert patched["spec"]["initContainers"][0]["name"] == names.SIDECAR_CONTAINER_NAME
+    return patched
+
+
+def test_a_renamed_nvidia_resource_is_governed_with_the_shipped_defaults(
+    webhook: Webhook, publish: Publish
+) -> None:
+    publish(namespaces={"team-a": entry("exhausted")})
+    patched = reduced_and_injected(webhook, pod(container("train", {"nvidia.com/gpu-0": 4})))
+    annotations = patched["metadata"]["annotations"]
+    assert (annotations[names.ANNOTATION_GPU_SHARE], annotations[names.ANNOTATION_SHARING_SYSTEM]) == (
+        "0.5",
+        "clearml",
+    )
+    assert webhook.validate(patched).allowed
+    fractional = webhook.validate(webhook.admit(pod(container("train", {"nvidia.com/gpu-1": "500m"}))))
+    assert not fractional.allowed and "rule positive-integer" in fractional.message
+
+
+def test_an_unknown_accelerator_is_denied_naming_the_key_to_add(webhook: Webhook) -> None:
+    answer = webhook.validate(webhook.admit(pod(container("train", {"amd.com/gpu": 1}))))
+    assert not answer.allowed
+    assert 'container "train": amd.com/gpu=1' in answer.message
+    assert 'add "amd.com/gpu" to gpu_resources' in answer.message
+    assert "rule unknown-accelerator" in answer.message
+
+
+@pytest.fixture(scope="module")
+def amd_webhook(tls: Tls, state: StateServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
+    """A webhook whose hardware file is the shipped one with amd.com/gpu added, as an admin would."""
+    document = json.loads(SHIPPED.read_text())
+    document["gpu_resources"]["amd.com/gpu"] = {"system": "devices", "units_per_gpu": 1}
+    path = tmp_path_factory.mktemp("hardware") / "hardware.json"
+    path.write_text(json.dumps(document))
+    with serve_webhook(tls, state, hardware_file=path) as served:
+        served.wait_until(lambda: served.metric("webhook_state_version") == state.state["version"])
+        yield served
+
+
+def test_an_accelerator_added_to_the_catalogue_is_governed(amd_webhook: Webhook, state: StateServer) -> None:
+    version = state.state["version"] + 1
+
+    state.publish(snapshot(version=version, namespaces={"team-a": entry("exhausted")}))
+    amd_webhook.wait_until(lambda: amd_webhook.metric("webhook_state_version") == version)
+    patched = reduced_and_injected(amd_webhook, pod(container("train", {"amd.com/gpu": 2})))
+    annotations = patched["metadata"]["annotations"]
+    assert (annotations[names.ANNOTATION_GPU_SHARE], annotations[names.ANNOTATION_SHARING_SYSTEM]) == (
+        "2",
+        "devices",
+    )
+    assert amd_webhook.validate(patched).allowed
+    state.publish(snapshot(version=version + 1))

@@ -78,7 +78,12 @@ KAI_CONTAINER_ANNOTATION: Final = "gpu-fraction-container-name"
 KAI_MEMORY_ANNOTATION: Final = "gpu-memory"
 KAI_DEVICES_ANNOTATION: Final = "gpu-fraction-num-devices"
 
-_MIG_RESOURCE: Final = re.compile(r"^nvidia\.com/mig-([0-9]+)g\.([0-9]+)gb(?:\+me)?$")
+# MIG profile names as NVIDIA's go-nvlib writes them (the device plugin's `nvidia.com/mig-<profile>`, the DRA
+# driver's `profile` attribute): [<c>c.]<g>g.<gb>gb, then +attributes (me, me.all, gfx) or -me.
+_ATTRIBUTE: Final = r"[A-Za-z][A-Za-z0-9]*(?:\.[A-Za-z0-9]+)*"
+_MIG_PROFILE: Final = re.compile(
+    rf"^(?:([0-9]{{1,2}})c\.)?([0-9]{{1,2}})g\.[0-9]{{1,4}}gb(?:[+-]{_ATTRIBUTE}(?:,{_ATTRIBUTE})*)?$"
+)
 
 # Plain `nvidia.com/gpu` is the device count that HAMi and MIG pods use too, so it joins either system.
 _JOINS_PLAIN_NVIDIA: Final = frozenset({SharingSystem.HAMI, SharingSystem.MIG})
@@ -245,6 +250,20 @@ def _count_share(
 _PLAIN_NVIDIA: Final = frozenset({SharingSystem.NVIDIA})
 
 
+def mig_gpu_slices(profile: str, slices_per_gpu: int) -> int | None:
+    """The slices of the GPU instance a MIG profile holds; None for a name that is no profile of such a GPU.
+
+    A compute-instance profile (`1c.2g.20gb`) holds its whole GPU instance: mig-parted and NVIDIA's DRA
+    driver make one compute instance per GPU instance, so the other compute slices stay idle."""
+    found = _MIG_PROFILE.match(profile)
+    if found is None:
+        return None
+    compute, gpu = found.group(1), int(found.group(2))
+    if not 1 <= gpu <= slices_per_gpu or (compute is not None and not 1 <= int(compute) <= gpu):
+        return None
+    return gpu
+
+
 def _mig_share(reader: _Reader, requests: Mapping[str, object]) -> Fraction:
     slices = reader.hardware.mig_slices_per_gpu
     catalogue = reader.hardware.catalogue
@@ -253,8 +272,8 @@ def _mig_share(reader: _Reader, requests: Mapping[str, object]) -> Fraction:
         entry = catalogue.entry(name)
         if entry is None or entry.system is not SharingSystem.MIG:
             continue
-        profile = _MIG_RESOURCE.match(name)
-        if profile is None or not 1 <= int(profile.group(1)) <= slices:
+        held = mig_gpu_slices(name.rsplit("/", 1)[-1].removeprefix("mig-"), slices)
+        if held is None:
             reader.flag(
                 Rule.MIG_PROFILE,
                 f"is not a MIG profile of a GPU with {slices} compute slices",
@@ -263,7 +282,7 @@ def _mig_share(reader: _Reader, requests: Mapping[str, object]) -> Fraction:
             )
             continue
         if (count := reader.count(name, raw)) is not None:
-            share += count * int(profile.group(1)) / slices
+            share += count * held / slices
     return share
 
 

@@ -313,3 +313,36 @@ def test_an_exact_entry_wins_over_a_pattern_and_the_longest_pattern_over_a_short
         for name in ("nvidia.com/gpu-big", "nvidia.com/gpu-0", "nvidia.com/gpu-x1")
     ]
     assert shares == [4, 2, 1]
+
+
+# The names NVIDIA's device plugin advertises (`nvidia.com/mig-` + go-nvlib's profile string) for A100-40GB,
+# H100-80GB, H200 and B200, with the attributes newer GPUs add (+me, +me.all, +gfx, -me); and the
+# compute-instance profiles mig-parted and the DRA driver accept ([<c>c.]<g>g.<gb>gb).
+@pytest.mark.parametrize(
+    ("profile", "slices"),
+    [
+        ("1g.5gb", 1), ("1g.5gb+me", 1), ("1g.10gb", 1), ("2g.10gb", 2), ("3g.20gb", 3), ("4g.20gb", 4),
+        ("7g.40gb", 7), ("1g.10gb+me", 1), ("1g.20gb", 1), ("3g.40gb", 3), ("7g.80gb", 7), ("1g.18gb+me", 1),
+        ("3g.71gb", 3), ("7g.141gb", 7), ("1g.23gb", 1), ("2g.45gb", 2), ("7g.180gb", 7),
+        ("1g.24gb+me.all", 1), ("1g.24gb-me", 1), ("2g.48gb+gfx", 2), ("1g.24gb+gfx", 1),
+        ("1c.2g.20gb", 2), ("1c.3g.40gb", 3), ("2c.7g.80gb", 7), ("1c.1g.10gb+me", 1),
+    ],
+)  # fmt: skip
+def test_every_mig_name_nvidias_tools_advertise_is_accepted_at_its_gpu_instance(
+    profile: str, slices: int
+) -> None:
+    result = share_of(container("main", {f"nvidia.com/mig-{profile}": 2}))
+    assert (result.system, result.share, result.violations) == (
+        SharingSystem.MIG,
+        Fraction(2 * slices, 7),
+        (),
+    )
+
+
+@pytest.mark.parametrize(
+    "profile",
+    ["8g.80gb", "0g.5gb", "3c.2g.20gb", "1g.5gb+", "1g.5gb+me-me", "1g.5gb+1me", "1g", "1c.1c.1g.5gb", "mig"],
+)
+def test_a_name_that_is_no_mig_profile_is_denied(profile: str) -> None:
+    result = share_of(container("main", {f"nvidia.com/mig-{profile}": 1}))
+    assert [violation.rule for violation in result.violations] == [Rule.MIG_PROFILE]

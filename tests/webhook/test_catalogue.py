@@ -74,3 +74,12 @@ def test_an_accelerator_added_to_the_catalogue_is_governed(amd_webhook: Webhook,
     )
     assert amd_webhook.validate(patched).allowed
     state.publish(snapshot(version=version + 1))
+
+
+@pytest.mark.parametrize(
+    "profile", ["1g.10gb+me", "1g.24gb+me.all", "1g.24gb-me", "2g.48gb+gfx", "1c.2g.20gb"]
+)
+def test_mig_names_nvidias_tools_advertise_are_admitted(webhook: Webhook, profile: str) -> None:
+    patched = webhook.admit(pod(container("train", {f"nvidia.com/mig-{profile}": 1})))
+    assert patched["metadata"]["annotations"][names.ANNOTATION_SHARING_SYSTEM] == "nvidia-mig"
+    assert webhook.validate(patched).allowed

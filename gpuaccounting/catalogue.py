@@ -122,6 +122,10 @@ def check_entry(name: str, entry: GpuEntry, *, pattern: bool) -> None:
         raise ValueError(f"{name!r}: {entry.system} reads only its own resources: {fixed}")
 
 
+# The extended resource a pod may ask a DeviceClass's devices by (DRA's implicit extended resource).
+DEVICE_CLASS_RESOURCE_PREFIX: Final = "deviceclass.resource.kubernetes.io/"
+
+
 class GpuCatalogue:
     """The catalogue, immutable and hashable (the share arithmetic caches per hardware configuration)."""
 
@@ -173,7 +177,9 @@ class GpuCatalogue:
         if resource in self._seen:
             return self._seen[resource]
         found = self.resources.get(resource)
-        if found is None:
+        if found is None and resource.startswith(DEVICE_CLASS_RESOURCE_PREFIX):
+            found = self._implicit(resource.removeprefix(DEVICE_CLASS_RESOURCE_PREFIX))
+        elif found is None:
             found = next((e for pattern, e in self.patterns if fnmatchcase(resource, pattern)), None)
         if found is None and self.looks_like_accelerator(resource):
             found = UNKNOWN if self.unknown is UnknownAccelerators.DENY else WHOLE_DEVICES
@@ -181,6 +187,22 @@ class GpuCatalogue:
             self._seen.clear()
         self._seen[resource] = found
         return found
+
+    def _implicit(self, device_class: str) -> GpuEntry | None:
+        """`deviceclass.resource.kubernetes.io/<class>: N` asks N of the class's devices: N GPUs at most."""
+        known = self.device_classes.get(device_class)
+        if known is not None:
+            return GpuEntry(
+                SharingSystem.NVIDIA if known.system is SharingSystem.NVIDIA else SharingSystem.DEVICES, 1
+            )
+        return UNKNOWN if self.looks_like_accelerator_class(device_class) else None
+
+    def looks_like_accelerator_class(self, device_class: str) -> bool:
+        """A DeviceClass name (a DNS name such as gpu.amd.com) matching an accelerator pattern's name part
+        (a pattern for a whole domain, `amd.com/*`, says nothing about class names)."""
+        lowered = device_class.lower()
+        parts = (pattern.rsplit("/", 1)[-1] for pattern in self.accelerator_patterns)
+        return any(part != "*" and fnmatchcase(lowered, part) for part in parts)
 
     def looks_like_accelerator(self, resource: str) -> bool:
         """An extended resource (a domain-prefixed name) whose name matches an accelerator pattern."""

@@ -50,6 +50,7 @@ class Rule(StrEnum):
     KAI_CONTAINER = "kai-container"
     SINGLE_SYSTEM = "single-system"
     UNKNOWN_ACCELERATOR = "unknown-accelerator"
+    DRA_CLAIM = "dra-claim"  # a claim or template the pod names does not exist (yet)
     # Rules only the webhook can check: they need the namespace's state or the object's previous version.
     NAMESPACE_CAP = "namespace-cap"
     PROTECTED_ANNOTATIONS = "protected-annotations"
@@ -86,7 +87,7 @@ _MIG_PROFILE: Final = re.compile(
 )
 
 # Plain `nvidia.com/gpu` is the device count that HAMi and MIG pods use too, so it joins either system.
-_JOINS_PLAIN_NVIDIA: Final = frozenset({SharingSystem.HAMI, SharingSystem.MIG})
+JOINS_PLAIN_NVIDIA: Final = frozenset({SharingSystem.HAMI, SharingSystem.MIG})
 
 DEFAULT_CLEARML_FRACTIONS: Final = frozenset(
     Fraction(n, d) for n, d in ((1, 16), (1, 8), (1, 4), (3, 8), (1, 2), (5, 8), (3, 4), (7, 8))
@@ -140,6 +141,7 @@ class PodShare:
     systems: tuple[SharingSystem, ...] = ()
     containers: tuple[ContainerShare, ...] = ()
     violations: tuple[Violation, ...] = field(default=())
+    claims: tuple[str, ...] = ()  # the pod's resourceClaims entries that ask for GPUs (gpuaccounting.dra)
 
     @property
     def uses_gpu(self) -> bool:
@@ -416,7 +418,7 @@ def _read_requests(
                 resource,
                 raw,
             )
-    if len(systems) > 1 and systems & _JOINS_PLAIN_NVIDIA:
+    if len(systems) > 1 and systems & JOINS_PLAIN_NVIDIA:
         systems.discard(SharingSystem.NVIDIA)
     share = Fraction(0)
     if len(systems) > 1:
@@ -610,7 +612,7 @@ def read_pod(
     if not init_shares and not app_shares and not pod_level:
         return NO_GPU
     systems = sorted({c.system for c in (*init_shares, *app_shares) if c.system} | {s for s, _ in pod_level})
-    if len(systems) > 1 and set(systems) & _JOINS_PLAIN_NVIDIA:
+    if len(systems) > 1 and set(systems) & JOINS_PLAIN_NVIDIA:
         systems = [s for s in systems if s is not SharingSystem.NVIDIA]
     if len(systems) > 1:
         violations.append(

@@ -1,0 +1,129 @@
+"""A pod's DRA claims as the GPUs they could at most be allocated, for claims shaped like NVIDIA's DRA driver
+quickstart (gpu-test1..6, MIG) and HAMi's consumable-capacity claims; a missing claim is a violation."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any
+
+import pytest
+
+from gpuaccounting.dra import ClaimRef, drivers_of, read_claims, with_claims
+from gpuaccounting.shares import GpuHardware, Rule, SharingSystem, format_share, read_pod
+from tests.support.dra import (
+    DEVICE_CLASSES,
+    HAMI_CLASS,
+    NVIDIA_GPU_CLASS,
+    QUICKSTART,
+    SINGLE_GPU,
+    claim_spec,
+    claiming_pod,
+    device_class,
+    exactly,
+    request,
+)
+from tests.support.pods import container, pod
+
+HARDWARE = GpuHardware()
+DRIVERS = drivers_of(DEVICE_CLASSES)
+
+
+def specs_of(found: dict[str, dict[str, Any]]) -> Any:
+    return lambda ref: found.get(ref.claim or ref.template or "")
+
+
+def read(spec: dict[str, Any] | None, **kwargs: Any) -> Any:
+    claims = read_claims(
+        claiming_pod("team-a", templates={"gpu": "tpl"}),
+        specs_of({"tpl": spec} if spec else {}),
+        HARDWARE,
+        **kwargs,
+    )
+    return with_claims(read_pod(claiming_pod("team-a", templates={"gpu": "tpl"}), HARDWARE), claims)
+
+
+@pytest.mark.parametrize("case", sorted(QUICKSTART))
+def test_a_claim_counts_as_the_largest_allocation_its_spec_allows(case: str) -> None:
+    spec, share = QUICKSTART[case]
+    result = read(spec, drivers=DRIVERS)
+    assert result.violations == ()
+    assert format_share(result.share) == share
+    assert result.uses_gpu and result.claims == ("gpu",)
+
+
+def test_each_system_is_the_device_class_system() -> None:
+    assert read(SINGLE_GPU).system is SharingSystem.NVIDIA
+    assert read(QUICKSTART["gpu-test6"][0]).system is SharingSystem.MIG
+    assert read(QUICKSTART["hami-cores"][0]).system is SharingSystem.HAMI
+
+
+def test_a_mig_request_without_a_profile_counts_as_a_whole_gpu() -> None:
+    assert read(claim_spec(request("mig", "mig.nvidia.com"))).share == 1
+
+
+def test_admin_access_asks_for_no_gpu_time() -> None:
+    result = read(claim_spec(request("debug", NVIDIA_GPU_CLASS, adminAccess=True)))
+    assert not result.uses_gpu and result.claims == ()
+
+
+def test_a_v1beta1_request_is_its_own_exact_count_request() -> None:
+    assert read(claim_spec({"name": "gpus", **exactly(NVIDIA_GPU_CLASS, count=3)})).share == 3
+
+
+def test_a_claim_of_other_devices_leaves_the_pod_a_non_gpu_pod() -> None:
+    assert not read(claim_spec(request("nic", "sriov-nic.example.com"))).uses_gpu
+
+
+def test_an_admins_own_class_selecting_a_gpu_driver_counts_as_that_drivers_gpus() -> None:
+    own = device_class(
+        "a100-only",
+        "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].productName == 'A100'",
+    )
+    result = read(claim_spec(request("gpu", "a100-only", count=2)), drivers=drivers_of([own]))
+    assert (result.system, result.share, result.violations) == (SharingSystem.NVIDIA, Fraction(2), ())
+
+
+def test_a_claim_or_template_that_does_not_exist_fails_closed() -> None:
+    result = read(None)
+    (violation,) = result.violations
+    assert violation.rule is Rule.DRA_CLAIM
+    assert "ResourceClaimTemplate tpl does not exist" in violation.describe()
+    named = read_claims(claiming_pod("team-a", claims={"shared": "single-gpu"}), specs_of({}), HARDWARE)
+    assert "ResourceClaim single-gpu does not exist" in named.violations[0].describe()
+
+
+def test_an_accelerator_class_the_catalogue_does_not_name_is_denied_with_the_key_to_add() -> None:
+    result = read(claim_spec(request("gpu", "gpu.amd.com")))
+    (violation,) = result.violations
+    assert violation.rule is Rule.UNKNOWN_ACCELERATOR
+    assert 'add "gpu.amd.com" to gpu_device_classes' in violation.describe()
+
+
+def test_claims_add_to_device_plugin_gpus_and_two_systems_are_one_too_many() -> None:
+    both = claiming_pod("team-a", templates={"gpu": "tpl"})
+    both["spec"]["containers"][0]["resources"]["limits"] = {
+        "tencent.com/vcuda-core": 50,
+        "tencent.com/vcuda-memory": 4,
+    }
+    result = with_claims(read_pod(both, HARDWARE), read_claims(both, specs_of({"tpl": SINGLE_GPU}), HARDWARE))
+    assert result.share == Fraction(3, 2)
+    assert [v.rule for v in result.violations] == [Rule.SINGLE_SYSTEM]
+
+
+def test_the_implicit_extended_resource_of_a_gpu_class_counts_whole_gpus() -> None:
+    implicit = read_pod(
+        pod(container("main", {f"deviceclass.resource.kubernetes.io/{NVIDIA_GPU_CLASS}": 2})), HARDWARE
+    )
+    assert (implicit.system, implicit.share, implicit.violations) == (SharingSystem.NVIDIA, Fraction(2), ())
+    hami = read_pod(pod(container("main", {f"deviceclass.resource.kubernetes.io/{HAMI_CLASS}": 1})), HARDWARE)
+    assert (hami.share, hami.violations) == (Fraction(1), ())
+    amd = read_pod(pod(container("main", {"deviceclass.resource.kubernetes.io/gpu.amd.com": 1})), HARDWARE)
+    assert [v.rule for v in amd.violations] == [Rule.UNKNOWN_ACCELERATOR]
+
+
+def test_claim_refs_read_only_well_formed_entries() -> None:
+    built = pod(
+        container("main"), resourceClaims=[{"name": "a", "resourceClaimName": "c"}, "junk", {"name": 3}]
+    )
+    claims = read_claims(built, lambda ref: SINGLE_GPU if ref == ClaimRef("a", "c", None) else None, HARDWARE)
+    assert (claims.share, claims.claims) == (1, ("a",))

@@ -12,11 +12,17 @@ from typing import Any
 import celpy
 import pytest
 
-from tests.deployment.conftest import BUILDS, render
+from gpuaccounting import shares
+from gpuaccounting.hardware import load_hardware
+from tests.deployment.conftest import BUILDS, ROOT, render
 
 GPU_RESOURCES = [
     "nvidia.com/gpu",
     "nvidia.com/gpu.shared",
+    "nvidia.com/gpu-0",
+    "amd.com/gpu",
+    "gpu.intel.com/i915",
+    "deviceclass.resource.kubernetes.io/gpu.nvidia.com",
     "nvidia.com/mig-1g.5gb",
     "nvidia.com/mig-3g.40gb",
     "nvidia.com/gpucores",
@@ -117,17 +123,17 @@ def test_other_pods_are_admitted_without_a_webhook_call(case):
         assert not admitted_to_webhook(expression, OTHER_PODS[case]), case
 
 
-def test_every_resource_the_share_reader_knows_reaches_the_webhooks():
-    """The webhook's own list of GPU resources (gpuaccounting) and the API server's filter agree."""
-    shares = pytest.importorskip("gpuaccounting.shares", reason="gpuaccounting.shares lands with the webhook")
-    # Resource names are domain-qualified (`vendor.tld/...`); labels like clearml-injector/fraction are not.
+def test_every_resource_the_shipped_catalogue_names_or_suspects_reaches_the_webhooks():
+    """The API server's filter and the shipped GPU catalogue agree: every resource it names, a name for
+    each of its patterns, and a name for each accelerator pattern (whose pods it denies) are sent."""
+    catalogue = load_hardware(ROOT / "deployment" / "base" / "hardware" / "hardware.json").catalogue
     resources = [
-        value
-        for name, value in vars(shares).items()
-        if name.isupper() and isinstance(value, str) and "." in value.partition("/")[0] and "/" in value
+        *catalogue.resources,
+        *(pattern.replace("*", "1g.5gb") for pattern, _ in catalogue.patterns),
+        *(pattern.replace("*", "x") for pattern in catalogue.accelerator_patterns),
+        *(f"deviceclass.resource.kubernetes.io/{name}" for name in catalogue.device_classes),
     ]
-    assert shares.NVIDIA_GPU in resources
-    pods = [pod([container(limits={r + "1g.5gb" if r == shares.MIG_PREFIX else r: "1"})]) for r in resources]
+    pods = [pod([container(limits={r: "1"})]) for r in resources]
     pods += [
         pod(labels={shares.CLEARML_FRACTION_LABEL: "0.5"}),
         pod(annotations={shares.KAI_FRACTION_ANNOTATION: "0.5"}),
@@ -136,3 +142,10 @@ def test_every_resource_the_share_reader_knows_reaches_the_webhooks():
     for gpu_pod in pods:
         for expression in conditions("base"):
             assert admitted_to_webhook(expression, gpu_pod), gpu_pod
+
+
+def test_a_pod_with_dra_claims_reaches_the_webhooks():
+    claiming = pod()
+    claiming["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}]
+    for expression in conditions("base"):
+        assert admitted_to_webhook(expression, claiming)

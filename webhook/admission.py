@@ -12,8 +12,10 @@ from __future__ import annotations
 from typing import Any, Final
 
 from gpuaccounting import names
+from gpuaccounting.dra import read_claims, with_claims
 from gpuaccounting.shares import PodShare, Violation, format_share, read_pod
 from webhook import governance
+from webhook.dra import DraObjects, DraWatch
 from webhook.injection import SidecarTemplate
 from webhook.patch import diff
 from webhook.priority import PriorityPolicy
@@ -56,15 +58,27 @@ class Admission:
         settings: WebhookSettings,
         cache: BudgetStateCache,
         priority_classes: PriorityClassCatalog,
+        dra: DraObjects,
     ) -> None:
         self.settings = settings
         self.cache = cache
         self.hardware = settings.hardware
         self.sidecar = SidecarTemplate(settings)
         self.priority = PriorityPolicy(settings, priority_classes)
+        self.dra = dra
+        self.dra_watch: DraWatch | None = None  # set by the app's lifespan when it watches DRA objects
 
-    def read(self, pod: dict[str, Any]) -> PodShare:
-        return read_pod(pod, self.hardware, skip_container=names.SIDECAR_CONTAINER_NAME)
+    def read(self, pod: dict[str, Any], namespace: str) -> PodShare:
+        """The pod's share: its device-plugin requests, pod-level asks and DRA claims."""
+        share = read_pod(pod, self.hardware, skip_container=names.SIDECAR_CONTAINER_NAME)
+        claims = read_claims(pod, self.dra.specs(namespace), self.hardware, self.dra.drivers)
+        return with_claims(share, claims)
+
+    async def prepare(self, request: AdmissionRequest) -> None:
+        """Before a pod naming DRA claims is judged, fetch those the watch has not brought yet."""
+        pod = _new_pod(request)
+        if pod is not None and self.dra_watch is not None and (pod.get("spec") or {}).get("resourceClaims"):
+            await self.dra_watch.fetch_missing(self._namespace(request, pod), pod)
 
     def _namespace(self, request: AdmissionRequest, pod: dict[str, Any]) -> str:
         return request.namespace or (pod.get("metadata") or {}).get("namespace", "")
@@ -91,13 +105,14 @@ class Admission:
             return SKIPPED
         if (too_many := self._over_container_cap(request, pod)) is not None:
             return too_many
-        share = self.read(pod)
+        namespace = self._namespace(request, pod)
+        share = self.read(pod, namespace)
         if not share.uses_gpu:
             return NON_GPU
         metadata = dict(pod.get("metadata") or {})
         spec = dict(pod.get("spec") or {})
         annotations = metadata.get("annotations") or {}
-        view = self.cache.view(self._namespace(request, pod))
+        view = self.cache.view(namespace)
         decision = self.priority.decide(spec, view, annotations.get(names.ANNOTATION_PRIORITY_DECISION))
         decision.apply(spec)
         share_text = format_share(share.share)
@@ -109,7 +124,7 @@ class Admission:
             names.ANNOTATION_PRIORITY_DECISION: decision.annotation,
             names.ANNOTATION_INJECTED: self.settings.sidecar_image,
         }
-        self.sidecar.inject(spec, share_text)
+        self.sidecar.inject(spec, share_text, share.claims)
         patch = diff(pod, {**pod, "metadata": metadata, "spec": spec})
         if patch:
             return AdmissionResponse("patched", patch=tuple(patch), priority=decision)
@@ -130,9 +145,8 @@ class Admission:
             return []
         if request.operation == "UPDATE":
             return governance.on_update(request, self.settings)
-        share = self.read(pod)
-        view = self.cache.view(self._namespace(request, pod))
-        return governance.on_create(pod, share, view, self.settings)
+        namespace = self._namespace(request, pod)
+        return governance.on_create(pod, self.read(pod, namespace), self.cache.view(namespace), self.settings)
 
     def validate(self, request: AdmissionRequest) -> AdmissionResponse:
         pod = _new_pod(request)

@@ -12,11 +12,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
 import orjson
+from kubernetes_asyncio import client
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
@@ -26,6 +27,8 @@ from starlette.types import Receive, Scope, Send
 
 from webhook.admission import Admission
 from webhook.certificates import CertificateReloader
+from webhook.dra import DraObjects, DraWatch
+from webhook.kubewatch import api_client
 from webhook.metrics import WebhookMetrics
 from webhook.priority import DecisionRecorder
 from webhook.priorityclasses import PriorityClassCatalog, priority_class_watch
@@ -115,9 +118,11 @@ class AdmissionEndpoint:
         metrics: WebhookMetrics,
         decisions: DecisionRecorder,
         settings: WebhookSettings,
+        prepare: Callable[[AdmissionRequest], Awaitable[None]],
     ) -> None:
         self.name = name
         self.decide = decide
+        self.prepare = prepare
         self.decisions = decisions
         self.limit = settings.max_body_bytes
         self.max_containers = settings.max_containers
@@ -161,6 +166,7 @@ class AdmissionEndpoint:
             self.malformed.inc()
             await _answer(send, error.status_code, _refusal_body(error))
             return
+        await self.prepare(review.request)
         answer = self.decide(review.request)
         encoded = build_response(review, answer)
         self.latency.observe(time.perf_counter() - started)
@@ -193,6 +199,16 @@ class WebhookApp(Starlette):
         await super().__call__(scope, receive, send)
 
 
+@contextlib.asynccontextmanager
+async def kube_client(settings: WebhookSettings) -> AsyncIterator[client.ApiClient | None]:
+    """The Kubernetes API client the watches share; None when every watch is off."""
+    if not (settings.watch_priority_classes or settings.watches_resource_claims):
+        yield None
+        return
+    async with await api_client(settings) as kube:
+        yield kube
+
+
 def create_app(settings: WebhookSettings | None = None) -> Starlette:
     """Build the app; the cache, metrics and admission logic are per app, the poller starts in lifespan.
 
@@ -204,17 +220,22 @@ def create_app(settings: WebhookSettings | None = None) -> Starlette:
     metrics = WebhookMetrics(cache.age_seconds)
     priority_classes = PriorityClassCatalog()
     metrics.priority_classes.set_function(priority_classes.known)
-    admission = Admission(settings, cache, priority_classes)
+    admission = Admission(settings, cache, priority_classes, DraObjects())
     decisions = DecisionRecorder(metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with (
-            httpx.AsyncClient() as client,
-            priority_class_watch(settings, priority_classes, metrics),
-        ):
-            poller = StatePoller(settings, cache, metrics, client)
+        async with httpx.AsyncClient() as http, kube_client(settings) as kube:
+            poller = StatePoller(settings, cache, metrics, http)
             tasks = [asyncio.create_task(poller.run(), name="admission-state-poller")]
+            if kube is not None and settings.watch_priority_classes:
+                watch = priority_class_watch(
+                    client.SchedulingV1Api(kube), priority_classes, metrics, settings
+                )
+                tasks.append(asyncio.create_task(watch.run(), name="priority-class-watch"))
+            if kube is not None and settings.watches_resource_claims:
+                admission.dra_watch = DraWatch(kube, admission.dra, metrics, settings)
+                tasks.append(asyncio.create_task(admission.dra_watch.run(), name="dra-watch"))
             context = getattr(app.state, "ssl_context", None)
             if context is not None and settings.tls_cert_file and settings.tls_key_file:
                 reloader = CertificateReloader(context, settings.tls_cert_file, settings.tls_key_file)
@@ -234,8 +255,12 @@ def create_app(settings: WebhookSettings | None = None) -> Starlette:
 
     app = WebhookApp(
         {
-            "/mutate": AdmissionEndpoint("mutate", admission.mutate, metrics, decisions, settings),
-            "/validate": AdmissionEndpoint("validate", admission.validate, metrics, decisions, settings),
+            "/mutate": AdmissionEndpoint(
+                "mutate", admission.mutate, metrics, decisions, settings, admission.prepare
+            ),
+            "/validate": AdmissionEndpoint(
+                "validate", admission.validate, metrics, decisions, settings, admission.prepare
+            ),
         },
         routes=[
             Route("/healthz", healthz, methods=["GET"]),

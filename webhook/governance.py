@@ -13,6 +13,7 @@ from typing import Any
 
 from gpuaccounting import names
 from gpuaccounting.shares import PodShare, Rule, Violation, format_share
+from webhook.injection import claim_list
 from webhook.review import AdmissionRequest
 from webhook.settings import WebhookSettings
 from webhook.state import NamespaceView
@@ -148,6 +149,9 @@ def on_create(
             )
         if not share.uses_gpu:
             problems.append("this pod requests no GPU")
+        resources = sidecar.get("resources")
+        if (resources.get("claims", []) if isinstance(resources, dict) else []) != claim_list(share.claims):
+            problems.append("its resources.claims are not the pod's GPU claims")
         token_volume = next(
             (v for v in _list(_spec(pod).get("volumes")) if v.get("name") == names.SIDECAR_TOKEN_VOLUME), None
         )

@@ -91,7 +91,7 @@ class SidecarTemplate:
         ]
         self.volume_names = frozenset(volume["name"] for volume in self.volumes)
 
-    def container(self, share: str) -> dict[str, Any]:
+    def container(self, share: str, claims: tuple[str, ...] = ()) -> dict[str, Any]:
         s = self.settings
         built: dict[str, Any] = {
             "name": names.SIDECAR_CONTAINER_NAME,
@@ -119,26 +119,28 @@ class SidecarTemplate:
                 "capabilities": {"drop": ["ALL"]},
             },
         }
+        if claims:  # the pod's GPU claims, so the sidecar's container sees their devices
+            built["resources"]["claims"] = claim_list(claims)
         if self.native:
             built["restartPolicy"] = "Always"
         return built
 
-    def inject(self, spec: dict[str, Any], share: str) -> None:
+    def inject(self, spec: dict[str, Any], share: str, claims: tuple[str, ...] = ()) -> None:
         """Add the sidecar and its volumes to a (copied) pod spec unless they are there already.
 
-        A sidecar already present keeps every field but its share: when a later mutator changed the
-        pod's requests, the re-invocation brings SIDECAR_GPU_SHARE in line with the new share.
+        A sidecar already present keeps every field but its share and claims: when a later mutator changed
+        the pod's requests, the re-invocation brings SIDECAR_GPU_SHARE and the claims in line with them.
         """
         found = _find_sidecar(spec)
         if found is None:
             if self.native:
-                spec["initContainers"] = [self.container(share), *(spec.get("initContainers") or [])]
+                spec["initContainers"] = [self.container(share, claims), *(spec.get("initContainers") or [])]
             else:
-                spec["containers"] = [*(spec.get("containers") or []), self.container(share)]
+                spec["containers"] = [*(spec.get("containers") or []), self.container(share, claims)]
         else:
             key, index = found
             listed = spec[key]
-            updated = _with_share(listed[index], share)
+            updated = _with_claims(_with_share(listed[index], share), claims)
             if updated is not listed[index]:
                 spec[key] = [*listed[:index], updated, *listed[index + 1 :]]
         volumes = spec.get("volumes") or []
@@ -165,3 +167,20 @@ def _with_share(container: dict[str, Any], share: str) -> dict[str, Any]:
         return container
     kept = [item for item in env if not (isinstance(item, dict) and item.get("name") == "SIDECAR_GPU_SHARE")]
     return {**container, "env": [*kept, wanted]}
+
+
+def claim_list(claims: tuple[str, ...]) -> list[dict[str, str]]:
+    """A container's `resources.claims` naming each of the pod's claims."""
+    return [{"name": claim} for claim in claims]
+
+
+def _with_claims(container: dict[str, Any], claims: tuple[str, ...]) -> dict[str, Any]:
+    """The container with `resources.claims` naming `claims` (none: no key); the same object if it does."""
+    resources = container.get("resources")
+    resources = resources if isinstance(resources, dict) else {}
+    if resources.get("claims", []) == claim_list(claims):
+        return container
+    updated = {key: value for key, value in resources.items() if key != "claims"}
+    if claims:
+        updated["claims"] = claim_list(claims)
+    return {**container, "resources": updated}

@@ -58,6 +58,11 @@ class WebhookMetrics:
             "Failed lists or watches of the cluster's PriorityClasses (each retried)",
             registry=self.registry,
         )
+        self.dra_watch_errors = Counter(
+            "webhook_dra_watch_errors",
+            "Failed discoveries, lists, watches or reads of DRA claims, templates and DeviceClasses",
+            registry=self.registry,
+        )
         # The app sets its function to the catalog's count.
         self.priority_classes = Gauge(
             "webhook_priority_classes",

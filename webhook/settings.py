@@ -64,6 +64,12 @@ class WebhookSettings(BaseSettings):
     kube_request_timeout_seconds: float = Field(default=10.0, gt=0)
     kube_watch_timeout_seconds: int = Field(default=300, gt=0)  # each watch ends after this; then re-list
     kube_retry_max_seconds: float = Field(default=30.0, gt=0)  # the backoff's cap after failed lists/watches
+    # DRA: ResourceClaimTemplates, ResourceClaims and DeviceClasses, listed and watched (off: no API server;
+    # then a pod naming a claim is denied, its GPUs unknown). Unset: as watch_priority_classes (both need
+    # the API server, and one switch turns both off where there is none).
+    watch_resource_claims: bool | None = None
+    dra_discovery_interval_seconds: float = Field(default=60.0, gt=0)  # look again for resource.k8s.io
+    dra_fetch_timeout_seconds: float = Field(default=1.0, gt=0)  # a claim the watch has not brought yet
 
     # Injection.
     sidecar_mode: Literal["native", "container"] = "native"  # "container" for clusters before 1.29
@@ -121,6 +127,12 @@ class WebhookSettings(BaseSettings):
     def hardware(self) -> GpuHardware:
         """Read from the file on each call; the admission logic reads it once, at start."""
         return load_hardware(self.hardware_file)
+
+    @property
+    def watches_resource_claims(self) -> bool:
+        return (
+            self.watch_priority_classes if self.watch_resource_claims is None else self.watch_resource_claims
+        )
 
     def enforces(self, rule: str) -> bool:
         return rule not in self.disabled_rules

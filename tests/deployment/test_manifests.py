@@ -169,7 +169,7 @@ def test_rbac_is_least_privilege(build):
 
 
 @pytest.mark.parametrize("build", RENDERS)
-def test_the_timekeeper_may_review_tokens_and_access_and_the_webhook_only_reads_priority_classes(build):
+def test_the_timekeeper_may_review_tokens_and_access_and_the_webhook_only_reads_classes_and_claims(build):
     objects = render(build)
     subject = {"kind": "ServiceAccount", "name": "gpu-timekeeper", "namespace": NAMESPACE}
     delegators = [
@@ -192,7 +192,12 @@ def test_the_timekeeper_may_review_tokens_and_access_and_the_webhook_only_reads_
             "apiGroups": ["scheduling.k8s.io"],
             "resources": ["priorityclasses"],
             "verbs": ["get", "list", "watch"],
-        }
+        },
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceclaimtemplates", "resourceclaims", "deviceclasses"],
+            "verbs": ["get", "list", "watch"],
+        },
     ]
 
 

@@ -1,0 +1,181 @@
+"""The cluster's DRA objects the admission decisions read: ResourceClaimTemplates, ResourceClaims and
+DeviceClasses, listed and watched (webhook.kubewatch) in the resource.k8s.io version the API server serves.
+
+The version is found by discovery (v1 from Kubernetes 1.34, v1beta2 or v1beta1 on 1.32-1.33), looked for
+again while the group is absent. A claim or template the view does not hold yet (created a moment before
+its pod, the watch not there yet) is fetched once by name before the pod is judged, so only one that
+truly does not exist fails closed. Needs get/list/watch on resource.k8s.io (deployment/base/rbac).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from gpuaccounting.dra import ClaimRef, ClaimSpecs, claim_refs, class_drivers
+from webhook.kubewatch import ListWatch
+from webhook.metrics import WebhookMetrics
+from webhook.settings import WebhookSettings
+
+log = logging.getLogger("webhook.dra")
+
+GROUP: Final = "resource.k8s.io"
+VERSIONS: Final = ("v1", "v1beta2", "v1beta1")  # the newest the server serves is used
+TEMPLATES: Final = "resourceclaimtemplates"
+CLAIMS: Final = "resourceclaims"
+CLASSES: Final = "deviceclasses"
+
+Key = tuple[str, str]  # namespace, name
+
+
+def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    metadata = obj.get("metadata")
+    return metadata if isinstance(metadata, dict) else {}
+
+
+def _key(obj: Mapping[str, Any]) -> Key:
+    metadata = _metadata(obj)
+    return str(metadata.get("namespace", "")), str(metadata.get("name", ""))
+
+
+def _claim_spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    spec = obj.get("spec")
+    return spec if isinstance(spec, dict) else {}
+
+
+def _template_spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return _claim_spec(_claim_spec(obj))  # a template's spec.spec is the claim spec it makes
+
+
+class DraObjects:
+    """The claim specs by namespace and name, and each DeviceClass's drivers, as last listed and watched."""
+
+    def __init__(self) -> None:
+        self.templates: dict[Key, Mapping[str, Any]] = {}
+        self.claims: dict[Key, Mapping[str, Any]] = {}
+        self.drivers: dict[str, frozenset[str]] = {}
+        self.version: str | None = None  # the resource.k8s.io version served; None until discovered
+
+    def specs(self, namespace: str) -> ClaimSpecs:
+        """The claim spec a pod's entry names in `namespace`; None for one not (yet) known."""
+
+        def spec(ref: ClaimRef) -> Mapping[str, Any] | None:
+            if ref.claim is not None:
+                return self.claims.get((namespace, ref.claim))
+            if ref.template is not None:
+                return self.templates.get((namespace, ref.template))
+            return None
+
+        return spec
+
+    def missing(self, namespace: str, pod: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """The (plural, name) of each claim or template the pod names that the view does not hold."""
+        found = []
+        for ref in claim_refs(pod):
+            if ref.claim is not None and (namespace, ref.claim) not in self.claims:
+                found.append((CLAIMS, ref.claim))
+            elif ref.template is not None and (namespace, ref.template) not in self.templates:
+                found.append((TEMPLATES, ref.template))
+        return found
+
+    def put(self, plural: str, obj: Mapping[str, Any]) -> None:
+        if plural == TEMPLATES:
+            self.templates[_key(obj)] = _template_spec(obj)
+        elif plural == CLAIMS:
+            self.claims[_key(obj)] = _claim_spec(obj)
+        else:
+            self.drivers[str(_metadata(obj).get("name"))] = class_drivers(obj)
+
+    def remove(self, plural: str, obj: Mapping[str, Any]) -> None:
+        if plural == CLASSES:
+            self.drivers.pop(str(_metadata(obj).get("name")), None)
+        else:
+            (self.templates if plural == TEMPLATES else self.claims).pop(_key(obj), None)
+
+    def replace_all(self, plural: str, items: Iterable[Mapping[str, Any]]) -> None:
+        if plural == TEMPLATES:
+            self.templates = {_key(obj): _template_spec(obj) for obj in items}
+        elif plural == CLAIMS:
+            self.claims = {_key(obj): _claim_spec(obj) for obj in items}
+        else:
+            self.drivers = {str(_metadata(obj).get("name")): class_drivers(obj) for obj in items}
+
+
+async def served_version(kube: client.ApiClient) -> str | None:
+    """The newest resource.k8s.io version the API server serves; None where it serves none."""
+    groups = await client.ApisApi(kube).get_api_versions()
+    for group in groups.groups:
+        if group.name == GROUP:
+            served = {version.version for version in group.versions}
+            return next((version for version in VERSIONS if version in served), None)
+    return None
+
+
+class DraWatch:
+    """Discovers the version, then keeps the three views current; fetches what a pod names but is missing."""
+
+    def __init__(
+        self, kube: client.ApiClient, objects: DraObjects, metrics: WebhookMetrics, settings: WebhookSettings
+    ) -> None:
+        self.api = client.CustomObjectsApi(kube)
+        self.kube = kube
+        self.objects = objects
+        self.metrics = metrics
+        self.settings = settings
+
+    def _watch(self, version: str, plural: str) -> ListWatch:
+        def list_call(**options: Any) -> Any:
+            return self.api.list_cluster_custom_object(GROUP, version, plural, **options)
+
+        def apply(kind: str, obj: Mapping[str, Any]) -> None:
+            if kind == "DELETED":
+                self.objects.remove(plural, obj)
+            else:
+                self.objects.put(plural, obj)
+
+        replace: Callable[[Iterable[Any]], None] = lambda items: self.objects.replace_all(plural, items)  # noqa: E731
+        return ListWatch(
+            f"dra_{plural}", list_call, replace, apply, self.metrics.dra_watch_errors, self.settings
+        )
+
+    async def run(self) -> None:
+        while self.objects.version is None:
+            try:
+                self.objects.version = await served_version(self.kube)
+            except Exception as error:  # the API server unreachable: look again, as for no group
+                self.metrics.dra_watch_errors.inc()
+                log.warning("dra_discovery_failed", extra={"error": str(error)[:500]})
+            if self.objects.version is None:
+                await asyncio.sleep(self.settings.dra_discovery_interval_seconds)
+        log.info("dra_version_found", extra={"version": self.objects.version})
+        watches = [self._watch(self.objects.version, plural) for plural in (TEMPLATES, CLAIMS, CLASSES)]
+        await asyncio.gather(*(each.run() for each in watches))
+
+    async def fetch_missing(self, namespace: str, pod: Mapping[str, Any]) -> None:
+        """Read each claim or template the pod names that the view lacks (one GET each, short timeout)."""
+        version = self.objects.version
+        if version is None:
+            return
+        for plural, name in self.objects.missing(namespace, pod):
+            try:
+                obj = await self.api.get_namespaced_custom_object(
+                    GROUP,
+                    version,
+                    namespace,
+                    plural,
+                    name,
+                    _request_timeout=self.settings.dra_fetch_timeout_seconds,
+                )
+            except ApiException as error:
+                if error.status != 404:
+                    self.metrics.dra_watch_errors.inc()
+                continue
+            except Exception:  # a timeout or a broken connection: judged on what the view holds
+                self.metrics.dra_watch_errors.inc()
+                continue
+            self.objects.put(plural, obj)

@@ -165,6 +165,48 @@ def api(timekeeper: TimekeeperProcess, control_plane: ControlPlane) -> Timekeepe
     return TimekeeperApi(timekeeper.url, control_plane.admin_token)
 
 
+def start_webhook(
+    control_plane: ControlPlane,
+    core: client.CoreV1Api,
+    webhook_tls: WebhookTls,
+    timekeeper: TimekeeperProcess,
+    folder: Path,
+    port: int,
+    **env: str,
+) -> WebhookProcess:
+    """`python -m webhook` on `port` as deployment/'s webhook ServiceAccount (its token for the timekeeper,
+    its kubeconfig for the watches: exactly the RBAC deployment/ ships), with `env` over the defaults;
+    returned once it has its first admission state."""
+    token = service_account_token(
+        core,
+        INSTALL_NAMESPACE,
+        "gpu-timekeeper-webhook",
+        audiences=("gpu-timekeeper",),
+        seconds=TOKEN_SECONDS,
+    )
+    (folder / "token").write_text(token)
+    defaults = {
+        "WEBHOOK_KUBECONFIG": str(
+            service_account_kubeconfig(control_plane, core, "gpu-timekeeper-webhook", folder)
+        ),
+        "WEBHOOK_TLS_CERT_FILE": str(webhook_tls.cert),
+        "WEBHOOK_TLS_KEY_FILE": str(webhook_tls.key),
+        "WEBHOOK_TIMEKEEPER_URL": timekeeper.url,
+        "WEBHOOK_TIMEKEEPER_TOKEN_FILE": str(folder / "token"),
+        "WEBHOOK_STATE_POLL_INTERVAL_SECONDS": "0.2",
+        "WEBHOOK_SIDECAR_MODE": "container",
+        "WEBHOOK_LOG_FORMAT": "json",
+    }
+    process = WebhookProcess({**defaults, **env}, port, webhook_tls.ca, folder / "webhook.log")
+    process.start()
+    wait_until(
+        lambda: "webhook_state_age_seconds -1.0" not in process.client.get(f"{process.url}/metrics").text,
+        timeout=30,
+        what="the webhook's first admission state",
+    )
+    return process
+
+
 @pytest.fixture(scope="package")
 def webhook(
     control_plane: ControlPlane,
@@ -179,34 +221,7 @@ def webhook(
     ServiceAccount for audience gpu-timekeeper (the timekeeper reviews it; the shipped viewer binding
     lets it read every namespace's state), and watching PriorityClasses as that ServiceAccount."""
     folder = tmp_path_factory.mktemp("webhook")
-    token = service_account_token(
-        core,
-        INSTALL_NAMESPACE,
-        "gpu-timekeeper-webhook",
-        audiences=("gpu-timekeeper",),
-        seconds=TOKEN_SECONDS,
-    )
-    (folder / "token").write_text(token)
-    env = {
-        # The PriorityClass watch as the webhook's ServiceAccount: exactly the RBAC deployment/ ships.
-        "WEBHOOK_KUBECONFIG": str(
-            service_account_kubeconfig(control_plane, core, "gpu-timekeeper-webhook", folder)
-        ),
-        "WEBHOOK_TLS_CERT_FILE": str(webhook_tls.cert),
-        "WEBHOOK_TLS_KEY_FILE": str(webhook_tls.key),
-        "WEBHOOK_TIMEKEEPER_URL": timekeeper.url,
-        "WEBHOOK_TIMEKEEPER_TOKEN_FILE": str(folder / "token"),
-        "WEBHOOK_STATE_POLL_INTERVAL_SECONDS": "0.2",
-        "WEBHOOK_SIDECAR_MODE": "container",
-        "WEBHOOK_LOG_FORMAT": "json",
-    }
-    process = WebhookProcess(env, install.webhook_port, webhook_tls.ca, folder / "webhook.log")
-    process.start()
-    wait_until(
-        lambda: "webhook_state_age_seconds -1.0" not in process.client.get(f"{process.url}/metrics").text,
-        timeout=30,
-        what="the webhook's first admission state",
-    )
+    process = start_webhook(control_plane, core, webhook_tls, timekeeper, folder, install.webhook_port)
     yield process
     process.stop()
 

@@ -122,6 +122,7 @@ def check_entry(name: str, entry: GpuEntry, *, pattern: bool) -> None:
         raise ValueError(f"{name!r}: {entry.system} reads only its own resources: {fixed}")
 
 
+_NOT_SEEN: Final = object()
 # The extended resource a pod may ask a DeviceClass's devices by (DRA's implicit extended resource).
 DEVICE_CLASS_RESOURCE_PREFIX: Final = "deviceclass.resource.kubernetes.io/"
 
@@ -130,6 +131,7 @@ class GpuCatalogue:
     """The catalogue, immutable and hashable (the share arithmetic caches per hardware configuration)."""
 
     __slots__ = (
+        "_hash",
         "_key",
         "_seen",
         "accelerator_patterns",
@@ -160,13 +162,14 @@ class GpuCatalogue:
             self.accelerator_patterns,
             unknown,
         )
+        self._hash = hash(self._key)  # the share arithmetic's caches hash the hardware on every read
         self._seen: dict[str, GpuEntry | None] = {}
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, GpuCatalogue) and self._key == other._key
 
     def __hash__(self) -> int:
-        return hash(self._key)
+        return self._hash
 
     def __repr__(self) -> str:
         return f"GpuCatalogue{self._key!r}"
@@ -174,8 +177,9 @@ class GpuCatalogue:
     def entry(self, resource: str) -> GpuEntry | None:
         """The resource's entry; None for a resource that is no GPU. An accelerator the catalogue does not
         name counts as whole devices, marked unknown under `deny` (its pod is then denied)."""
-        if resource in self._seen:
-            return self._seen[resource]
+        seen = self._seen.get(resource, _NOT_SEEN)
+        if seen is not _NOT_SEEN:
+            return seen  # type: ignore[return-value]
         found = self.resources.get(resource)
         if found is None and resource.startswith(DEVICE_CLASS_RESOURCE_PREFIX):
             found = self._implicit(resource.removeprefix(DEVICE_CLASS_RESOURCE_PREFIX))

@@ -167,9 +167,10 @@ def _gpu_requests(container: Mapping[str, Any], catalogue: GpuCatalogue) -> dict
     requests = _mapping(resources.get("requests"))
     limits = _mapping(resources.get("limits"))
     wanted: dict[str, object] = {}
+    entry = catalogue.entry
     for source in (limits, requests):  # requests win where both are given
         for name, value in source.items():
-            if catalogue.entry(name) is not None:  # a GPU resource
+            if entry(name) is not None:  # a GPU resource
                 wanted[name] = value
     return wanted
 
@@ -621,10 +622,9 @@ def read_pod(
                 "a pod may use one GPU-sharing system, this one uses " + ", ".join(systems),
             )
         )
-    # A pod-level ask (a label, an annotation) beside counted container resources is at least those.
-    share = effective_share(init_shares, app_shares)
-    if pod_level:
-        share = max(share, pod_level[0][1])
+    share = effective_share(init_shares, app_shares) if init_shares or app_shares else Fraction(0)
+    if pod_level:  # a label or annotation beside counted container resources is at least those
+        share = max(share, pod_level[0][1]) if share else pod_level[0][1]
     return PodShare(
         system=pod_level[0][0] if pod_level else systems[0],
         share=share,

@@ -77,9 +77,11 @@ DEFAULT_GPU_RESOURCES: Final[Mapping[str, GpuEntry]] = {
         ("cnvrg.io/metagpu", SharingSystem.METAGPU),
         ("aliyun.com/gpu-mem", SharingSystem.GPUSHARE),
         ("aliyun.com/gpu-count", SharingSystem.GPUSHARE),
+        ("aliyun.com/gpu-core.percentage", SharingSystem.GPUSHARE),
         ("volcano.sh/vgpu-number", SharingSystem.VOLCANO),
         ("volcano.sh/vgpu-cores", SharingSystem.VOLCANO),
         ("volcano.sh/vgpu-memory", SharingSystem.VOLCANO),
+        ("volcano.sh/vgpu-memory-percentage", SharingSystem.VOLCANO),
     )
 }
 DEFAULT_GPU_RESOURCE_PATTERNS: Final[Mapping[str, GpuEntry]] = {

@@ -70,9 +70,11 @@ VCUDA_MEMORY: Final = "tencent.com/vcuda-memory"
 METAGPU: Final = "cnvrg.io/metagpu"
 GPUSHARE_MEMORY: Final = "aliyun.com/gpu-mem"
 GPUSHARE_COUNT: Final = "aliyun.com/gpu-count"
+GPUSHARE_CORE_PERCENTAGE: Final = "aliyun.com/gpu-core.percentage"  # cGPU's compute share, in percent
 VOLCANO_NUMBER: Final = "volcano.sh/vgpu-number"
 VOLCANO_CORES: Final = "volcano.sh/vgpu-cores"
 VOLCANO_MEMORY: Final = "volcano.sh/vgpu-memory"
+VOLCANO_MEMORY_PERCENTAGE: Final = "volcano.sh/vgpu-memory-percentage"
 CLEARML_FRACTION_LABEL: Final = "clearml-injector/fraction"
 KAI_FRACTION_ANNOTATION: Final = "gpu-fraction"
 KAI_CONTAINER_ANNOTATION: Final = "gpu-fraction-container-name"
@@ -352,24 +354,29 @@ def _vcuda_share(reader: _Reader, requests: Mapping[str, object]) -> Fraction:
 
 
 def _gpushare_share(reader: _Reader, requests: Mapping[str, object]) -> Fraction:
-    """gpushare's memory is the pod's total, spread over gpu-count GPUs (one unless given)."""
+    """gpushare's memory is the pod's total, spread over gpu-count GPUs (one unless given); cGPU's core
+    percentage beside it makes the share at least that much of one GPU."""
     devices = Fraction(1)
-    if GPUSHARE_COUNT in requests:
-        devices = reader.count(GPUSHARE_COUNT, requests[GPUSHARE_COUNT]) or Fraction(1)
-        if GPUSHARE_MEMORY not in requests:
+    for companion in (GPUSHARE_COUNT, GPUSHARE_CORE_PERCENTAGE):
+        if companion in requests and GPUSHARE_MEMORY not in requests:
             reader.flag(
                 Rule.DEVICE_COUNT_REQUIRED,
                 f"needs {GPUSHARE_MEMORY} beside it",
-                GPUSHARE_COUNT,
-                requests[GPUSHARE_COUNT],
+                companion,
+                requests[companion],
             )
+    if GPUSHARE_COUNT in requests:
+        devices = reader.count(GPUSHARE_COUNT, requests[GPUSHARE_COUNT]) or Fraction(1)
+    cores = Fraction(0)
+    if GPUSHARE_CORE_PERCENTAGE in requests:
+        cores = (reader.percentage(GPUSHARE_CORE_PERCENTAGE, requests[GPUSHARE_CORE_PERCENTAGE]) or 0) / 100
     if GPUSHARE_MEMORY not in requests:
-        return Fraction(0)
+        return cores
     raw = requests[GPUSHARE_MEMORY]
     memory = reader.count(GPUSHARE_MEMORY, raw)
     if memory is None:
-        return Fraction(0)
-    share = memory * reader.hardware.gpushare_memory_unit_mib / reader.hardware.gpu_memory_mib
+        return cores
+    share = max(memory * reader.hardware.gpushare_memory_unit_mib / reader.hardware.gpu_memory_mib, cores)
     if share > devices:
         reader.flag(
             Rule.MEMORY_WITHIN_GPU,
@@ -437,7 +444,9 @@ def _read_requests(
     elif system is SharingSystem.HAMI:
         share = _vgpu_share(reader, requests, NVIDIA_GPU, HAMI_CORES, HAMI_MEMORY, HAMI_MEMORY_PERCENTAGE)
     elif system is SharingSystem.VOLCANO:
-        share = _vgpu_share(reader, requests, VOLCANO_NUMBER, VOLCANO_CORES, VOLCANO_MEMORY, None)
+        share = _vgpu_share(
+            reader, requests, VOLCANO_NUMBER, VOLCANO_CORES, VOLCANO_MEMORY, VOLCANO_MEMORY_PERCENTAGE
+        )
     elif system is SharingSystem.VCUDA:
         share = _vcuda_share(reader, requests)
     elif system is SharingSystem.METAGPU:

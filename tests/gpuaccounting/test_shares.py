@@ -53,6 +53,21 @@ def rules(result: PodShare) -> set[Rule]:
             Fraction(1, 5),
         ),
         ({"volcano.sh/vgpu-number": 1}, SharingSystem.VOLCANO, Fraction(1)),
+        (
+            {"volcano.sh/vgpu-number": 2, "volcano.sh/vgpu-memory-percentage": 25},
+            SharingSystem.VOLCANO,
+            Fraction(1, 2),
+        ),
+        (
+            {"aliyun.com/gpu-mem": 4, "aliyun.com/gpu-core.percentage": 30},
+            SharingSystem.GPUSHARE,
+            Fraction(3, 10),
+        ),
+        (
+            {"aliyun.com/gpu-mem": 20, "aliyun.com/gpu-core.percentage": 30},
+            SharingSystem.GPUSHARE,
+            Fraction(1, 2),
+        ),
     ],
 )
 def test_container_resources_give_system_and_share(
@@ -173,6 +188,8 @@ def test_skipped_container_is_left_out() -> None:
         ({"nvidia.com/mig-weird": 1}, Rule.MIG_PROFILE, "nvidia.com/mig-weird"),
         ({"cnvrg.io/metagpu": "2.5"}, Rule.POSITIVE_INTEGER, "2.5"),
         ({"aliyun.com/gpu-count": 1}, Rule.DEVICE_COUNT_REQUIRED, "aliyun.com/gpu-mem"),
+        ({"aliyun.com/gpu-core.percentage": 30}, Rule.DEVICE_COUNT_REQUIRED, "aliyun.com/gpu-mem"),
+        ({"aliyun.com/gpu-mem": 4, "aliyun.com/gpu-core.percentage": 150}, Rule.PERCENTAGE_RANGE, "150"),
         ({"aliyun.com/gpu-mem": 100}, Rule.MEMORY_WITHIN_GPU, "40960 MiB"),
         ({"nvidia.com/gpucores": 50}, Rule.DEVICE_COUNT_REQUIRED, "nvidia.com/gpu"),
         ({"nvidia.com/gpu": 1, "nvidia.com/gpucores": 150}, Rule.PERCENTAGE_RANGE, "150"),

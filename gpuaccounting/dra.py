@@ -106,10 +106,13 @@ class _ClaimReader:
         found = classes.get(name)
         if found is None:  # an admin's own class selecting a GPU driver's devices
             found = next((classes[d] for d in sorted(self.drivers.get(name, ())) if d in classes), None)
-        if found is None and self.catalogue.looks_like_accelerator_class(name):
+        # A class that names no driver may select a GPU driver's devices as well as any other's.
+        any_driver = name in self.drivers and not self.drivers[name]
+        if found is None and (any_driver or self.catalogue.looks_like_accelerator_class(name)):
+            why = "selects devices of any driver" if any_driver else "looks like an accelerator"
             self.flag(
                 Rule.UNKNOWN_ACCELERATOR,
-                f'DeviceClass {name} looks like an accelerator the GPU catalogue does not name: add "{name}"'
+                f'DeviceClass {name} {why} and the GPU catalogue does not name it: add "{name}"'
                 ' to gpu_device_classes in the hardware configuration (e.g. {"system": "nvidia"})',
                 name,
             )

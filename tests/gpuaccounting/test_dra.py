@@ -83,6 +83,16 @@ def test_an_admins_own_class_selecting_a_gpu_driver_counts_as_that_drivers_gpus(
     assert (result.system, result.share, result.violations) == (SharingSystem.NVIDIA, Fraction(2), ())
 
 
+def test_a_class_that_names_no_driver_may_select_gpus_and_is_denied_until_catalogued() -> None:
+    everything = device_class("everything", "device.attributes.exists(a, true)")
+    result = read(claim_spec(request("any", "everything")), drivers=drivers_of([everything]))
+    (violation,) = result.violations
+    assert violation.rule is Rule.UNKNOWN_ACCELERATOR
+    assert "selects devices of any driver" in violation.describe()
+    nic = device_class("nic", "device.driver == 'sriov.example.com'")
+    assert read(claim_spec(request("nic", "nic")), drivers=drivers_of([nic])).violations == ()
+
+
 def test_a_claim_or_template_that_does_not_exist_fails_closed() -> None:
     result = read(None)
     (violation,) = result.violations

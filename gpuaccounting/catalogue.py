@@ -188,7 +188,7 @@ class GpuCatalogue:
         elif found is None:
             found = next((e for pattern, e in self.patterns if fnmatchcase(resource, pattern)), None)
         if found is None and self.looks_like_accelerator(resource):
-            found = UNKNOWN if self.unknown is UnknownAccelerators.DENY else WHOLE_DEVICES
+            found = self.unknown_entry()
         if len(self._seen) >= 4096:  # pods name few resources; a flood of invented names must not grow this
             self._seen.clear()
         self._seen[resource] = found
@@ -201,7 +201,11 @@ class GpuCatalogue:
             return GpuEntry(
                 SharingSystem.NVIDIA if known.system is SharingSystem.NVIDIA else SharingSystem.DEVICES, 1
             )
-        return UNKNOWN if self.looks_like_accelerator_class(device_class) else None
+        return self.unknown_entry() if self.looks_like_accelerator_class(device_class) else None
+
+    def unknown_entry(self) -> GpuEntry:
+        """What an accelerator the catalogue does not name counts as: whole devices, to deny or to charge."""
+        return UNKNOWN if self.unknown is UnknownAccelerators.DENY else WHOLE_DEVICES
 
     def looks_like_accelerator_class(self, device_class: str) -> bool:
         """A DeviceClass name (a DNS name such as gpu.amd.com) matching an accelerator pattern's name part

@@ -108,15 +108,18 @@ class _ClaimReader:
             found = next((classes[d] for d in sorted(self.drivers.get(name, ())) if d in classes), None)
         # A class that names no driver may select a GPU driver's devices as well as any other's.
         any_driver = name in self.drivers and not self.drivers[name]
-        if found is None and (any_driver or self.catalogue.looks_like_accelerator_class(name)):
-            why = "selects devices of any driver" if any_driver else "looks like an accelerator"
-            self.flag(
-                Rule.UNKNOWN_ACCELERATOR,
-                f'DeviceClass {name} {why} and the GPU catalogue does not name it: add "{name}"'
-                ' to gpu_device_classes in the hardware configuration (e.g. {"system": "nvidia"})',
-                name,
-            )
-        return found
+        if found is not None or not (any_driver or self.catalogue.looks_like_accelerator_class(name)):
+            return found
+        if self.catalogue.unknown_entry().known:  # unknown_accelerators: whole-gpus
+            return DeviceClassEntry(SharingSystem.DEVICES)
+        why = "selects devices of any driver" if any_driver else "looks like an accelerator"
+        self.flag(
+            Rule.UNKNOWN_ACCELERATOR,
+            f'DeviceClass {name} {why} and the GPU catalogue does not name it: add "{name}"'
+            ' to gpu_device_classes in the hardware configuration (e.g. {"system": "nvidia"})',
+            name,
+        )
+        return None
 
     def per_device(self, request: Mapping[str, Any], device_class: DeviceClassEntry) -> Fraction:
         """One allocated device's share: a MIG profile's, or the requested consumable capacity's, else 1."""

@@ -369,7 +369,8 @@ def _gpushare_share(reader: _Reader, requests: Mapping[str, object]) -> Fraction
         devices = reader.count(GPUSHARE_COUNT, requests[GPUSHARE_COUNT]) or Fraction(1)
     cores = Fraction(0)
     if GPUSHARE_CORE_PERCENTAGE in requests:
-        cores = (reader.percentage(GPUSHARE_CORE_PERCENTAGE, requests[GPUSHARE_CORE_PERCENTAGE]) or 0) / 100
+        percent = reader.percentage(GPUSHARE_CORE_PERCENTAGE, requests[GPUSHARE_CORE_PERCENTAGE])
+        cores = Fraction(0) if percent is None else percent / 100
     if GPUSHARE_MEMORY not in requests:
         return cores
     raw = requests[GPUSHARE_MEMORY]

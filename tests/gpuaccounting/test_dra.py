@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from gpuaccounting.catalogue import GpuCatalogue, UnknownAccelerators
 from gpuaccounting.dra import ClaimRef, drivers_of, read_claims, with_claims
 from gpuaccounting.shares import GpuHardware, Rule, SharingSystem, format_share, read_pod
 from tests.support.dra import (
@@ -137,3 +138,15 @@ def test_claim_refs_read_only_well_formed_entries() -> None:
     )
     claims = read_claims(built, lambda ref: SINGLE_GPU if ref == ClaimRef("a", "c", None) else None, HARDWARE)
     assert (claims.share, claims.claims) == (1, ("a",))
+
+
+def test_under_whole_gpus_an_unknown_accelerator_class_is_charged_not_denied() -> None:
+    hardware = GpuHardware(catalogue=GpuCatalogue(unknown=UnknownAccelerators.WHOLE_GPUS))
+    spec = claim_spec(request("gpu", "gpu.amd.com", count=2))
+    built = claiming_pod("team-a", templates={"gpu": "tpl"})
+    result = with_claims(read_pod(built, hardware), read_claims(built, specs_of({"tpl": spec}), hardware))
+    assert (result.system, result.share, result.violations) == (SharingSystem.DEVICES, Fraction(2), ())
+    implicit = read_pod(
+        pod(container("main", {"deviceclass.resource.kubernetes.io/gpu.amd.com": 1})), hardware
+    )
+    assert (implicit.share, implicit.violations) == (Fraction(1), ())

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import jsonpatch
+import kubernetes_validate
 import orjson
 import pytest
 from starlette.applications import Starlette
@@ -73,6 +74,7 @@ def test_a_dra_pod_in_an_exhausted_namespace_gets_the_reduced_class_and_a_sideca
     client: TestClient, case: str
 ) -> None:
     patched = admit(client, claiming_pod(EXHAUSTED, templates={"gpu": case}, containers=2))
+    kubernetes_validate.validate(patched, kubernetes_validate.utils.latest_version(), strict=True)
     assert patched["spec"]["priorityClassName"] == "gpu-over-budget"
     assert patched["metadata"]["annotations"][names.ANNOTATION_GPU_SHARE] == QUICKSTART[case][1]
     assert sidecar_claims(patched) == [{"name": "gpu"}]

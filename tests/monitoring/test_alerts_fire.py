@@ -38,8 +38,8 @@ from webhook.tls import generate_ca, generate_serving_cert
 
 pytestmark = [pytest.mark.e2e, pytest.mark.prometheus]
 
-# Every rule's `for:` in the test's copy: long enough to pass through pending, short enough to be quick.
-FOR = "2s"
+# Every rule's `for:` in the test's copy: one evaluation pending, then firing.
+FOR = "1s"
 WEBHOOK_SERVER_NAME = "gpu-timekeeper-webhook.gpu-timekeeper.svc"
 # Metrics that cannot have a series here, and why (each is named by the rules or the dashboard).
 NO_SERIES_HERE = {
@@ -190,8 +190,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         # The first fault is there before anything runs: a roll-up that has never succeeded.
         stack.sql(f"ALTER TABLE {ROLLUP_TABLE} RENAME TO {ROLLUP_TABLE}_away")
         try:
-            timekeeper.start()
-            webhook.start()
+            with ThreadPoolExecutor() as starting:  # each waits for its process to answer
+                for started in [starting.submit(timekeeper.start), starting.submit(webhook.start)]:
+                    started.result()
             prometheus.start(binary)
             wait_until(
                 lambda: (stack.value("min(count_over_time(up[1m]))") or 0) >= 3,

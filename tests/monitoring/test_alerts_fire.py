@@ -28,6 +28,7 @@ import pytest
 import yaml
 from sqlalchemy.engine import make_url
 
+from tests.deployment.conftest import required
 from tests.deployment.test_monitoring import RUNBOOKS, alerts, dashboard, rule_groups, series_names
 from tests.support.pods import container, pod, review
 from tests.support.processes import TimekeeperProcess, WebhookProcess, free_port, wait_until
@@ -143,9 +144,7 @@ def scrape_configs(stack_dir: Path, timekeeper_port: int, webhook_port: int, met
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    binary = prometheus_binary()
-    if binary is None:
-        pytest.skip("no prometheus: apt-get install prometheus (.ci/run does)")
+    binary = str(required(prometheus_binary(), "no prometheus: apt-get install prometheus (.ci/run does)"))
     workdir = tmp_path_factory.mktemp("monitoring")
     tokens, metrics_token = Tokens(), secrets.token_urlsafe(24)
     ca_cert, ca_key = generate_ca("monitoring CA")

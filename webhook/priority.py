@@ -16,6 +16,7 @@ from typing import Any
 
 from gpuaccounting.admission_state import PriorityPolicy as Policy
 from gpuaccounting.admission_state import default_priority_policy, is_over_budget
+from gpuaccounting.counters import start_at_zero
 from gpuaccounting.wire import BudgetState
 from webhook.metrics import WebhookMetrics
 from webhook.priorityclasses import PriorityClassCatalog
@@ -180,6 +181,7 @@ class DecisionRecorder:
     def __init__(self, metrics: WebhookMetrics) -> None:
         self.metrics = metrics
         self._logged: set[Freshness] = set()
+        start_at_zero(metrics.priority_decisions, rule=[rule.value for rule in PriorityRule])
 
     def record(self, decision: PriorityDecision) -> None:
         self.metrics.priority_decisions.labels(rule=decision.rule.value).inc()

@@ -137,6 +137,7 @@ def timekeeper(
     kubeconfig = service_account_kubeconfig(control_plane, core, "gpu-timekeeper", folder)
     env = {
         "TIMEKEEPER_AUTH_MODE": "kubernetes",
+        "TIMEKEEPER_METRICS_AUTH": "token",  # as deployment/ ships it: the budgets on /metrics are private
         "TIMEKEEPER_KUBE_IN_CLUSTER": "false",
         "TIMEKEEPER_KUBECONFIG": str(kubeconfig),
         "TIMEKEEPER_RECONCILE": "true",

@@ -414,3 +414,29 @@ def test_a_changed_hardware_value_rolls_both_servers():
     (before,) = checksums()
     (after,) = checksums("--set", "hardware.gpu_memory_mib=40960")
     assert before != after
+
+
+def test_budgets_are_private_and_prometheus_scrapes_them_with_a_token_it_may_use():
+    """/metrics names every namespace's budget (issue #25): the shipped timekeeper asks for a token, and
+    the ServiceMonitor sends one of a ServiceAccount that may read every namespace, whatever the release."""
+    objects = helm_template("--set", "monitoring.serviceMonitor.enabled=true", "--set", "fullnameOverride=tk")
+    timekeeper = one(objects, "Deployment", "tk")["spec"]["template"]["spec"]["containers"][0]
+    assert env_of(timekeeper)["TIMEKEEPER_METRICS_AUTH"] == "token"
+    (endpoint,) = one(objects, "ServiceMonitor", "tk")["spec"]["endpoints"]
+    credentials = endpoint["authorization"]["credentials"]
+    secret = one(objects, "Secret", credentials["name"])
+    assert secret["type"] == "kubernetes.io/service-account-token" and credentials["key"] == "token"
+    account = secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+    one(objects, "ServiceAccount", account)
+    (binding,) = [
+        b
+        for b in find(objects, "ClusterRoleBinding")
+        if {"kind": "ServiceAccount", "name": account, "namespace": "gpu-timekeeper"} in b["subjects"]
+    ]
+    role = one(objects, "ClusterRole", binding["roleRef"]["name"])
+    assert any(
+        "gpu-timekeeper.io" in rule["apiGroups"]
+        and "gpubudgets" in rule["resources"]
+        and "list" in rule["verbs"]
+        for rule in role["rules"]
+    )

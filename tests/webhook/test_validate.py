@@ -77,6 +77,19 @@ INVALID: dict[str, tuple[dict[str, Any], list[str]]] = {
         pod(container("train"), annotations={"gpu-fraction": "0.5", "gpu-fraction-container-name": "trian"}),
         ["annotation gpu-fraction-container-name=trian", "names no container", "rule kai-container"],
     ),
+    # Issue 25: a share that rounds to nothing, or runs a GPU for ~nothing, is below its system's floor.
+    "kai-a-ten-millionth": (
+        pod(container("train"), annotations={"gpu-fraction": "0.0000001"}),
+        ["GPU share 1e-07 is below", "for kai, 0.01 (hardware file: minimum_shares)", "rule minimum-share"],
+    ),
+    "kai-one-mib": (
+        pod(container("train"), annotations={"gpu-memory": "1"}),
+        ["GPU share 1.2207e-05 is below", "for kai, 0.01", "rule minimum-share"],
+    ),
+    "hami-one-mib": (
+        pod(container("train", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1})),
+        ["for hami, 0.01", "rule minimum-share"],
+    ),
     "volcano-cores-alone": (
         pod(container("train", {"volcano.sh/vgpu-cores": 50})),
         ["volcano.sh/vgpu-cores=50", "needs volcano.sh/vgpu-number", "rule device-count-required"],

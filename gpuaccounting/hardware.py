@@ -22,7 +22,13 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from gpuaccounting.shares import DEFAULT_MINIMUM_SHARES, SMALLEST_MINIMUM_SHARE, GpuHardware, SharingSystem
+from gpuaccounting.shares import (
+    DEFAULT_MINIMUM_SHARES,
+    SMALLEST_MINIMUM_SHARE,
+    GpuHardware,
+    MinimumShares,
+    SharingSystem,
+)
 
 _FIELDS = {field.name: field.type for field in dataclasses.fields(GpuHardware)}
 
@@ -52,7 +58,7 @@ def _fraction(key: str, item: Any) -> Fraction:
         raise ValueError(f"{key}: {item!r} is not a fraction") from None
 
 
-def _minimum_shares(key: str, value: Any) -> tuple[tuple[SharingSystem, Fraction], ...]:
+def _minimum_shares(key: str, value: Any) -> MinimumShares:
     if not isinstance(value, dict):
         raise ValueError(f'{key} must be an object such as {{"kai": "1/100"}}')
     known = {system.value for system in SharingSystem}
@@ -64,7 +70,7 @@ def _minimum_shares(key: str, value: Any) -> tuple[tuple[SharingSystem, Fraction
         if not SMALLEST_MINIMUM_SHARE <= floor <= 1:
             raise ValueError(f"{key}.{name}: {item!r} is not between 1/1000000 and 1")
         floors[SharingSystem(name)] = floor
-    return tuple(sorted(floors.items()))
+    return frozenset(floors.items())
 
 
 def _fractions(key: str, value: Any) -> frozenset[Fraction]:

@@ -116,16 +116,15 @@ SMALLEST_MINIMUM_SHARE: Final = Fraction(1, 1_000_000)
 # The smallest share admitted per system (`minimum_shares`): one step of the systems that count in
 # percent or in units of 100 (HAMi, Volcano, gpu-manager, MetaGPU, KAI), and a thousandth where the
 # system's own step is hardware's (time-slicing replicas, gpushare's GiB of a GPU up to 1 TiB).
-DEFAULT_MINIMUM_SHARES: Final = tuple(
-    sorted(
-        {
-            **{system: Fraction(1, 100) for system in SharingSystem},
-            SharingSystem.NVIDIA: Fraction(1, 1000),
-            SharingSystem.GPUSHARE: Fraction(1, 1000),
-        }.items()
-    )
+DEFAULT_MINIMUM_SHARES: Final = frozenset(
+    {
+        **{system: Fraction(1, 100) for system in SharingSystem},
+        SharingSystem.NVIDIA: Fraction(1, 1000),
+        SharingSystem.GPUSHARE: Fraction(1, 1000),
+    }.items()
 )
-MinimumShares = tuple[tuple[SharingSystem, Fraction], ...]
+# One (system, floor) pair per system; a frozenset keeps its hash, and reads are cached by hardware.
+MinimumShares = frozenset[tuple[SharingSystem, Fraction]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,12 +138,12 @@ class GpuHardware:
     metagpu_units_per_gpu: int = 100
     gpushare_memory_unit_mib: int = 1024  # gpushare counts GiB unless its plugin says MiB
     clearml_fractions: frozenset[Fraction] = DEFAULT_CLEARML_FRACTIONS
-    minimum_shares: MinimumShares = (
-        DEFAULT_MINIMUM_SHARES  # every system, sorted (hashable: reads are cached)
-    )
+    minimum_shares: MinimumShares = DEFAULT_MINIMUM_SHARES
 
     def minimum_share(self, system: SharingSystem) -> Fraction:
-        return dict(self.minimum_shares).get(system, SMALLEST_MINIMUM_SHARE)
+        return next(
+            (floor for named, floor in self.minimum_shares if named is system), SMALLEST_MINIMUM_SHARE
+        )
 
 
 @dataclass(frozen=True, slots=True)

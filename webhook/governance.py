@@ -111,7 +111,10 @@ def _sidecar_problems(
     """How the pod's sidecar and its volumes differ from the ones built from settings for its share."""
     if not share.uses_gpu:
         return ["this pod requests no GPU"]
-    built = template.container(format_share(share.share))
+    share_text = format_share(share.share)
+    if template.is_ours(sidecar, share_text):
+        return template.volume_problems(volumes)
+    built = template.container_form(share_text)  # in stored form
     problems = []
     if sidecar.get("image") != built["image"]:
         problems.append(f"image {sidecar.get('image')} is not {built['image']}")

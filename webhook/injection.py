@@ -10,7 +10,9 @@ never count as a change and a re-invocation patches nothing.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 from typing import Any
 
 from gpuaccounting import names
@@ -94,6 +96,30 @@ class SidecarTemplate:
             },
         ]
         self.volume_names = frozenset(volume["name"] for volume in self.volumes)
+        # What we build, in stored form, once (per share for the container: pods repeat a few shares).
+        self._volume_forms = {volume["name"]: stored_form(volume) for volume in self.volumes}
+        self.container_form = lru_cache(maxsize=1024)(self._container_form)
+        self._matched: dict[str, object] = {}
+
+    def _container_form(self, share: str) -> dict[str, Any]:
+        form = stored_form(self.container(share))
+        return form if isinstance(form, dict) else {}
+
+    def is_ours(self, given: object, share: str) -> bool:
+        """Whether `given` is the sidecar we build for `share`, in stored form."""
+        return self._matches(given, self.container_form(share), f"container {share}")
+
+    def _matches(self, given: object, form: object, key: str) -> bool:
+        """`stored_form(given) == form`, remembering the last object that matched under `key`: every pod
+        one API server stores repeats it, so the usual answer is one comparison."""
+        if given == self._matched.get(key):
+            return True
+        if stored_form(given) != form:
+            return False
+        if len(self._matched) >= _REMEMBERED:
+            self._matched.clear()
+        self._matched[key] = copy.deepcopy(given)
+        return True
 
     def container(self, share: str) -> dict[str, Any]:
         s = self.settings
@@ -140,7 +166,7 @@ class SidecarTemplate:
         ]
         if len(found) == 1 and found[0][0] == key:  # in its list: rebuilt where it is, when it must be
             index = found[0][1]
-            if not same(spec[key][index], built):
+            if not self.is_ours(spec[key][index], share):
                 spec[key] = [*spec[key][:index], built, *spec[key][index + 1 :]]
         else:
             for listed_key in ("initContainers", "containers"):
@@ -159,22 +185,18 @@ class SidecarTemplate:
         problems = []
         for volume in self.volumes:
             given = [v for v in listed if v.get("name") == volume["name"]]
-            if len(given) != 1 or not same(given[0], volume):
+            name = volume["name"]
+            if len(given) != 1 or not self._matches(given[0], self._volume_forms[name], f"volume {name}"):
                 problems.append(f"volume {volume['name']} is not the one gpu-timekeeper injects")
         return problems
 
 
-def differing_fields(given: Mapping[str, Any], built: Mapping[str, Any]) -> list[str]:
-    """The top-level fields in which a container or volume differs from the one built (stored forms)."""
-    ours, theirs = stored_form(dict(built)), stored_form(dict(given))
-    if not isinstance(ours, dict) or not isinstance(theirs, dict):
+def differing_fields(given: Mapping[str, Any], ours: Mapping[str, Any]) -> list[str]:
+    """The top-level fields in which a container differs from ours (`ours` in stored form already)."""
+    theirs = stored_form(dict(given))
+    if not isinstance(theirs, dict):
         return []
     return sorted(key for key in ours.keys() | theirs.keys() if ours.get(key) != theirs.get(key))
-
-
-def same(given: object, built: object) -> bool:
-    """Whether a container or volume is the one built, once both are in their stored form."""
-    return stored_form(given) == stored_form(built)
 
 
 # Fields the API server fills in at these values when it stores a pod (v1 defaulting): a field left out
@@ -187,6 +209,7 @@ _DEFAULTED: frozenset[tuple[str, object]] = frozenset(
     }
 )
 _QUANTITY_MAPS = frozenset({"requests", "limits"})
+_REMEMBERED = 1024  # matched objects kept, one per share and volume
 _DEEPEST = 16
 
 

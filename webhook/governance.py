@@ -59,22 +59,27 @@ def _requests_our_token(volume: Mapping[str, Any]) -> bool:
     )
 
 
+# The sidecar's token, and its buffer of reports not yet sent (what it sends with that token).
+_SIDECAR_ONLY_VOLUMES = frozenset({names.SIDECAR_TOKEN_VOLUME, names.SIDECAR_BUFFER_VOLUME})
+
+
 def token_mounts(pod: Mapping[str, Any]) -> list[Violation]:
-    """Only our sidecar may hold a token for the timekeeper: it lets its holder report as this pod."""
+    """Only our sidecar may hold a token for the timekeeper, or write what it reports with it: either
+    lets its holder report as this pod."""
     found = []
     spec = _spec(pod)
     for key, container in _containers(spec):
         if key != "ephemeralContainers" and container.get("name") == names.SIDECAR_CONTAINER_NAME:
             continue
         for mount in _list(container.get("volumeMounts")):
-            if isinstance(mount, dict) and mount.get("name") == names.SIDECAR_TOKEN_VOLUME:
+            if isinstance(mount, dict) and mount.get("name") in _SIDECAR_ONLY_VOLUMES:
                 found.append(
                     Violation(
                         Rule.TOKEN_VOLUME_MOUNT,
                         "only the injected gpu-timekeeper-sidecar may mount this volume",
                         str(container.get("name")),
                         "volumeMount",
-                        names.SIDECAR_TOKEN_VOLUME,
+                        str(mount.get("name")),
                     )
                 )
     if spec.get("shareProcessNamespace") is True and _sidecar(spec) is not None:

@@ -174,6 +174,8 @@ TOKEN_READERS = {
         {"name": names.SIDECAR_TOKEN_VOLUME, "mountPath": "/t", "subPath": "token"},
     ),
     "an init container's mount": ("initContainers", {"name": names.SIDECAR_TOKEN_VOLUME, "mountPath": "/t"}),
+    # The reports the sidecar has not sent yet: whoever writes them reports as this pod.
+    "the buffer": ("containers", {"name": names.SIDECAR_BUFFER_VOLUME, "mountPath": "/b"}),
 }
 
 
@@ -186,7 +188,7 @@ def test_no_container_but_ours_mounts_the_token(webhook: Webhook, case: str) -> 
     containers = (container("train", {"nvidia.com/gpu": 1}),) + (() if placed else (reader,))
     answer = webhook.validate(webhook.admit(pod(*containers, **placed)))
     assert not answer.allowed
-    assert 'container "reader": volumeMount=gpu-timekeeper-token' in answer.message
+    assert f'container "reader": volumeMount={mount["name"]}' in answer.message
 
 
 def test_a_gpu_pod_may_not_share_its_process_namespace(webhook: Webhook) -> None:

@@ -212,3 +212,13 @@ def test_a_rebuilt_sidecar_keeps_its_place(tls: Tls, state: Any) -> None:
         "helper",
     ]
     assert {"name": "SIDECAR_GPU_SHARE", "value": "2"} in sidecars(again)[0]["env"]
+
+
+@pytest.mark.parametrize("case", sorted(ALTERATIONS))
+def test_an_update_may_change_no_field_of_the_sidecar(webhook: Webhook, case: str) -> None:
+    """protected-sidecar compares the whole container against oldObject, not only its image."""
+    old = webhook.admit(pod(container("train", {"nvidia.com/gpu": 1})))
+    new = copy.deepcopy(old)
+    ALTERATIONS[case][1](sidecars(new)[0])
+    answer = webhook.validate(new, operation="UPDATE", old=old)
+    assert not answer.allowed and "rule protected-sidecar" in answer.message

@@ -1,6 +1,6 @@
 """The priority policy on a real API server (issue 12's must-show): the Priority plugin fills in the
 `globalDefault` class or the user's own before our webhook runs, and an exhausted namespace's GPU pod
-still gets the reduced class unless its class is exempt. The webhook watches the PriorityClasses as its
+still gets the reduced class unless its class is exempt there. The webhook watches the PriorityClasses as its
 own ServiceAccount (the RBAC deployment/ ships), and its view follows create, update and delete."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tests.support.pods import review
 from tests.support.processes import WebhookProcess, wait_until
 
 OVER_BUDGET = ("gpu-over-budget", 100, "Never")
-# Classes the control plane creates itself; the default priority policy exempts them.
+# Classes the control plane creates itself; the default priority policy exempts them where listed.
 SYSTEM_NODE_CRITICAL = ("system-node-critical", 2000001000)
 
 
@@ -133,11 +133,15 @@ def test_a_user_class_in_an_exhausted_namespace_gets_the_reduced_class(
     assert decision(stored) == f"exhausted: namespace exhausted; class high-{exhausted} replaced"
 
 
-def test_an_exempt_class_is_kept_in_an_exhausted_namespace(kubectl: Kubectl, exhausted: str) -> None:
+def test_a_critical_class_in_a_tenant_namespace_gets_the_reduced_class(
+    kubectl: Kubectl, exhausted: str
+) -> None:
+    """Issue 25: exempt classes are exempt only where an admin lists them (kube-system and ours by
+    default); in a tenant's exhausted namespace system-node-critical escapes nothing."""
     stored = admitted(kubectl, probe(exhausted, SYSTEM_NODE_CRITICAL[0]))
 
-    assert priority_of(stored)[:2] == SYSTEM_NODE_CRITICAL
-    assert decision(stored) == f"exempt: class {SYSTEM_NODE_CRITICAL[0]} is exempt"
+    assert priority_of(stored) == OVER_BUDGET
+    assert decision(stored) == f"exhausted: namespace exhausted; class {SYSTEM_NODE_CRITICAL[0]} replaced"
 
 
 def test_the_webhooks_view_follows_create_update_and_delete(

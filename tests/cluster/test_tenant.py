@@ -92,6 +92,15 @@ def stored_or_refused(tenant: Tenant, body: dict[str, Any]) -> dict[str, Any] | 
         return error.stderr
 
 
+def test_a_tenant_cannot_take_its_namespace_out_of_the_webhooks_reach(tenant: Tenant) -> None:
+    """The webhooks' namespaceSelector reads the namespace's labels: `edit` may not change them. (This
+    held before issue 25; the attacks below did not.)"""
+    with pytest.raises(KubectlError) as refused:
+        tenant.kubectl.run("label", "namespace", tenant.namespace, "kubernetes.io/metadata.name=kube-system")
+
+    assert "forbidden" in refused.value.stderr.lower()
+
+
 def own_sidecar_pod(namespace: str, name: str, image: str) -> dict[str, Any]:
     """Issue 25's pod: a container with our name and the official image, its own command,
     SIDECAR_GPU_SHARE "1" then "0.000001" (the kubelet keeps the last), and a mount of a shared emptyDir

@@ -7,7 +7,10 @@ value of the wrong type is refused at start, never read as a default:
 
     {"gpu_memory_mib": 40960, "mig_slices_per_gpu": 7, "time_slicing_replicas": 4,
      "time_slicing_renamed": false, "metagpu_units_per_gpu": 100, "gpushare_memory_unit_mib": 1024,
-     "clearml_fractions": ["1/16", "1/8", "1/4", "3/8", "1/2", "5/8", "3/4", "7/8"]}
+     "clearml_fractions": ["1/16", "1/8", "1/4", "3/8", "1/2", "5/8", "3/4", "7/8"],
+     "minimum_shares": {"kai": "1/100", "nvidia": "1/1000"}}
+
+`minimum_shares` names only the systems whose floor changes; the others keep theirs.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from gpuaccounting.shares import GpuHardware
+from gpuaccounting.shares import DEFAULT_MINIMUM_SHARES, SMALLEST_MINIMUM_SHARE, GpuHardware, SharingSystem
 
 _FIELDS = {field.name: field.type for field in dataclasses.fields(GpuHardware)}
 
@@ -40,17 +43,36 @@ def _flag(key: str, value: Any) -> bool:
     return value
 
 
+def _fraction(key: str, item: Any) -> Fraction:
+    try:
+        if isinstance(item, bool) or not isinstance(item, str | int | float):
+            raise TypeError
+        return Fraction(str(item))
+    except (TypeError, ValueError, ZeroDivisionError):
+        raise ValueError(f"{key}: {item!r} is not a fraction") from None
+
+
+def _minimum_shares(key: str, value: Any) -> tuple[tuple[SharingSystem, Fraction], ...]:
+    if not isinstance(value, dict):
+        raise ValueError(f'{key} must be an object such as {{"kai": "1/100"}}')
+    known = {system.value for system in SharingSystem}
+    floors = dict(DEFAULT_MINIMUM_SHARES)
+    for name, item in value.items():
+        if name not in known:
+            raise ValueError(f"{key}: {name!r} is no sharing system; known: {sorted(known)}")
+        floor = _fraction(f"{key}.{name}", item)
+        if not SMALLEST_MINIMUM_SHARE <= floor <= 1:
+            raise ValueError(f"{key}.{name}: {item!r} is not between 1/1000000 and 1")
+        floors[SharingSystem(name)] = floor
+    return tuple(sorted(floors.items()))
+
+
 def _fractions(key: str, value: Any) -> frozenset[Fraction]:
     if not isinstance(value, list) or not value:
         raise ValueError(f'{key} must be a non-empty list of fractions such as "1/8" or 0.125')
     parsed = set()
     for item in value:
-        try:
-            if isinstance(item, bool) or not isinstance(item, str | int | float):
-                raise TypeError
-            fraction = Fraction(str(item))
-        except (TypeError, ValueError, ZeroDivisionError):
-            raise ValueError(f"{key}: {item!r} is not a fraction") from None
+        fraction = _fraction(key, item)
         if fraction <= 0:
             raise ValueError(f"{key}: {item!r} is not above zero")
         parsed.add(fraction)
@@ -61,6 +83,7 @@ _READERS: dict[str, Callable[[str, Any], Any]] = {
     "int": _positive_int,
     "bool": _flag,
     "frozenset[Fraction]": _fractions,
+    "MinimumShares": _minimum_shares,
 }
 
 

@@ -58,6 +58,8 @@ class Rule(StrEnum):
     PROTECTED_SIDECAR = "protected-sidecar"
     TOKEN_VOLUME_MOUNT = "token-volume-mount"
     SIDECAR_REQUIRED = "sidecar-required"
+    # Not a rule that may be disabled: the floor is lowered in the hardware file (`minimum_shares`).
+    MINIMUM_SHARE = "minimum-share"
 
 
 # Resource and metadata keys, by system.
@@ -107,6 +109,24 @@ DEFAULT_CLEARML_FRACTIONS: Final = frozenset(
 )
 
 
+# The smallest share any floor may be: a millionth of a GPU still formats as "0.000001" (six places), and
+# the timekeeper's report schema accepts it (timekeeper/usage/schemas.py, MIN_GPU_SHARE).
+SMALLEST_MINIMUM_SHARE: Final = Fraction(1, 1_000_000)
+# The smallest share admitted per system (`minimum_shares`): one step of the systems that count in
+# percent or in units of 100 (HAMi, Volcano, gpu-manager, MetaGPU, KAI), and a thousandth where the
+# system's own step is hardware's (time-slicing replicas, gpushare's GiB of a GPU up to 1 TiB).
+DEFAULT_MINIMUM_SHARES: Final = tuple(
+    sorted(
+        {
+            **{system: Fraction(1, 100) for system in SharingSystem},
+            SharingSystem.NVIDIA: Fraction(1, 1000),
+            SharingSystem.GPUSHARE: Fraction(1, 1000),
+        }.items()
+    )
+)
+MinimumShares = tuple[tuple[SharingSystem, Fraction], ...]
+
+
 @dataclass(frozen=True, slots=True)
 class GpuHardware:
     """Sizes that depend on the cluster's hardware and device-plugin configuration."""
@@ -118,6 +138,12 @@ class GpuHardware:
     metagpu_units_per_gpu: int = 100
     gpushare_memory_unit_mib: int = 1024  # gpushare counts GiB unless its plugin says MiB
     clearml_fractions: frozenset[Fraction] = DEFAULT_CLEARML_FRACTIONS
+    minimum_shares: MinimumShares = (
+        DEFAULT_MINIMUM_SHARES  # every system, sorted (hashable: reads are cached)
+    )
+
+    def minimum_share(self, system: SharingSystem) -> Fraction:
+        return dict(self.minimum_shares).get(system, SMALLEST_MINIMUM_SHARE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -583,8 +609,17 @@ def read_pod(
             )
         )
     share = pod_level[0][1] if pod_level else effective_share(init_shares, app_shares)
+    system = pod_level[0][0] if pod_level else systems[0]
+    if share < (floor := hardware.minimum_share(system)):
+        violations.append(
+            Violation(
+                Rule.MINIMUM_SHARE,
+                f"the pod's GPU share {float(share):.6g} is below the smallest share gpu-timekeeper admits"
+                f" for {system}, {format_share(floor)} (hardware file: minimum_shares)",
+            )
+        )
     return PodShare(
-        system=pod_level[0][0] if pod_level else systems[0],
+        system=system,
         share=share,
         systems=tuple(systems),
         containers=(*init_shares, *app_shares),

@@ -132,7 +132,7 @@ class Admission:
             return governance.on_update(request, self.settings)
         share = self.read(pod)
         view = self.cache.view(self._namespace(request, pod))
-        return governance.on_create(pod, share, view, self.settings)
+        return governance.on_create(pod, share, view, self.sidecar)
 
     def validate(self, request: AdmissionRequest) -> AdmissionResponse:
         pod = _new_pod(request)

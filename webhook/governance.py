@@ -13,6 +13,7 @@ from typing import Any
 
 from gpuaccounting import names
 from gpuaccounting.shares import PodShare, Rule, Violation, format_share
+from webhook.injection import SidecarTemplate, differing_fields
 from webhook.review import AdmissionRequest
 from webhook.settings import WebhookSettings
 from webhook.state import NamespaceView
@@ -93,15 +94,24 @@ def token_mounts(pod: Mapping[str, Any]) -> list[Violation]:
     return found
 
 
-def _env_value(container: Mapping[str, Any], name: str) -> object:
-    for variable in _list(container.get("env")):
-        if isinstance(variable, dict) and variable.get("name") == name:
-            return variable.get("value")
-    return None
+def _sidecar_problems(
+    sidecar: Mapping[str, Any], share: PodShare, volumes: list[Any], template: SidecarTemplate
+) -> list[str]:
+    """How the pod's sidecar and its volumes differ from the ones built from settings for its share."""
+    if not share.uses_gpu:
+        return ["this pod requests no GPU"]
+    built = template.container(format_share(share.share))
+    problems = []
+    if sidecar.get("image") != built["image"]:
+        problems.append(f"image {sidecar.get('image')} is not {built['image']}")
+    fields = [field for field in differing_fields(sidecar, built) if field != "image"]
+    if fields:
+        problems.append(f"its {', '.join(fields)} differ from the sidecar gpu-timekeeper builds")
+    return problems + template.volume_problems(volumes)
 
 
 def on_create(
-    pod: Mapping[str, Any], share: PodShare, view: NamespaceView, settings: WebhookSettings
+    pod: Mapping[str, Any], share: PodShare, view: NamespaceView, template: SidecarTemplate
 ) -> list[Violation]:
     found = list(share.violations)
     cap = view.admission["max_gpu_share_per_pod"] if view.admission is not None else None
@@ -139,22 +149,7 @@ def on_create(
             )
         )
     if sidecar is not None:
-        problems = []
-        if sidecar.get("image") != settings.sidecar_image:
-            problems.append(f"image {sidecar.get('image')} is not {settings.sidecar_image}")
-        if share.uses_gpu and _env_value(sidecar, "SIDECAR_GPU_SHARE") != format_share(share.share):
-            problems.append(
-                f"SIDECAR_GPU_SHARE {_env_value(sidecar, 'SIDECAR_GPU_SHARE')} is not the pod's share"
-            )
-        if not share.uses_gpu:
-            problems.append("this pod requests no GPU")
-        token_volume = next(
-            (v for v in _list(_spec(pod).get("volumes")) if v.get("name") == names.SIDECAR_TOKEN_VOLUME), None
-        )
-        if token_volume is None or not _requests_our_token(token_volume):
-            problems.append(
-                f"volume {names.SIDECAR_TOKEN_VOLUME} is not the projected {names.TOKEN_AUDIENCE} token"
-            )
+        problems = _sidecar_problems(sidecar, share, _list(_spec(pod).get("volumes")), template)
         if problems:
             found.append(
                 Violation(

@@ -108,6 +108,11 @@ class WebhookSettings(BaseSettings):
         unknown = value - ALL_RULES
         if unknown:
             raise ValueError(f"unknown rules {sorted(unknown)}; known: {sorted(ALL_RULES)}")
+        if Rule.MINIMUM_SHARE in value:
+            raise ValueError(
+                f"{Rule.MINIMUM_SHARE} is never disabled (a share below it would be written as 0);"
+                " lower the floor in the hardware file's minimum_shares instead"
+            )
         return value
 
     @field_validator("hardware_file")

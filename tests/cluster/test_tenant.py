@@ -22,6 +22,8 @@ import pytest
 from kubernetes import client
 
 from gpuaccounting import names
+from gpuaccounting.hardware import load_hardware
+from gpuaccounting.shares import SharingSystem, format_share
 from tests.cluster.harness import (
     Install,
     Kubectl,
@@ -185,17 +187,23 @@ def test_a_critical_class_does_not_lift_an_exhausted_tenants_gpu_pod(
     assert (stored["spec"]["priorityClassName"], stored["spec"]["priority"]) == OVER_BUDGET
 
 
-def test_a_share_below_the_floor_is_refused_naming_the_floor(tenant: Tenant) -> None:
-    """KAI's gpu-fraction 1e-7 formatted to a share of 0, which nothing ever charged."""
-    tiny = pod(
-        container("main"), name="tiny", namespace=tenant.namespace, annotations={"gpu-fraction": "0.0000001"}
-    )
+@pytest.mark.parametrize(
+    "annotations",
+    [{"gpu-fraction": "0.0000001"}, {"gpu-fraction": "0.000001"}, {"gpu-memory": "1"}],
+    ids=["fraction-1e-7", "fraction-1e-6", "memory-1MiB"],
+)
+def test_a_share_below_the_floor_is_refused_naming_the_floor(
+    tenant: Tenant, annotations: dict[str, str]
+) -> None:
+    """KAI's gpu-fraction 1e-7 was admitted as share 0 and never charged; 1e-6 and one MiB ran a GPU for
+    next to nothing. The floor is the webhook's default hardware file's (the layer sets none)."""
+    tiny = pod(container("main"), name="tiny", namespace=tenant.namespace, annotations=annotations)
+    floor = load_hardware(None).minimum_share(SharingSystem.KAI)
 
     refusal = tenant.kubectl.refusal(tiny)
 
     assert 'admission webhook "validate.gpu-timekeeper.io" denied the request' in refusal
-    assert "gpu-fraction" in refusal and "0.0000001" in refusal
-    assert "floor" in refusal
+    assert f"smallest share gpu-timekeeper admits for kai, {format_share(floor)}" in refusal
 
 
 def report(api: TimekeeperApi, token: str, stored: dict[str, Any], minute: int, share: str) -> httpx.Response:

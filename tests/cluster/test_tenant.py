@@ -224,6 +224,20 @@ def report(api: TimekeeperApi, token: str, stored: dict[str, Any], minute: int, 
     )
 
 
+def share_mismatches(api: TimekeeperApi) -> float:
+    """The timekeeper's count of reports that stated another share than their pod's admitted one."""
+    metrics = httpx.get(
+        f"{api.url}/metrics", headers={"Authorization": f"Bearer {api.admin_token}"}, timeout=10
+    )
+    assert metrics.status_code == 200, metrics.text
+    (line,) = [
+        line
+        for line in metrics.text.splitlines()
+        if line.startswith("timekeeper_report_share_mismatches_total ")
+    ]
+    return float(line.split()[1])
+
+
 def charged(api: TimekeeperApi, namespace: str) -> dict[str, Decimal]:
     usage = api.ok("GET", f"/namespaces/{namespace}/usage?group_by=pod&since=2000-01-01T00:00:00Z")
     return {row["key"]: Decimal(str(row["gpu_minutes"])) for row in usage["rows"]}
@@ -236,6 +250,7 @@ def test_a_report_is_charged_the_share_admitted_not_the_share_it_claims(
     Each pod's token is the one the kubelet projects into it (TokenRequest, bound to the pod)."""
     control = tenant.kubectl.create(gpu_pod(tenant.namespace, "control"))
     own = tenant.kubectl.create(own_sidecar_pod(tenant.namespace, "own", sidecar_of(control)["image"]))
+    mismatches_before = share_mismatches(api)
     for stored, share in ((control, "1"), (own, TINY_SHARE)):
         token = sidecar_token(core, stored)
         for minute in range(REPORTED_MINUTES):
@@ -246,6 +261,7 @@ def test_a_report_is_charged_the_share_admitted_not_the_share_it_claims(
 
     assert figures["control"] == REPORTED_MINUTES
     assert abs(figures["own"] - figures["control"]) <= figures["control"] / 100
+    assert share_mismatches(api) - mismatches_before == REPORTED_MINUTES  # the own pod's, not the control's
 
 
 def sent_to_webhook(configuration: dict[str, Any], request: dict[str, Any]) -> bool:

@@ -58,6 +58,7 @@ class Rule(StrEnum):
     PROTECTED_SIDECAR = "protected-sidecar"
     TOKEN_VOLUME_MOUNT = "token-volume-mount"
     SIDECAR_REQUIRED = "sidecar-required"
+    PROTECTED_SHARE_INPUTS = "protected-share-inputs"
     # Not a rule that may be disabled: the floor is lowered in the hardware file (`minimum_shares`).
     MINIMUM_SHARE = "minimum-share"
 
@@ -557,6 +558,35 @@ def _kai_share(
         f"annotation {KAI_MEMORY_ANNOTATION}", annotations[KAI_MEMORY_ANNOTATION]
     )
     return devices * (per_device or Fraction(0))
+
+
+_POD_LEVEL_LABELS: Final = (CLEARML_FRACTION_LABEL,)
+_POD_LEVEL_ANNOTATIONS: Final = (
+    KAI_FRACTION_ANNOTATION,
+    KAI_MEMORY_ANNOTATION,
+    KAI_DEVICES_ANNOTATION,
+    KAI_CONTAINER_ANNOTATION,
+)
+
+
+def share_inputs(pod: Mapping[str, Any]) -> dict[str, object]:
+    """Everything `read_pod` reads a pod's share from, by where it is (a label, an annotation, a
+    container's GPU requests): a pod whose inputs did not change has the share it was admitted with."""
+    metadata = _mapping(pod.get("metadata"))
+    labels = _mapping(metadata.get("labels"))
+    annotations = _mapping(metadata.get("annotations"))
+    spec = _mapping(pod.get("spec"))
+    found: dict[str, object] = {f"label {key}": labels[key] for key in _POD_LEVEL_LABELS if key in labels}
+    found.update(
+        {f"annotation {key}": annotations[key] for key in _POD_LEVEL_ANNOTATIONS if key in annotations}
+    )
+    for key in ("initContainers", "containers"):
+        listed = spec.get(key)
+        for container in listed if isinstance(listed, list) else ():
+            if isinstance(container, dict) and (requests := _gpu_requests(container)):
+                role = container.get("restartPolicy") if key == "initContainers" else None
+                found[f"{key} {container.get('name')} GPU requests"] = (requests, role)
+    return found
 
 
 def read_pod(

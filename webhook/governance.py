@@ -12,7 +12,8 @@ from fractions import Fraction
 from typing import Any
 
 from gpuaccounting import names
-from gpuaccounting.shares import PodShare, Rule, Violation, format_share
+from gpuaccounting.quantity import shorten
+from gpuaccounting.shares import PodShare, Rule, Violation, format_share, share_inputs
 from webhook.injection import SidecarTemplate, differing_fields
 from webhook.review import AdmissionRequest
 from webhook.settings import WebhookSettings
@@ -163,11 +164,32 @@ def on_create(
     return found
 
 
+def _share_inputs_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Violation]:
+    """What a pod's share was computed from is fixed once it is admitted: a change (a KAI or ClearML
+    marker dropped, say) would make it another pod, or none, to the timekeeper after a relist."""
+    before, after = share_inputs(old), share_inputs(new)
+    return [
+        Violation(
+            Rule.PROTECTED_SHARE_INPUTS,
+            "decides the pod's GPU share and may not change after the pod is created"
+            f" (was {shorten(repr(before.get(key)))})",
+            resource=key,
+            value=shorten(repr(after.get(key))),
+        )
+        for key in sorted(before.keys() | after.keys())
+        if before.get(key) != after.get(key)
+    ]
+
+
 def on_update(request: AdmissionRequest, settings: WebhookSettings) -> list[Violation]:
-    """What an update may not change: our annotations and our sidecar. Without the old object (the API
-    server always sends it; a broken client may not) there is no change to judge."""
+    """What an update may not change: what the share is computed from (for anyone), our annotations and
+    our sidecar (but by the privileged users). Without the old object (the API server always sends it; a
+    broken client may not) there is no change to judge."""
     found = token_mounts(request.object or {})
-    if request.old_object is None or request.username in settings.privileged_usernames:
+    if request.old_object is None:
+        return found
+    found.extend(_share_inputs_changed(request.old_object, request.object or {}))
+    if request.username in settings.privileged_usernames:
         return found
     old, new = _ours(request.old_object), _ours(request.object)
     for key in sorted(old.keys() | new.keys()):

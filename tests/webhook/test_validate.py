@@ -195,6 +195,61 @@ def test_update_of_other_metadata_is_allowed_even_when_rules_would_now_deny(webh
     assert webhook.validate(new, operation="UPDATE", old=old).allowed
 
 
+SHARE_INPUT_UPDATES: dict[str, tuple[dict[str, Any], Any, list[str]]] = {
+    # Issue 25: dropped together, so that after a relist the pod is no GPU pod to the timekeeper.
+    "KAI marker and our annotations dropped": (
+        pod(container("train"), annotations={"gpu-fraction": "0.5"}),
+        lambda p: p["metadata"].update(annotations={}),
+        [
+            "annotation gpu-fraction=None: decides the pod's GPU share and may not change",
+            "(was '0.5') (rule protected-share-inputs)",
+            "annotation gpu-timekeeper.io/gpu-share=None",
+            "rule protected-annotations",
+        ],
+    ),
+    "KAI fraction lowered": (
+        pod(container("train"), annotations={"gpu-fraction": "0.5"}),
+        lambda p: p["metadata"]["annotations"].update({"gpu-fraction": "0.01"}),
+        ["annotation gpu-fraction='0.01'", "(was '0.5')", "rule protected-share-inputs"],
+    ),
+    "KAI devices added": (
+        pod(container("train"), annotations={"gpu-fraction": "0.5"}),
+        lambda p: p["metadata"]["annotations"].update({"gpu-fraction-num-devices": "4"}),
+        ["annotation gpu-fraction-num-devices='4'", "(was None)", "rule protected-share-inputs"],
+    ),
+    "ClearML label dropped": (
+        pod(container("train"), labels={"clearml-injector/fraction": "0.5"}),
+        lambda p: p["metadata"].pop("labels"),
+        ["label clearml-injector/fraction=None", "(was '0.5')", "rule protected-share-inputs"],
+    ),
+    "KAI marker added to a pod admitted without a GPU": (
+        pod(container("train")),
+        lambda p: p["metadata"].update(annotations={"gpu-fraction": "0.5"}),
+        ["annotation gpu-fraction='0.5'", "(was None)", "rule protected-share-inputs"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SHARE_INPUT_UPDATES))
+@pytest.mark.parametrize("username", ["alice", "system:serviceaccount:gpu-timekeeper:timekeeper"])
+def test_update_may_not_change_what_the_share_is_computed_from(
+    tls: Tls, state: Any, case: str, username: str
+) -> None:
+    """Judged against oldObject by /validate itself (1.20 drops matchConditions), for anyone."""
+    created, change, expected = SHARE_INPUT_UPDATES[case]
+    timekeeper = "system:serviceaccount:gpu-timekeeper:timekeeper"
+    with serve_webhook(tls, state, privileged_usernames=timekeeper) as served:
+        old = served.admit(copy.deepcopy(created))
+        new = copy.deepcopy(old)
+        change(new)
+        answer = served.validate(new, operation="UPDATE", old=old, username=username)
+    assert not answer.allowed
+    for fragment in expected:
+        # The privileged may change our annotations, never what the share is computed from.
+        about_ours = "gpu-timekeeper.io/" in fragment or "protected-annotations" in fragment
+        assert (fragment in answer.message) == (not about_ours or username != timekeeper), fragment
+
+
 def test_update_may_not_change_the_sidecar(webhook: Webhook) -> None:
     old = webhook.admit(pod(container("train", {"nvidia.com/gpu": 1})))
     new = copy.deepcopy(old)

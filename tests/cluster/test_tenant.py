@@ -31,11 +31,14 @@ from tests.cluster.harness import (
     Tenant,
     TimekeeperApi,
     placed,
+    set_status,
     sidecar_token,
+    stamp,
+    terminated,
     wait_for_admission_state,
 )
 from tests.support.pods import GPU_PODS, container, pod, review
-from tests.support.processes import WebhookProcess
+from tests.support.processes import WebhookProcess, wait_until
 from tests.support.timekeeper import report_body
 
 OVER_BUDGET = ("gpu-over-budget", 100)
@@ -191,6 +194,29 @@ def test_a_share_below_the_floor_is_refused_naming_the_floor(
 
     assert 'admission webhook "validate.gpu-timekeeper.io" denied the request' in refusal
     assert f"smallest share gpu-timekeeper admits for kai, {format_share(floor)}" in refusal
+
+
+def test_the_smallest_share_admitted_is_charged_for_a_silent_pod(
+    tenant: Tenant, kubectl: Kubectl, api: TimekeeperApi
+) -> None:
+    """Every share admission admits can be charged: a KAI pod at the floor that never reported, run six
+    minutes, is charged six minutes at the floor by the reconcile pass (a guard; the floor made it so)."""
+    floor = format_share(load_hardware(None).minimum_share(SharingSystem.KAI))
+    small = pod(
+        container("main"), name="small", namespace=tenant.namespace, annotations={"gpu-fraction": floor}
+    )
+    stored = tenant.kubectl.create(small)
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=10)
+    status = {
+        "phase": "Succeeded",
+        "startTime": stamp(start),
+        "containerStatuses": terminated(stored, start + timedelta(minutes=6)),
+    }
+    set_status(kubectl, tenant.namespace, "small", status)  # as the kubelet would
+
+    wait_until(lambda: "small" in charged(api, tenant.namespace), timeout=30, what="the pass to charge it")
+
+    assert charged(api, tenant.namespace) == {"small": 6 * Decimal(floor)}
 
 
 def report(api: TimekeeperApi, token: str, stored: dict[str, Any], minute: int, share: str) -> httpx.Response:

@@ -97,8 +97,10 @@ class Admission:
         metadata = dict(pod.get("metadata") or {})
         spec = dict(pod.get("spec") or {})
         annotations = metadata.get("annotations") or {}
-        view = self.cache.view(self._namespace(request, pod))
-        decision = self.priority.decide(spec, view, annotations.get(names.ANNOTATION_PRIORITY_DECISION))
+        namespace = self._namespace(request, pod)
+        view = self.cache.view(namespace)
+        previous = annotations.get(names.ANNOTATION_PRIORITY_DECISION)
+        decision = self.priority.decide(spec, view, previous, namespace=namespace)
         decision.apply(spec)
         share_text = format_share(share.share)
         metadata["annotations"] = {

@@ -45,6 +45,7 @@ OVER_BUDGET = ("gpu-over-budget", 100)
 LOOT = "loot"  # the tenant's shared emptyDir, through which its own container would read our token
 REPORTED_MINUTES = 3
 SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+SHARE_MISMATCHES = "timekeeper_report_share_mismatches_total"
 TINY_SHARE = "0.000001"  # what the tenant's own sidecar claims for a one-GPU pod
 
 
@@ -188,10 +189,10 @@ def test_a_share_below_the_floor_is_refused_naming_the_floor(
     """KAI's gpu-fraction 1e-7 was admitted as share 0 and never charged; 1e-6 and one MiB ran a GPU for
     next to nothing. The floor is the webhook's default hardware file's (the layer sets none)."""
     tiny = pod(container("main"), name="tiny", namespace=tenant.namespace, annotations=annotations)
-    floor = load_hardware(None).minimum_share(SharingSystem.KAI)
 
     refusal = tenant.kubectl.refusal(tiny)
 
+    floor = load_hardware(None).minimum_share(SharingSystem.KAI)
     assert 'admission webhook "validate.gpu-timekeeper.io" denied the request' in refusal
     assert f"smallest share gpu-timekeeper admits for kai, {format_share(floor)}" in refusal
 
@@ -243,12 +244,9 @@ def share_mismatches(api: TimekeeperApi) -> float:
         f"{api.url}/metrics", headers={"Authorization": f"Bearer {api.admin_token}"}, timeout=10
     )
     assert metrics.status_code == 200, metrics.text
-    (line,) = [
-        line
-        for line in metrics.text.splitlines()
-        if line.startswith("timekeeper_report_share_mismatches_total ")
-    ]
-    return float(line.split()[1])
+    found = [line for line in metrics.text.splitlines() if line.startswith(f"{SHARE_MISMATCHES} ")]
+    assert found, f"the timekeeper exports no {SHARE_MISMATCHES}"
+    return float(found[0].split()[1])
 
 
 def charged(api: TimekeeperApi, namespace: str) -> dict[str, Decimal]:

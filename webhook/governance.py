@@ -77,6 +77,16 @@ def token_mounts(pod: Mapping[str, Any]) -> list[Violation]:
                         names.SIDECAR_TOKEN_VOLUME,
                     )
                 )
+    if spec.get("shareProcessNamespace") is True and _sidecar(spec) is not None:
+        found.append(
+            Violation(
+                Rule.TOKEN_VOLUME_MOUNT,
+                "one process namespace for all containers lets any of them read the sidecar's token"
+                " through /proc/<pid>/root; a pod with the gpu-timekeeper-sidecar may not share it",
+                resource="shareProcessNamespace",
+                value="true",
+            )
+        )
     for volume in _list(spec.get("volumes")):
         if (
             isinstance(volume, dict)

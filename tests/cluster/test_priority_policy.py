@@ -1,6 +1,6 @@
 """The priority policy on a real API server (issue 12's must-show): the Priority plugin fills in the
 `globalDefault` class or the user's own before our webhook runs, and an exhausted namespace's GPU pod
-still gets the reduced class unless its class is exempt. The webhook watches the PriorityClasses as its
+still gets the reduced class unless its class is exempt there. The webhook watches the PriorityClasses as its
 own ServiceAccount (the RBAC deployment/ ships), and its view follows create, update and delete."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tests.support.pods import review
 from tests.support.processes import WebhookProcess, wait_until
 
 OVER_BUDGET = ("gpu-over-budget", 100, "Never")
-# Classes the control plane creates itself; the default priority policy exempts them.
+# Classes the control plane creates itself; the default priority policy exempts them where listed.
 SYSTEM_NODE_CRITICAL = ("system-node-critical", 2000001000)
 
 
@@ -150,6 +150,7 @@ def test_an_exempt_class_is_kept_only_in_a_namespace_an_admin_lists(
     assert priority_of(kept)[:2] == SYSTEM_NODE_CRITICAL
     assert decision(kept) == f"exempt: class {SYSTEM_NODE_CRITICAL[0]} is exempt"
     assert priority_of(governed) == OVER_BUDGET
+    assert decision(governed) == f"exhausted: namespace exhausted; class {SYSTEM_NODE_CRITICAL[0]} replaced"
 
 
 def test_the_webhooks_view_follows_create_update_and_delete(

@@ -220,7 +220,8 @@ def test_one_value_feeds_each_priority_class_and_the_webhook():
         {
             name.removeprefix("WEBHOOK_").lower(): value
             for name, value in env.items()
-            if isinstance(value, str) and name != "WEBHOOK_HARDWARE_FILE"  # a path inside the pod
+            # A path inside the pod; JSON (test_exemptions reads it as the server does).
+            if isinstance(value, str) and name not in ("WEBHOOK_HARDWARE_FILE", "WEBHOOK_EXEMPT_NAMESPACES")
         }
     )
     for prefix, name in (("in_budget", "team-gpu-high"), ("over_budget", "gpu-over-budget")):

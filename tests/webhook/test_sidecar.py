@@ -166,3 +166,33 @@ def test_a_sidecar_nested_a_thousand_deep_is_answered(webhook: Webhook, path: st
     answer = webhook.post(path, body)
     assert answer.status_code == 200
     assert answer.allowed == (path == "/mutate")
+
+
+TOKEN_READERS = {
+    "a subPath mount": (
+        "containers",
+        {"name": names.SIDECAR_TOKEN_VOLUME, "mountPath": "/t", "subPath": "token"},
+    ),
+    "an init container's mount": ("initContainers", {"name": names.SIDECAR_TOKEN_VOLUME, "mountPath": "/t"}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TOKEN_READERS))
+def test_no_container_but_ours_mounts_the_token(webhook: Webhook, case: str) -> None:
+    key, mount = TOKEN_READERS[case]
+    reader = container("reader")
+    reader["volumeMounts"] = [mount]
+    placed = {"init": (reader,)} if key == "initContainers" else {}
+    containers = (container("train", {"nvidia.com/gpu": 1}),) + (() if placed else (reader,))
+    answer = webhook.validate(webhook.admit(pod(*containers, **placed)))
+    assert not answer.allowed
+    assert 'container "reader": volumeMount=gpu-timekeeper-token' in answer.message
+
+
+def test_a_gpu_pod_may_not_share_its_process_namespace(webhook: Webhook) -> None:
+    """A container running as the sidecar's user would read the token through /proc/<pid>/root."""
+    shared = pod(container("train", {"nvidia.com/gpu": 1}), shareProcessNamespace=True)
+    answer = webhook.validate(webhook.admit(shared))
+    assert not answer.allowed
+    assert "shareProcessNamespace=true" in answer.message and "rule token-volume-mount" in answer.message
+    assert webhook.validate(webhook.admit(pod(container("train", {"nvidia.com/gpu": 1})))).allowed

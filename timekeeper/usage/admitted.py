@@ -1,7 +1,6 @@
-"""The GPU share a pod was admitted at: what admission recorded on it (the webhook's annotation, which
-users may not change), else what its GPU requests come to. A pod's time is charged at this share, never at
-one its reports state. Imported only where the timekeeper talks to the cluster (it needs the Kubernetes
-client): the reconciler, and the report path in Kubernetes auth mode."""
+"""The GPU share a pod was admitted at (the webhook's annotation, which users may not change, else its GPU
+requests): what its time is charged at, never a share its reports state. Imported only where the
+timekeeper talks to the cluster: the reconciler, and the report path in Kubernetes auth mode."""
 
 from __future__ import annotations
 

@@ -194,11 +194,10 @@ class IngestService:
         Answers in the reports' order; a report refused (its pod_uid belongs to another namespace) gets
         its error and changes nothing. `from_sidecar=False` (the reconciler charging silent time) leaves
         the pod's last report time alone; `models` (pod_uid -> GPU model, from the pod's node) stand in
-        for reports that name no GPU model. Each report is charged at its rate: its charge share (the
+        for reports that name no GPU model, `admitted` (pod_uid -> share read from the pod) for pods
+        whose admitted share is not kept yet. Each report is charged at its rate: its charge share (the
         namespace's charge basis, of its pod's admitted share) x the weight of its pod's GPU model at each
-        moment (billing/). A pod's admitted share is the pods table's, else the one `admitted` gives
-        (pod_uid -> share read from the pod, then kept), else, unless admitted_required, the report's;
-        a report that states another is counted (`share_differs`) and its pod logged once."""
+        moment (billing/)."""
         told = models or {}
         given = admitted or {}
         in_order = sorted(reports, key=lambda report: report.pod_uid)
@@ -225,6 +224,8 @@ class IngestService:
             for pod_uid, owner in (await self.usage.owners(refused)).items():
                 outcomes[pod_uid] = TimekeeperError(f"pod_uid {pod_uid} reports for namespace {owner}", 409)
         accepted = [report for report in in_order if report.pod_uid in uncovered]
+        # Each pod's share: the admitted one (kept, else given), else the report's where reports are
+        # trusted (static auth mode); a report stating another is counted and its pod logged once.
         shares: dict[str, Decimal] = {}
         for report in accepted:
             if report.pod_uid in read.repeated:

@@ -165,6 +165,16 @@ def test_no_container_but_our_sidecar_reaches_its_token(tenant: Tenant) -> None:
     assert not mounted & theirs
 
 
+def test_a_gpu_pod_may_not_share_its_process_namespace(tenant: Tenant) -> None:
+    """One process namespace would let the tenant's container read our token through /proc/<pid>/root."""
+    shared = gpu_pod(tenant.namespace, "shared", shareProcessNamespace=True)
+
+    refusal = tenant.kubectl.refusal(shared)
+
+    assert 'admission webhook "validate.gpu-timekeeper.io" denied the request' in refusal
+    assert "shareProcessNamespace" in refusal
+
+
 @pytest.mark.parametrize("critical", ["system-cluster-critical", "system-node-critical"])
 def test_a_critical_class_does_not_lift_an_exhausted_tenants_gpu_pod(
     tenant: Tenant, kubectl: Kubectl, api: TimekeeperApi, critical: str

@@ -133,9 +133,16 @@ class SidecarTemplate:
         built = self.container(share)
         key = "initContainers" if self.native else "containers"
         found = [
-            (k, c) for k in ("initContainers", "containers") for c in _list(spec.get(k)) if _is_sidecar(c)
+            (k, i)
+            for k in ("initContainers", "containers")
+            for i, container in enumerate(_list(spec.get(k)))
+            if _is_sidecar(container)
         ]
-        if len(found) != 1 or found[0][0] != key or not same(found[0][1], built):
+        if len(found) == 1 and found[0][0] == key:  # in its list: rebuilt where it is, when it must be
+            index = found[0][1]
+            if not same(spec[key][index], built):
+                spec[key] = [*spec[key][:index], built, *spec[key][index + 1 :]]
+        else:
             for listed_key in ("initContainers", "containers"):
                 if listed_key in spec:
                     spec[listed_key] = [c for c in _list(spec[listed_key]) if not _is_sidecar(c)]

@@ -196,3 +196,17 @@ def test_a_gpu_pod_may_not_share_its_process_namespace(webhook: Webhook) -> None
     assert not answer.allowed
     assert "shareProcessNamespace=true" in answer.message and "rule token-volume-mount" in answer.message
     assert webhook.validate(webhook.admit(pod(container("train", {"nvidia.com/gpu": 1})))).allowed
+
+
+def test_a_rebuilt_sidecar_keeps_its_place(tls: Tls, state: Any) -> None:
+    """Re-invoked after a later mutator appended a GPU container: the share changes, the order does not."""
+    with serve_webhook(tls, state, sidecar_mode="container") as served:
+        patched = served.admit(pod(container("train", {"nvidia.com/gpu": 1})))
+        patched["spec"]["containers"].append(container("helper", {"nvidia.com/gpu": 1}))
+        again = served.admit(patched)
+    assert [c["name"] for c in again["spec"]["containers"]] == [
+        "train",
+        names.SIDECAR_CONTAINER_NAME,
+        "helper",
+    ]
+    assert {"name": "SIDECAR_GPU_SHARE", "value": "2"} in sidecars(again)[0]["env"]

@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import AwareDatetime, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from gpuaccounting.admission_state import DEFAULT_EXEMPT_NAMESPACES
 from gpuaccounting.clock import WallClock, build_clock
 from gpuaccounting.hardware import load_hardware
 from gpuaccounting.names import DEFAULT_IN_BUDGET_PRIORITY_CLASS, DEFAULT_OVER_BUDGET_PRIORITY_CLASS
@@ -122,6 +123,12 @@ class Settings(BaseSettings):
         default=10, ge=1, description="At most this many evictions per reconcile pass; the rest wait."
     )
     evict_bare_pods: bool = Field(default=False, description="Also evict pods without a controller.")
+    exempt_namespaces: dict[str, frozenset[NamespaceName]] = Field(
+        default_factory=lambda: dict(DEFAULT_EXEMPT_NAMESPACES),
+        description="Where a priority policy's exempt classes are exempt, JSON "
+        '{"<class>": [namespaces]} ("*": any class not named); elsewhere they are evicted like any class. '
+        "The webhook's setting too.",
+    )
     hardware_file: Path | None = Field(
         default=None,
         description="The JSON hardware sizes the webhook reads too (GPU memory, MIG slices, time-slicing "
@@ -271,6 +278,12 @@ class Settings(BaseSettings):
     def hardware(self) -> GpuHardware:
         """Read from the file on each call; the reconciler reads it once, when it is built."""
         return load_hardware(self.hardware_file)
+
+    @property
+    def admitted_share_from_pod(self) -> bool:
+        """Kubernetes auth mode: each report's token is bound to its pod, so a pod's admitted share is
+        read from the pod itself when the pods table does not hold it yet (docs/timekeeper.md)."""
+        return self.auth_mode == "kubernetes"
 
     @model_validator(mode="after")
     def _clock_is_complete(self) -> Settings:

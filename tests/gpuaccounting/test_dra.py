@@ -40,7 +40,7 @@ def read(spec: dict[str, Any] | None, **kwargs: Any) -> Any:
         HARDWARE,
         **kwargs,
     )
-    return with_claims(read_pod(claiming_pod("team-a", templates={"gpu": "tpl"}), HARDWARE), claims)
+    return with_claims(read_pod(claiming_pod("team-a", templates={"gpu": "tpl"}), HARDWARE), claims, HARDWARE)
 
 
 @pytest.mark.parametrize("case", sorted(QUICKSTART))
@@ -116,7 +116,9 @@ def test_claims_add_to_device_plugin_gpus_and_two_systems_are_one_too_many() -> 
         "tencent.com/vcuda-core": 50,
         "tencent.com/vcuda-memory": 4,
     }
-    result = with_claims(read_pod(both, HARDWARE), read_claims(both, specs_of({"tpl": SINGLE_GPU}), HARDWARE))
+    result = with_claims(
+        read_pod(both, HARDWARE), read_claims(both, specs_of({"tpl": SINGLE_GPU}), HARDWARE), HARDWARE
+    )
     assert result.share == Fraction(3, 2)
     assert [v.rule for v in result.violations] == [Rule.SINGLE_SYSTEM]
 
@@ -144,7 +146,9 @@ def test_under_whole_gpus_an_unknown_accelerator_class_is_charged_not_denied() -
     hardware = GpuHardware(catalogue=GpuCatalogue(unknown=UnknownAccelerators.WHOLE_GPUS))
     spec = claim_spec(request("gpu", "gpu.amd.com", count=2))
     built = claiming_pod("team-a", templates={"gpu": "tpl"})
-    result = with_claims(read_pod(built, hardware), read_claims(built, specs_of({"tpl": spec}), hardware))
+    result = with_claims(
+        read_pod(built, hardware), read_claims(built, specs_of({"tpl": spec}), hardware), hardware
+    )
     assert (result.system, result.share, result.violations) == (SharingSystem.DEVICES, Fraction(2), ())
     implicit = read_pod(
         pod(container("main", {"deviceclass.resource.kubernetes.io/gpu.amd.com": 1})), hardware

@@ -154,3 +154,28 @@ def test_under_whole_gpus_an_unknown_accelerator_class_is_charged_not_denied() -
         pod(container("main", {"deviceclass.resource.kubernetes.io/gpu.amd.com": 1})), hardware
     )
     assert (implicit.share, implicit.violations) == (Fraction(1), ())
+
+
+TINY_HAMI = claim_spec(request("gpu", HAMI_CLASS, capacity={"requests": {"memory": "1Mi"}}))
+
+
+def test_a_claim_below_its_systems_floor_is_a_minimum_share_violation() -> None:
+    result = read(TINY_HAMI)
+    assert (result.system, result.share) == (SharingSystem.HAMI, Fraction(1, HARDWARE.gpu_memory_mib))
+    (violation,) = result.violations
+    assert violation.rule is Rule.MINIMUM_SHARE
+    assert "for hami, 0.01 (hardware file: minimum_shares)" in violation.describe()
+
+
+def test_the_floor_is_judged_on_the_device_plugin_share_and_the_claims_together() -> None:
+    """1 MiB through HAMi's device plugin is below the floor alone, not beside a claim of 30 % of a GPU."""
+    built = claiming_pod("team-a", templates={"gpu": "tpl"})
+    built["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1}
+    alone = read_pod(built, HARDWARE)
+    assert [v.rule for v in alone.violations] == [Rule.MINIMUM_SHARE]
+    spec = claim_spec(request("gpu", HAMI_CLASS, capacity={"requests": {"cores": 30}}))
+    result = with_claims(alone, read_claims(built, specs_of({"tpl": spec}), HARDWARE), HARDWARE)
+    assert (result.system, result.share) == (SharingSystem.HAMI, Fraction(3, 10) + alone.share)
+    assert result.violations == ()
+    tiny = with_claims(alone, read_claims(built, specs_of({"tpl": TINY_HAMI}), HARDWARE), HARDWARE)
+    assert [v.rule for v in tiny.violations] == [Rule.MINIMUM_SHARE]

@@ -222,6 +222,15 @@ SHARE_INPUT_UPDATES: dict[str, tuple[dict[str, Any], Any, list[str]]] = {
         lambda p: p["metadata"].pop("labels"),
         ["label clearml-injector/fraction=None", "(was '0.5')", "rule protected-share-inputs"],
     ),
+    # A resource the GPU catalogue names (not in the device plugins' original list).
+    "Volcano memory percentage lowered": (
+        pod(container("train", {"volcano.sh/vgpu-number": 1, "volcano.sh/vgpu-memory-percentage": 50})),
+        lambda p: [
+            p["spec"]["containers"][0]["resources"][key].update({"volcano.sh/vgpu-memory-percentage": 1})
+            for key in ("limits", "requests")
+        ],
+        ["containers train GPU requests=", "rule protected-share-inputs"],
+    ),
     "KAI marker added to a pod admitted without a GPU": (
         pod(container("train")),
         lambda p: p["metadata"].update(annotations={"gpu-fraction": "0.5"}),

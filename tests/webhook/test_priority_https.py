@@ -207,6 +207,7 @@ def test_a_webhook_that_cannot_reach_the_api_keeps_deciding_and_counts_the_failu
         tls, state, watch_priority_classes=True, kubeconfig=kubeconfig, kube_retry_max_seconds=0.1
     ) as served:
         served.wait_until(lambda: served.metric("webhook_priority_class_watch_errors_total") >= 2)
+        served.wait_until(lambda: served.metric("webhook_state_version") == state.state["version"])
         assert served.metric("webhook_priority_classes") == -1
         # The settings' numbers, and a class of unknown value above the ceiling.
         assert admit(served, "team-a", "default-batch") == (

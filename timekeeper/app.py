@@ -168,6 +168,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.reads = ReadConnections()
     app.state.snapshot_cache = SnapshotCache()
     app.state.access = await build_access_control(settings)
+    app.state.pod_shares = None
+    if settings.admitted_share_from_pod:  # the Kubernetes client only where it is used
+        from timekeeper.usage.admitted import build_pod_shares
+
+        app.state.pod_shares = await build_pod_shares(settings)
     app.state.metrics.outages.attach(engine)
     app.state.ingest = IngestBatcher(
         lambda: app.state.sessionmaker, settings, app.state.clock, app.state.metrics
@@ -179,6 +184,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await app.state.ingest.aclose()
         await app.state.reads.release()
         await app.state.access.aclose()
+        if app.state.pod_shares is not None:
+            await app.state.pod_shares.aclose()
         await engine.dispose()
 
 

@@ -157,6 +157,14 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
+        # No labels (per-namespace series would show which namespaces misreport to every scraper); a
+        # counter without labels is exported at 0 from the start.
+        self.share_mismatches = Counter(
+            "timekeeper_report_share_mismatches",
+            "Reports that stated another GPU share than the one their pod was admitted at (charged at "
+            "the admitted share)",
+            registry=self.registry,
+        )
         self.ingest_seconds = Histogram(
             "timekeeper_report_ingest_seconds",
             "Time to authorize, check and charge one report (before the commit)",

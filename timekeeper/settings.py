@@ -272,6 +272,12 @@ class Settings(BaseSettings):
         """Read from the file on each call; the reconciler reads it once, when it is built."""
         return load_hardware(self.hardware_file)
 
+    @property
+    def admitted_share_from_pod(self) -> bool:
+        """Kubernetes auth mode: each report's token is bound to its pod, so a pod's admitted share is
+        read from the pod itself when the pods table does not hold it yet (docs/timekeeper.md)."""
+        return self.auth_mode == "kubernetes"
+
     @model_validator(mode="after")
     def _clock_is_complete(self) -> Settings:
         """A start without an origin (or a speed without a start) is refused at start-up, not guessed."""

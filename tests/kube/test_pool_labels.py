@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 import sqlalchemy as sa
@@ -76,7 +77,10 @@ async def test_a_namespace_joins_and_leaves_a_selectors_pool_as_its_labels_chang
         body = report_body(
             namespace="team-a", pod_uid="uid-a", start=clock.now() - timedelta(minutes=10), minutes=10
         )
-        await IngestService(session, settings).charge_one(ReportIn.model_validate(body), clock.now())
+        # In Kubernetes auth mode the charge is at the share read from the pod (here given: 1 GPU).
+        await IngestService(session, settings).charge_one(
+            ReportIn.model_validate(body), clock.now(), admitted_share=Decimal(1)
+        )
 
     assert await pass_(reconciler) == ["team-a"]
     assert await state(connection, "team-a") == "exhausted"  # the pool's 10 are spent

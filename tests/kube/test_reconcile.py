@@ -229,6 +229,36 @@ async def test_the_share_is_recomputed_when_the_annotation_is_missing(
     assert result.charged == {pod["metadata"]["uid"]: Decimal("20.000000000")}  # 10 minutes x 2 GPUs
 
 
+async def test_a_tiny_admitted_share_is_charged_not_skipped(apiserver: KubeApiServer, reconciler: Reconciler):
+    """A share below what a report may state (KAI's gpu-fraction 0.0000001) is still what admission
+    admitted: the silent pod is charged it, on every pass, instead of being skipped on every pass."""
+    pod = gpu_pod(
+        apiserver, "team-a", "sliver", share="0.0000001", started_at=iso(START - timedelta(minutes=65))
+    )
+    await sync(reconciler)
+
+    result = await reconciler.run_pass()
+
+    assert result.charged == {pod["metadata"]["uid"]: Decimal("0.000006000")}  # 60 minutes x 1e-7
+
+
+async def test_reports_are_charged_at_the_share_the_watch_recorded(
+    apiserver: KubeApiServer, reconciler: Reconciler, sessionmaker, clock: ManualClock
+):
+    """Static auth mode reads no pod: a pod's first reports are charged at the share they state, until the
+    pod watch records the share the pod was admitted at; from then on its reports are charged at that."""
+    started = START - timedelta(minutes=65)
+    pod = gpu_pod(apiserver, "team-a", "claims-less", share="1", started_at=iso(started))
+    assert await report(sessionmaker, pod, started, 10, clock, seq=1, share=0.000001) == Decimal("0.00001")
+    await sync(reconciler)
+
+    result = await reconciler.run_pass()
+
+    # The silence after that report at the admitted share: 50 minutes x 1 GPU.
+    assert result.charged == {pod["metadata"]["uid"]: Decimal("50.000000000")}
+    assert await report(sessionmaker, pod, START - timedelta(minutes=5), 5, clock, seq=2, share=0.000001) == 5
+
+
 # ---- announcements and downgrades --------------------------------------------------------------------
 
 

@@ -86,7 +86,9 @@ def charging_service(steps: Steps) -> type:
         def __init__(self, session: Session, _settings: Settings) -> None:
             self.session = session
 
-        async def charge(self, reports: Sequence[ReportIn], _now: datetime) -> list[IngestOutcome]:
+        async def charge(
+            self, reports: Sequence[ReportIn], _now: datetime, **_: object
+        ) -> list[IngestOutcome]:
             self.session.batch = len(steps.charged)
             steps.charging += 1
             steps.most_charging = max(steps.most_charging, steps.charging)

@@ -10,7 +10,7 @@ from gpuaccounting.admission_state import default_priority_policy
 from tests.support.timekeeper import report_body
 from timekeeper.budgets.periods import PeriodKind
 from timekeeper.budgets.repository import BudgetConfig, NamespaceFigures
-from timekeeper.usage.planning import figures_after, plan_charges, plan_totals
+from timekeeper.usage.planning import Rate, figures_after, plan_charges, plan_totals
 from timekeeper.usage.schemas import ReportIn
 
 MIDNIGHT = datetime(2026, 3, 19, tzinfo=UTC)
@@ -36,13 +36,19 @@ def report(namespace: str, pod_uid: str, start: datetime, minutes: float, share:
     return ReportIn.model_validate(body)
 
 
+def rates(*reports: ReportIn) -> dict[str, Rate]:
+    """Each pod's rate at the share its report states (what the ingest service hands the planner is the
+    admitted share; the planner charges whatever rate it is given)."""
+    return {report.pod_uid: Rate(report.gpu_share) for report in reports}
+
+
 def test_a_charge_is_the_uncovered_time_split_at_the_period_boundary() -> None:
     spanning = report("daily", "uid-a", MIDNIGHT - timedelta(minutes=10), 20, 0.5)
     uncovered = {"uid-a": [(MIDNIGHT - timedelta(minutes=10), MIDNIGHT - timedelta(minutes=4))]}
     uncovered["uid-a"].append((MIDNIGHT, MIDNIGHT + timedelta(minutes=10)))
 
     [(before, early), (after, late)] = plan_charges(
-        [spanning], uncovered, {"daily": config(PeriodKind.DAILY)}
+        [spanning], uncovered, {"daily": config(PeriodKind.DAILY)}, rates(spanning)
     )["uid-a"].by_period
 
     assert (before.start, early) == (MIDNIGHT - timedelta(days=1), Decimal(3))
@@ -58,7 +64,7 @@ def test_totals_gain_each_namespace_and_period_once_in_key_order() -> None:
     uncovered = {r.pod_uid: [(r.interval_start, r.interval_end)] for r in reports}
     configs = {"team-a": config(PeriodKind.MONTHLY), "team-b": config(PeriodKind.DAILY)}
 
-    totals = plan_totals(reports, plan_charges(reports, uncovered, configs))
+    totals = plan_totals(reports, plan_charges(reports, uncovered, configs, rates(*reports)))
 
     assert list(totals.items()) == [
         (("team-a", "monthly", datetime(2026, 3, 1, tzinfo=UTC)), Decimal(30)),

@@ -232,6 +232,20 @@ class KubeClient:
             if not token:
                 return PodSnapshot(tuple(pods), resource_version)
 
+    async def read_pod(self, namespace: str, name: str) -> PodInfo | None:
+        """One pod, as the API server has it now; None when it is gone (404)."""
+        try:
+            raw = await self._raw_json(
+                self._core.read_namespaced_pod(
+                    name, namespace, _preload_content=False, _request_timeout=self._timeout
+                )
+            )
+        except KubeApiError as error:
+            if error.status == HTTP_NOT_FOUND:
+                return None
+            raise
+        return pod_info(raw)
+
     async def namespace_labels(self, page_size: int = 500) -> dict[str, dict[str, str]]:
         """Every namespace's labels (in pages), for the pools' selectors."""
         labels: dict[str, dict[str, str]] = {}

@@ -6,18 +6,19 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, replace
 from datetime import datetime
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
-from gpuaccounting.names import ANNOTATION_GPU_SHARE, SIDECAR_CONTAINER_NAME
-from gpuaccounting.shares import GpuHardware, read_pod
+from gpuaccounting.names import SIDECAR_CONTAINER_NAME
+from gpuaccounting.shares import GpuHardware
 from timekeeper.clock import Clock
 from timekeeper.kube import PodEvent, PodInfo, PodSnapshot
+from timekeeper.usage.admitted import admitted_share
 
 
 @dataclass(frozen=True, slots=True)
 class TrackedPod:
     info: PodInfo
-    share: Decimal
+    share: Decimal  # the share it was admitted at (usage/admitted.py): what its silent time is charged at
     sidecar: bool = False  # the webhook injected our sidecar: reports are expected from it
     # When it stopped holding its GPUs: its containers' real finishedAt, else when it was seen gone.
     ended_at: datetime | None = None
@@ -35,23 +36,6 @@ def has_sidecar(pod: PodInfo) -> bool:
     spec = pod.raw.get("spec") or {}
     containers = [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]
     return any(container.get("name") == SIDECAR_CONTAINER_NAME for container in containers)
-
-
-def pod_share(pod: PodInfo, hardware: GpuHardware) -> Decimal | None:
-    """The share the webhook recorded on the pod; recomputed from its requests when the annotation is
-    missing or unreadable (a pod admitted while the webhook was down). None: not a GPU pod."""
-    recorded = pod.annotations.get(ANNOTATION_GPU_SHARE)
-    if recorded is not None:
-        try:
-            share = Decimal(recorded)
-        except InvalidOperation:
-            share = None
-        if share is not None and share.is_finite() and share > 0:
-            return share
-    computed = read_pod(pod.raw, hardware, skip_container=SIDECAR_CONTAINER_NAME)
-    if not computed.uses_gpu or computed.share <= 0:
-        return None
-    return Decimal(computed.share.numerator) / Decimal(computed.share.denominator)
 
 
 class PodRegistry:
@@ -91,7 +75,7 @@ class PodRegistry:
     def _upsert(self, pod: PodInfo) -> None:
         tracked = self._pods.get(pod.uid)
         if tracked is None:
-            share = pod_share(pod, self._hardware)
+            share = admitted_share(pod, self._hardware)
             if share is None:
                 return
             tracked = TrackedPod(pod, share, sidecar=has_sidecar(pod))

@@ -8,10 +8,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import InstrumentedAttribute
 
 from gpuaccounting.wire import BudgetState
 from timekeeper.admission.models import NamespaceStatus
@@ -66,13 +68,22 @@ class ReconcileRepository:
     async def record_models(self, models: Mapping[str, str]) -> set[str]:
         """Records each pod's GPU model on its coverage row unless one is known already (the first source
         to tell wins); answers the pods whose row now holds a model."""
-        given = sa.values(sa.column("pod_uid", sa.Text), sa.column("gpu_model", sa.Text), name="given").data(
-            sorted(models.items())
+        return await self._record_first(PodCoverage.gpu_model, models)
+
+    async def record_admitted_shares(self, shares: Mapping[str, Decimal]) -> set[str]:
+        """Records each pod's admitted share on its coverage row unless one is known already; answers the
+        pods whose row now holds one (a pod without a row yet has never reported nor been charged)."""
+        return await self._record_first(PodCoverage.admitted_share, shares)
+
+    async def _record_first(self, column: InstrumentedAttribute[Any], values: Mapping[str, Any]) -> set[str]:
+        """`column` of each pod's coverage row set to its value unless it holds one already."""
+        given = sa.values(sa.column("pod_uid", sa.Text), sa.column("value", column.type), name="given").data(
+            sorted(values.items())
         )
         result = await self.session.execute(
             sa.update(PodCoverage)
             .where(PodCoverage.pod_uid == given.c.pod_uid)
-            .values(gpu_model=sa.func.coalesce(PodCoverage.gpu_model, given.c.gpu_model))
+            .values({column.key: sa.func.coalesce(column, given.c.value)})
             .returning(PodCoverage.pod_uid)
             .execution_options(synchronize_session=False)
         )

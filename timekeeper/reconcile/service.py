@@ -44,7 +44,7 @@ from timekeeper.reconcile.pods import PodRegistry, TrackedPod
 from timekeeper.reconcile.quotas import quota_hard
 from timekeeper.reconcile.repository import ReconcileRepository
 from timekeeper.settings import Settings
-from timekeeper.usage.schemas import ReportIn
+from timekeeper.usage.schemas import SilentInterval
 from timekeeper.usage.service import IngestService
 
 log = logging.getLogger(__name__)
@@ -112,6 +112,8 @@ class Reconciler:
         self.pod_metrics = PodWatchCollector()
         self._silent: set[str] = set()  # uids found silent by the last pass (logged once per silence)
         self._modelled: set[str] = set()  # uids whose coverage row holds their GPU model
+        self._shared: set[str] = set()  # uids whose coverage row holds their admitted share
+        self._skipped: set[str] = set()  # uids whose silent time could not be charged (logged once)
         self._node_models: dict[str, tuple[str | None, datetime]] = {}  # node -> (model, read at)
 
     # ---- leadership: the watch runs only on the leader, whose passes it feeds ----------------------------
@@ -142,6 +144,8 @@ class Reconciler:
         self.pod_metrics.counts = None
         self._silent = set()
         self._modelled = set()
+        self._shared = set()
+        self._skipped = set()
         self._node_models = {}
 
     async def aclose(self) -> None:
@@ -175,6 +179,7 @@ class Reconciler:
         time: the election and the window's job_runs row are the one mechanism, no lock of its own."""
         result = PassResult()
         await self._learn_models(result)
+        await self._learn_shares()
         await self._charge(result)
         await self._sync_labels(result)
         async with self.sessionmaker() as session:
@@ -245,6 +250,17 @@ class Reconciler:
             self._modelled |= known
             result.modelled = len(known)
 
+    async def _learn_shares(self) -> None:
+        """Each GPU pod's admitted share, recorded on its coverage row, so that its reports are charged at
+        it whatever share they state (static auth mode reads no pod itself); a pod without a row yet is
+        tried again next pass."""
+        pods = self.registry.pods()
+        self._shared &= {pod.info.uid for pod in pods}
+        shares = {pod.info.uid: pod.share for pod in pods if pod.info.uid not in self._shared}
+        if shares:
+            async with self.sessionmaker() as session, session.begin():
+                self._shared |= await ReconcileRepository(session).record_admitted_shares(shares)
+
     async def _node_model(self, node: str) -> str | None:
         now = self.clock.now()
         cached = self._node_models.get(node)
@@ -302,12 +318,13 @@ class Reconciler:
     async def _charge_pod(
         self, pod: TrackedPod, start: datetime, end: datetime, final: bool, now: datetime
     ) -> Decimal:
-        """Charge [start, end] minus what is covered, as a report would, in one transaction that leaves
-        the pod's last report time alone and, for an ended pod, closes it at its end."""
+        """Charge [start, end] minus what is covered at the pod's admitted share, as a report would, in one
+        transaction that leaves the pod's last report time alone and, for an ended pod, closes it at its
+        end. A pod whose time cannot be charged is logged once, with the reason."""
         info = pod.info
         model = await self._node_model(info.node_name) if info.node_name else None
         try:
-            report = ReportIn(
+            report = SilentInterval(
                 namespace=info.namespace,
                 pod=info.name,
                 pod_uid=info.uid,
@@ -318,14 +335,16 @@ class Reconciler:
                 final=final,
             )
         except ValidationError as error:
-            log.warning(
-                "reconcile_pod_skipped",
-                extra={"namespace": info.namespace, "pod": info.name, "error": str(error)},
-            )
+            if info.uid not in self._skipped:
+                self._skipped.add(info.uid)
+                log.warning(
+                    "reconcile_pod_skipped",
+                    extra={"namespace": info.namespace, "pod": info.name, "error": str(error)},
+                )
             return Decimal(0)
         async with self.sessionmaker() as session, session.begin():
             outcome = await IngestService(session, self.settings).charge_one(
-                report, now, from_sidecar=False, gpu_model=model
+                report, now, from_sidecar=False, gpu_model=model, admitted_share=pod.share
             )
             if final:
                 await ReconcileRepository(session).close_at(info.uid, end)

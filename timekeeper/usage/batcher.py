@@ -27,6 +27,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
+from decimal import Decimal
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -39,7 +40,8 @@ from timekeeper.settings import Settings
 from timekeeper.usage.schemas import ReportIn
 from timekeeper.usage.service import IngestOutcome, IngestService
 
-Pending = tuple[ReportIn, "asyncio.Future[IngestOutcome]"]
+# A report, the admitted share its pod was read at (None: the pods table's), and its answer.
+Pending = tuple[ReportIn, Decimal | None, "asyncio.Future[IngestOutcome]"]
 log = logging.getLogger(__name__)
 
 
@@ -86,14 +88,15 @@ class IngestBatcher:
         for held in self._held:
             await held.release()
         charging = [pending for batch in self._charging.values() for pending in batch]
-        for _, future in [*charging, *self._queue]:
+        for _, _, future in [*charging, *self._queue]:
             if not future.done():
                 future.set_exception(TimekeeperError("the timekeeper is shutting down", 503))
 
-    async def submit(self, report: ReportIn) -> IngestOutcome:
-        """Answers once the report's charge is committed (or raises what refused it)."""
+    async def submit(self, report: ReportIn, admitted_share: Decimal | None = None) -> IngestOutcome:
+        """Answers once the report's charge is committed (or raises what refused it); `admitted_share`:
+        the share its pod was admitted at, read from the pod (IngestService.charge's `admitted`)."""
         future: asyncio.Future[IngestOutcome] = asyncio.get_running_loop().create_future()
-        self._queue.append((report, future))
+        self._queue.append((report, admitted_share, future))
         self._arrived.set()
         return await future
 
@@ -104,7 +107,7 @@ class IngestBatcher:
         deferred: list[Pending] = []
         while self._queue and len(batch) < self._max_batch:
             pending = self._queue.popleft()
-            if pending[1].done():  # its request was cancelled before the charge began
+            if pending[2].done():  # its request was cancelled before the charge began
                 continue
             if pending[0].pod_uid in pods:
                 deferred.append(pending)
@@ -141,7 +144,9 @@ class IngestBatcher:
             async with held.transaction(self._sessions()) as session:
                 outcomes = [
                     *await IngestService(session, self._settings).charge(
-                        [report for report, _ in batch], self._clock.now()
+                        [report for report, _, _ in batch],
+                        self._clock.now(),
+                        admitted={report.pod_uid: share for report, share, _ in batch if share is not None},
                     )
                 ]
                 charged()  # the commit is all that is left: the next batch may be gathered and charged
@@ -163,7 +168,7 @@ class IngestBatcher:
                     extra={"namespace": report.namespace, "pod": report.pod, "error": repr(error)},
                 )
                 outcomes = [error]
-        for (_, future), outcome in zip(batch, outcomes, strict=True):
+        for (_, _, future), outcome in zip(batch, outcomes, strict=True):
             if future.done():
                 continue
             if isinstance(outcome, Exception):

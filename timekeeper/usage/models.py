@@ -90,6 +90,12 @@ class PodCoverage(Base):
     # The GPU model the pod got, from whichever told first: the node's GPU Feature Discovery label (the
     # reconciler) or the sidecar's NVML device name (a report). Fixed once known.
     gpu_model: Mapped[str | None] = mapped_column(Text)
+    # The GPU share admission admitted the pod at (the webhook's annotation, else its GPU requests; 0: it
+    # holds no GPU), from the pod watch or a read of the pod: what its time is charged at, whatever a
+    # report states. Fixed once known; None: not known (static auth mode charges the reported share).
+    admitted_share: Mapped[Decimal | None] = mapped_column(Numeric)
+    # When a report first stated another share than the admitted one (logged then, once per pod).
+    share_mismatch_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 # A pod counts as running until it sent its final report or was closed out after its last report.

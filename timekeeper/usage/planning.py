@@ -45,13 +45,14 @@ def plan_charges(
     reports: Sequence[ReportIn],
     uncovered: Mapping[str, Sequence[Interval]],
     configs: Mapping[str, BudgetConfig],
-    rates: Mapping[str, Rate] | None = None,
+    rates: Mapping[str, Rate],
 ) -> dict[str, ReportCharge]:
-    """Each report's charge (by pod_uid): its rate (without one: its share, unweighted) times the time of
-    its interval not yet charged, split at its namespace's period boundaries."""
+    """Each report's charge (by pod_uid): its pod's rate (of the share it was admitted at, never the one
+    the report states) times the time of its interval not yet charged, split at its namespace's period
+    boundaries."""
     charges = {}
     for report in reports:
-        rate = rates[report.pod_uid] if rates is not None else Rate(report.gpu_share)
+        rate = rates[report.pod_uid]
         split = split_charge(
             rate.charge_share, uncovered[report.pod_uid], configs[report.namespace].period, rate.weights
         )

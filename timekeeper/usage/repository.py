@@ -4,7 +4,7 @@ ingest service's plan) and the usage queries."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, Literal, NamedTuple, cast
@@ -41,7 +41,8 @@ from timekeeper.usage.planning import Interval, TotalKey
 # batches (and replicas) never deadlock. Multiranges and jsonb_to_recordset keep these statements as text.
 _PODS = (
     "jsonb_to_recordset(CAST(%(pods)s AS jsonb)) AS r(pod_uid text, namespace text, pod text, seq bigint, "
-    "interval_start timestamptz, interval_end timestamptz, final boolean, gpu_model text)"
+    "interval_start timestamptz, interval_end timestamptz, final boolean, gpu_model text, "
+    "admitted_share numeric)"
 )
 _REPORTS = (
     "jsonb_to_recordset(CAST(%(reports)s AS jsonb)) AS r(pod_uid text, namespace text, pod text, seq bigint, "
@@ -55,18 +56,23 @@ _REPORTS = (
 # already known in another namespace is neither touched nor answered. `last_report_at` records a sign of
 # life from the sidecar: a charge made without one (the reconciler's, for silent time) leaves it alone,
 # and a pod first seen that way counts as silent since the start of that charge. The pod's GPU model is the
-# first one told (billing weights): kept once known, and answered.
+# first one told (billing weights), and so is its admitted share (the charge's): kept once known, and
+# answered.
 _LOCK_PODS = (
     f"WITH r AS (SELECT * FROM {_PODS}), locked AS ("
-    "INSERT INTO pod_coverage (pod_uid, namespace, pod, covered, last_seq, last_report_at, final, gpu_model) "
+    "INSERT INTO pod_coverage (pod_uid, namespace, pod, covered, last_seq, last_report_at, final, gpu_model, "
+    "admitted_share) "
     "SELECT pod_uid, namespace, pod, '{}', seq, "
-    "CASE WHEN %(from_sidecar)s THEN CAST(%(now)s AS timestamptz) ELSE interval_start END, false, gpu_model "
-    "FROM r ORDER BY pod_uid "
+    "CASE WHEN %(from_sidecar)s THEN CAST(%(now)s AS timestamptz) ELSE interval_start END, false, gpu_model, "
+    "admitted_share FROM r ORDER BY pod_uid "
     "ON CONFLICT (pod_uid) DO UPDATE SET last_report_at = CASE WHEN %(from_sidecar)s "
     "THEN excluded.last_report_at ELSE pod_coverage.last_report_at END, "
-    "gpu_model = coalesce(pod_coverage.gpu_model, excluded.gpu_model) "
-    "WHERE pod_coverage.namespace = excluded.namespace RETURNING pod_uid, covered, gpu_model) "
-    "SELECT r.pod_uid, lower(u.piece), upper(u.piece), locked.gpu_model FROM r JOIN locked USING (pod_uid) "
+    "gpu_model = coalesce(pod_coverage.gpu_model, excluded.gpu_model), "
+    "admitted_share = coalesce(pod_coverage.admitted_share, excluded.admitted_share) "
+    "WHERE pod_coverage.namespace = excluded.namespace "
+    "RETURNING pod_uid, covered, gpu_model, admitted_share) "
+    "SELECT r.pod_uid, lower(u.piece), upper(u.piece), locked.gpu_model, locked.admitted_share "
+    "FROM r JOIN locked USING (pod_uid) "
     "LEFT JOIN LATERAL unnest(tstzmultirange(tstzrange(r.interval_start, r.interval_end)) - locked.covered) "
     "AS u(piece) ON true"
 )
@@ -101,6 +107,12 @@ _CHARGE = (
     "CAST(%(now)s AS timestamptz), r.gpu_count, r.mean_sm_util_pct, r.max_mem_used_bytes, r.gpus, "
     "r.peak_sm_util_pct, r.mem_used_bytes, r.mean_power_w, r.gpu_status_bits, r.charge_share, r.gpu_model "
     "FROM r ON CONFLICT ON CONSTRAINT uq_usage_ledger_report DO NOTHING"
+)
+# Marks the pods whose report stated another share than the admitted one, once: answers those marked now
+# (their pods are locked since _LOCK_PODS).
+_MISMATCHED = (
+    "UPDATE pod_coverage SET share_mismatch_at = CAST(%(now)s AS timestamptz) "
+    "WHERE pod_uid = ANY(%(pod_uids)s) AND share_mismatch_at IS NULL RETURNING pod_uid"
 )
 # Adds to the running totals in key order (the lock order); answers each total afterwards.
 _ADD_USED = (
@@ -246,6 +258,7 @@ class BatchRead:
     figures: list[NamespaceFigures]  # each namespace of the batch
     uncovered: dict[str, list[Interval]]  # by pod_uid: the pods of the namespace they report for
     models: dict[str, str | None]  # by pod_uid (as uncovered): the GPU model known for the pod
+    admitted: dict[str, Decimal | None]  # by pod_uid (as uncovered): the pod's admitted share, when known
     repeated: set[str]  # pod_uids whose report is in the ledger already
     weights: Mapping[str, WeightTimeline]  # the weight timelines of the batch's models over its intervals
     bases: dict[str, tuple[str, Decimal]]  # the charge basis rows of the batch's namespaces and cluster
@@ -255,6 +268,7 @@ class BatchRead:
 class BatchWritten:
     totals: list[tuple[TotalKey, Decimal, Decimal]]  # (used, granted) of each total the batch added to
     states: dict[str, BudgetState]  # as stored, locked: the namespaces asked for that have a state yet
+    mismatched: set[str] = field(default_factory=set)  # pod_uids whose share mismatch was first marked now
 
 
 class IngestStatements:
@@ -276,9 +290,9 @@ class IngestStatements:
     ) -> BatchRead:
         """The namespaces' figures and charge bases; locks (creating on first sight) the pods of `pods`
         (batch_json rows of _PODS' columns) and answers the part of each report's interval not yet
-        charged, each pod's GPU model, the weights of those models over `span` (the batch's intervals)
-        and which reports are repeats. One round trip; two when a pod's model is not the one its report
-        names."""
+        charged, each pod's GPU model and admitted share, the weights of those models over `span` (the
+        batch's intervals) and which reports are repeats. One round trip; two when a pod's model is not
+        the one its report names."""
         connection = self.connection
         # The pipeline's exit sends the one Sync and reads every result into its cursor: a sync() inside
         # the block would cost a round trip of its own, the exit's (docs/performance.md, "One sync").
@@ -295,9 +309,11 @@ class IngestStatements:
             repeated = await connection.execute(_REPEATED, {"pods": pods})
         uncovered: dict[str, list[Interval]] = {}
         models: dict[str, str | None] = {}
-        for pod_uid, lower, upper, model in await locked.fetchall():
+        admitted: dict[str, Decimal | None] = {}
+        for pod_uid, lower, upper, model, share in await locked.fetchall():
             pieces = uncovered.setdefault(pod_uid, [])
             models[pod_uid] = model
+            admitted[pod_uid] = share
             if lower is not None:
                 pieces.append((lower, upper))
         inputs = charge_inputs(await billing.fetchone())
@@ -305,6 +321,7 @@ class IngestStatements:
             [namespace_figures(row) for row in await figures.fetchall()],
             uncovered,
             models,
+            admitted,
             {pod_uid for (pod_uid,) in await repeated.fetchall()},
             inputs.weights,
             inputs.bases,
@@ -326,14 +343,15 @@ class IngestStatements:
         namespaces: list[str],
         now: datetime,
         burn: str | None = None,
+        mismatched: Sequence[str] = (),
     ) -> BatchWritten:
         """Inserts the `count` new reports' ledger rows (`reports`: batch_json rows of _REPORTS'
         columns, each charged the part of its interval its pod has not covered), adds the intervals of
         those that `covers` to their pods' charged time and the `totals` (rows of namespace, period_kind,
         period_start, used) to the running totals and the `burn` (rows of namespace, bucket_start,
-        gpu_minutes) to the forecast's burn buckets; answers each total afterwards, and the stored states
-        of `namespaces`, locked until the commit (so the caller writes only states that really change,
-        and none when none do)."""
+        gpu_minutes) to the forecast's burn buckets; marks the `mismatched` pods' share mismatch once;
+        answers each total afterwards, the stored states of `namespaces`, locked until the commit (so the
+        caller writes only states that really change, and none when none do), and the pods marked now."""
         connection = self.connection
         async with connection.pipeline():  # one Sync, at the exit (as in read)
             inserted = await connection.execute(_CHARGE, {"reports": reports, "now": now})
@@ -342,6 +360,11 @@ class IngestStatements:
                 await connection.execute(_ADD_BURN, {"burn": burn})
             states = (
                 await connection.execute(_LOCK_STATES, {"namespaces": namespaces}) if namespaces else None
+            )
+            marked = (
+                await connection.execute(_MISMATCHED, {"pod_uids": list(mismatched), "now": now})
+                if mismatched
+                else None
             )
         if inserted.rowcount != count:  # a repeat the read did not see: never charge it twice
             raise RuntimeError(f"{count - inserted.rowcount} ledger rows of the batch were there already")
@@ -355,6 +378,7 @@ class IngestStatements:
             {}
             if states is None
             else {namespace: cast(BudgetState, state) for namespace, state in await states.fetchall()},
+            set() if marked is None else {pod_uid for (pod_uid,) in await marked.fetchall()},
         )
 
 

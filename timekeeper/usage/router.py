@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
 from pydantic import AwareDatetime
 from pydantic.json_schema import models_json_schema
 
 from gpuaccounting.names import REPORTS_PATH
-from timekeeper.auth.base import Action
+from timekeeper.auth.base import Action, Principal
 from timekeeper.auth.dependencies import Reader, ReadScope, authenticated, authorize, check_pod_identity
 from timekeeper.db.session import SessionDep
 from timekeeper.metrics import Metrics
@@ -19,7 +19,10 @@ from timekeeper.schemas import API_ERRORS, BODY_ERRORS, NamespacePath, error_res
 from timekeeper.usage.efficiency import EfficiencyService
 from timekeeper.usage.repository import GroupBy
 from timekeeper.usage.schemas import EfficiencyOut, IdleReportOut, ReportAck, ReportIn, UsageOut
-from timekeeper.usage.service import UsageService, check_report
+from timekeeper.usage.service import AdmittedShareUnknown, IngestOutcome, UsageService, check_report
+
+if TYPE_CHECKING:
+    from timekeeper.usage.admitted import PodShares
 
 router = APIRouter(tags=["usage"], route_class=StrictJsonRoute)
 
@@ -29,10 +32,25 @@ REPORT_SCHEMAS: dict[str, Any] = models_json_schema(
 )[1]["$defs"]
 
 
+async def charge_report(request: Request, principal: Principal, report: ReportIn) -> IngestOutcome:
+    """The report charged in its batch. A pod whose admitted share the pods table does not hold yet (its
+    first report, in Kubernetes auth mode) has it read from the pod, off the batch, and the report
+    submitted again with it: the pods table keeps it, so later reports cost no read."""
+    state = request.app.state
+    try:
+        return await state.ingest.submit(report)
+    except AdmittedShareUnknown:
+        shares: PodShares | None = state.pod_shares
+        if shares is None or principal.pod is None:
+            raise
+        return await state.ingest.submit(report, await shares.admitted(principal.pod))
+
+
 async def post_report(request: Request) -> Response:
-    """Charge one interval of a pod's GPU use. A retry of the same (pod_uid, seq, interval) answers
-    `duplicate: true` and charges nothing; time already charged is never charged again. Answered after
-    the commit that made the charge durable.
+    """Charge one interval of a pod's GPU use, at the GPU share the pod was admitted at (the report's
+    `gpu_share` only where none is known: static auth mode). A retry of the same (pod_uid, seq,
+    interval) answers `duplicate: true` and charges nothing; time already charged is never charged
+    again. Answered after the commit that made the charge durable.
 
     The endpoint authenticates before it reads the body (no token is a 401 whatever the body), then
     validates the body itself: FastAPI would parse a declared body before any dependency runs."""
@@ -43,9 +61,11 @@ async def post_report(request: Request) -> Response:
     check_pod_identity(principal, report.namespace, report.pod, report.pod_uid)
     state = request.app.state
     check_report(state.settings, report, state.clock.now())
-    outcome = await state.ingest.submit(report)
+    outcome = await charge_report(request, principal, report)
     metrics: Metrics = state.metrics
     metrics.reports.labels(result="duplicate" if outcome.duplicate else "charged").inc()
+    if outcome.share_differs:
+        metrics.share_mismatches.inc()
     metrics.ingest_seconds.observe(time.perf_counter() - started)
     ack = ReportAck(duplicate=outcome.duplicate, gpu_minutes=outcome.gpu_minutes, state=outcome.state)
     return Response(ack.model_dump_json(), media_type="application/json")

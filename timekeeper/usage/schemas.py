@@ -76,6 +76,14 @@ class ReportIn(BaseModel):
         return self
 
 
+class SilentInterval(ReportIn):
+    """Time the reconciler charges for a pod no report covered, at the share the pod was admitted at:
+    any positive share admission admits, however small (a report's lower bound is for what sidecars
+    state, and would leave such a pod uncharged)."""
+
+    gpu_share: DecimalNumber = Field(gt=0, le=MAX_GPU_SHARE, allow_inf_nan=False)
+
+
 class ReportAck(BaseModel):
     """gpuaccounting.wire.ReportAck."""
 

@@ -68,6 +68,18 @@ class IngestOutcome:
     duplicate: bool
     gpu_minutes: Decimal
     state: BudgetState
+    share_differs: bool = False  # the report stated another share than the admitted one it was charged at
+
+
+class AdmittedShareUnknown(TimekeeperError):
+    """The pods table does not hold the pod's admitted share yet, and its reports' shares are not trusted
+    (Settings.admitted_share_from_pod): the caller reads the share from the pod and submits the report
+    again with it. Answered as it stands, a 503 (retry later), never a charge at the stated share."""
+
+    def __init__(self, pod_uid: str) -> None:
+        super().__init__(
+            f"the GPU share pod_uid {pod_uid} was admitted at is not known yet; retry later", 503
+        )
 
 
 def reported_model(report: ReportIn) -> str | None:
@@ -75,10 +87,12 @@ def reported_model(report: ReportIn) -> str | None:
     return next((model_key(gpu.name) for gpu in report.gpus if gpu.name), None)
 
 
-def pod_row(report: ReportIn, gpu_model: str | None = None) -> dict[str, Any]:
+def pod_row(
+    report: ReportIn, gpu_model: str | None = None, admitted_share: Decimal | None = None
+) -> dict[str, Any]:
     """A report as the statements that lock and cover its pod read it (IngestStatements), with the GPU
-    model given (the lock reads it: the report's own, else the one its node told the caller; the
-    coverage does not)."""
+    model and the admitted share given (the lock reads them: the model the report's own, else the one its
+    node told the caller, the share the one the caller read from the pod; the coverage does not)."""
     return {
         "pod_uid": report.pod_uid,
         "namespace": report.namespace,
@@ -88,6 +102,7 @@ def pod_row(report: ReportIn, gpu_model: str | None = None) -> dict[str, Any]:
         "interval_end": report.interval_end,
         "final": report.final,
         "gpu_model": gpu_model,
+        "admitted_share": None if admitted_share is None else str(admitted_share),
     }
 
 
@@ -95,16 +110,18 @@ def ledger_row(
     report: ReportIn,
     measured: Measured,
     gpu_minutes: Decimal,
+    share: Decimal,
     rate: Rate,
     gpu_model: str | None,
     *,
     covers: bool = True,
 ) -> dict[str, Any]:
-    """A report's ledger row as the ledger insert reads it: amounts as exact decimal text; `covers`:
-    its interval holds time its pod has not been charged for, which the write adds to the pod's coverage."""
+    """A report's ledger row as the ledger insert reads it, with the share it was charged at: amounts as
+    exact decimal text; `covers`: its interval holds time its pod has not been charged for, which the
+    write adds to the pod's coverage."""
     return {
         **pod_row(report, gpu_model),
-        "gpu_share": str(report.gpu_share),
+        "gpu_share": str(share),
         "gpu_minutes": str(gpu_minutes),
         "charge_share": str(rate.charge_share),
         "gpu_model": gpu_model,
@@ -139,13 +156,23 @@ class IngestService:
         self.usage = UsageRepository(session)
         self.admission = AdmissionService(session, settings)
         self.states = AdmissionRepository(session)
+        self.admitted_required = settings.admitted_share_from_pod
 
     async def charge_one(
-        self, report: ReportIn, now: datetime, *, from_sidecar: bool = True, gpu_model: str | None = None
+        self,
+        report: ReportIn,
+        now: datetime,
+        *,
+        from_sidecar: bool = True,
+        gpu_model: str | None = None,
+        admitted_share: Decimal | None = None,
     ) -> IngestOutcome:
         """A batch of one; raises what refused the report."""
         models = {report.pod_uid: gpu_model} if gpu_model else None
-        [outcome] = await self.charge([report], now, from_sidecar=from_sidecar, models=models)
+        admitted = {report.pod_uid: admitted_share} if admitted_share is not None else None
+        [outcome] = await self.charge(
+            [report], now, from_sidecar=from_sidecar, models=models, admitted=admitted
+        )
         if isinstance(outcome, TimekeeperError):
             raise outcome
         return outcome
@@ -157,6 +184,7 @@ class IngestService:
         *,
         from_sidecar: bool = True,
         models: Mapping[str, str] | None = None,
+        admitted: Mapping[str, Decimal] | None = None,
     ) -> list[IngestOutcome | TimekeeperError]:
         """Charge a batch of reports, at most one per pod: for each, the part of its interval its pod has
         not been charged for, split at period boundaries, with its ledger row, its pod's coverage, the
@@ -166,14 +194,22 @@ class IngestService:
         Answers in the reports' order; a report refused (its pod_uid belongs to another namespace) gets
         its error and changes nothing. `from_sidecar=False` (the reconciler charging silent time) leaves
         the pod's last report time alone; `models` (pod_uid -> GPU model, from the pod's node) stand in
-        for reports that name no GPU model. Each report is charged at its rate: its charge share (the
-        namespace's charge basis) x the weight of its pod's GPU model at each moment (billing/)."""
+        for reports that name no GPU model, `admitted` (pod_uid -> share read from the pod) for pods
+        whose admitted share is not kept yet. Each report is charged at its rate: its charge share (the
+        namespace's charge basis, of its pod's admitted share) x the weight of its pod's GPU model at each
+        moment (billing/)."""
         told = models or {}
+        given = admitted or {}
         in_order = sorted(reports, key=lambda report: report.pod_uid)
         statements = await IngestStatements.of(self.session)
         read = await statements.read(
             batch_json(
-                [pod_row(report, reported_model(report) or told.get(report.pod_uid)) for report in in_order]
+                [
+                    pod_row(
+                        report, reported_model(report) or told.get(report.pod_uid), given.get(report.pod_uid)
+                    )
+                    for report in in_order
+                ]
             ),
             sorted({report.namespace for report in in_order}),
             (min(r.interval_start for r in in_order), max(r.interval_end for r in in_order)),
@@ -188,12 +224,26 @@ class IngestService:
             for pod_uid, owner in (await self.usage.owners(refused)).items():
                 outcomes[pod_uid] = TimekeeperError(f"pod_uid {pod_uid} reports for namespace {owner}", 409)
         accepted = [report for report in in_order if report.pod_uid in uncovered]
-        fresh = [report for report in accepted if report.pod_uid not in read.repeated]
+        # Each pod's share: the admitted one (kept, else given), else the report's where reports are
+        # trusted (static auth mode); a report stating another is counted and its pod logged once.
+        shares: dict[str, Decimal] = {}
+        for report in accepted:
+            if report.pod_uid in read.repeated:
+                continue
+            share = read.admitted[report.pod_uid]
+            if share is None and self.admitted_required:
+                outcomes[report.pod_uid] = AdmittedShareUnknown(report.pod_uid)
+            else:
+                shares[report.pod_uid] = report.gpu_share if share is None else share
+        fresh = [report for report in accepted if report.pod_uid in shares]
+        differing = {
+            report.pod_uid for report in fresh if from_sidecar and shares[report.pod_uid] != report.gpu_share
+        }
         measured = {report.pod_uid: measure(report) for report in fresh}
         rates = {
             report.pod_uid: Rate(
                 charge_share(
-                    report.gpu_share,
+                    shares[report.pod_uid],
                     resolve_basis(report.namespace, read.bases)[0],
                     measured[report.pod_uid].mean_sm_util_pct,
                 ),
@@ -214,6 +264,7 @@ class IngestService:
                     report,
                     measured[report.pod_uid],
                     charges[report.pod_uid].gpu_minutes,
+                    shares[report.pod_uid],
                     rates[report.pod_uid],
                     read.models[report.pod_uid],
                     covers=bool(uncovered[report.pod_uid]),
@@ -234,7 +285,19 @@ class IngestService:
                 [] if pooled else namespaces,
                 now,
                 burn_json(fresh, charges, uncovered),
+                sorted(differing),
             )
+        for report in fresh if written.mismatched else ():
+            if report.pod_uid in written.mismatched:  # its first report at another share: logged once
+                log.warning(
+                    "report_share_differs",
+                    extra={
+                        "namespace": report.namespace,
+                        "pod": report.pod,
+                        "reported_share": str(report.gpu_share),
+                        "admitted_share": str(shares[report.pod_uid]),
+                    },
+                )
         after = figures_after(figures, written.totals, now)
         changed: set[str] = set()
         if pooled:  # a pool member's state is its pool's: the one restate path decides, for all members
@@ -257,9 +320,12 @@ class IngestService:
                 outcomes[report.pod_uid] = IngestOutcome(
                     True, Decimal(0), states.get(report.namespace, "in_budget")
                 )
-            else:
+            elif report.pod_uid in shares:
                 outcomes[report.pod_uid] = IngestOutcome(
-                    False, charges[report.pod_uid].gpu_minutes, states[report.namespace]
+                    False,
+                    charges[report.pod_uid].gpu_minutes,
+                    states[report.namespace],
+                    share_differs=report.pod_uid in differing,
                 )
         return [outcomes[report.pod_uid] for report in reports]
 

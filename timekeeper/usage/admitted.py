@@ -1,0 +1,75 @@
+"""The GPU share a pod was admitted at (the webhook's annotation, which users may not change, else its GPU
+requests): what its time is charged at, never a share its reports state. Imported only where the
+timekeeper talks to the cluster: the reconciler, and the report path in Kubernetes auth mode."""
+
+from __future__ import annotations
+
+import logging
+from decimal import Decimal, InvalidOperation
+
+from gpuaccounting.names import ANNOTATION_GPU_SHARE, SIDECAR_CONTAINER_NAME
+from gpuaccounting.shares import GpuHardware, read_pod
+from timekeeper.auth.base import PodIdentity
+from timekeeper.errors import TimekeeperError
+from timekeeper.kube import KubeClient, KubeConfig, KubeError, PodInfo
+from timekeeper.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def admitted_share(pod: PodInfo, hardware: GpuHardware) -> Decimal | None:
+    """The share the webhook recorded on the pod; recomputed from its requests when the annotation is
+    missing or not a positive number (a pod admitted while the webhook was down, a share that rounded to
+    "0"). None: the pod holds no GPU."""
+    recorded = pod.annotations.get(ANNOTATION_GPU_SHARE)
+    if recorded is not None:
+        try:
+            share = Decimal(recorded)
+        except InvalidOperation:
+            share = None
+        if share is not None and share.is_finite() and share > 0:
+            return share
+    computed = read_pod(pod.raw, hardware, skip_container=SIDECAR_CONTAINER_NAME)
+    if not computed.uses_gpu or computed.share <= 0:
+        return None
+    return Decimal(computed.share.numerator) / Decimal(computed.share.denominator)
+
+
+class PodShares:
+    """Reads a pod's admitted share from the API server, for a pod's first report (the pods table keeps it
+    from then on). The report's token is bound to the pod, so the pod read is the one that reports."""
+
+    def __init__(self, kube: KubeClient, hardware: GpuHardware) -> None:
+        self._kube = kube
+        self._hardware = hardware
+
+    async def admitted(self, pod: PodIdentity) -> Decimal:
+        """The pod's admitted share (0: it holds no GPU). An API server that cannot answer is a 503, so the
+        sidecar retries later rather than the report being charged at a share it states; a pod that is
+        gone is a 409 (the reconciler charges its time from the pod watch)."""
+        try:
+            found = await self._kube.read_pod(pod.namespace, pod.name)
+        except KubeError as error:
+            log.warning(
+                "admitted_share_unavailable",
+                extra={"namespace": pod.namespace, "pod": pod.name, "error": str(error)},
+            )
+            raise TimekeeperError(
+                "the Kubernetes API cannot be read for the pod's admitted GPU share now; retry later", 503
+            ) from error
+        if found is None or found.uid != pod.uid:
+            raise TimekeeperError(
+                f"pod {pod.namespace}/{pod.name} (uid {pod.uid}) is gone: the GPU share it was admitted at "
+                "cannot be read",
+                409,
+            )
+        return admitted_share(found, self._hardware) or Decimal(0)
+
+    async def aclose(self) -> None:
+        await self._kube.close()
+
+
+async def build_pod_shares(settings: Settings) -> PodShares:
+    """The report path's reader (Kubernetes auth mode), with a client of its own, built in the lifespan."""
+    kube = await KubeClient.from_config(KubeConfig.from_settings(settings))
+    return PodShares(kube, settings.hardware)

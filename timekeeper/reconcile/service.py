@@ -40,6 +40,15 @@ from timekeeper.kube import (
 )
 from timekeeper.metrics import PodWatchCollector
 from timekeeper.pools.service import PoolService
+from timekeeper.reconcile.claims import (
+    CLAIM_POD_PREFIX,
+    ClaimPart,
+    ClaimRegistry,
+    Interval,
+    TrackedClaim,
+    merged,
+    pod_claim_names,
+)
 from timekeeper.reconcile.pods import PodRegistry, TrackedPod
 from timekeeper.reconcile.quotas import quota_hard
 from timekeeper.reconcile.repository import ReconcileRepository
@@ -68,6 +77,7 @@ class PassResult:
     """What one pass did (for logs, tests and the job's `detail` in job_runs)."""
 
     charged: dict[str, Decimal] = field(default_factory=dict)  # pod uid -> GPU-minutes
+    claims_charged: dict[str, Decimal] = field(default_factory=dict)  # claim part key -> GPU-minutes
     closed: list[str] = field(default_factory=list)
     transitions: dict[str, tuple[BudgetState | None, BudgetState]] = field(default_factory=dict)
     evicted: list[tuple[str, str]] = field(default_factory=list)
@@ -81,6 +91,7 @@ class PassResult:
     def as_detail(self) -> dict[str, Any]:
         return {
             "charged": {uid: str(minutes) for uid, minutes in self.charged.items()},
+            "claims_charged": {key: str(minutes) for key, minutes in self.claims_charged.items()},
             "closed": self.closed,
             "transitions": {ns: list(change) for ns, change in self.transitions.items()},
             "evicted": [list(pod) for pod in self.evicted],
@@ -107,6 +118,8 @@ class Reconciler:
         self.clock = clock
         self.hardware = settings.hardware  # the webhook's sizes too: shares and quotas agree with admission
         self.registry = PodRegistry(clock, self.hardware)
+        self.claims = ClaimRegistry()
+        self._claim_holders: set[str] = set()  # uids of the pods using a GPU claim (the last pass's)
         self._last_states: dict[str, BudgetState] | None = None
         self._watch: asyncio.Task[None] | None = None
         self.pod_metrics = PodWatchCollector()
@@ -126,6 +139,7 @@ class Reconciler:
         """An emptied registry, filled by the watch's first list and kept current by it (a task on this
         loop). The states are learnt anew, so a change of leader does not repeat old news."""
         self.registry.reset()
+        self.claims.reset()
         self._last_states = None
         self._forget_pods()
         self._watch = asyncio.create_task(self._follow(self.registry), name="pod-watch")
@@ -147,6 +161,7 @@ class Reconciler:
         self._shared = set()
         self._skipped = set()
         self._node_models = {}
+        self._claim_holders = set()
 
     async def aclose(self) -> None:
         await self.stop_leading()
@@ -180,6 +195,7 @@ class Reconciler:
         result = PassResult()
         await self._learn_models(result)
         await self._learn_shares()
+        await self._charge_claims(result)  # first: `_charge` forgets ended pods whose time claims still need
         await self._charge(result)
         await self._sync_labels(result)
         async with self.sessionmaker() as session:
@@ -216,8 +232,9 @@ class Reconciler:
             elif pod.running and until > start:
                 spans[pod.info.uid] = (pod, start, until, False)
         async with self.sessionmaker() as session:
+            # A pod with no GPUs outside its claims has nothing to charge (its claims' charge has its time).
             uncovered = await ReconcileRepository(session).with_uncovered_time(
-                (uid, start, end) for uid, (_, start, end, _) in spans.items() if end > start
+                (uid, start, end) for uid, (pod, start, end, _) in spans.items() if end > start and pod.share
             )
         for uid, (pod, start, end, final) in spans.items():
             if uid in uncovered:
@@ -228,6 +245,99 @@ class Reconciler:
             if final:
                 self.registry.mark_closed(uid)
                 result.closed.append(uid)
+
+    async def _charge_claims(self, result: PassResult) -> None:
+        """Each allocated GPU claim's devices for the time its consumers ran (running ones up to the grace),
+        once per claim whatever the number of its pods, to its namespace through the report path; a claim
+        gone from the API whose consumers have all ended is charged to their end, closed and forgotten.
+        Claims and slices are listed once per pass, in the version discovery finds."""
+        try:
+            version = await self.kube.dra_version()
+            if version is None:
+                return
+            claims = await self.kube.list_dra_objects(version, "resourceclaims")
+            slices = await self.kube.list_dra_objects(version, "resourceslices")
+        except KubeError as error:
+            log.warning("claims_unavailable", extra={"error": str(error)})
+            return
+        self.claims.update(claims, slices, self.hardware)
+        now = self.clock.now()
+        until = now - timedelta(seconds=self.settings.silent_grace_seconds)
+        pods = {pod.info.uid: pod for pod in self.registry.pods()}
+        naming: dict[tuple[str, str], set[str]] = {}
+        for pod in pods.values():
+            for name in pod_claim_names(pod.info.raw):
+                naming.setdefault((pod.info.namespace, name), set()).add(pod.info.uid)
+        holders: set[str] = set()
+        for uid, claim in self.claims.claims().items():
+            consumers = [
+                pods[c]
+                for c in sorted(claim.consumers | naming.get((claim.namespace, claim.name), set()))
+                if c in pods
+            ]
+            holders.update(pod.info.uid for pod in consumers)
+            spans = merged(
+                (pod.info.started_at, pod.ended_at or until)
+                for pod in consumers
+                if pod.info.started_at is not None and (pod.running or pod.ended_at is not None)
+            )
+            final = not claim.listed and all(pod.ended_at is not None for pod in consumers)
+            if spans:
+                for part in claim.parts:
+                    minutes = await self._charge_claim_part(claim, part, spans, final, now)
+                    if minutes is not None:
+                        result.claims_charged[part.key] = minutes
+            if final:
+                self.claims.forget(uid)
+        self._claim_holders = holders
+
+    async def _charge_claim_part(
+        self, claim: TrackedClaim, part: ClaimPart, spans: list[Interval], final: bool, now: datetime
+    ) -> Decimal | None:
+        """Charge one part of a claim for the spans' time not charged yet (one charge per span, each at
+        the part's share and model); None when all of it was charged before."""
+        async with self.sessionmaker() as session, session.begin():
+            repository = ReconcileRepository(session)
+            uncovered = await repository.uncovered_spans([(part.key, start, end) for start, end in spans])
+            if not uncovered and not final:
+                return None
+            charged = Decimal(0)
+            for index in sorted(uncovered):
+                start, end = spans[index]
+                try:
+                    report = SilentInterval(
+                        namespace=claim.namespace,
+                        pod=f"{CLAIM_POD_PREFIX}{claim.name}"[:253],
+                        pod_uid=part.key,
+                        seq=RECONCILER_SEQ,
+                        interval_start=start,
+                        interval_end=end,
+                        gpu_share=part.share,
+                        final=final and index == len(spans) - 1,
+                    )
+                except ValidationError as error:
+                    log.warning(
+                        "reconcile_claim_skipped",
+                        extra={"namespace": claim.namespace, "claim": claim.name, "error": str(error)},
+                    )
+                    return None
+                outcome = await IngestService(session, self.settings).charge_one(
+                    report, now, from_sidecar=False, gpu_model=part.model, admitted_share=part.share
+                )
+                charged += outcome.gpu_minutes
+            if final:
+                await repository.close_at(part.key, spans[-1][1])
+        if uncovered:
+            log.info(
+                "claim_time_charged",
+                extra={
+                    "namespace": claim.namespace,
+                    "claim": claim.name,
+                    "gpu_minutes": float(charged),
+                    "final": final,
+                },
+            )
+        return charged if uncovered else None
 
     async def _learn_models(self, result: PassResult) -> None:
         """Each bound GPU pod's GPU model from its node's GPU Feature Discovery label, recorded on its
@@ -281,6 +391,10 @@ class Reconciler:
         async with self.sessionmaker() as session, session.begin():
             result.pool_moves = await PoolService(session, self.settings, self.clock).sync_labels(labels)
 
+    def _holds_gpus(self, pod: TrackedPod) -> bool:
+        """GPUs outside claims, or a GPU claim (a pod whose claims are all NICs, say, is no GPU pod)."""
+        return pod.share > 0 or pod.info.uid in self._claim_holders
+
     def _count_pods(self, reports: dict[str, tuple[datetime, bool]], result: PassResult) -> None:
         """Running GPU pods per namespace, and those with our sidecar whose last report (their start when
         none came) is older than `sidecar_silent_after_seconds`; a sidecar that sent its final report has
@@ -290,7 +404,7 @@ class Reconciler:
         counts: dict[str, tuple[int, int]] = {}
         silent: dict[str, tuple[TrackedPod, datetime]] = {}
         for pod in self.registry.pods():
-            if not pod.running:
+            if not pod.running or not self._holds_gpus(pod):
                 continue
             info = pod.info
             running, quiet = counts.get(info.namespace, (0, 0))
@@ -390,7 +504,12 @@ class Reconciler:
         for pod in self.registry.pods():
             info = pod.info
             exempt = evicting.get(info.namespace)
-            if exempt is None or not pod.running or info.deleting_since is not None:
+            if (
+                exempt is None
+                or not pod.running
+                or info.deleting_since is not None
+                or not self._holds_gpus(pod)
+            ):
                 continue
             priority_class = (info.raw.get("spec") or {}).get("priorityClassName")
             if priority_class == reduced or priority_class in exempt:

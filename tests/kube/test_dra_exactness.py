@@ -40,7 +40,7 @@ STEP = timedelta(minutes=5)
 STEPS = 30
 T0 = START - STEPS * STEP
 WEIGHTS = {"NVIDIA-H100-80GB-HBM3": Decimal(3), "NVIDIA-A100-SXM4-80GB": Decimal(2)}
-DEVICES = [
+DEVICES: list[dict[str, Any]] = [
     {"name": "gpu-0", "attributes": {"productName": "NVIDIA H100 80GB HBM3"}},
     {"name": "gpu-1", "attributes": {"productName": "NVIDIA A100-SXM4-80GB"}},
     {"name": "gpu-2", "attributes": {"productName": "NVIDIA A100-SXM4-80GB"}},

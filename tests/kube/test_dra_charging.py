@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
 from tests.kube.factories import dra_pod, gpu_pod, resource_claim, resource_slice
-from tests.kube.test_reconcile import GRACE, iso, sync
+from tests.kube.test_reconcile import GRACE, _exhaust, iso, sync
 from tests.support.kube_apiserver import KubeApiServer
 from tests.timekeeper.conftest import START
 from timekeeper.billing.repository import BillingRepository
@@ -219,3 +219,30 @@ async def test_without_resource_k8s_io_pods_are_charged_as_before(
     result = await reconciler.run_pass()
 
     assert (result.charged, result.claims_charged) == ({pod["metadata"]["uid"]: Decimal("30.000000000")}, {})
+
+
+async def test_a_pod_using_a_gpu_claim_is_a_gpu_pod_and_one_using_a_nic_claim_is_not(
+    apiserver: KubeApiServer, reconciler: Reconciler, sessionmaker
+):
+    resource_slice(apiserver, "gpu-node-1", [H100])
+    resource_slice(apiserver, "gpu-node-1", [{"name": "eth-0", "attributes": {}}], driver="nic.example.com")
+    started = iso(START - timedelta(minutes=30))
+    gpu = dra_pod(apiserver, "team-a", "dra-gpu", "gpu", started_at=started)
+    nic = dra_pod(apiserver, "team-a", "dra-nic", "nic", started_at=started)
+    resource_claim(apiserver, "team-a", "gpu", ["gpu-0"], reserved_for=[gpu])
+    resource_claim(
+        apiserver,
+        "team-a",
+        "nic",
+        ["eth-0"],
+        reserved_for=[nic],
+        device_class="nic.example.com",
+        driver="nic.example.com",
+    )
+    await _exhaust(apiserver, reconciler, sessionmaker, "team-a", running_pod_action="evict")
+
+    result = await reconciler.run_pass()
+
+    assert sorted(result.evicted) == [("team-a", "dra-gpu"), ("team-a", "spender")]
+    assert reconciler.pod_metrics.counts is not None
+    assert reconciler.pod_metrics.counts["team-a"][0] == 2  # running GPU pods: not the NIC's

@@ -247,10 +247,9 @@ class Reconciler:
                 result.closed.append(uid)
 
     async def _charge_claims(self, result: PassResult) -> None:
-        """Each allocated GPU claim's devices for the time its consumers ran (running ones up to the grace),
-        once per claim whatever the number of its pods, to its namespace through the report path; a claim
-        gone from the API whose consumers have all ended is charged to their end, closed and forgotten.
-        Claims and slices are listed once per pass, in the version discovery finds."""
+        """Each allocated GPU claim once, whatever the number of its pods, for the time they ran (up to the
+        grace), through the report path (docs/timekeeper.md, "DRA claims"). A claim gone from the API whose
+        consumers have all ended is closed at their end and forgotten."""
         try:
             version = await self.kube.dra_version()
             if version is None:

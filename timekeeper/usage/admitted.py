@@ -19,11 +19,9 @@ log = logging.getLogger(__name__)
 
 
 def admitted_share(pod: PodInfo, hardware: GpuHardware) -> Decimal | None:
-    """The share the webhook recorded on the pod; recomputed from its requests when the annotation is
-    missing or not a positive number (a pod admitted while the webhook was down, a share that rounded to
-    "0"). None: the pod holds no GPU outside DRA claims. A pod with `spec.resourceClaims` is charged its
-    requests' share alone: its claims' GPUs are their claims' charge (reconcile/claims.py), which the
-    recorded share includes."""
+    """The webhook's recorded share, else (missing, not positive, or a pod with DRA claims, whose GPUs are
+    their claims' charge: reconcile/claims.py) what its own GPU requests come to. None: no GPU outside
+    claims."""
     recorded = None if claim_refs(pod.raw) else pod.annotations.get(ANNOTATION_GPU_SHARE)
     if recorded is not None:
         try:

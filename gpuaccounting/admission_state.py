@@ -28,7 +28,9 @@ that differ. `resolve` turns a snapshot into each namespace's resolved `Namespac
 one whose index names no policy.
 
 The priority policy (how a GPU pod's PriorityClass is chosen; the webhook applies it):
-- a class in `exempt_classes` is kept in every state;
+- a class in `exempt_classes` is kept in every state, but only in the namespaces an admin lists for it
+  (`exempt_namespaces`, a setting of the webhook and of the timekeeper: `is_exempt`); elsewhere it is
+  governed like any class a user chose;
 - in an exhausted namespace every other GPU pod gets the reduced class, whatever class it arrived with
   (chosen by its user, or filled in by the Priority plugin from a `globalDefault` PriorityClass);
 - in budget, a pod that arrived with no class of its own (none, or the `globalDefault` one) gets the
@@ -39,13 +41,18 @@ The priority policy (how a GPU pod's PriorityClass is chosen; the webhook applie
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict
+from collections.abc import Collection, Mapping
+from typing import Final, Literal, TypedDict
 
 from gpuaccounting.wire import BudgetState
 
 UserClassRule = Literal["replace", "keep_up_to_ceiling"]
 USER_CLASS_RULES: tuple[UserClassRule, ...] = ("replace", "keep_up_to_ceiling")
 DEFAULT_EXEMPT_PRIORITY_CLASSES: tuple[str, ...] = ("system-cluster-critical", "system-node-critical")
+# Where exempt classes are exempt: class name -> namespaces, `*` for every class not named. The default:
+# the control plane's namespace and the product's own (deployment/ sets the installed namespace).
+ANY_CLASS: Final = "*"
+DEFAULT_EXEMPT_NAMESPACES: Final = {ANY_CLASS: frozenset({"kube-system", "gpu-timekeeper"})}
 
 
 class PriorityPolicy(TypedDict):
@@ -141,6 +148,19 @@ def compact(
         "default": entry(default),
         "namespaces": {name: entry(a) for name, a in sorted(namespaces.items()) if a != default},
     }
+
+
+def is_exempt(
+    class_name: str | None,
+    namespace: str,
+    exempt_classes: Collection[str],
+    exempt_namespaces: Mapping[str, Collection[str]],
+) -> bool:
+    """Whether a pod of `class_name` in `namespace` keeps its class whatever the budget: its policy exempts
+    the class and an admin listed the namespace for it. The webhook and the reconciler both ask this."""
+    if class_name is None or class_name not in exempt_classes:
+        return False
+    return namespace in exempt_namespaces.get(class_name, exempt_namespaces.get(ANY_CLASS, ()))
 
 
 def is_over_budget(state: BudgetState) -> bool:

@@ -24,6 +24,7 @@ from gpuaccounting.shares import (
     PodShare,
     Rule,
     Violation,
+    below_minimum,
     mig_gpu_slices,
 )
 
@@ -234,14 +235,16 @@ def read_claims(
     return ClaimsShare(share, frozenset(systems), tuple(claims), tuple(violations))
 
 
-def with_claims(share: PodShare, claims: ClaimsShare) -> PodShare:
-    """The pod's share with its claims' added: one pod, one set of systems, one list of violations."""
+def with_claims(share: PodShare, claims: ClaimsShare, hardware: GpuHardware) -> PodShare:
+    """The pod's share with its claims' added: one pod, one set of systems, one list of violations, one
+    floor (`minimum_shares`) for the whole share."""
     if claims is NO_CLAIMS:
         return share
     systems = set(share.systems) | claims.systems
     if len(systems) > 1 and systems & JOINS_PLAIN_NVIDIA:
         systems.discard(SharingSystem.NVIDIA)
-    violations = [v for v in share.violations if v.rule is not Rule.SINGLE_SYSTEM] + list(claims.violations)
+    judged_again = (Rule.SINGLE_SYSTEM, Rule.MINIMUM_SHARE)
+    violations = [v for v in share.violations if v.rule not in judged_again] + list(claims.violations)
     if len(systems) > 1:
         violations.append(
             Violation(
@@ -251,10 +254,13 @@ def with_claims(share: PodShare, claims: ClaimsShare) -> PodShare:
         )
     ordered = tuple(sorted(systems))
     system = share.system if share.system in systems else (ordered[0] if ordered else None)
+    total = share.share + claims.share
+    if system is not None and (below := below_minimum(system, total, hardware)) is not None:
+        violations.append(below)
     return replace(
         share,
         system=system,
-        share=share.share + claims.share,
+        share=total,
         systems=ordered,
         claims=claims.claims,
         violations=tuple(violations),

@@ -6,7 +6,9 @@ with them, so both must read the same file (deployment/ ships it as one ConfigMa
 Deployments; deployment/base/hardware/hardware.json lists every key at its default). Every key is
 optional and defaults to `GpuHardware`'s value; an unknown key or a value of the wrong type is refused at
 start, never read as a default. The catalogue's keys (`gpu_resources`, `gpu_resource_patterns`,
-`gpu_device_classes`, `accelerator_patterns`, `unknown_accelerators`) say which resources are GPUs.
+`gpu_device_classes`, `accelerator_patterns`, `unknown_accelerators`) say which resources are GPUs;
+`minimum_shares` (such as `{"kai": "1/100", "nvidia": "1/1000"}`) names only the systems whose floor
+changes, the others keep theirs.
 """
 
 from __future__ import annotations
@@ -26,7 +28,12 @@ from gpuaccounting.catalogue import (
     UnknownAccelerators,
     check_entry,
 )
-from gpuaccounting.shares import GpuHardware
+from gpuaccounting.shares import (
+    DEFAULT_MINIMUM_SHARES,
+    SMALLEST_MINIMUM_SHARE,
+    GpuHardware,
+    MinimumShares,
+)
 
 _FIELDS = {field.name: field.type for field in dataclasses.fields(GpuHardware) if field.name != "catalogue"}
 
@@ -51,24 +58,44 @@ def _fraction(key: str, item: Any) -> Fraction:
     try:
         if isinstance(item, bool) or not isinstance(item, str | int | float):
             raise TypeError
-        fraction = Fraction(str(item))
+        return Fraction(str(item))
     except (TypeError, ValueError, ZeroDivisionError):
         raise ValueError(f"{key}: {item!r} is not a fraction") from None
+
+
+def _positive_fraction(key: str, item: Any) -> Fraction:
+    fraction = _fraction(key, item)
     if fraction <= 0:
         raise ValueError(f"{key}: {item!r} is not above zero")
     return fraction
 
 
+def _minimum_shares(key: str, value: Any) -> MinimumShares:
+    if not isinstance(value, dict):
+        raise ValueError(f'{key} must be an object such as {{"kai": "1/100"}}')
+    known = {system.value for system in SharingSystem}
+    floors = dict(DEFAULT_MINIMUM_SHARES)
+    for name, item in value.items():
+        if name not in known:
+            raise ValueError(f"{key}: {name!r} is no sharing system; known: {sorted(known)}")
+        floor = _fraction(f"{key}.{name}", item)
+        if not SMALLEST_MINIMUM_SHARE <= floor <= 1:
+            raise ValueError(f"{key}.{name}: {item!r} is not between 1/1000000 and 1")
+        floors[SharingSystem(name)] = floor
+    return frozenset(floors.items())
+
+
 def _fractions(key: str, value: Any) -> frozenset[Fraction]:
     if not isinstance(value, list) or not value:
         raise ValueError(f'{key} must be a non-empty list of fractions such as "1/8" or 0.125')
-    return frozenset(_fraction(key, item) for item in value)
+    return frozenset(_positive_fraction(key, item) for item in value)
 
 
 _READERS: dict[str, Callable[[str, Any], Any]] = {
     "int": _positive_int,
     "bool": _flag,
     "frozenset[Fraction]": _fractions,
+    "MinimumShares": _minimum_shares,
 }
 
 
@@ -112,7 +139,7 @@ def _device_classes(key: str, value: Any) -> dict[str, DeviceClassEntry]:
         capacity = _object(f"{where}.capacity", spec.get("capacity", {}))
         classes[name] = DeviceClassEntry(
             _system(where, spec.get("system")),
-            tuple(sorted((k, _fraction(f"{where}.capacity.{k}", v)) for k, v in capacity.items())),
+            tuple(sorted((k, _positive_fraction(f"{where}.capacity.{k}", v)) for k, v in capacity.items())),
             _positive_int(f"{where}.all_devices_cap", spec.get("all_devices_cap", 8)),
         )
     return classes

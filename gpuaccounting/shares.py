@@ -57,6 +57,9 @@ class Rule(StrEnum):
     PROTECTED_SIDECAR = "protected-sidecar"
     TOKEN_VOLUME_MOUNT = "token-volume-mount"
     SIDECAR_REQUIRED = "sidecar-required"
+    PROTECTED_SHARE_INPUTS = "protected-share-inputs"
+    # Not a rule that may be disabled: the floor is lowered in the hardware file (`minimum_shares`).
+    MINIMUM_SHARE = "minimum-share"
 
 
 # Resource and metadata keys, by system.
@@ -96,6 +99,23 @@ DEFAULT_CLEARML_FRACTIONS: Final = frozenset(
 )
 
 
+# The smallest share any floor may be: a millionth of a GPU still formats as "0.000001" (six places), and
+# the timekeeper's report schema accepts it (timekeeper/usage/schemas.py, MIN_GPU_SHARE).
+SMALLEST_MINIMUM_SHARE: Final = Fraction(1, 1_000_000)
+# The smallest share admitted per system (`minimum_shares`): one step of the systems that count in
+# percent or in units of 100 (HAMi, Volcano, gpu-manager, MetaGPU, KAI), and a thousandth where the
+# system's own step is hardware's (time-slicing replicas, gpushare's GiB of a GPU up to 1 TiB).
+DEFAULT_MINIMUM_SHARES: Final = frozenset(
+    {
+        **{system: Fraction(1, 100) for system in SharingSystem},
+        SharingSystem.NVIDIA: Fraction(1, 1000),
+        SharingSystem.GPUSHARE: Fraction(1, 1000),
+    }.items()
+)
+# One (system, floor) pair per system; a frozenset keeps its hash, and reads are cached by hardware.
+MinimumShares = frozenset[tuple[SharingSystem, Fraction]]
+
+
 @dataclass(frozen=True, slots=True)
 class GpuHardware:
     """Sizes that depend on the cluster's hardware and device-plugin configuration."""
@@ -108,6 +128,12 @@ class GpuHardware:
     gpushare_memory_unit_mib: int = 1024  # gpushare counts GiB unless its plugin says MiB
     clearml_fractions: frozenset[Fraction] = DEFAULT_CLEARML_FRACTIONS
     catalogue: GpuCatalogue = DEFAULT_CATALOGUE  # which resources and DeviceClasses are GPUs
+    minimum_shares: MinimumShares = DEFAULT_MINIMUM_SHARES
+
+    def minimum_share(self, system: SharingSystem) -> Fraction:
+        return next(
+            (floor for named, floor in self.minimum_shares if named is system), SMALLEST_MINIMUM_SHARE
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +183,18 @@ def format_share(share: Fraction) -> str:
     """The share as a short decimal string (at most six places), as annotations and env carry it."""
     text = f"{float(share):.6f}".rstrip("0").rstrip(".")
     return text or "0"
+
+
+def below_minimum(system: SharingSystem, share: Fraction, hardware: GpuHardware) -> Violation | None:
+    """The minimum-share violation of a pod whose whole share is `share` under `system`, if it is one."""
+    floor = hardware.minimum_share(system)
+    if share >= floor:
+        return None
+    return Violation(
+        Rule.MINIMUM_SHARE,
+        f"the pod's GPU share {float(share):.6g} is below the smallest share gpu-timekeeper admits"
+        f" for {system}, {format_share(floor)} (hardware file: minimum_shares)",
+    )
 
 
 def _mapping(value: object) -> Mapping[str, Any]:
@@ -583,6 +621,37 @@ def _kai_share(
     return devices * (per_device or Fraction(0))
 
 
+_POD_LEVEL_LABELS: Final = (CLEARML_FRACTION_LABEL,)
+_POD_LEVEL_ANNOTATIONS: Final = (
+    KAI_FRACTION_ANNOTATION,
+    KAI_MEMORY_ANNOTATION,
+    KAI_DEVICES_ANNOTATION,
+    KAI_CONTAINER_ANNOTATION,
+)
+
+
+def share_inputs(pod: Mapping[str, Any], catalogue: GpuCatalogue = DEFAULT_CATALOGUE) -> dict[str, object]:
+    """Everything a pod's share is read from, by where it is (a label, an annotation, a container's GPU
+    requests, its DRA claims): a pod whose inputs did not change has the share it was admitted with."""
+    metadata = _mapping(pod.get("metadata"))
+    labels = _mapping(metadata.get("labels"))
+    annotations = _mapping(metadata.get("annotations"))
+    spec = _mapping(pod.get("spec"))
+    found: dict[str, object] = {f"label {key}": labels[key] for key in _POD_LEVEL_LABELS if key in labels}
+    found.update(
+        {f"annotation {key}": annotations[key] for key in _POD_LEVEL_ANNOTATIONS if key in annotations}
+    )
+    for key in ("initContainers", "containers"):
+        listed = spec.get(key)
+        for container in listed if isinstance(listed, list) else ():
+            if isinstance(container, dict) and (requests := _gpu_requests(container, catalogue)):
+                role = container.get("restartPolicy") if key == "initContainers" else None
+                found[f"{key} {container.get('name')} GPU requests"] = (requests, role)
+    if "resourceClaims" in spec:
+        found["spec.resourceClaims"] = spec["resourceClaims"]
+    return found
+
+
 def read_pod(
     pod: Mapping[str, Any], hardware: GpuHardware | None = None, *, skip_container: str = ""
 ) -> PodShare:
@@ -635,8 +704,11 @@ def read_pod(
     share = effective_share(init_shares, app_shares) if init_shares or app_shares else Fraction(0)
     if pod_level:  # a label or annotation beside counted container resources is at least those
         share = max(share, pod_level[0][1]) if share else pod_level[0][1]
+    system = pod_level[0][0] if pod_level else systems[0]
+    if (below := below_minimum(system, share, hardware)) is not None:
+        violations.append(below)
     return PodShare(
-        system=pod_level[0][0] if pod_level else systems[0],
+        system=system,
         share=share,
         systems=tuple(systems),
         containers=(*init_shares, *app_shares),

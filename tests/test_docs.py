@@ -47,6 +47,7 @@ NOT_SETTINGS = {
     "TIMEKEEPER_TEST_KUBE_CONTROL_PLANE": "the cluster layer's control-plane script (tests/cluster)",
     "TIMEKEEPER_TEST_KUBE_BIN_DIR": "the cluster layer's prebuilt kube binaries (tests/cluster)",
     "TIMEKEEPER_TEST_REQUIRE_CLUSTER": "CI: the cluster layer fails instead of skipping (.ci/run)",
+    "TIMEKEEPER_TEST_CLUSTER_INSTALL": "the cluster layer's install: kustomize or helm (tests/cluster)",
 }
 
 # Which pages hold each deployable's configuration reference.

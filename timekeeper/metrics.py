@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpuaccounting.counters import start_at_zero
 from gpuaccounting.wire import BUDGET_STATES
 from timekeeper.db.outage import OutageWatch
+
+REPORT_RESULTS = ("charged", "duplicate", "rejected")
+BATCH_FAILURE_REASONS = ("outage", "refused")
+GITOPS_OUTCOMES = ("ok", "error")
+GITOPS_ACTIONS = ("applied", "released")
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,8 +33,19 @@ class NamespaceRow:
     exhaustion_seconds: float | None  # from now until the forecast exhaustion, when within the period
 
 
+@dataclass(frozen=True, slots=True)
+class BudgetReadout:
+    """What one /metrics request read from the database: every namespace's and pool's figures, the idle
+    pods (namespace, pods, GPUs) and the running pods of no known GPU model per namespace."""
+
+    namespaces: Sequence[NamespaceRow]
+    pools: Sequence[tuple[str, float, float, str]]
+    idle: Sequence[tuple[str, int, float]]
+    unweighted_pods: Mapping[str, int]
+
+
 class NamespaceCollector(Collector):
-    """Per-namespace budget figures, as last loaded by the /metrics handler just before it renders."""
+    """Per-namespace budget figures, as the last successful read of the database left them."""
 
     def __init__(self) -> None:
         self.rows: Sequence[NamespaceRow] = ()
@@ -77,7 +95,7 @@ class NamespaceCollector(Collector):
 
 
 class PoolCollector(Collector):
-    """Each pool's figures, as last loaded by the /metrics handler: (pool, budget + grants, used, state)."""
+    """Each pool's figures, as last read: (pool, budget + grants, used, state)."""
 
     def __init__(self) -> None:
         self.rows: Sequence[tuple[str, float, float, str]] = ()
@@ -101,7 +119,7 @@ class PoolCollector(Collector):
 
 
 class IdleCollector(Collector):
-    """The idle report per namespace, as last loaded by the /metrics handler (absent: none idle)."""
+    """The idle report per namespace, as last read (absent: none idle)."""
 
     def __init__(self) -> None:
         self.rows: Sequence[tuple[str, int, float]] = ()
@@ -149,6 +167,10 @@ class PodWatchCollector(Collector):
 
 
 class Metrics:
+    """The process's counters render whatever the database does; the database's figures are those of the
+    last successful read (`show`), with their age, so an outage shows as `timekeeper_database_up 0`
+    beside the last known budgets rather than as a failed scrape."""
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.reports = Counter(
@@ -165,6 +187,7 @@ class Metrics:
             "the admitted share)",
             registry=self.registry,
         )
+        start_at_zero(self.reports, result=REPORT_RESULTS)
         self.ingest_seconds = Histogram(
             "timekeeper_report_ingest_seconds",
             "Time to authorize, check and charge one report (before the commit)",
@@ -183,6 +206,7 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        start_at_zero(self.batch_failures, reason=BATCH_FAILURE_REASONS)
         self.outages = OutageWatch(self.registry)
         self.namespaces = NamespaceCollector()
         self.registry.register(self.namespaces)
@@ -196,6 +220,22 @@ class Metrics:
         )
         self.pools = PoolCollector()
         self.registry.register(self.pools)
+        self.read_at: float | None = None  # time.monotonic() of the last successful read
+        Gauge(
+            "timekeeper_budget_metrics_age_seconds",
+            "Seconds since the per-namespace and pool series were read from the database (-1: never)",
+            registry=self.registry,
+        ).set_function(lambda: -1.0 if self.read_at is None else time.monotonic() - self.read_at)
+
+    def show(self, readout: BudgetReadout) -> None:
+        """Replace the database's figures by a fresh read, all at once."""
+        self.namespaces.rows = readout.namespaces
+        self.pools.rows = readout.pools
+        self.idle.rows = readout.idle
+        self.unweighted_pods.clear()
+        for namespace, count in readout.unweighted_pods.items():
+            self.unweighted_pods.labels(namespace=namespace).set(count)
+        self.read_at = time.monotonic()
 
 
 class GitOpsMetrics(Collector):
@@ -209,12 +249,14 @@ class GitOpsMetrics(Collector):
             ["outcome"],
             registry=None,
         )
+        start_at_zero(self.passes, outcome=GITOPS_OUTCOMES)
         self.changes = Counter(
             "timekeeper_gitops_changes",
             "Budget changes the GPUBudget sync made: applied (a spec written), released (an object gone)",
             ["action"],
             registry=None,
         )
+        start_at_zero(self.changes, action=GITOPS_ACTIONS)
         self.not_ready = Gauge(
             "timekeeper_gitops_objects_not_ready",
             "GPUBudget and GPUBudgetDefault objects whose spec is not the budget in force (invalid, "

@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import AwareDatetime, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from gpuaccounting.admission_state import DEFAULT_EXEMPT_NAMESPACES
 from gpuaccounting.clock import WallClock, build_clock
 from gpuaccounting.hardware import load_hardware
 from gpuaccounting.names import DEFAULT_IN_BUDGET_PRIORITY_CLASS, DEFAULT_OVER_BUDGET_PRIORITY_CLASS
@@ -122,6 +123,12 @@ class Settings(BaseSettings):
         default=10, ge=1, description="At most this many evictions per reconcile pass; the rest wait."
     )
     evict_bare_pods: bool = Field(default=False, description="Also evict pods without a controller.")
+    exempt_namespaces: dict[str, frozenset[NamespaceName]] = Field(
+        default_factory=lambda: dict(DEFAULT_EXEMPT_NAMESPACES),
+        description="Where a priority policy's exempt classes are exempt, JSON "
+        '{"<class>": [namespaces]} ("*": any class not named); elsewhere they are evicted like any class. '
+        "The webhook's setting too.",
+    )
     hardware_file: Path | None = Field(
         default=None,
         description="The JSON hardware sizes the webhook reads too (GPU memory, MIG slices, time-slicing "

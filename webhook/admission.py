@@ -72,7 +72,7 @@ class Admission:
         """The pod's share: its device-plugin requests, pod-level asks and DRA claims."""
         share = read_pod(pod, self.hardware, skip_container=names.SIDECAR_CONTAINER_NAME)
         claims = read_claims(pod, self.dra.specs(namespace), self.hardware, self.dra.drivers)
-        return with_claims(share, claims)
+        return with_claims(share, claims, self.hardware)
 
     async def prepare(self, request: AdmissionRequest) -> None:
         """Before a pod naming DRA claims is judged, fetch those the watch has not brought yet."""
@@ -113,7 +113,8 @@ class Admission:
         spec = dict(pod.get("spec") or {})
         annotations = metadata.get("annotations") or {}
         view = self.cache.view(namespace)
-        decision = self.priority.decide(spec, view, annotations.get(names.ANNOTATION_PRIORITY_DECISION))
+        previous = annotations.get(names.ANNOTATION_PRIORITY_DECISION)
+        decision = self.priority.decide(spec, view, previous, namespace=namespace)
         decision.apply(spec)
         share_text = format_share(share.share)
         metadata["annotations"] = {
@@ -144,9 +145,9 @@ class Admission:
         if request.subresource:
             return []
         if request.operation == "UPDATE":
-            return governance.on_update(request, self.settings)
+            return governance.on_update(request, self.settings, self.hardware.catalogue)
         namespace = self._namespace(request, pod)
-        return governance.on_create(pod, self.read(pod, namespace), self.cache.view(namespace), self.settings)
+        return governance.on_create(pod, self.read(pod, namespace), self.cache.view(namespace), self.sidecar)
 
     def validate(self, request: AdmissionRequest) -> AdmissionResponse:
         pod = _new_pod(request)

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, get_args
 
 import httpx
 import orjson
@@ -25,6 +25,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from gpuaccounting.counters import start_at_zero
 from webhook.admission import Admission
 from webhook.certificates import CertificateReloader
 from webhook.dra import DraObjects, DraWatch
@@ -36,6 +37,7 @@ from webhook.review import (
     AdmissionRequest,
     AdmissionResponse,
     MalformedReview,
+    Result,
     WebhookError,
     build_response,
     parse_review,
@@ -46,6 +48,8 @@ from webhook.state import BudgetStateCache, StatePoller
 JSON = b"application/json"
 
 log = logging.getLogger("webhook.admission")
+# The operations the webhook configurations send (deployment/base/webhook): their counts start at 0.
+ADMITTED_OPERATIONS = ("CREATE", "UPDATE")
 
 
 class BodyTooLarge(WebhookError):
@@ -133,6 +137,9 @@ class AdmissionEndpoint:
         # The admissions counter's children by (operation, result), bound on first use: `labels()`
         # costs more than the increment.
         self._counted: dict[tuple[str, str], Counter] = {}
+        start_at_zero(
+            self.admissions, endpoint=(name,), operation=ADMITTED_OPERATIONS, result=get_args(Result)
+        )
 
     def count(self, request: AdmissionRequest, answer: AdmissionResponse) -> None:
         """Count a real (not dryRun) admission: by result, its priority decision by rule, a denial's log."""

@@ -12,8 +12,10 @@ from fractions import Fraction
 from typing import Any
 
 from gpuaccounting import names
-from gpuaccounting.shares import PodShare, Rule, Violation, format_share
-from webhook.injection import claim_list
+from gpuaccounting.catalogue import GpuCatalogue
+from gpuaccounting.quantity import shorten
+from gpuaccounting.shares import PodShare, Rule, Violation, format_share, share_inputs
+from webhook.injection import SidecarTemplate, claim_list, differing_fields
 from webhook.review import AdmissionRequest
 from webhook.settings import WebhookSettings
 from webhook.state import NamespaceView
@@ -58,24 +60,39 @@ def _requests_our_token(volume: Mapping[str, Any]) -> bool:
     )
 
 
+# The sidecar's token, and its buffer of reports not yet sent (what it sends with that token).
+_SIDECAR_ONLY_VOLUMES = frozenset({names.SIDECAR_TOKEN_VOLUME, names.SIDECAR_BUFFER_VOLUME})
+
+
 def token_mounts(pod: Mapping[str, Any]) -> list[Violation]:
-    """Only our sidecar may hold a token for the timekeeper: it lets its holder report as this pod."""
+    """Only our sidecar may hold a token for the timekeeper, or write what it reports with it: either
+    lets its holder report as this pod."""
     found = []
     spec = _spec(pod)
     for key, container in _containers(spec):
         if key != "ephemeralContainers" and container.get("name") == names.SIDECAR_CONTAINER_NAME:
             continue
         for mount in _list(container.get("volumeMounts")):
-            if isinstance(mount, dict) and mount.get("name") == names.SIDECAR_TOKEN_VOLUME:
+            if isinstance(mount, dict) and mount.get("name") in _SIDECAR_ONLY_VOLUMES:
                 found.append(
                     Violation(
                         Rule.TOKEN_VOLUME_MOUNT,
                         "only the injected gpu-timekeeper-sidecar may mount this volume",
                         str(container.get("name")),
                         "volumeMount",
-                        names.SIDECAR_TOKEN_VOLUME,
+                        str(mount.get("name")),
                     )
                 )
+    if spec.get("shareProcessNamespace") is True and _sidecar(spec) is not None:
+        found.append(
+            Violation(
+                Rule.TOKEN_VOLUME_MOUNT,
+                "one process namespace for all containers lets any of them read the sidecar's token"
+                " through /proc/<pid>/root; a pod with the gpu-timekeeper-sidecar may not share it",
+                resource="shareProcessNamespace",
+                value="true",
+            )
+        )
     for volume in _list(spec.get("volumes")):
         if (
             isinstance(volume, dict)
@@ -94,15 +111,30 @@ def token_mounts(pod: Mapping[str, Any]) -> list[Violation]:
     return found
 
 
-def _env_value(container: Mapping[str, Any], name: str) -> object:
-    for variable in _list(container.get("env")):
-        if isinstance(variable, dict) and variable.get("name") == name:
-            return variable.get("value")
-    return None
+def _sidecar_problems(
+    sidecar: Mapping[str, Any], share: PodShare, volumes: list[Any], template: SidecarTemplate
+) -> list[str]:
+    """How the pod's sidecar and its volumes differ from the ones built from settings for its share."""
+    if not share.uses_gpu:
+        return ["this pod requests no GPU"]
+    share_text = format_share(share.share)
+    if template.is_ours(sidecar, share_text, share.claims):
+        return template.volume_problems(volumes)
+    built = template.container_form(share_text, share.claims)  # in stored form
+    problems = []
+    if sidecar.get("image") != built["image"]:
+        problems.append(f"image {sidecar.get('image')} is not {built['image']}")
+    resources = sidecar.get("resources")
+    if (resources.get("claims", []) if isinstance(resources, dict) else []) != claim_list(share.claims):
+        problems.append("its resources.claims are not the pod's GPU claims")
+    fields = [field for field in differing_fields(sidecar, built) if field != "image"]
+    if fields:
+        problems.append(f"its {', '.join(fields)} differ from the sidecar gpu-timekeeper builds")
+    return problems + template.volume_problems(volumes)
 
 
 def on_create(
-    pod: Mapping[str, Any], share: PodShare, view: NamespaceView, settings: WebhookSettings
+    pod: Mapping[str, Any], share: PodShare, view: NamespaceView, template: SidecarTemplate
 ) -> list[Violation]:
     found = list(share.violations)
     cap = view.admission["max_gpu_share_per_pod"] if view.admission is not None else None
@@ -140,25 +172,7 @@ def on_create(
             )
         )
     if sidecar is not None:
-        problems = []
-        if sidecar.get("image") != settings.sidecar_image:
-            problems.append(f"image {sidecar.get('image')} is not {settings.sidecar_image}")
-        if share.uses_gpu and _env_value(sidecar, "SIDECAR_GPU_SHARE") != format_share(share.share):
-            problems.append(
-                f"SIDECAR_GPU_SHARE {_env_value(sidecar, 'SIDECAR_GPU_SHARE')} is not the pod's share"
-            )
-        if not share.uses_gpu:
-            problems.append("this pod requests no GPU")
-        resources = sidecar.get("resources")
-        if (resources.get("claims", []) if isinstance(resources, dict) else []) != claim_list(share.claims):
-            problems.append("its resources.claims are not the pod's GPU claims")
-        token_volume = next(
-            (v for v in _list(_spec(pod).get("volumes")) if v.get("name") == names.SIDECAR_TOKEN_VOLUME), None
-        )
-        if token_volume is None or not _requests_our_token(token_volume):
-            problems.append(
-                f"volume {names.SIDECAR_TOKEN_VOLUME} is not the projected {names.TOKEN_AUDIENCE} token"
-            )
+        problems = _sidecar_problems(sidecar, share, _list(_spec(pod).get("volumes")), template)
         if problems:
             found.append(
                 Violation(
@@ -172,11 +186,36 @@ def on_create(
     return found
 
 
-def on_update(request: AdmissionRequest, settings: WebhookSettings) -> list[Violation]:
-    """What an update may not change: our annotations and our sidecar. Without the old object (the API
-    server always sends it; a broken client may not) there is no change to judge."""
+def _share_inputs_changed(
+    old: Mapping[str, Any], new: Mapping[str, Any], catalogue: GpuCatalogue
+) -> list[Violation]:
+    """What a pod's share was computed from is fixed once it is admitted: a change (a KAI or ClearML
+    marker dropped, say) would make it another pod, or none, to the timekeeper after a relist."""
+    before, after = share_inputs(old, catalogue), share_inputs(new, catalogue)
+    return [
+        Violation(
+            Rule.PROTECTED_SHARE_INPUTS,
+            "decides the pod's GPU share and may not change after the pod is created"
+            f" (was {shorten(repr(before.get(key)))})",
+            resource=key,
+            value=shorten(repr(after.get(key))),
+        )
+        for key in sorted(before.keys() | after.keys())
+        if before.get(key) != after.get(key)
+    ]
+
+
+def on_update(
+    request: AdmissionRequest, settings: WebhookSettings, catalogue: GpuCatalogue
+) -> list[Violation]:
+    """What an update may not change: what the share is computed from (for anyone), our annotations and
+    our sidecar (but by the privileged users). Without the old object (the API server always sends it; a
+    broken client may not) there is no change to judge."""
     found = token_mounts(request.object or {})
-    if request.old_object is None or request.username in settings.privileged_usernames:
+    if request.old_object is None:
+        return found
+    found.extend(_share_inputs_changed(request.old_object, request.object or {}, catalogue))
+    if request.username in settings.privileged_usernames:
         return found
     old, new = _ours(request.old_object), _ours(request.object)
     for key in sorted(old.keys() | new.keys()):

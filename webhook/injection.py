@@ -2,16 +2,22 @@
 
 A native sidecar (an init container with `restartPolicy: Always`, Kubernetes 1.29+) is placed first among
 the init containers, so it runs beside every later init container and Jobs still complete; on older
-clusters (`sidecar_mode=container`) it is a plain container. Injection is idempotent: a pod that already
-has the sidecar or our volumes keeps them as they are (the API server may have defaulted their fields).
+clusters (`sidecar_mode=container`) it is a plain container. The sidecar and its volumes are ours, whole:
+whatever a pod brings under their names is replaced by the ones built from settings, and `/validate`
+compares them whole. Both compare stored forms (`stored_form`), so the fields the API server fills in
+never count as a change and a re-invocation patches nothing.
 """
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
 from typing import Any
 
 from gpuaccounting import names
 from gpuaccounting.podgpus import NODEAGENT_AUDIENCE, NODEAGENT_PORT
+from gpuaccounting.quantity import QuantityError, parse_quantity
 from webhook.settings import WebhookSettings
 
 TOKEN_FILE_NAME = "token"
@@ -90,6 +96,30 @@ class SidecarTemplate:
             },
         ]
         self.volume_names = frozenset(volume["name"] for volume in self.volumes)
+        # What we build, in stored form, once (per share for the container: pods repeat a few shares).
+        self._volume_forms = {volume["name"]: stored_form(volume) for volume in self.volumes}
+        self.container_form = lru_cache(maxsize=1024)(self._container_form)
+        self._matched: dict[str, object] = {}
+
+    def _container_form(self, share: str, claims: tuple[str, ...] = ()) -> dict[str, Any]:
+        form = stored_form(self.container(share, claims))
+        return form if isinstance(form, dict) else {}
+
+    def is_ours(self, given: object, share: str, claims: tuple[str, ...] = ()) -> bool:
+        """Whether `given` is the sidecar we build for `share` and the pod's GPU `claims`, in stored form."""
+        return self._matches(given, self.container_form(share, claims), f"container {share} {claims}")
+
+    def _matches(self, given: object, form: object, key: str) -> bool:
+        """`stored_form(given) == form`, remembering the last object that matched under `key`: every pod
+        one API server stores repeats it, so the usual answer is one comparison."""
+        if given == self._matched.get(key):
+            return True
+        if stored_form(given) != form:
+            return False
+        if len(self._matched) >= _REMEMBERED:
+            self._matched.clear()
+        self._matched[key] = copy.deepcopy(given)
+        return True
 
     def container(self, share: str, claims: tuple[str, ...] = ()) -> dict[str, Any]:
         s = self.settings
@@ -126,61 +156,108 @@ class SidecarTemplate:
         return built
 
     def inject(self, spec: dict[str, Any], share: str, claims: tuple[str, ...] = ()) -> None:
-        """Add the sidecar and its volumes to a (copied) pod spec unless they are there already.
-
-        A sidecar already present keeps every field but its share and claims: when a later mutator changed
-        the pod's requests, the re-invocation brings SIDECAR_GPU_SHARE and the claims in line with them.
-        """
-        found = _find_sidecar(spec)
-        if found is None:
-            if self.native:
-                spec["initContainers"] = [self.container(share, claims), *(spec.get("initContainers") or [])]
-            else:
-                spec["containers"] = [*(spec.get("containers") or []), self.container(share, claims)]
+        """Put the sidecar and its volumes into a (copied) pod spec; what the pod brought under our names is
+        replaced unless it already is ours (a re-invocation's, the API server's defaults filled in)."""
+        built = self.container(share, claims)
+        key = "initContainers" if self.native else "containers"
+        found = [
+            (k, i)
+            for k in ("initContainers", "containers")
+            for i, container in enumerate(_list(spec.get(k)))
+            if _is_sidecar(container)
+        ]
+        if len(found) == 1 and found[0][0] == key:  # in its list: rebuilt where it is, when it must be
+            index = found[0][1]
+            if not self.is_ours(spec[key][index], share, claims):
+                spec[key] = [*spec[key][:index], built, *spec[key][index + 1 :]]
         else:
-            key, index = found
-            listed = spec[key]
-            updated = _with_claims(_with_share(listed[index], share), claims)
-            if updated is not listed[index]:
-                spec[key] = [*listed[:index], updated, *listed[index + 1 :]]
-        volumes = spec.get("volumes") or []
-        have = {volume.get("name") for volume in volumes}
-        missing = [volume for volume in self.volumes if volume["name"] not in have]
-        if missing:
-            spec["volumes"] = [*volumes, *missing]
+            for listed_key in ("initContainers", "containers"):
+                if listed_key in spec:
+                    spec[listed_key] = [c for c in _list(spec[listed_key]) if not _is_sidecar(c)]
+            listed = _list(spec.get(key))
+            spec[key] = [built, *listed] if self.native else [*listed, built]
+        volumes = _list(spec.get("volumes"))
+        if self.volume_problems(volumes):
+            others = [v for v in volumes if not (isinstance(v, dict) and v.get("name") in self.volume_names)]
+            spec["volumes"] = [*others, *self.volumes]
+
+    def volume_problems(self, volumes: Iterable[object]) -> list[str]:
+        """How the pod's volumes under our names differ from ours (missing, altered, given twice)."""
+        listed = [v for v in volumes if isinstance(v, dict) and v.get("name") in self.volume_names]
+        problems = []
+        for volume in self.volumes:
+            given = [v for v in listed if v.get("name") == volume["name"]]
+            name = volume["name"]
+            if len(given) != 1 or not self._matches(given[0], self._volume_forms[name], f"volume {name}"):
+                problems.append(f"volume {volume['name']} is not the one gpu-timekeeper injects")
+        return problems
 
 
-def _find_sidecar(spec: dict[str, Any]) -> tuple[str, int] | None:
-    for key in ("initContainers", "containers"):
-        for index, container in enumerate(spec.get(key) or ()):
-            if container.get("name") == names.SIDECAR_CONTAINER_NAME:
-                return key, index
-    return None
+def differing_fields(given: Mapping[str, Any], ours: Mapping[str, Any]) -> list[str]:
+    """The top-level fields in which a container differs from ours (`ours` in stored form already)."""
+    theirs = stored_form(dict(given))
+    if not isinstance(theirs, dict):
+        return []
+    return sorted(key for key in ours.keys() | theirs.keys() if ours.get(key) != theirs.get(key))
 
 
-def _with_share(container: dict[str, Any], share: str) -> dict[str, Any]:
-    """The container with SIDECAR_GPU_SHARE set to `share`; the same object when it already is."""
-    listed = container.get("env")
-    env: list[Any] = listed if isinstance(listed, list) else []
-    wanted = {"name": "SIDECAR_GPU_SHARE", "value": share}
-    if wanted in env:
-        return container
-    kept = [item for item in env if not (isinstance(item, dict) and item.get("name") == "SIDECAR_GPU_SHARE")]
-    return {**container, "env": [*kept, wanted]}
+# Fields the API server fills in at these values when it stores a pod (v1 defaulting): a field left out
+# and a field at its default are the same. tests/webhook/fixtures has a pod as kube-apiserver stored it.
+_DEFAULTED: frozenset[tuple[str, object]] = frozenset(
+    {
+        ("terminationMessagePath", "/dev/termination-log"),
+        ("terminationMessagePolicy", "File"),
+        ("defaultMode", 420),
+    }
+)
+_QUANTITY_MAPS = frozenset({"requests", "limits"})
+_REMEMBERED = 1024  # matched objects kept, one per share and volume
+_DEEPEST = 16
+
+
+def stored_form(value: object, key: str = "", depth: int = 0) -> object:
+    """`value` with the API server's defaults left out and its quantities read as numbers ("1024Mi" is
+    stored as "1Gi"), so that what we built and what the API server stored compare equal."""
+    if depth > _DEEPEST:  # deeper than anything we build: left as it is, and unequal to ours
+        return value
+    if isinstance(value, list):
+        if key == "resizePolicy" and all(
+            isinstance(item, dict) and item.get("restartPolicy") == "NotRequired" for item in value
+        ):
+            return None
+        return [stored_form(item, depth=depth + 1) for item in value]
+    if not isinstance(value, dict):
+        return _quantity(value) if key == "sizeLimit" else value
+    if key in _QUANTITY_MAPS:
+        return {name: _quantity(amount) for name, amount in value.items()}
+    fieldref = "fieldPath" in value
+    form = {}
+    for name, item in value.items():
+        if isinstance(item, str | int) and (name, item) in _DEFAULTED:
+            continue
+        if fieldref and name == "apiVersion" and item == "v1":
+            continue
+        normal = stored_form(item, name, depth + 1)
+        if name != "resizePolicy" or normal is not None:
+            form[name] = normal
+    return form
+
+
+def _quantity(value: object) -> object:
+    try:
+        return parse_quantity(value)
+    except QuantityError:
+        return value
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _is_sidecar(container: object) -> bool:
+    return isinstance(container, dict) and container.get("name") == names.SIDECAR_CONTAINER_NAME
 
 
 def claim_list(claims: tuple[str, ...]) -> list[dict[str, str]]:
     """A container's `resources.claims` naming each of the pod's claims."""
     return [{"name": claim} for claim in claims]
-
-
-def _with_claims(container: dict[str, Any], claims: tuple[str, ...]) -> dict[str, Any]:
-    """The container with `resources.claims` naming `claims` (none: no key); the same object if it does."""
-    resources = container.get("resources")
-    resources = resources if isinstance(resources, dict) else {}
-    if resources.get("claims", []) == claim_list(claims):
-        return container
-    updated = {key: value for key, value in resources.items() if key != "claims"}
-    if claims:
-        updated["claims"] = claim_list(claims)
-    return {**container, "resources": updated}

@@ -15,7 +15,8 @@ from enum import StrEnum
 from typing import Any
 
 from gpuaccounting.admission_state import PriorityPolicy as Policy
-from gpuaccounting.admission_state import default_priority_policy, is_over_budget
+from gpuaccounting.admission_state import default_priority_policy, is_exempt, is_over_budget
+from gpuaccounting.counters import start_at_zero
 from gpuaccounting.wire import BudgetState
 from webhook.metrics import WebhookMetrics
 from webhook.priorityclasses import PriorityClassCatalog
@@ -28,7 +29,7 @@ log = logging.getLogger("webhook.priority")
 class PriorityRule(StrEnum):
     """The rule that applied; its value is the stable id the decision annotation starts with."""
 
-    EXEMPT = "exempt"  # an exempt class, kept in every state
+    EXEMPT = "exempt"  # an exempt class in a namespace listed for it, kept in every state
     EXHAUSTED = "exhausted"  # any other class in an exhausted namespace: the reduced class
     IN_BUDGET = "in-budget"  # in budget, no class chosen (none, the globalDefault one, ours): in-budget
     USER_CLASS_REPLACED = "user-class-replaced"  # in budget, a user's class under `replace`
@@ -99,8 +100,10 @@ class PriorityPolicy:
             s.over_budget_priority_class, s.over_budget_priority, s.over_budget_preemption_policy
         )
 
-    def _rule(self, arrived: str | None, exhausted: bool, policy: Policy) -> tuple[PriorityRule, str]:
-        if arrived is not None and arrived in policy["exempt_classes"]:
+    def _rule(
+        self, arrived: str | None, namespace: str, exhausted: bool, policy: Policy
+    ) -> tuple[PriorityRule, str]:
+        if is_exempt(arrived, namespace, policy["exempt_classes"], self.settings.exempt_namespaces):
             return PriorityRule.EXEMPT, f"class {arrived} is exempt"
         # Our own classes are the webhook's outputs (a re-invocation sees them), never a user's choice.
         no_class = arrived is None or arrived in self.ours
@@ -128,10 +131,11 @@ class PriorityPolicy:
         )
 
     def decide(
-        self, spec: dict[str, Any], view: NamespaceView, previous: str | None = None
+        self, spec: dict[str, Any], view: NamespaceView, previous: str | None = None, *, namespace: str
     ) -> PriorityDecision:
-        """Decide for one pod. `previous` is the decision annotation it arrived with: a re-invoked pod
-        carrying the class that decision set keeps its words, so a second pass patches nothing."""
+        """Decide for one pod of `namespace`. `previous` is the decision annotation it arrived with: a
+        re-invoked pod carrying the class that decision set keeps its words, so a second pass patches
+        nothing."""
         arrived = spec.get("priorityClassName") or None
         if view.admission is None:
             state: BudgetState | None = None
@@ -143,7 +147,7 @@ class PriorityPolicy:
             policy = view.admission["priority_policy"]
             exhausted = is_over_budget(state)
             context = f"; stale state, last known {state}" if view.freshness == "stale" else ""
-        rule, words = self._rule(arrived, exhausted, policy)
+        rule, words = self._rule(arrived, namespace, exhausted, policy)
         outcome = _OUTCOME[rule]
         chosen = {"reduced": self.reduced_class, "in_budget": self.in_budget_class}.get(outcome)
         ours = chosen() if chosen else None
@@ -180,6 +184,7 @@ class DecisionRecorder:
     def __init__(self, metrics: WebhookMetrics) -> None:
         self.metrics = metrics
         self._logged: set[Freshness] = set()
+        start_at_zero(metrics.priority_decisions, rule=[rule.value for rule in PriorityRule])
 
     def record(self, decision: PriorityDecision) -> None:
         self.metrics.priority_decisions.labels(rule=decision.rule.value).inc()

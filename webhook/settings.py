@@ -10,6 +10,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from gpuaccounting import names
+from gpuaccounting.admission_state import DEFAULT_EXEMPT_NAMESPACES
 from gpuaccounting.hardware import load_hardware
 from gpuaccounting.logs import LogFormat
 from gpuaccounting.shares import GpuHardware, Rule
@@ -56,6 +57,11 @@ class WebhookSettings(BaseSettings):
     over_budget_priority_class: str = names.DEFAULT_OVER_BUDGET_PRIORITY_CLASS
     over_budget_priority: int = 100
     over_budget_preemption_policy: PreemptionPolicy = "Never"
+    # Where a priority policy's exempt classes are exempt (JSON: class -> namespaces, "*" for any class);
+    # elsewhere they are governed like a user's class. The timekeeper's reconciler reads the same setting.
+    exempt_namespaces: dict[str, frozenset[str]] = Field(
+        default_factory=lambda: dict(DEFAULT_EXEMPT_NAMESPACES)
+    )
 
     # The cluster's PriorityClasses, listed and watched through the Kubernetes API (off: clusters and
     # tests without an API server; then only a pod without a class counts as "no class chosen").
@@ -114,6 +120,11 @@ class WebhookSettings(BaseSettings):
         unknown = value - ALL_RULES
         if unknown:
             raise ValueError(f"unknown rules {sorted(unknown)}; known: {sorted(ALL_RULES)}")
+        if Rule.MINIMUM_SHARE in value:
+            raise ValueError(
+                f"{Rule.MINIMUM_SHARE} is never disabled (a share below it would be written as 0);"
+                " lower the floor in the hardware file's minimum_shares instead"
+            )
         return value
 
     @field_validator("hardware_file")

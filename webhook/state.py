@@ -11,13 +11,14 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import Literal, cast, get_args
 
 import httpx
 from pydantic import BaseModel, Field, StrictInt
 
 from gpuaccounting.admission_state import AdmissionState, NamespaceAdmission, UserClassRule, resolve
 from gpuaccounting.backoff import Backoff
+from gpuaccounting.counters import start_at_zero
 from gpuaccounting.names import ADMISSION_STATE_PATH
 from gpuaccounting.wire import BudgetState
 from webhook.metrics import WebhookMetrics
@@ -119,6 +120,7 @@ class StatePoller:
         self.client = client
         self.url = settings.timekeeper_url.rstrip("/") + ADMISSION_STATE_PATH
         self._failing = False
+        start_at_zero(metrics.state_polls, result=get_args(PollResult))
         cap = settings.state_poll_retry_max_seconds
         base = min(STATE_POLL_RETRY_BASE_SECONDS, settings.state_poll_interval_seconds, cap)
         self._backoff = backoff or Backoff(base, cap)

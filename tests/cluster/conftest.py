@@ -7,7 +7,8 @@ Every test here is marked `cluster` (and `e2e`). When no control plane can start
 with one line saying why (CI sets TIMEKEEPER_TEST_REQUIRE_CLUSTER=1: there it fails instead).
 
 For a new test: ask for `namespace` (a fresh namespace, with the webhook and the timekeeper running), then
-drive the cluster with `kubectl` (the real CLI, as cluster admin) or `kube` (the `kubernetes` client), and
+drive the cluster with `kubectl` (the real CLI, as cluster admin), `kube` (the `kubernetes` client) or
+`tenant` (a member of the namespace with only the built-in `edit` role, writing with its own token), and
 budgets with `api` (`api.set_budget(namespace, 0)` makes it exhausted; `wait_for_admission_state`
 waits until the webhook decides with it).
 """
@@ -28,12 +29,16 @@ from tests.cluster.harness import (
     TOKEN_SECONDS,
     Install,
     Kubectl,
+    Tenant,
     TimekeeperApi,
     WebhookTls,
+    install_source,
+    render_chart,
     render_manifests,
     run_certbootstrap,
     service_account_kubeconfig,
     service_account_token,
+    tenant_in,
 )
 from tests.support.control_plane import ControlPlane, Unavailable, required
 from tests.support.processes import TimekeeperProcess, WebhookProcess, free_port, wait_until
@@ -94,12 +99,20 @@ def kubectl(control_plane: ControlPlane) -> Kubectl:
 
 @pytest.fixture(scope="package")
 def install(kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory) -> Install:
-    """Our shipped manifests (tests/cluster/kustomization.yaml) applied with kubectl. `--validate=false`:
-    kubectl's own check against 1.20's schema refuses `matchConditions`, which this API server drops."""
+    """Our shipped manifests applied with kubectl: the kustomize base (tests/cluster/kustomization.yaml), or
+    with TIMEKEEPER_TEST_CLUSTER_INSTALL=helm the chart as `harness.render_chart` renders it, into the
+    namespace `helm install --create-namespace` would make. `--validate=false`: kubectl's own check
+    against 1.20's schema refuses `matchConditions`, which this API server drops."""
+    source = install_source()
     port = free_port()
-    manifests = render_manifests(f"https://127.0.0.1:{port}", tmp_path_factory.mktemp("manifests"))
+    folder = tmp_path_factory.mktemp("manifests")
+    if source == "helm":
+        manifests = render_chart(f"https://127.0.0.1:{port}", folder)
+        kubectl.run("create", "namespace", INSTALL_NAMESPACE)
+    else:
+        manifests = render_manifests(f"https://127.0.0.1:{port}", folder)
     kubectl.run("apply", "--validate=false", "-f", "-", stdin=manifests)
-    return Install(port, manifests)
+    return Install(port, manifests, source)
 
 
 @pytest.fixture(scope="package")
@@ -137,6 +150,7 @@ def timekeeper(
     kubeconfig = service_account_kubeconfig(control_plane, core, "gpu-timekeeper", folder)
     env = {
         "TIMEKEEPER_AUTH_MODE": "kubernetes",
+        "TIMEKEEPER_METRICS_AUTH": "token",  # as deployment/ ships it: the budgets on /metrics are private
         "TIMEKEEPER_KUBE_IN_CLUSTER": "false",
         "TIMEKEEPER_KUBECONFIG": str(kubeconfig),
         "TIMEKEEPER_RECONCILE": "true",
@@ -243,3 +257,11 @@ def namespace(
     wait_until(ready, timeout=30, what=f"the default ServiceAccount of {name}")
     yield name
     kubectl.run("delete", "namespace", name, "--wait=false")
+
+
+@pytest.fixture
+def tenant(
+    control_plane: ControlPlane, kubectl: Kubectl, core: client.CoreV1Api, namespace: str, tmp_path: Path
+) -> Tenant:
+    """`namespace` as a hostile tenant acts in it: `edit` there only, every write with its own token."""
+    return tenant_in(control_plane, kubectl, core, namespace, tmp_path)

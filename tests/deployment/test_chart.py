@@ -223,7 +223,8 @@ def test_one_value_feeds_each_priority_class_and_the_webhook():
         {
             name.removeprefix("WEBHOOK_").lower(): value
             for name, value in env.items()
-            if isinstance(value, str) and name != "WEBHOOK_HARDWARE_FILE"  # a path inside the pod
+            # A path inside the pod; JSON (test_exemptions reads it as the server does).
+            if isinstance(value, str) and name not in ("WEBHOOK_HARDWARE_FILE", "WEBHOOK_EXEMPT_NAMESPACES")
         }
     )
     for prefix, name in (("in_budget", "team-gpu-high"), ("over_budget", "gpu-over-budget")):
@@ -429,3 +430,29 @@ def test_a_gpu_resource_set_through_helm_joins_the_shipped_catalogue():
     assert catalogue.entry("amd.com/gpu") == GpuEntry(SharingSystem.DEVICES, 1)
     assert catalogue.entry("nvidia.com/gpucores") == GpuEntry(SharingSystem.HAMI)
     assert catalogue.entry("nvidia.com/gpu-0") == GpuEntry(SharingSystem.CLEARML, 8)
+
+
+def test_budgets_are_private_and_prometheus_scrapes_them_with_a_token_it_may_use():
+    """/metrics names every namespace's budget (issue #25): the shipped timekeeper asks for a token, and
+    the ServiceMonitor sends one of a ServiceAccount that may read every namespace, whatever the release."""
+    objects = helm_template("--set", "monitoring.serviceMonitor.enabled=true", "--set", "fullnameOverride=tk")
+    timekeeper = one(objects, "Deployment", "tk")["spec"]["template"]["spec"]["containers"][0]
+    assert env_of(timekeeper)["TIMEKEEPER_METRICS_AUTH"] == "token"
+    (endpoint,) = one(objects, "ServiceMonitor", "tk")["spec"]["endpoints"]
+    credentials = endpoint["authorization"]["credentials"]
+    secret = one(objects, "Secret", credentials["name"])
+    assert secret["type"] == "kubernetes.io/service-account-token" and credentials["key"] == "token"
+    account = secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+    one(objects, "ServiceAccount", account)
+    (binding,) = [
+        b
+        for b in find(objects, "ClusterRoleBinding")
+        if {"kind": "ServiceAccount", "name": account, "namespace": "gpu-timekeeper"} in b["subjects"]
+    ]
+    role = one(objects, "ClusterRole", binding["roleRef"]["name"])
+    assert any(
+        "gpu-timekeeper.io" in rule["apiGroups"]
+        and "gpubudgets" in rule["resources"]
+        and "list" in rule["verbs"]
+        for rule in role["rules"]
+    )

@@ -14,7 +14,7 @@ import pytest
 
 from gpuaccounting import shares
 from gpuaccounting.hardware import load_hardware
-from tests.deployment.conftest import BUILDS, ROOT, render
+from tests.deployment.conftest import BUILDS, CHART_RENDERS, ROOT, render
 
 GPU_RESOURCES = [
     "nvidia.com/gpu",
@@ -70,10 +70,12 @@ def conditions(build: str) -> list[str]:
     ]
 
 
-def admitted_to_webhook(expression: str, obj: dict[str, Any]) -> bool:
+def admitted_to_webhook(
+    expression: str, obj: dict[str, Any] | None, old: dict[str, Any] | None = None
+) -> bool:
     environment = celpy.Environment()
     program = environment.program(environment.compile(expression))
-    result = program.evaluate({"object": celpy.json_to_cel(obj), "oldObject": None})
+    result = program.evaluate({"object": celpy.json_to_cel(obj), "oldObject": celpy.json_to_cel(old)})
     assert isinstance(result, celpy.celtypes.BoolType), f"matchCondition gave {result!r}, not a bool"
     return bool(result)
 
@@ -149,3 +151,74 @@ def test_a_pod_with_dra_claims_reaches_the_webhooks():
     claiming["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}]
     for expression in conditions("base"):
         assert admitted_to_webhook(expression, claiming)
+
+
+def conditions_of(build: str, kind: str) -> list[str]:
+    return [
+        condition["expression"]
+        for obj in render(build)
+        if obj["kind"] == kind
+        for webhook in obj["webhooks"]
+        for condition in webhook["matchConditions"]
+    ]
+
+
+OURS = {
+    "our annotation": pod(annotations={"gpu-timekeeper.io/gpu-share": "0.000001"}),
+    "a container named as our sidecar": pod([{"name": "gpu-timekeeper-sidecar", "image": "busybox:1.36"}]),
+    "an init container named as our sidecar": pod(
+        init_containers=[{"name": "gpu-timekeeper-sidecar", "image": "busybox:1.36"}]
+    ),
+    "a volume under our token's name": {
+        **pod(),
+        "spec": {**pod()["spec"], "volumes": [{"name": "gpu-timekeeper-token", "emptyDir": {}}]},
+    },
+    "a token for our audience": {
+        **pod(),
+        "spec": {
+            **pod()["spec"],
+            "volumes": [
+                {
+                    "name": "mine",
+                    "projected": {"sources": [{"serviceAccountToken": {"audience": "gpu-timekeeper"}}]},
+                }
+            ],
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("case", sorted(OURS))
+def test_a_pod_carrying_what_is_ours_reaches_both_webhooks(case):
+    """A non-GPU pod that claims our annotations, sidecar or token is judged, not stored unseen."""
+    for expression in conditions("base"):
+        assert admitted_to_webhook(expression, OURS[case]), case
+
+
+# Issue 25: on 1.30+ an UPDATE that drops the GPU markers with our annotations was never sent to /validate.
+UPDATES = {
+    "KAI marker and our annotations dropped": (
+        pod(annotations={"gpu-fraction": "0.5", "gpu-timekeeper.io/gpu-share": "0.5"}),
+        pod(),
+    ),
+    "ClearML label dropped": (pod(labels={"clearml-injector/fraction": "0.5"}), pod()),
+    "our annotations dropped from a GPU pod": (
+        pod([container(limits={"nvidia.com/gpu": "1"})], annotations={"gpu-timekeeper.io/gpu-share": "1"}),
+        pod([container(limits={"nvidia.com/gpu": "1"})]),
+    ),
+    "a KAI marker added to a pending pod": (pod(), pod(annotations={"gpu-fraction": "0.5"})),
+}
+
+
+@pytest.mark.parametrize("build", ["base", *CHART_RENDERS])
+@pytest.mark.parametrize("case", sorted(UPDATES))
+def test_an_update_is_sent_when_either_object_is_ours(build, case):
+    old, new = UPDATES[case]
+    (expression,) = conditions_of(build, "ValidatingWebhookConfiguration")
+    assert admitted_to_webhook(expression, new, old), case
+
+
+@pytest.mark.parametrize("build", ["base", *CHART_RENDERS])
+def test_an_update_of_a_pod_that_never_was_ours_is_not_sent(build):
+    (expression,) = conditions_of(build, "ValidatingWebhookConfiguration")
+    assert not admitted_to_webhook(expression, pod(labels={"app": "web"}), pod())

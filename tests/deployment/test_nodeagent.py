@@ -28,7 +28,7 @@ def test_the_agent_runs_in_its_own_namespace_and_nothing_else_does() -> None:
     namespace = one(objects, "Namespace", "gpu-timekeeper-node")
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
     namespaced = [o for o in objects if o["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding")]
-    assert {o["kind"] for o in namespaced} == {"DaemonSet", "ServiceAccount"}
+    assert {o["kind"] for o in namespaced} == {"DaemonSet", "ServiceAccount", "ResourceQuota"}
     assert {o["metadata"]["namespace"] for o in namespaced} == {"gpu-timekeeper-node"}
 
 

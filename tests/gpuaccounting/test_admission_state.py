@@ -9,11 +9,14 @@ from typing import cast
 import pytest
 
 from gpuaccounting.admission_state import (
+    ANY_CLASS,
+    DEFAULT_EXEMPT_NAMESPACES,
     USER_CLASS_RULES,
     NamespaceAdmission,
     PriorityPolicy,
     compact,
     default_priority_policy,
+    is_exempt,
     resolve,
 )
 from gpuaccounting.wire import BUDGET_STATES
@@ -97,3 +100,26 @@ def test_an_index_that_names_no_policy_is_refused() -> None:
 
     with pytest.raises(ValueError, match="priority_policy 1"):
         resolve(published)
+
+
+def test_a_class_is_exempt_only_where_it_is_listed() -> None:
+    """One rule for the webhook and the reconciler: the policy exempts the class, an admin the namespace."""
+    classes = ["system-node-critical", "infra"]
+    where = {"infra": ["ops"], ANY_CLASS: ["kube-system"]}
+    assert is_exempt("system-node-critical", "kube-system", classes, where)
+    assert not is_exempt("system-node-critical", "team-a", classes, where)
+    assert is_exempt("infra", "ops", classes, where)
+    assert not is_exempt("infra", "kube-system", classes, where)  # its own list replaces `*`
+    assert not is_exempt("high", "kube-system", classes, where)  # not a class the policy exempts
+    assert not is_exempt(None, "kube-system", classes, where)
+    assert not is_exempt("infra", "ops", classes, {})  # listed nowhere: exempt nowhere
+
+
+def test_by_default_the_system_classes_are_exempt_in_kube_system_and_our_namespace_only() -> None:
+    classes = default_priority_policy()["exempt_classes"]
+    for critical in ("system-node-critical", "system-cluster-critical"):
+        assert [
+            ns
+            for ns in ("kube-system", "gpu-timekeeper", "team-a")
+            if is_exempt(critical, ns, classes, DEFAULT_EXEMPT_NAMESPACES)
+        ] == ["kube-system", "gpu-timekeeper"]

@@ -40,7 +40,7 @@ def read(spec: dict[str, Any] | None, **kwargs: Any) -> Any:
         HARDWARE,
         **kwargs,
     )
-    return with_claims(read_pod(claiming_pod("team-a", templates={"gpu": "tpl"}), HARDWARE), claims)
+    return with_claims(read_pod(claiming_pod("team-a", templates={"gpu": "tpl"}), HARDWARE), claims, HARDWARE)
 
 
 @pytest.mark.parametrize("case", sorted(QUICKSTART))
@@ -116,7 +116,9 @@ def test_claims_add_to_device_plugin_gpus_and_two_systems_are_one_too_many() -> 
         "tencent.com/vcuda-core": 50,
         "tencent.com/vcuda-memory": 4,
     }
-    result = with_claims(read_pod(both, HARDWARE), read_claims(both, specs_of({"tpl": SINGLE_GPU}), HARDWARE))
+    result = with_claims(
+        read_pod(both, HARDWARE), read_claims(both, specs_of({"tpl": SINGLE_GPU}), HARDWARE), HARDWARE
+    )
     assert result.share == Fraction(3, 2)
     assert [v.rule for v in result.violations] == [Rule.SINGLE_SYSTEM]
 
@@ -144,9 +146,36 @@ def test_under_whole_gpus_an_unknown_accelerator_class_is_charged_not_denied() -
     hardware = GpuHardware(catalogue=GpuCatalogue(unknown=UnknownAccelerators.WHOLE_GPUS))
     spec = claim_spec(request("gpu", "gpu.amd.com", count=2))
     built = claiming_pod("team-a", templates={"gpu": "tpl"})
-    result = with_claims(read_pod(built, hardware), read_claims(built, specs_of({"tpl": spec}), hardware))
+    result = with_claims(
+        read_pod(built, hardware), read_claims(built, specs_of({"tpl": spec}), hardware), hardware
+    )
     assert (result.system, result.share, result.violations) == (SharingSystem.DEVICES, Fraction(2), ())
     implicit = read_pod(
         pod(container("main", {"deviceclass.resource.kubernetes.io/gpu.amd.com": 1})), hardware
     )
     assert (implicit.share, implicit.violations) == (Fraction(1), ())
+
+
+TINY_HAMI = claim_spec(request("gpu", HAMI_CLASS, capacity={"requests": {"memory": "1Mi"}}))
+
+
+def test_a_claim_below_its_systems_floor_is_a_minimum_share_violation() -> None:
+    result = read(TINY_HAMI)
+    assert (result.system, result.share) == (SharingSystem.HAMI, Fraction(1, HARDWARE.gpu_memory_mib))
+    (violation,) = result.violations
+    assert violation.rule is Rule.MINIMUM_SHARE
+    assert "for hami, 0.01 (hardware file: minimum_shares)" in violation.describe()
+
+
+def test_the_floor_is_judged_on_the_device_plugin_share_and_the_claims_together() -> None:
+    """1 MiB through HAMi's device plugin is below the floor alone, not beside a claim of 30 % of a GPU."""
+    built = claiming_pod("team-a", templates={"gpu": "tpl"})
+    built["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1}
+    alone = read_pod(built, HARDWARE)
+    assert [v.rule for v in alone.violations] == [Rule.MINIMUM_SHARE]
+    spec = claim_spec(request("gpu", HAMI_CLASS, capacity={"requests": {"cores": 30}}))
+    result = with_claims(alone, read_claims(built, specs_of({"tpl": spec}), HARDWARE), HARDWARE)
+    assert (result.system, result.share) == (SharingSystem.HAMI, Fraction(3, 10) + alone.share)
+    assert result.violations == ()
+    tiny = with_claims(alone, read_claims(built, specs_of({"tpl": TINY_HAMI}), HARDWARE), HARDWARE)
+    assert [v.rule for v in tiny.violations] == [Rule.MINIMUM_SHARE]

@@ -10,7 +10,7 @@ import pytest
 
 from gpuaccounting.catalogue import GpuEntry, SharingSystem, UnknownAccelerators
 from gpuaccounting.hardware import KEYS, HardwareConfigError, load_hardware
-from gpuaccounting.shares import GpuHardware, read_pod
+from gpuaccounting.shares import GpuHardware, Rule, read_pod
 from tests.support.pods import container, pod
 
 SHIPPED = Path(__file__).resolve().parents[2] / "deployment" / "base" / "hardware" / "hardware.json"
@@ -72,6 +72,15 @@ def test_missing_keys_take_the_defaults_and_the_sizes_change_shares(tmp_path: Pa
         ({"clearml_fractions": ["1/0"]}, "'1/0' is not a fraction"),
         ({"clearml_fractions": ["-1/2"]}, "'-1/2' is not above zero"),
         ([1, 2], "must be a JSON object"),
+        ({"minimum_shares": ["kai"]}, "minimum_shares must be an object"),
+        ({"minimum_shares": {"runai": "1/100"}}, "'runai' is no sharing system"),
+        (
+            {"minimum_shares": {"kai": "1/10000000"}},
+            "minimum_shares.kai: '1/10000000' is not between 1/1000000 and 1",
+        ),
+        ({"minimum_shares": {"kai": 0}}, "minimum_shares.kai: 0 is not between"),
+        ({"minimum_shares": {"kai": 2}}, "minimum_shares.kai: 2 is not between"),
+        ({"minimum_shares": {"kai": "tiny"}}, "minimum_shares.kai: 'tiny' is not a fraction"),
     ],
 )
 def test_a_wrong_value_is_refused_with_its_key(tmp_path: Path, document: object, message: str) -> None:
@@ -93,7 +102,13 @@ def test_a_file_that_is_not_json_or_not_there_is_refused(tmp_path: Path) -> None
 def test_the_shipped_file_states_the_defaults() -> None:
     """deployment/'s ConfigMap is the file operators edit: it lists every key, at the defaults."""
     document = json.loads(SHIPPED.read_text())
-    assert set(document) == KEYS
+    assert set(document) == KEYS == {
+        "gpu_memory_mib", "mig_slices_per_gpu", "time_slicing_replicas", "time_slicing_renamed",
+        "metagpu_units_per_gpu", "gpushare_memory_unit_mib", "clearml_fractions", "minimum_shares",
+        "gpu_resources", "gpu_resource_patterns", "gpu_device_classes", "accelerator_patterns",
+        "unknown_accelerators",
+    }  # fmt: skip
+    assert set(document["minimum_shares"]) == {system.value for system in SharingSystem}
     assert load_hardware(SHIPPED) == GpuHardware()
 
 
@@ -155,3 +170,14 @@ def test_a_wrong_catalogue_entry_is_refused_with_its_key(
 ) -> None:
     with pytest.raises(HardwareConfigError, match=message):
         load_hardware(write(tmp_path, document))
+
+
+def test_minimum_shares_names_only_the_floors_that_change(tmp_path: Path) -> None:
+    hardware = load_hardware(write(tmp_path, {"minimum_shares": {"kai": "1/1000", "hami": 0.05}}))
+    assert hardware.minimum_share(SharingSystem.KAI) == Fraction(1, 1000)
+    assert hardware.minimum_share(SharingSystem.HAMI) == Fraction(1, 20)
+    assert hardware.minimum_share(SharingSystem.METAGPU) == GpuHardware().minimum_share(SharingSystem.METAGPU)
+    lowered = read_pod(pod(container("main"), annotations={"gpu-fraction": "0.005"}), hardware)
+    assert lowered.violations == ()
+    refused = read_pod(pod(container("main"), annotations={"gpu-fraction": "0.0005"}), hardware)
+    assert [v.rule for v in refused.violations] == [Rule.MINIMUM_SHARE]

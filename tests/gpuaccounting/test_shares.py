@@ -1,12 +1,21 @@
 """A pod's sharing system and GPU share, for every row of the brief's table, and what each system forbids."""
 
+from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
 import pytest
 
 from gpuaccounting.catalogue import DEFAULT_GPU_RESOURCES, GpuCatalogue, GpuEntry, UnknownAccelerators
-from gpuaccounting.shares import GpuHardware, PodShare, Rule, SharingSystem, format_share, read_pod
+from gpuaccounting.shares import (
+    SMALLEST_MINIMUM_SHARE,
+    GpuHardware,
+    PodShare,
+    Rule,
+    SharingSystem,
+    format_share,
+    read_pod,
+)
 from tests.support.pods import container, pod
 
 HARDWARE = GpuHardware(gpu_memory_mib=40960, mig_slices_per_gpu=7, metagpu_units_per_gpu=100)
@@ -107,7 +116,9 @@ def test_clearml_whole_numbers_are_allowed() -> None:
 @pytest.mark.parametrize("value", ["0.3", "0", "-0.5", "half", "1.5"])
 def test_clearml_fraction_outside_the_allowed_set_is_a_violation(value: str) -> None:
     result = share_of(labels={"clearml-injector/fraction": value})
-    assert rules(result) == {Rule.CLEARML_FRACTION}
+    # A value read as no share at all is below every floor too.
+    floor = {Rule.MINIMUM_SHARE} if result.share == 0 else set()
+    assert rules(result) == {Rule.CLEARML_FRACTION, *floor}
     assert value in result.violations[0].describe()
 
 
@@ -121,7 +132,7 @@ def test_kai_fraction_and_memory() -> None:
 
 
 def test_kai_rules() -> None:
-    assert rules(share_of(annotations={"gpu-fraction": "1.5"})) == {Rule.KAI_FRACTION}
+    assert rules(share_of(annotations={"gpu-fraction": "1.5"})) == {Rule.KAI_FRACTION, Rule.MINIMUM_SHARE}
     assert rules(share_of(annotations={"gpu-fraction": "0.5", "gpu-memory": "100"})) == {Rule.KAI_FRACTION}
     named = share_of(annotations={"gpu-fraction": "0.5", "gpu-fraction-container-name": "nope"})
     assert rules(named) == {Rule.KAI_CONTAINER}
@@ -261,8 +272,8 @@ def test_a_denial_echoes_a_value_shortened_not_whole() -> None:
     huge = "1" * 100_000
     share = read_pod(pod(container("main", {"nvidia.com/gpu": huge})))
 
-    (violation,) = share.violations
-    assert violation.rule is Rule.QUANTITY
+    (violation, floor) = share.violations
+    assert (violation.rule, floor.rule) == (Rule.QUANTITY, Rule.MINIMUM_SHARE)
     assert violation.value == "1" * 63 + "…"
 
 
@@ -362,4 +373,52 @@ def test_every_mig_name_nvidias_tools_advertise_is_accepted_at_its_gpu_instance(
 )
 def test_a_name_that_is_no_mig_profile_is_denied(profile: str) -> None:
     result = share_of(container("main", {f"nvidia.com/mig-{profile}": 1}))
-    assert [violation.rule for violation in result.violations] == [Rule.MIG_PROFILE]
+    # Read as no share at all, so below every floor too.
+    assert [violation.rule for violation in result.violations] == [Rule.MIG_PROFILE, Rule.MINIMUM_SHARE]
+
+
+@pytest.mark.parametrize(
+    ("where", "system", "floor"),
+    [
+        ({"annotations": {"gpu-fraction": "0.0000001"}}, "kai", "0.01"),
+        ({"annotations": {"gpu-fraction": "0.000001"}}, "kai", "0.01"),
+        ({"annotations": {"gpu-memory": "1"}}, "kai", "0.01"),
+        ({"requests": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1}}, "hami", "0.01"),
+        ({"requests": {"volcano.sh/vgpu-number": 1, "volcano.sh/vgpu-memory": 1}}, "volcano-vgpu", "0.01"),
+        ({"requests": {"aliyun.com/gpu-mem": 1}, "unit": 1}, "aliyun-gpushare", "0.001"),
+        ({"requests": {"cnvrg.io/metagpu": 1}, "units": 1000}, "metagpu", "0.01"),
+    ],
+)
+def test_a_share_below_its_systems_floor_is_a_violation_naming_the_floor(
+    where: dict[str, Any], system: str, floor: str
+) -> None:
+    """Issue 25: a share that rounds to nothing (or runs a GPU for ~nothing) is never admitted."""
+    hardware = GpuHardware(
+        gpushare_memory_unit_mib=where.get("unit", 1024), metagpu_units_per_gpu=where.get("units", 100)
+    )
+    asked = pod(container("main", where.get("requests")), annotations=where.get("annotations"))
+    result = read_pod(asked, hardware)
+    assert result.system == system
+    [violation] = [v for v in result.violations if v.rule is Rule.MINIMUM_SHARE]
+    assert f"for {system}, {floor} (hardware file: minimum_shares)" in violation.message
+    assert result.violations == (violation,)
+
+
+def test_a_share_at_its_floor_is_admitted_and_every_floor_formats_above_zero() -> None:
+    assert read_pod(pod(container("main"), annotations={"gpu-fraction": "0.01"})).violations == ()
+    assert (
+        read_pod(
+            pod(container("main", {"nvidia.com/gpu": 1})), GpuHardware(time_slicing_replicas=1000)
+        ).violations
+        == ()
+    )
+    for system in SharingSystem:
+        assert format_share(GpuHardware().minimum_share(system)) != "0"
+    assert format_share(SMALLEST_MINIMUM_SHARE) == "0.000001"
+
+
+def test_the_report_schema_accepts_every_share_a_floor_admits() -> None:
+    """The smallest floor a hardware file may set is a share the timekeeper's reports accept."""
+    from timekeeper.usage.schemas import MIN_GPU_SHARE
+
+    assert Decimal(SMALLEST_MINIMUM_SHARE.numerator) / SMALLEST_MINIMUM_SHARE.denominator >= MIN_GPU_SHARE

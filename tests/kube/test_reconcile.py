@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
+from gpuaccounting.admission_state import DEFAULT_EXEMPT_NAMESPACES
 from tests.kube.factories import gpu_node, gpu_pod, pdb
 from tests.support.kube_apiserver import KubeApiServer
 from tests.support.processes import wait_until
@@ -74,8 +75,10 @@ def sessionmaker(connection: AsyncConnection) -> async_sessionmaker[AsyncSession
 async def reconciler(
     kube: KubeClient, sessionmaker: async_sessionmaker[AsyncSession], settings: Settings, clock: ManualClock
 ) -> AsyncIterator[Reconciler]:
-    settings = settings.model_copy(update={"silent_grace_seconds": GRACE.total_seconds()})
-    yield Reconciler(kube, sessionmaker, settings, clock)
+    # research-critical is exempt in team-a, an admin's listing; the system classes where they are by default.
+    exempt_namespaces = {**DEFAULT_EXEMPT_NAMESPACES, "research-critical": frozenset({"team-a"})}
+    update = {"silent_grace_seconds": GRACE.total_seconds(), "exempt_namespaces": exempt_namespaces}
+    yield Reconciler(kube, sessionmaker, settings.model_copy(update=update), clock)
 
 
 async def sync(reconciler: Reconciler) -> None:
@@ -298,24 +301,32 @@ async def test_an_exhausted_namespace_gets_an_event(
 async def test_exhausted_namespaces_whose_budget_says_evict_lose_their_pods_above_the_reduced_class(
     apiserver: KubeApiServer, reconciler: Reconciler, sessionmaker
 ):
-    """Evicted: the in-budget class, a user's own class, no class at all. Kept: the reduced class, a class
-    the namespace's policy exempts, a bare pod, a pod its PDB protects (retried next pass)."""
+    """Evicted: the in-budget class, a user's own class, no class at all, a class the policy exempts but
+    not in this namespace. Kept: the reduced class, a class exempt here, a bare pod, a pod its PDB
+    protects (retried next pass)."""
     gpu_pod(apiserver, "team-a", "web", labels={"app": "web"})
     gpu_pod(apiserver, "team-a", "users-own", labels={"app": "own"}, priority_class="high")
     gpu_pod(apiserver, "team-a", "classless", labels={"app": "classless"}, priority_class=None)
     gpu_pod(apiserver, "team-a", "exempt", labels={"app": "exempt"}, priority_class="research-critical")
+    gpu_pod(
+        apiserver, "team-a", "critical", labels={"app": "critical"}, priority_class="system-cluster-critical"
+    )
     gpu_pod(apiserver, "team-a", "reduced", labels={"app": "reduced"}, priority_class="gpu-over-budget")
     gpu_pod(apiserver, "team-a", "bare", labels={"app": "bare"}, controlled=False)
     gpu_pod(apiserver, "team-a", "guarded", labels={"app": "guarded"})
     pdb(apiserver, "team-a", "guarded", {"app": "guarded"}, allowed=0)
-    policy = {"exempt_classes": ["research-critical"], "user_classes": "replace", "ceiling": None}
+    policy = {
+        "exempt_classes": ["research-critical", "system-cluster-critical"],
+        "user_classes": "replace",
+        "ceiling": None,
+    }
     await _exhaust(
         apiserver, reconciler, sessionmaker, "team-a", running_pod_action="evict", priority_policy=policy
     )
 
     result = await reconciler.run_pass()
 
-    evicted = ["classless", "spender", "users-own", "web"]
+    evicted = ["classless", "critical", "spender", "users-own", "web"]
     assert sorted(result.evicted) == [("team-a", name) for name in evicted]
     assert result.blocked == [("team-a", "guarded")]
     assert all(deleting(apiserver, "team-a", name) for name in evicted)

@@ -92,3 +92,15 @@ async def test_the_openapi_document_lists_the_v1_contract(app: FastAPI) -> None:
         "/api/v1/admission-state",
     ):
         assert path in paths
+
+
+async def test_every_counters_known_label_sets_start_at_zero(app: FastAPI) -> None:
+    """A series born at its first event has no earlier sample: rate() would miss the first burst."""
+    async with root_client(app) as client:
+        scraped = samples((await client.get("/metrics")).text)
+
+    for result in ("charged", "duplicate", "rejected"):
+        assert scraped[("timekeeper_reports_total", (("result", result),))] == 0
+    for reason in ("outage", "refused"):
+        assert scraped[("timekeeper_ingest_batch_failures_total", (("reason", reason),))] == 0
+    assert scraped[("timekeeper_budget_metrics_age_seconds", ())] >= 0

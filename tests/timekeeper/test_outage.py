@@ -128,3 +128,42 @@ async def test_a_batch_runners_backend_terminated_between_batches_costs_no_repor
     for n in range(34, 38):
         ok(await api.client.post("/reports", json=report(n), headers=headers))
     assert database_up(app) == 1
+
+
+async def test_metrics_answer_during_an_outage_with_the_last_budgets_and_their_age(
+    app: FastAPI, api: Api, server: ThrowawayPostgres
+) -> None:
+    """The scrape is what shows an outage: it answers 200 with `timekeeper_database_up 0`, the budgets of
+    the last read and how old they are, and the reports refused meanwhile counted from 0."""
+    ok(await api.put_budget("team-metrics", budget_gpu_minutes=50))
+    assert (await api.client.get("/metrics")).status_code == 200
+    registry = app.state.metrics.registry
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    assert value("timekeeper_reports_total", result="rejected") is not None
+    rejected_before = value("timekeeper_reports_total", result="rejected")
+    server.crash()
+    try:
+        assert (
+            await api.client.post("/reports", json=report(40), headers=bearer(api.tokens.reporter))
+        ).status_code == 503
+        scrape = await api.client.get("/metrics")
+        during = {
+            "up": value("timekeeper_database_up"),
+            "budget": value("timekeeper_namespace_budget_gpu_minutes", namespace="team-metrics"),
+            "age": value("timekeeper_budget_metrics_age_seconds"),
+        }
+    finally:
+        server.start()
+
+    assert scrape.status_code == 200, scrape.text
+    assert "timekeeper_database_up 0.0" in scrape.text
+    assert during["up"] == 0 and during["budget"] == 50
+    assert during["age"] is not None and during["age"] > 0
+    assert value("timekeeper_reports_total", result="rejected") == (rejected_before or 0) + 1
+    assert (await api.client.get("/metrics")).status_code == 200
+    assert value("timekeeper_database_up") == 1
+    age = value("timekeeper_budget_metrics_age_seconds")
+    assert age is not None and 0 <= age < during["age"]

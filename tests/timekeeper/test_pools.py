@@ -63,7 +63,7 @@ async def next_pod(api: Api, namespace: str) -> PriorityRule:
     cache = BudgetStateCache(max_age_seconds=60)
     cache.store(await snapshot(api), None)  # type: ignore[arg-type]
     policy = PriorityPolicy(WebhookSettings(watch_priority_classes=False), PriorityClassCatalog())
-    return policy.decide({}, cache.view(namespace)).rule
+    return policy.decide({}, cache.view(namespace), namespace=namespace).rule
 
 
 async def test_a_pool_exhausted_by_one_member_downgrades_the_other_members_next_pod(

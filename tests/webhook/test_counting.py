@@ -149,3 +149,23 @@ def test_the_decisions_themselves_count_nothing(app: Starlette) -> None:
     assert {k: v for k, v in after.items() if not k[0].startswith("webhook_state_age")} == {
         k: v for k, v in samples.items() if not k[0].startswith("webhook_state_age")
     }
+
+
+def test_every_counters_known_label_sets_start_at_zero() -> None:
+    """A series born at its first event has no earlier sample: rate() would miss the first burst, and a
+    dashboard panel would stay blank until then."""
+    with TestClient(create_app(WebhookSettings(watch_priority_classes=False))) as entered:
+        metrics = entered.app.state.metrics.registry  # type: ignore[attr-defined]
+
+        def value(name: str, **labels: str) -> float | None:
+            return metrics.get_sample_value(name, labels)
+
+        for result in ("updated", "not_modified", "error"):  # the poller runs: some may have counted
+            assert value("webhook_state_polls_total", result=result) is not None
+        for rule in PriorityRule:
+            assert value("webhook_priority_decisions_total", rule=rule.value) == 0
+        for endpoint in ("mutate", "validate"):
+            assert (
+                value("webhook_admissions_total", endpoint=endpoint, operation="CREATE", result="denied") == 0
+            )
+            assert value("webhook_admission_duration_seconds_count", endpoint=endpoint) == 0

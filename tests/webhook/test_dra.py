@@ -19,7 +19,17 @@ from starlette.testclient import TestClient
 
 from gpuaccounting import names
 from tests.support.admission_state_server import entry, snapshot
-from tests.support.dra import DEVICE_CLASSES, QUICKSTART, SINGLE_GPU, claim, claiming_pod, template
+from tests.support.dra import (
+    DEVICE_CLASSES,
+    HAMI_CLASS,
+    QUICKSTART,
+    SINGLE_GPU,
+    claim,
+    claim_spec,
+    claiming_pod,
+    request,
+    template,
+)
 from tests.support.pods import container, pod, review
 from webhook.app import create_app
 from webhook.dra import CLAIMS, CLASSES, TEMPLATES
@@ -136,3 +146,28 @@ def test_a_sidecar_without_the_pods_claims_is_refused(client: TestClient) -> Non
         not answer["allowed"]
         and "resources.claims are not the pod's GPU claims" in answer["status"]["message"]
     )
+
+
+def test_a_dra_pod_below_its_systems_floor_is_refused(app: Starlette, client: TestClient) -> None:
+    tiny = claim_spec(request("gpu", HAMI_CLASS, capacity={"requests": {"memory": "1Mi"}}))
+    app.state.admission.dra.put(TEMPLATES, template("hami-tiny", EXHAUSTED, tiny))
+    answer = post(client, "/validate", admit(client, claiming_pod(EXHAUSTED, templates={"gpu": "hami-tiny"})))
+    assert not answer["allowed"]
+    assert (
+        "for hami, 0.01 (hardware file: minimum_shares) (rule minimum-share)" in answer["status"]["message"]
+    )
+
+
+def test_an_update_may_not_change_the_pods_claims(client: TestClient) -> None:
+    """The claims are what a DRA pod's share is read from, like a container's GPU requests."""
+    old = admit(client, claiming_pod(EXHAUSTED, templates={"gpu": "gpu-test1"}))
+    new = copy.deepcopy(old)
+    new["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = "gpu-test4"
+    answer = client.post(
+        "/validate",
+        content=orjson.dumps(review(new, operation="UPDATE", old=old)),
+        headers={"content-type": "application/json"},
+    ).json()["response"]
+    assert not answer["allowed"]
+    assert "spec.resourceClaims=" in answer["status"]["message"]
+    assert "rule protected-share-inputs" in answer["status"]["message"]

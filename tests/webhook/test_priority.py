@@ -46,9 +46,10 @@ def decide(
     namespace: NamespaceView,
     classes: PriorityClassCatalog | None = None,
     settings: WebhookSettings = SETTINGS,
+    name: str = "team-a",
 ) -> PriorityDecision:
     spec = {} if arrived is None else {"priorityClassName": arrived, "priority": 7}
-    return PriorityPolicy(settings, classes or catalog()).decide(spec, namespace)
+    return PriorityPolicy(settings, classes or catalog()).decide(spec, namespace, namespace=name)
 
 
 def outcome(decision: PriorityDecision) -> tuple[PriorityRule, str | None, int | None, str | None]:
@@ -86,16 +87,50 @@ def test_pod_without_a_class_in_an_exhausted_namespace_gets_the_reduced_class() 
 
 
 @pytest.mark.parametrize("state", ["exhausted", "in_budget", "warning", "unlimited"])
-def test_an_exempt_class_is_kept_in_every_state(state: BudgetState) -> None:
-    decision = decide("system-node-critical", view(state))
+@pytest.mark.parametrize("name", ["kube-system", "gpu-timekeeper"])
+def test_an_exempt_class_is_kept_in_every_state_where_it_is_exempt(state: BudgetState, name: str) -> None:
+    decision = decide("system-node-critical", view(state), name=name)
     assert outcome(decision) == (PriorityRule.EXEMPT, None, None, None)
     assert decision.annotation == "exempt: class system-node-critical is exempt"
 
 
+def test_a_critical_class_elsewhere_is_governed_like_a_users_class() -> None:
+    """Issue 25: system-*-critical on a GPU pod escaped an exhausted budget in any namespace."""
+    for critical in ("system-node-critical", "system-cluster-critical"):
+        exhausted = decide(critical, view("exhausted"))
+        assert outcome(exhausted) == (PriorityRule.EXHAUSTED, *REDUCED)
+        assert exhausted.annotation == f"exhausted: namespace exhausted; class {critical} replaced"
+        assert decide(critical, view()).rule == PriorityRule.USER_CLASS_ABOVE_CEILING
+
+
+def test_exempt_namespaces_are_listed_per_class() -> None:
+    settings = WebhookSettings(
+        watch_priority_classes=False,
+        exempt_namespaces={"system-node-critical": ["infra"], "*": ["kube-system"]},
+    )
+    assert decide("system-node-critical", view("exhausted"), settings=settings, name="infra").rule == (
+        PriorityRule.EXEMPT
+    )
+    assert decide("system-node-critical", view("exhausted"), settings=settings, name="kube-system").rule == (
+        PriorityRule.EXHAUSTED
+    )
+    assert decide(
+        "system-cluster-critical", view("exhausted"), settings=settings, name="kube-system"
+    ).rule == (PriorityRule.EXEMPT)
+    assert decide("system-cluster-critical", view("exhausted"), settings=settings, name="infra").rule == (
+        PriorityRule.EXHAUSTED
+    )
+
+
+def test_exempt_namespaces_are_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WEBHOOK_EXEMPT_NAMESPACES", '{"*": ["kube-system", "ops"]}')
+    assert WebhookSettings().exempt_namespaces == {"*": {"kube-system", "ops"}}
+
+
 def test_the_exempt_list_is_the_namespaces_own() -> None:
     custom = view("exhausted", exempt_classes=["high"])
-    assert decide("high", custom).rule == PriorityRule.EXEMPT
-    assert decide("system-node-critical", custom).rule == PriorityRule.EXHAUSTED
+    assert decide("high", custom, name="kube-system").rule == PriorityRule.EXEMPT
+    assert decide("system-node-critical", custom, name="kube-system").rule == PriorityRule.EXHAUSTED
 
 
 # ---- in budget ---------------------------------------------------------------------------------------------
@@ -157,8 +192,9 @@ def test_replace_gives_every_user_class_the_in_budget_class() -> None:
         decision = decide(arrived, view(user_classes="replace"))
         assert outcome(decision) == (PriorityRule.USER_CLASS_REPLACED, *IN_BUDGET)
     assert decide("low", view(user_classes="replace")).reason == "class low replaced (user classes: replace)"
-    # The exempt list still wins under `replace`.
-    assert decide("system-node-critical", view(user_classes="replace")).rule == PriorityRule.EXEMPT
+    # The exempt list still wins under `replace`, where it applies.
+    replace = view(user_classes="replace")
+    assert decide("system-node-critical", replace, name="kube-system").rule == PriorityRule.EXEMPT
 
 
 def test_our_own_classes_count_as_no_class_chosen() -> None:
@@ -220,7 +256,7 @@ def test_never_loaded_state_follows_the_missing_state_policy(policy: str, expect
 
 
 def test_never_loaded_state_uses_the_default_priority_policy() -> None:
-    assert decide("system-node-critical", NEVER_LOADED).rule == PriorityRule.EXEMPT
+    assert decide("system-node-critical", NEVER_LOADED, name="kube-system").rule == PriorityRule.EXEMPT
     assert decide("low", NEVER_LOADED).rule == PriorityRule.USER_CLASS_KEPT
     assert decide("high", NEVER_LOADED).rule == PriorityRule.USER_CLASS_ABOVE_CEILING
 
@@ -230,10 +266,10 @@ def test_never_loaded_state_uses_the_default_priority_policy() -> None:
 
 def test_a_reinvoked_pod_keeps_the_words_of_the_decision_that_set_its_class() -> None:
     policy = PriorityPolicy(SETTINGS, catalog())
-    first = policy.decide({"priorityClassName": "high"}, view())
+    first = policy.decide({"priorityClassName": "high"}, view(), namespace="team-a")
     spec: dict[str, Any] = {"priorityClassName": "high"}
     first.apply(spec)
-    again = policy.decide(spec, view(), first.annotation)
+    again = policy.decide(spec, view(), first.annotation, namespace="team-a")
     assert (again.rule, again.annotation, again.class_name) == (first.rule, first.annotation, "gpu-in-budget")
 
 
@@ -241,14 +277,19 @@ def test_a_previous_decision_that_set_another_class_is_not_kept() -> None:
     policy = PriorityPolicy(SETTINGS, catalog())
     # The namespace ran out between the two passes: the reduced class, and the words of now.
     exhausted = policy.decide(
-        {"priorityClassName": "gpu-in-budget"}, view("exhausted"), "user-class-above-ceiling: earlier"
+        {"priorityClassName": "gpu-in-budget"},
+        view("exhausted"),
+        "user-class-above-ceiling: earlier",
+        namespace="team-a",
     )
     assert (exhausted.rule, exhausted.class_name) == (PriorityRule.EXHAUSTED, "gpu-over-budget")
     # A user's own annotation cannot give a kept class to a pod that arrived with ours.
-    forged = policy.decide({"priorityClassName": "gpu-in-budget"}, view(), "exempt: class x is exempt")
+    forged = policy.decide(
+        {"priorityClassName": "gpu-in-budget"}, view(), "exempt: class x is exempt", namespace="team-a"
+    )
     assert forged.rule == PriorityRule.IN_BUDGET
     assert (
-        policy.decide({"priorityClassName": "gpu-in-budget"}, view(), "garbage").rule
+        policy.decide({"priorityClassName": "gpu-in-budget"}, view(), "garbage", namespace="team-a").rule
         == PriorityRule.IN_BUDGET
     )
 

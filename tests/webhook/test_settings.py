@@ -42,6 +42,12 @@ def test_unknown_rule_is_refused() -> None:
         WebhookSettings(disabled_rules="no-such-rule")
 
 
+def test_the_share_floor_is_never_disabled() -> None:
+    """A share below the floor would be written as 0 and charged nothing: it is lowered, not turned off."""
+    with pytest.raises(ValidationError, match="lower the floor in the hardware file's minimum_shares"):
+        WebhookSettings(disabled_rules="namespace-cap,minimum-share")
+
+
 def test_default_sidecar_image_is_versioned() -> None:
     image = WebhookSettings().sidecar_image
     assert ":" in image and not image.endswith(":latest")

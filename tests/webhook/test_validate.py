@@ -77,6 +77,19 @@ INVALID: dict[str, tuple[dict[str, Any], list[str]]] = {
         pod(container("train"), annotations={"gpu-fraction": "0.5", "gpu-fraction-container-name": "trian"}),
         ["annotation gpu-fraction-container-name=trian", "names no container", "rule kai-container"],
     ),
+    # Issue 25: a share that rounds to nothing, or runs a GPU for ~nothing, is below its system's floor.
+    "kai-a-ten-millionth": (
+        pod(container("train"), annotations={"gpu-fraction": "0.0000001"}),
+        ["GPU share 1e-07 is below", "for kai, 0.01 (hardware file: minimum_shares)", "rule minimum-share"],
+    ),
+    "kai-one-mib": (
+        pod(container("train"), annotations={"gpu-memory": "1"}),
+        ["GPU share 1.2207e-05 is below", "for kai, 0.01", "rule minimum-share"],
+    ),
+    "hami-one-mib": (
+        pod(container("train", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1})),
+        ["for hami, 0.01", "rule minimum-share"],
+    ),
     "volcano-cores-alone": (
         pod(container("train", {"volcano.sh/vgpu-cores": 50})),
         ["volcano.sh/vgpu-cores=50", "needs volcano.sh/vgpu-number", "rule device-count-required"],
@@ -130,26 +143,6 @@ def test_gpu_pod_the_mutation_missed_is_denied(webhook: Webhook) -> None:
     assert "has no gpu-timekeeper-sidecar" in answer.message and "rule sidecar-required" in answer.message
 
 
-def test_user_supplied_sidecar_is_denied(webhook: Webhook) -> None:
-    fake = container("gpu-timekeeper-sidecar")
-    fake["image"] = "evil/reporter:1"
-    forged = pod(container("train", {"nvidia.com/gpu": 1}), init=(fake,))
-    answer = webhook.validate(webhook.admit(forged))
-    assert not answer.allowed
-    assert 'container "gpu-timekeeper-sidecar"' in answer.message
-    assert "image evil/reporter:1" in answer.message and "rule protected-sidecar" in answer.message
-
-
-def test_a_user_volume_under_the_token_volume_name_is_denied(webhook: Webhook) -> None:
-    squatted = pod(
-        container("train", {"nvidia.com/gpu": 1}),
-        volumes=[{"name": names.SIDECAR_TOKEN_VOLUME, "emptyDir": {}}],
-    )
-    answer = webhook.validate(webhook.admit(squatted))
-    assert not answer.allowed
-    assert "volume gpu-timekeeper-token is not the projected gpu-timekeeper token" in answer.message
-
-
 def test_another_container_mounting_the_token_volume_is_denied(webhook: Webhook) -> None:
     thief = container("thief")
     thief["volumeMounts"] = [{"name": names.SIDECAR_TOKEN_VOLUME, "mountPath": "/token"}]
@@ -200,6 +193,70 @@ def test_update_of_other_metadata_is_allowed_even_when_rules_would_now_deny(webh
     new = copy.deepcopy(old)
     new["metadata"]["labels"] = {"touched": "yes"}
     assert webhook.validate(new, operation="UPDATE", old=old).allowed
+
+
+SHARE_INPUT_UPDATES: dict[str, tuple[dict[str, Any], Any, list[str]]] = {
+    # Issue 25: dropped together, so that after a relist the pod is no GPU pod to the timekeeper.
+    "KAI marker and our annotations dropped": (
+        pod(container("train"), annotations={"gpu-fraction": "0.5"}),
+        lambda p: p["metadata"].update(annotations={}),
+        [
+            "annotation gpu-fraction=None: decides the pod's GPU share and may not change",
+            "(was '0.5') (rule protected-share-inputs)",
+            "annotation gpu-timekeeper.io/gpu-share=None",
+            "rule protected-annotations",
+        ],
+    ),
+    "KAI fraction lowered": (
+        pod(container("train"), annotations={"gpu-fraction": "0.5"}),
+        lambda p: p["metadata"]["annotations"].update({"gpu-fraction": "0.01"}),
+        ["annotation gpu-fraction='0.01'", "(was '0.5')", "rule protected-share-inputs"],
+    ),
+    "KAI devices added": (
+        pod(container("train"), annotations={"gpu-fraction": "0.5"}),
+        lambda p: p["metadata"]["annotations"].update({"gpu-fraction-num-devices": "4"}),
+        ["annotation gpu-fraction-num-devices='4'", "(was None)", "rule protected-share-inputs"],
+    ),
+    "ClearML label dropped": (
+        pod(container("train"), labels={"clearml-injector/fraction": "0.5"}),
+        lambda p: p["metadata"].pop("labels"),
+        ["label clearml-injector/fraction=None", "(was '0.5')", "rule protected-share-inputs"],
+    ),
+    # A resource the GPU catalogue names (not in the device plugins' original list).
+    "Volcano memory percentage lowered": (
+        pod(container("train", {"volcano.sh/vgpu-number": 1, "volcano.sh/vgpu-memory-percentage": 50})),
+        lambda p: [
+            p["spec"]["containers"][0]["resources"][key].update({"volcano.sh/vgpu-memory-percentage": 1})
+            for key in ("limits", "requests")
+        ],
+        ["containers train GPU requests=", "rule protected-share-inputs"],
+    ),
+    "KAI marker added to a pod admitted without a GPU": (
+        pod(container("train")),
+        lambda p: p["metadata"].update(annotations={"gpu-fraction": "0.5"}),
+        ["annotation gpu-fraction='0.5'", "(was None)", "rule protected-share-inputs"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SHARE_INPUT_UPDATES))
+@pytest.mark.parametrize("username", ["alice", "system:serviceaccount:gpu-timekeeper:timekeeper"])
+def test_update_may_not_change_what_the_share_is_computed_from(
+    tls: Tls, state: Any, case: str, username: str
+) -> None:
+    """Judged against oldObject by /validate itself (1.20 drops matchConditions), for anyone."""
+    created, change, expected = SHARE_INPUT_UPDATES[case]
+    timekeeper = "system:serviceaccount:gpu-timekeeper:timekeeper"
+    with serve_webhook(tls, state, privileged_usernames=timekeeper) as served:
+        old = served.admit(copy.deepcopy(created))
+        new = copy.deepcopy(old)
+        change(new)
+        answer = served.validate(new, operation="UPDATE", old=old, username=username)
+    assert not answer.allowed
+    for fragment in expected:
+        # The privileged may change our annotations, never what the share is computed from.
+        about_ours = "gpu-timekeeper.io/" in fragment or "protected-annotations" in fragment
+        assert (fragment in answer.message) == (not about_ours or username != timekeeper), fragment
 
 
 def test_update_may_not_change_the_sidecar(webhook: Webhook) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 
 import sqlalchemy as sa
@@ -10,16 +12,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from timekeeper.auth.base import Action
 from timekeeper.auth.dependencies import MetricsAccess, authenticated, has_credentials
-from timekeeper.billing.repository import BillingRepository
-from timekeeper.budgets.service import BudgetService
-from timekeeper.db.session import SessionDep
+from timekeeper.db.outage import is_outage
 from timekeeper.errors import TimekeeperError
-from timekeeper.metrics import Metrics, NamespaceRow
-from timekeeper.pools.service import PoolService
+from timekeeper.health.readout import read_budget_readout
+from timekeeper.metrics import Metrics
 from timekeeper.schemas import error_responses
-from timekeeper.usage.efficiency import EfficiencyService
 
 router = APIRouter(tags=["health"])
+log = logging.getLogger(__name__)
+# Below Prometheus' default scrape timeout (10 s): a slow database leaves the last figures, not a failure.
+READ_TIMEOUT_SECONDS = 5.0
 
 
 @router.get("/healthz")
@@ -52,43 +54,19 @@ async def readyz(request: Request) -> dict[str, Any]:
 @router.get(
     "/metrics", response_class=Response, dependencies=[MetricsAccess], responses=error_responses(401, 403)
 )
-async def metrics(request: Request, session: SessionDep) -> Response:
-    registry: Metrics = request.app.state.metrics
-    now = request.app.state.clock.now()
-    statuses = await BudgetService(session, request.app.state.settings, request.app.state.clock).all()
-    registry.namespaces.rows = [
-        NamespaceRow(
-            namespace=status.namespace,
-            budget=None
-            if status.budget_gpu_minutes is None
-            else float(status.budget_gpu_minutes + status.granted_gpu_minutes),
-            used=float(status.used_gpu_minutes),
-            remaining=None if status.remaining_gpu_minutes is None else float(status.remaining_gpu_minutes),
-            state=status.state,
-            burn_rate=float(status.forecast.burn_rate_gpu_minutes_per_hour),
-            exhaustion_seconds=None
-            if status.forecast.exhausts_at is None
-            else max(0.0, (status.forecast.exhausts_at - now).total_seconds()),
-        )
-        for status in statuses
-    ]
-    idle: dict[str, tuple[int, float]] = {}
-    report = await EfficiencyService(session, request.app.state.settings, request.app.state.clock).idle(None)
-    for pod in report.pods:
-        count, shares = idle.get(pod.namespace, (0, 0.0))
-        idle[pod.namespace] = (count + 1, shares + float(pod.gpu_share))
-    registry.idle.rows = [(namespace, count, shares) for namespace, (count, shares) in sorted(idle.items())]
-    registry.unweighted_pods.clear()
-    for namespace, count in (await BillingRepository(session).running_pods_without_model()).items():
-        registry.unweighted_pods.labels(namespace=namespace).set(count)
-    pools = await PoolService(session, request.app.state.settings, request.app.state.clock).pools()
-    registry.pools.rows = [
-        (
-            pool.name,
-            float(pool.budget_gpu_minutes + pool.granted_gpu_minutes),
-            float(pool.used_gpu_minutes),
-            pool.state,
-        )
-        for pool in pools
-    ]
+async def metrics(request: Request) -> Response:
+    """Always answers: while the database does not (an outage, or a read slower than the scrape can
+    wait), the budgets are those of the last read, `timekeeper_budget_metrics_age_seconds` says how old,
+    and `timekeeper_database_up` is 0 (db/outage.py)."""
+    state = request.app.state
+    registry: Metrics = state.metrics
+    try:
+        async with asyncio.timeout(READ_TIMEOUT_SECONDS), state.sessionmaker() as session:
+            readout = await read_budget_readout(session, state.settings, state.clock)
+    except (sa.exc.SQLAlchemyError, OSError, TimeoutError) as error:
+        if isinstance(error, sa.exc.SQLAlchemyError) and not is_outage(error):
+            raise  # a bug: the server's 500, with its traceback logged
+        log.warning("metrics_read_failed", extra={"error": repr(error)[:300]})
+    else:
+        registry.show(readout)
     return Response(generate_latest(registry.registry), media_type=CONTENT_TYPE_LATEST)

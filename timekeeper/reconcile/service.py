@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from gpuaccounting.admission_state import is_exempt
 from gpuaccounting.wire import BudgetState
 from timekeeper.billing.weights import model_key
 from timekeeper.clock import Clock
@@ -492,10 +493,10 @@ class Reconciler:
     async def _downgrade(self, evicting: dict[str, frozenset[str]], result: PassResult) -> None:
         """Evict the running GPU pods of exhausted namespaces whose budget's `running_pod_action` is
         `evict` and that still run above the reduced class (neither at it nor at a class their priority
-        policy exempts). A pod's priority is immutable: its controller recreates it and the webhook gives
-        the new pod the reduced class. Through the Eviction API, so PodDisruptionBudgets are honoured;
-        bare pods only when configured (nothing would recreate them); at most `evictions_per_pass` per
-        pass, the longest-running first, the rest deferred to the next pass."""
+        policy exempts where an admin listed it: `is_exempt`, the webhook's rule). A pod's priority is
+        immutable: its controller recreates it and the webhook gives the new pod the reduced class.
+        Through the Eviction API (PodDisruptionBudgets honoured); bare pods only when configured; at
+        most `evictions_per_pass` per pass, the longest-running first, the rest deferred."""
         if not evicting:
             return
         reduced = self.settings.over_budget_priority_class
@@ -511,7 +512,8 @@ class Reconciler:
             ):
                 continue
             priority_class = (info.raw.get("spec") or {}).get("priorityClassName")
-            if priority_class == reduced or priority_class in exempt:
+            exempt_here = is_exempt(priority_class, info.namespace, exempt, self.settings.exempt_namespaces)
+            if priority_class == reduced or exempt_here:
                 continue
             if info.has_controller or self.settings.evict_bare_pods:
                 candidates.append(pod)

@@ -138,3 +138,9 @@ spec:
 {{- end -}}
 {{- toJson $objects -}}
 {{- end -}}
+
+{{/* Where exempt classes are exempt, as JSON for both servers' EXEMPT_NAMESPACES: the value, or kube-system
+     and the release's namespace. */}}
+{{- define "gpu-timekeeper.exemptNamespaces" -}}
+{{- .Values.priorityClasses.exemptNamespaces | default (dict "*" (list "kube-system" .Release.Namespace)) | toJson -}}
+{{- end -}}

@@ -4,7 +4,8 @@ once whatever the number of its pods, at its devices' share and model weight, ne
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -246,3 +247,47 @@ async def test_a_pod_using_a_gpu_claim_is_a_gpu_pod_and_one_using_a_nic_claim_is
     assert sorted(result.evicted) == [("team-a", "dra-gpu"), ("team-a", "spender")]
     assert reconciler.pod_metrics.counts is not None
     assert reconciler.pod_metrics.counts["team-a"][0] == 2  # running GPU pods: not the NIC's
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    """Waits (at most 10 s) for what a watch task does meanwhile."""
+    async with asyncio.timeout(10):
+        while not condition():  # noqa: ASYNC110 (the watch tasks signal nothing a test could await)
+            await asyncio.sleep(0.02)
+
+
+async def test_a_claim_made_used_and_deleted_between_two_passes_is_charged_from_the_watch(
+    apiserver: KubeApiServer, reconciler: Reconciler
+):
+    await reconciler.start_leading()
+    try:
+        await reconciler.wait_synced()
+        await reconciler.run_pass()  # nothing yet
+        resource_slice(apiserver, "gpu-node-1", [H100])
+        started = START - timedelta(minutes=40)
+        pod = dra_pod(apiserver, "team-a", "brief", "brief-gpu", started_at=iso(started))
+        claim = resource_claim(apiserver, "team-a", "brief-gpu", ["gpu-0"], reserved_for=[pod])
+        uid = claim["metadata"]["uid"]
+        await until(lambda: reconciler.claims.seen(uid), "the watch to see the claim")
+        # The pod ends; the controller deallocates its claim and deletes it, all before the next pass.
+        dra_pod(
+            apiserver,
+            "team-a",
+            "brief",
+            "brief-gpu",
+            started_at=iso(started),
+            finished_at=iso(START - timedelta(minutes=10)),
+            phase="Succeeded",
+        )
+        resource_claim(apiserver, "team-a", "brief-gpu", [], reserved_for=[])
+        apiserver.remove("resource.k8s.io/v1", "ResourceClaim", "team-a", "brief-gpu")
+        await until(
+            lambda: any(p.ended_at for p in reconciler.registry.pods()), "the pod watch to see the pod end"
+        )
+
+        result = await reconciler.run_pass()
+    finally:
+        await reconciler.stop_leading()
+
+    assert result.claims_charged == {uid: Decimal("30.000000000")}  # its run, to the pod's end
+    assert reconciler.claims.claims() == {}

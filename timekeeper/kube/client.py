@@ -13,6 +13,7 @@ import json
 import logging
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping
+from contextlib import aclosing
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -516,9 +517,24 @@ class KubeClient:
         backoff: Backoff | None = None,
     ) -> AsyncGenerator[tuple[str, str | None, str], None]:
         """Every change to a custom resource's objects, as (ADDED | MODIFIED | DELETED, namespace, name),
-        until the consumer stops: a trigger, not a cache (the consumer lists what is true). Each watch
-        starts where the API server is (an ADDED per existing object first) and is opened again when it
-        ends; errors back off as the pod watch does."""
+        until the consumer stops: a trigger, not a cache (the consumer lists what is true)."""
+        changes = self.watch_custom_raw(group, version, plural, timeout_seconds, backoff)
+        async with aclosing(changes):
+            async for type_, raw in changes:
+                meta = raw.get("metadata") or {}
+                yield type_, meta.get("namespace"), str(meta.get("name", ""))
+
+    async def watch_custom_raw(
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        timeout_seconds: int = 300,
+        backoff: Backoff | None = None,
+    ) -> AsyncGenerator[tuple[str, JSON], None]:
+        """Every change to the objects of a resource served by a group (a custom one, or resource.k8s.io)
+        as (ADDED | MODIFIED | DELETED, the object's JSON). Each watch starts where the API server is (an
+        ADDED per existing object first) and is opened again when it ends; errors back off."""
         backoff = backoff or Backoff(WATCH_BACKOFF_BASE_SECONDS, WATCH_BACKOFF_CAP_SECONDS)
         while True:
             try:
@@ -533,8 +549,8 @@ class KubeClient:
                     )
                     async for event in stream:
                         backoff.reset()
-                        meta = (event.get("raw_object") or {}).get("metadata") or {}
-                        yield str(event["type"]), meta.get("namespace"), str(meta.get("name", ""))
+                        if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                            yield str(event["type"]), event.get("raw_object") or {}
             except (ApiException, aiohttp.ClientError, TimeoutError, OSError) as exc:
                 delay = backoff.next_delay()
                 log.warning(

@@ -211,38 +211,60 @@ def pod_claim_names(pod: Mapping[str, Any]) -> set[str]:
 
 
 class ClaimRegistry:
-    """Allocated GPU claims by uid, kept by the leader's passes (one list of claims and slices each)."""
+    """Allocated GPU claims by uid, kept by the leader's passes (one list of claims and slices each) and
+    the claims watch between them (a claim made and deleted between two passes is still seen)."""
 
     def __init__(self) -> None:
         self._claims: dict[str, TrackedClaim] = {}
+        self._watched: dict[str, Mapping[str, Any]] = {}  # each claim as the watch last saw it
+        self._reserved: dict[str, set[str]] = {}  # the pods the watch saw in each claim's reservedFor
 
     def reset(self) -> None:
         self._claims.clear()
+        self._watched.clear()
+        self._reserved.clear()
+
+    def observe(self, claim: Mapping[str, Any]) -> None:
+        """A watch event's claim (deleted ones too), read at the next pass: its last allocated state (a
+        claim is deallocated before it is deleted) and every pod seen reserving it."""
+        uid = str(_mapping(claim.get("metadata")).get("uid", ""))
+        allocation = _mapping(_mapping(claim.get("status")).get("allocation"))
+        if uid not in self._watched or _list(_mapping(allocation.get("devices")).get("results")):
+            self._watched[uid] = claim
+        self._reserved.setdefault(uid, set()).update(consumer_uids(claim))
 
     def update(
         self, claims: Iterable[Mapping[str, Any]], slices: Iterable[Mapping[str, Any]], hardware: GpuHardware
     ) -> None:
-        """A fresh list: new and changed claims read anew, consumers added, missing ones marked gone."""
+        """A fresh list: new and changed claims read anew, consumers added, missing ones marked gone (with
+        those only the watch saw since the last pass)."""
         devices = slice_devices(slices)
+        listed = {str(_mapping(claim.get("metadata")).get("uid", "")): claim for claim in claims}
+        watched, reserved = self._watched, self._reserved
+        self._watched, self._reserved = {}, {}
         seen = set()
-        for claim in claims:
+        for uid, claim in (watched | listed).items():
             metadata = _mapping(claim.get("metadata"))
-            uid = str(metadata.get("uid", ""))
             parts = claim_parts(claim, devices, hardware)
             tracked = self._claims.get(uid)
             if not parts and tracked is None:
                 continue
-            seen.add(uid)
+            if uid in listed:
+                seen.add(uid)
             if tracked is None:
                 tracked = self._claims[uid] = TrackedClaim(
                     str(metadata.get("namespace", "")), str(metadata.get("name", "")), parts
                 )
             elif parts:
                 tracked.parts = parts
-            tracked.listed = True
-            tracked.consumers |= consumer_uids(claim)
+            tracked.listed = uid in listed
+            tracked.consumers |= consumer_uids(claim) | reserved.get(uid, set())
         for uid in self._claims.keys() - seen:
             self._claims[uid].listed = False
+
+    def seen(self, uid: str) -> bool:
+        """Whether a pass or the watch has seen the claim."""
+        return uid in self._claims or uid in self._watched
 
     def claims(self) -> dict[str, TrackedClaim]:
         return dict(self._claims)

@@ -39,6 +39,7 @@ from timekeeper.kube import (
     ObjectReference,
     QuotaChange,
 )
+from timekeeper.kube.client import DRA_GROUP
 from timekeeper.metrics import PodWatchCollector
 from timekeeper.pools.service import PoolService
 from timekeeper.reconcile.claims import (
@@ -123,6 +124,7 @@ class Reconciler:
         self._claim_holders: set[str] = set()  # uids of the pods using a GPU claim (the last pass's)
         self._last_states: dict[str, BudgetState] | None = None
         self._watch: asyncio.Task[None] | None = None
+        self._claims_watch: asyncio.Task[None] | None = None
         self.pod_metrics = PodWatchCollector()
         self._silent: set[str] = set()  # uids found silent by the last pass (logged once per silence)
         self._modelled: set[str] = set()  # uids whose coverage row holds their GPU model
@@ -144,15 +146,17 @@ class Reconciler:
         self._last_states = None
         self._forget_pods()
         self._watch = asyncio.create_task(self._follow(self.registry), name="pod-watch")
+        self._claims_watch = asyncio.create_task(self._follow_claims(self.claims), name="claims-watch")
 
     async def stop_leading(self) -> None:
         """Cancel the watch: its open request ends with the task, nothing is left waiting (the next
         leader lists the pods itself). The client stays open for next time."""
-        watch, self._watch = self._watch, None
+        watches = [w for w in (self._watch, self._claims_watch) if w is not None]
+        self._watch = self._claims_watch = None
         self._forget_pods()
-        if watch is not None:
+        for watch in watches:
             watch.cancel()
-            await asyncio.gather(watch, return_exceptions=True)
+        await asyncio.gather(*watches, return_exceptions=True)
 
     def _forget_pods(self) -> None:
         """Not leading (or not yet passed): no pod counts are exported, so only the leader's show."""
@@ -176,6 +180,21 @@ class Reconciler:
         except Exception:
             log.exception("pod_watch_crashed")
             raise
+
+    async def _follow_claims(self, claims: ClaimRegistry) -> None:
+        """Between passes, the claims as they change (one made and deleted between two passes included),
+        once discovery finds resource.k8s.io (asked again each reconcile interval until then)."""
+        version = None
+        while version is None:
+            try:
+                version = await self.kube.dra_version()
+            except KubeError as error:
+                log.warning("claims_discovery_failed", extra={"error": str(error)})
+            if version is None:
+                await asyncio.sleep(self.settings.reconcile_interval_seconds)
+        async with aclosing(self.kube.watch_custom_raw(DRA_GROUP, version, "resourceclaims")) as stream:
+            async for _, claim in stream:
+                claims.observe(claim)
 
     async def wait_synced(self) -> None:
         """Before a pass: the registry must hold a full list (a new leader's watch has just started). Its

@@ -6,7 +6,8 @@ GPU, consumable capacity the part consumed, `adminAccess` nothing, else 1), weig
 (a MIG device its parent GPU's), times the time any of its consumers ran. The pods themselves are charged
 only for their GPUs outside claims (usage/admitted.py), so the two never count the same time. A claim the
 scheduler made for an extended resource (`resource.kubernetes.io/extended-resource-claim`) is the pod's
-limit, which the pod's own charge counts: such a claim is never charged.
+limit, which the pod's own charge counts: such a claim is never charged. The pass lists the claims and
+slices; the leader's watch adds the claims that came and went between two passes.
 """
 
 from __future__ import annotations

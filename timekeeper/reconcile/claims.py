@@ -23,6 +23,7 @@ from gpuaccounting.catalogue import SharingSystem
 from gpuaccounting.quantity import QuantityError, parse_quantity
 from gpuaccounting.shares import GpuHardware, mig_gpu_slices
 from timekeeper.billing.weights import model_key
+from timekeeper.reconcile.pods import TrackedPod
 
 EXTENDED_RESOURCE_CLAIM: Final = "resource.kubernetes.io/extended-resource-claim"
 CLAIM_POD_PREFIX: Final = "claim."  # a claim's rows in the ledger: `claim.<name>` beside the pods' names
@@ -209,6 +210,31 @@ def pod_claim_names(pod: Mapping[str, Any]) -> set[str]:
         _mapping(entry).get("resourceClaimName") for entry in _list(status.get("resourceClaimStatuses"))
     }
     return {str(name) for name in names if name}
+
+
+class ClaimConsumers:
+    """The tracked pods by uid, and by the claims they name in their namespace."""
+
+    def __init__(self, pods: Iterable[TrackedPod]) -> None:
+        self._pods = {pod.info.uid: pod for pod in pods}
+        self._naming: dict[tuple[str, str], set[str]] = {}
+        for pod in self._pods.values():
+            for name in pod_claim_names(pod.info.raw):
+                self._naming.setdefault((pod.info.namespace, name), set()).add(pod.info.uid)
+
+    def of(self, claim: TrackedClaim) -> list[TrackedPod]:
+        """The claim's consumers: the pods seen reserving it and those naming it."""
+        uids = claim.consumers | self._naming.get((claim.namespace, claim.name), set())
+        return [self._pods[uid] for uid in sorted(uids) if uid in self._pods]
+
+
+def ran(pods: Iterable[TrackedPod], until: datetime) -> list[Interval]:
+    """When any of the pods ran: each started pod from its start to its end, or to `until` while running."""
+    return merged(
+        (pod.info.started_at, pod.ended_at or until)
+        for pod in pods
+        if pod.info.started_at is not None and (pod.running or pod.ended_at is not None)
+    )
 
 
 class ClaimRegistry:

@@ -44,12 +44,12 @@ from timekeeper.metrics import PodWatchCollector
 from timekeeper.pools.service import PoolService
 from timekeeper.reconcile.claims import (
     CLAIM_POD_PREFIX,
+    ClaimConsumers,
     ClaimPart,
     ClaimRegistry,
     Interval,
     TrackedClaim,
-    merged,
-    pod_claim_names,
+    ran,
 )
 from timekeeper.reconcile.pods import PodRegistry, TrackedPod
 from timekeeper.reconcile.quotas import quota_hard
@@ -282,46 +282,48 @@ class Reconciler:
         self.claims.update(claims, slices, self.hardware)
         now = self.clock.now()
         until = now - timedelta(seconds=self.settings.silent_grace_seconds)
-        pods = {pod.info.uid: pod for pod in self.registry.pods()}
-        naming: dict[tuple[str, str], set[str]] = {}
-        for pod in pods.values():
-            for name in pod_claim_names(pod.info.raw):
-                naming.setdefault((pod.info.namespace, name), set()).add(pod.info.uid)
+        consumers = ClaimConsumers(self.registry.pods())
         holders: set[str] = set()
+        plans: list[tuple[TrackedClaim, ClaimPart, list[Interval], bool]] = []
+        finished: list[str] = []  # forgotten once their final charge is committed
         for uid, claim in self.claims.claims().items():
-            consumers = [
-                pods[c]
-                for c in sorted(claim.consumers | naming.get((claim.namespace, claim.name), set()))
-                if c in pods
-            ]
-            holders.update(pod.info.uid for pod in consumers)
-            spans = merged(
-                (pod.info.started_at, pod.ended_at or until)
-                for pod in consumers
-                if pod.info.started_at is not None and (pod.running or pod.ended_at is not None)
-            )
-            final = not claim.listed and all(pod.ended_at is not None for pod in consumers)
-            if spans:
-                for part in claim.parts:
-                    minutes = await self._charge_claim_part(claim, part, spans, final, now)
-                    if minutes is not None:
-                        result.claims_charged[part.key] = minutes
+            users = consumers.of(claim)
+            holders.update(pod.info.uid for pod in users)
+            spans = ran(users, until)
+            final = not claim.listed and all(pod.ended_at is not None for pod in users)
+            plans.extend((claim, part, spans, final) for part in claim.parts if spans)
             if final:
-                self.claims.forget(uid)
+                finished.append(uid)
         self._claim_holders = holders
+        flat = [(part.key, start, end) for _, part, spans, _ in plans for start, end in spans]
+        async with self.sessionmaker() as session:
+            uncovered = await ReconcileRepository(session).uncovered_spans(flat)
+        first = 0
+        for claim, part, spans, final in plans:
+            mine = [index - first for index in range(first, first + len(spans)) if index in uncovered]
+            first += len(spans)
+            if mine or final:
+                minutes = await self._charge_claim_part(claim, part, spans, mine, final, now)
+                if mine:
+                    result.claims_charged[part.key] = minutes
+        for uid in finished:
+            self.claims.forget(uid)
 
     async def _charge_claim_part(
-        self, claim: TrackedClaim, part: ClaimPart, spans: list[Interval], final: bool, now: datetime
-    ) -> Decimal | None:
-        """Charge one part of a claim for the spans' time not charged yet (one charge per span, each at
-        the part's share and model); None when all of it was charged before."""
+        self,
+        claim: TrackedClaim,
+        part: ClaimPart,
+        spans: list[Interval],
+        uncovered: list[int],
+        final: bool,
+        now: datetime,
+    ) -> Decimal:
+        """Charge one part of a claim for its spans holding uncharged time (`uncovered`, their positions),
+        one charge each at the part's share and model; `final`: then closed at the last span's end."""
         async with self.sessionmaker() as session, session.begin():
             repository = ReconcileRepository(session)
-            uncovered = await repository.uncovered_spans([(part.key, start, end) for start, end in spans])
-            if not uncovered and not final:
-                return None
             charged = Decimal(0)
-            for index in sorted(uncovered):
+            for index in uncovered:
                 start, end = spans[index]
                 try:
                     report = SilentInterval(
@@ -339,7 +341,7 @@ class Reconciler:
                         "reconcile_claim_skipped",
                         extra={"namespace": claim.namespace, "claim": claim.name, "error": str(error)},
                     )
-                    return None
+                    return charged
                 outcome = await IngestService(session, self.settings).charge_one(
                     report, now, from_sidecar=False, gpu_model=part.model, admitted_share=part.share
                 )
@@ -356,7 +358,7 @@ class Reconciler:
                     "final": final,
                 },
             )
-        return charged if uncovered else None
+        return charged
 
     async def _learn_models(self, result: PassResult) -> None:
         """Each bound GPU pod's GPU model from its node's GPU Feature Discovery label, recorded on its

@@ -24,13 +24,12 @@ from gpuaccounting.quantity import QuantityError, parse_quantity
 from gpuaccounting.shares import GpuHardware, mig_gpu_slices
 from timekeeper.billing.weights import model_key
 from timekeeper.reconcile.pods import TrackedPod
+from timekeeper.usage.planning import Interval
 
 EXTENDED_RESOURCE_CLAIM: Final = "resource.kubernetes.io/extended-resource-claim"
 CLAIM_POD_PREFIX: Final = "claim."  # a claim's rows in the ledger: `claim.<name>` beside the pods' names
 
 DeviceKey = tuple[str, str, str]  # driver, pool, device
-Interval = tuple[datetime, datetime]
-JSON = dict[str, Any]
 
 
 def _mapping(value: object) -> Mapping[str, Any]:
@@ -58,8 +57,16 @@ def _attribute_value(raw: object) -> str | None:
     return None
 
 
-def slice_devices(slices: Iterable[Mapping[str, Any]]) -> dict[DeviceKey, Device]:
-    """Every published device by (driver, pool, device name), from the ResourceSlices."""
+@dataclass(frozen=True, slots=True)
+class SliceDevices:
+    """The published devices by (driver, pool, device name), and by `uuid` (a MIG device's parent)."""
+
+    by_key: Mapping[DeviceKey, Device]
+    by_uuid: Mapping[str, Device]
+
+
+def slice_devices(slices: Iterable[Mapping[str, Any]]) -> SliceDevices:
+    """Every device the ResourceSlices publish."""
     found: dict[DeviceKey, Device] = {}
     for item in slices:
         spec = _mapping(item.get("spec"))
@@ -77,7 +84,8 @@ def slice_devices(slices: Iterable[Mapping[str, Any]]) -> dict[DeviceKey, Device
                 for name, raw in _mapping(body.get("capacity")).items()
             }
             found[driver, pool, str(device.get("name", ""))] = Device(attributes, capacity)
-    return found
+    by_uuid = {d.attributes["uuid"]: d for d in found.values() if "uuid" in d.attributes}
+    return SliceDevices(found, by_uuid)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,9 +146,7 @@ def _model(device: Device | None, by_uuid: Mapping[str, Device]) -> str | None:
     return model_key(name) if name else None
 
 
-def claim_parts(
-    claim: Mapping[str, Any], devices: Mapping[DeviceKey, Device], hardware: GpuHardware
-) -> list[ClaimPart]:
+def claim_parts(claim: Mapping[str, Any], devices: SliceDevices, hardware: GpuHardware) -> list[ClaimPart]:
     """The claim's GPU devices as allocated, grouped by model (most claims have one); none for a claim
     with no allocation, no GPU devices, or one made for an extended resource."""
     metadata = _mapping(claim.get("metadata"))
@@ -148,7 +154,6 @@ def claim_parts(
         return []
     classes = _request_classes(claim)
     entries = hardware.catalogue.device_classes
-    by_uuid = {d.attributes["uuid"]: d for d in devices.values() if "uuid" in d.attributes}
     shares: dict[str | None, Fraction] = {}
     allocation = _mapping(_mapping(claim.get("status")).get("allocation"))
     for result in _list(_mapping(allocation.get("devices")).get("results")):
@@ -157,8 +162,8 @@ def claim_parts(
         entry = entries.get(classes.get(str(result.get("request", "")), "")) or entries.get(driver)
         if entry is None:
             continue  # not a GPU (a NIC, say): the catalogue names the GPU classes and drivers
-        device = devices.get((driver, str(result.get("pool", "")), str(result.get("device", ""))))
-        model = _model(device, by_uuid)
+        device = devices.by_key.get((driver, str(result.get("pool", "")), str(result.get("device", ""))))
+        model = _model(device, devices.by_uuid)
         shares[model] = shares.get(model, Fraction(0)) + _fraction(result, device, entry.system, hardware)
     uid = str(metadata.get("uid", ""))
     ordered = sorted(shares.items(), key=lambda item: item[0] or "")

@@ -47,7 +47,6 @@ from timekeeper.reconcile.claims import (
     ClaimConsumers,
     ClaimPart,
     ClaimRegistry,
-    Interval,
     TrackedClaim,
     ran,
 )
@@ -55,6 +54,7 @@ from timekeeper.reconcile.pods import PodRegistry, TrackedPod
 from timekeeper.reconcile.quotas import quota_hard
 from timekeeper.reconcile.repository import ReconcileRepository
 from timekeeper.settings import Settings
+from timekeeper.usage.planning import Interval
 from timekeeper.usage.schemas import SilentInterval
 from timekeeper.usage.service import IngestService
 

@@ -149,8 +149,8 @@ class Reconciler:
         self._claims_watch = asyncio.create_task(self._follow_claims(self.claims), name="claims-watch")
 
     async def stop_leading(self) -> None:
-        """Cancel the watch: its open request ends with the task, nothing is left waiting (the next
-        leader lists the pods itself). The client stays open for next time."""
+        """Cancel the watches: their open requests end with the tasks, nothing is left waiting (the next
+        leader lists the pods and claims itself). The client stays open for next time."""
         watches = [w for w in (self._watch, self._claims_watch) if w is not None]
         self._watch = self._claims_watch = None
         self._forget_pods()
@@ -192,9 +192,13 @@ class Reconciler:
                 log.warning("claims_discovery_failed", extra={"error": str(error)})
             if version is None:
                 await asyncio.sleep(self.settings.reconcile_interval_seconds)
-        async with aclosing(self.kube.watch_custom_raw(DRA_GROUP, version, "resourceclaims")) as stream:
-            async for _, claim in stream:
-                claims.observe(claim)
+        try:
+            async with aclosing(self.kube.watch_custom_raw(DRA_GROUP, version, "resourceclaims")) as stream:
+                async for _, claim in stream:
+                    claims.observe(claim)
+        except Exception:
+            log.exception("claims_watch_crashed")  # the passes' lists still see every claim that lasts
+            raise
 
     async def wait_synced(self) -> None:
         """Before a pass: the registry must hold a full list (a new leader's watch has just started). Its

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import base64
 import copy
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import jsonpatch
@@ -19,11 +22,33 @@ from kubernetes import client
 from gpuaccounting import names
 from tests.cluster.conftest import start_webhook
 from tests.cluster.dra_crds import CRDS
-from tests.cluster.harness import Kubectl, TimekeeperApi, gpu_probe, wait_for_admission_state
+from tests.cluster.harness import (
+    SILENT_GRACE_SECONDS,
+    Kubectl,
+    TimekeeperApi,
+    gpu_probe,
+    placed,
+    set_status,
+    stamp,
+    wait_for_admission_state,
+)
 from tests.support.control_plane import ControlPlane
-from tests.support.dra import DEVICE_CLASSES, QUICKSTART, SINGLE_GPU, claim, claiming_pod, template
+from tests.support.dra import (
+    DEVICE_CLASSES,
+    NVIDIA_GPU_CLASS,
+    NVIDIA_MIG_CLASS,
+    QUICKSTART,
+    SINGLE_GPU,
+    claim,
+    claim_spec,
+    claiming_pod,
+    mig_profile,
+    request,
+    template,
+)
 from tests.support.pods import review
 from tests.support.processes import TimekeeperProcess, WebhookProcess, free_port, wait_until
+from timekeeper.reconcile.claims import EXTENDED_RESOURCE_CLAIM
 
 
 @pytest.fixture(scope="module")
@@ -128,3 +153,130 @@ def test_a_named_claim_fails_closed_until_it_exists_and_again_once_deleted(
         timeout=20,
         what="the webhook's view to drop the deleted claim",
     )
+
+
+# ---- charging: the timekeeper's pass lists the claims and slices as its ServiceAccount ------------------
+
+
+def charged(api: TimekeeperApi, namespace: str) -> dict[str, Decimal]:
+    usage = api.ok("GET", f"/namespaces/{namespace}/usage?group_by=pod&since=2000-01-01T00:00:00Z")
+    return {row["key"]: Decimal(str(row["gpu_minutes"])) for row in usage["rows"]}
+
+
+def running_pod(kubectl: Kubectl, namespace: str, name: str, minutes_ago: int) -> dict[str, Any]:
+    """A one-GPU pod (its own GPU in its limits) running since `minutes_ago`, as a kubelet would write."""
+    stored = kubectl.create(placed(gpu_probe(namespace), namespace, name))
+    since = stamp(datetime.now(UTC) - timedelta(minutes=minutes_ago))
+    set_status(kubectl, namespace, name, {"phase": "Running", "startTime": since})
+    return stored | {"status": {"startTime": since}}
+
+
+def started(pod: dict[str, Any]) -> datetime:
+    return datetime.fromisoformat(pod["status"]["startTime"].replace("Z", "+00:00"))
+
+
+def publish(kubectl: Kubectl, namespace: str, devices: dict[str, dict[str, str]]) -> None:
+    """The driver's part: a ResourceSlice of the devices (name: attributes), in a pool named after the
+    namespace (slices are cluster-wide; each test has its own pool)."""
+    kubectl.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"{namespace}-gpus"},
+            "spec": {
+                "driver": NVIDIA_GPU_CLASS,
+                "nodeName": "gpu-node",
+                "pool": {"name": namespace, "generation": 1, "resourceSliceCount": 1},
+                "devices": [
+                    {"name": name, "attributes": {k: {"string": v} for k, v in attributes.items()}}
+                    for name, attributes in devices.items()
+                ],
+            },
+        }
+    )
+
+
+def allocate(kubectl: Kubectl, namespace: str, name: str, device: str, pods: list[dict[str, Any]]) -> None:
+    """The scheduler's part: the claim allocated `device` of the node's pool and reserved for the pods."""
+    status = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {"request": "gpu", "driver": NVIDIA_GPU_CLASS, "pool": namespace, "device": device}
+                ]
+            }
+        },
+        "reservedFor": [
+            {"resource": "pods", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]} for p in pods
+        ],
+    }
+    kubectl.run(
+        "patch",
+        "resourceclaim",
+        name,
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        orjson.dumps({"status": status}).decode(),
+    )
+
+
+def test_a_claim_shared_by_two_pods_is_charged_once_and_an_extended_resource_claim_never(
+    kubectl: Kubectl, api: TimekeeperApi, namespace: str, resource_api: None
+) -> None:
+    """1.20 drops a pod's spec.resourceClaims, so the claims' consumers here are pods with a GPU of their
+    own in their limits (charged to them, as before): the claim's GPU is charged to the claim, once."""
+    publish(kubectl, namespace, {f"gpu-{i}": {"productName": "NVIDIA H100 80GB HBM3"} for i in (0, 1)})
+    first, second = running_pod(kubectl, namespace, "first", 10), running_pod(kubectl, namespace, "second", 6)
+    kubectl.create(claim("shared", namespace, SINGLE_GPU))
+    allocate(kubectl, namespace, "shared", "gpu-0", [first, second])
+    extended = claim("first-gpu-abc12", namespace, SINGLE_GPU)
+    extended["metadata"]["annotations"] = {EXTENDED_RESOURCE_CLAIM: "true"}
+    kubectl.create(extended)
+    allocate(kubectl, namespace, "first-gpu-abc12", "gpu-1", [first])
+
+    wait_until(
+        lambda: "claim.shared" in charged(api, namespace), timeout=30, what="the pass to charge the claim"
+    )
+    time.sleep(2)  # two more passes
+    found = charged(api, namespace)
+    since_first = Decimal((datetime.now(UTC) - started(first)).total_seconds()) / 60
+    grace = Decimal(SILENT_GRACE_SECONDS) / 60
+
+    assert set(found) == {"claim.shared", "first", "second"}  # never the extended resource's claim
+    # From the first pod's start to the grace: once, not the two pods' 16 minutes.
+    assert Decimal(10) - grace <= found["claim.shared"] <= since_first - grace
+    assert Decimal(10) - grace <= found["first"] <= since_first - grace
+
+
+def test_a_mig_claim_is_charged_its_profiles_fraction(
+    kubectl: Kubectl, api: TimekeeperApi, namespace: str, resource_api: None
+) -> None:
+    """NVIDIA's DRA driver publishes a MIG device with its profile and its parent GPU's uuid."""
+    parent = f"GPU-{namespace}"
+    publish(
+        kubectl,
+        namespace,
+        {
+            "gpu-0": {"uuid": parent, "productName": "NVIDIA A100-SXM4-80GB"},
+            "gpu-0-mig-1g10gb-0": {"uuid": f"MIG-{namespace}", "profile": "1g.10gb", "parentUUID": parent},
+        },
+    )
+    pod = running_pod(kubectl, namespace, "mig", 14)
+    kubectl.create(
+        claim(
+            "mig", namespace, claim_spec(request("gpu", NVIDIA_MIG_CLASS, selectors=mig_profile("1g.10gb")))
+        )
+    )
+    allocate(kubectl, namespace, "mig", "gpu-0-mig-1g10gb-0", [pod])
+
+    wait_until(
+        lambda: "claim.mig" in charged(api, namespace), timeout=30, what="the pass to charge the claim"
+    )
+    since = Decimal((datetime.now(UTC) - started(pod)).total_seconds()) / 60
+    grace = Decimal(SILENT_GRACE_SECONDS) / 60
+
+    # One of the A100's seven slices, for the pod's time up to the grace.
+    assert (Decimal(14) - grace) / 7 <= charged(api, namespace)["claim.mig"] <= (since - grace) / 7

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from gpuaccounting.names import (
@@ -86,5 +87,108 @@ def pdb(
             "metadata": {"name": name, "namespace": namespace},
             "spec": {"minAvailable": 1, "selector": {"matchLabels": match}},
             "status": {"disruptionsAllowed": allowed, "currentHealthy": 1, "desiredHealthy": 1},
+        }
+    )
+
+
+def dra_pod(
+    server: KubeApiServer,
+    namespace: str,
+    name: str,
+    claim: str,
+    *,
+    started_at: str | None,
+    finished_at: str | None = None,
+    phase: str = "Running",
+    share: str = "1",
+) -> dict[str, Any]:
+    """A pod whose GPU comes from the ResourceClaim `claim` (no GPU in its limits), as the webhook leaves
+    it (its claim's share recorded, our sidecar listing the claim) and the kubelet reports it."""
+    pod = gpu_pod(
+        server,
+        namespace,
+        name,
+        phase=phase,
+        share=share,
+        started_at=started_at,
+        finished_at=finished_at,
+        sidecar=True,
+    )
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+    for container in [*pod["spec"]["containers"], *pod["spec"]["initContainers"]]:
+        container["resources"] = {"claims": [{"name": "gpu"}]}
+    return server.put(pod)
+
+
+def resource_slice(
+    server: KubeApiServer, node: str, devices: list[dict[str, Any]], driver: str = "gpu.nvidia.com"
+) -> dict[str, Any]:
+    """The devices a DRA driver publishes for a node (resource.k8s.io/v1), each `{"name", "attributes"}`
+    with attributes as plain strings."""
+    return server.put(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-{driver}"},
+            "spec": {
+                "driver": driver,
+                "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                "devices": [
+                    {
+                        "name": device["name"],
+                        "attributes": {k: {"string": v} for k, v in device["attributes"].items()},
+                        **({"capacity": device["capacity"]} if "capacity" in device else {}),
+                    }
+                    for device in devices
+                ],
+            },
+        }
+    )
+
+
+def resource_claim(
+    server: KubeApiServer,
+    namespace: str,
+    name: str,
+    devices: list[str],
+    *,
+    node: str = "gpu-node-1",
+    reserved_for: Sequence[dict[str, Any]] = (),
+    device_class: str = "gpu.nvidia.com",
+    annotations: dict[str, str] | None = None,
+    driver: str = "gpu.nvidia.com",
+) -> dict[str, Any]:
+    """A claim for len(devices) devices of `device_class`, allocated as the scheduler writes it (the named
+    devices of the node's pool) and reserved for the pods given."""
+    return server.put(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {"deviceClassName": device_class, "count": len(devices)},
+                        }
+                    ]
+                }
+            },
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {"request": "gpu", "driver": driver, "pool": node, "device": device}
+                            for device in devices
+                        ]
+                    }
+                },
+                "reservedFor": [
+                    {"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
+                    for pod in reserved_for
+                ],
+            },
         }
     )

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gpuaccounting.names import TOKEN_AUDIENCE
-from tests.kube.factories import gpu_pod
+from tests.kube.factories import dra_pod, gpu_pod
 from tests.support.kube_apiserver import KubeApiServer
 from tests.support.timekeeper import bearer, report_body
 from tests.timekeeper.conftest import START
@@ -137,6 +137,19 @@ async def test_a_pod_without_a_gpu_is_charged_nothing_whatever_it_states(
     token = pod_token(apiserver, pod)
 
     assert await charged(client, token, pod, 1, 4) == 0
+
+
+async def test_a_dra_pods_sidecar_is_charged_only_its_gpus_outside_claims(
+    apiserver: KubeApiServer, client: httpx.AsyncClient
+):
+    # The webhook recorded the claim's GPU in the share; the claim's charge has that GPU's time.
+    only_claims = dra_pod(apiserver, "team-a", "dra", "gpu-claim", started_at="2026-03-18T11:00:00Z")
+    both = dra_pod(apiserver, "team-a", "both", "gpu-claim-2", started_at="2026-03-18T11:00:00Z", share="2")
+    both["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "1"}
+    both = apiserver.put(both)
+
+    assert await charged(client, pod_token(apiserver, only_claims), only_claims, 1, 1) == 0
+    assert await charged(client, pod_token(apiserver, both), both, 1, 2) == Decimal(5)  # its limit's GPU
 
 
 async def test_an_api_server_that_cannot_be_read_is_a_503_and_charges_nothing(

@@ -91,6 +91,8 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True),
     ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False),
     ResourceType("apps", "v1", "deployments", "Deployment", True),
+    ResourceType("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True),
+    ResourceType("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False),
     ResourceType("rbac.authorization.k8s.io", "v1", "roles", "Role", True),
     ResourceType("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True),
     ResourceType("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False),
@@ -301,6 +303,8 @@ class KubeApiServer:
         self._server: LoopbackServer | None = None
         # The policy/ versions whose Eviction the server accepts (and discovery lists).
         self.eviction_versions: tuple[str, ...] = ("v1", "v1beta1")
+        # Whether resource.k8s.io/v1 is served (discovery lists it; off: the group is absent, as before 1.32).
+        self.serves_dra = True
         # (verb, resource plural[/subresource]) of every authorised request, for assertions on traffic.
         self.requests: Counter[tuple[str, str]] = Counter()
         # Every resource request in order, with its answer, for assertions on exactly what was written.
@@ -766,6 +770,19 @@ class KubeApiServer:
             "preferredVersion": versions[0],
         }
 
+    def dra_group(self) -> JSON | None:
+        """`GET /apis/resource.k8s.io`: the APIGroup discovery document; None where it is not served."""
+        if not self.serves_dra:
+            return None
+        versions = [{"groupVersion": "resource.k8s.io/v1", "version": "v1"}]
+        return {
+            "kind": "APIGroup",
+            "apiVersion": "v1",
+            "name": "resource.k8s.io",
+            "versions": versions,
+            "preferredVersion": versions[0],
+        }
+
     def _evict(self, r: Request) -> tuple[int, JSON]:
         body = r.body if isinstance(r.body, dict) else {}
         served = {f"policy/{v}" for v in self.eviction_versions}
@@ -929,7 +946,11 @@ class KubeApiServer:
         namespace = None
         if len(rest) >= 3 and rest[0] == "namespaces":
             namespace, rest = rest[1], rest[2:]
-        if not rest or (group, version, rest[0]) not in _TYPES:
+        if (
+            not rest
+            or (group, version, rest[0]) not in _TYPES
+            or (group == "resource.k8s.io" and not self.serves_dra)
+        ):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         rtype = _TYPES[group, version, rest[0]]
         if rtype.namespaced and namespace is None and method != "GET":
@@ -989,6 +1010,12 @@ class _Handler(BaseHTTPRequestHandler):
             if urlsplit(self.path).path.rstrip("/") == "/apis/policy" and method == "GET":
                 # Discovery: every authenticated user may read it (system:discovery).
                 self._reply(200, state.policy_group())
+                return
+            if urlsplit(self.path).path.rstrip("/") == "/apis/resource.k8s.io" and method == "GET":
+                group = state.dra_group()
+                if group is None:
+                    raise ApiError(404, "NotFound", "the server could not find the requested resource")
+                self._reply(200, group)
                 return
             request = state.parse(method, self.path, body, content_type)
             resource = request.rtype.plural + (f"/{request.subresource}" if request.subresource else "")

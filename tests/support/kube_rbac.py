@@ -36,6 +36,11 @@ def timekeeper_rules() -> list[dict[str, Any]]:
         },
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
         {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceclaims", "resourceslices"],
+            "verbs": ["get", "list", "watch"],
+        },
+        {
             "apiGroups": ["gpu-timekeeper.io"],
             "resources": ["gpubudgets", "gpubudgetdefaults"],
             "verbs": ["list", "watch"],

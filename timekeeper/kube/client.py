@@ -13,6 +13,7 @@ import json
 import logging
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping
+from contextlib import aclosing
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -53,6 +54,8 @@ HTTP_GONE = 410
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
 HTTP_TOO_MANY_REQUESTS = 429
+DRA_GROUP = "resource.k8s.io"
+DRA_VERSIONS = ("v1", "v1beta2", "v1beta1")  # the newest the API server serves is read
 # How the pod watch retries after an error: from half a second, doubling, to at most 30 s apart.
 WATCH_BACKOFF_BASE_SECONDS = 0.5
 WATCH_BACKOFF_CAP_SECONDS = 30.0
@@ -151,6 +154,7 @@ class KubeClient:
         self._timeout = request_timeout_seconds
         self._instance = os.environ.get("HOSTNAME", COMPONENT)
         self._eviction_api_version: str | None = None
+        self._dra_version: str | None = None
 
     @classmethod
     async def from_config(cls, config_: KubeConfig) -> KubeClient:
@@ -357,6 +361,44 @@ class KubeClient:
             self._eviction_api_version = "policy/v1" if "v1" in served else "policy/v1beta1"
         return self._eviction_api_version
 
+    async def dra_version(self) -> str | None:
+        """The newest resource.k8s.io version the API server serves (v1 from 1.34, v1beta2 or v1beta1 on
+        1.32-1.33), found by discovery and remembered; None where the group is not served (asked again
+        next time, as a cluster may be upgraded)."""
+        if self._dra_version is None:
+            try:
+                group = await self._call(
+                    client.ResourceApi(self._api).get_api_group(_request_timeout=self._timeout)
+                )
+            except KubeApiError as error:
+                if error.status == HTTP_NOT_FOUND:
+                    return None
+                raise
+            served = {version.version for version in group.versions or ()}
+            self._dra_version = next((v for v in DRA_VERSIONS if v in served), None)
+        return self._dra_version
+
+    async def list_dra_objects(self, version: str, plural: str, page_size: int = 500) -> list[JSON]:
+        """Every ResourceClaim or ResourceSlice (`plural`) in all namespaces, in pages, as JSON."""
+        items: list[JSON] = []
+        token: str | None = None
+        while True:
+            query: dict[str, Any] = {"limit": page_size, "_continue": token}
+            page = await self._raw_json(
+                self._custom.list_cluster_custom_object(
+                    DRA_GROUP,
+                    version,
+                    plural,
+                    **query,
+                    _preload_content=False,
+                    _request_timeout=self._timeout,
+                )
+            )
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+
     async def evict_pod(self, namespace: str, name: str) -> EvictionResult:
         """Evict through the Eviction API, so PodDisruptionBudgets are honoured."""
         body = client.V1Eviction(
@@ -475,9 +517,24 @@ class KubeClient:
         backoff: Backoff | None = None,
     ) -> AsyncGenerator[tuple[str, str | None, str], None]:
         """Every change to a custom resource's objects, as (ADDED | MODIFIED | DELETED, namespace, name),
-        until the consumer stops: a trigger, not a cache (the consumer lists what is true). Each watch
-        starts where the API server is (an ADDED per existing object first) and is opened again when it
-        ends; errors back off as the pod watch does."""
+        until the consumer stops: a trigger, not a cache (the consumer lists what is true)."""
+        changes = self.watch_custom_raw(group, version, plural, timeout_seconds, backoff)
+        async with aclosing(changes):
+            async for type_, raw in changes:
+                meta = raw.get("metadata") or {}
+                yield type_, meta.get("namespace"), str(meta.get("name", ""))
+
+    async def watch_custom_raw(
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        timeout_seconds: int = 300,
+        backoff: Backoff | None = None,
+    ) -> AsyncGenerator[tuple[str, JSON], None]:
+        """Every change to the objects of a resource served by a group (a custom one, or resource.k8s.io)
+        as (ADDED | MODIFIED | DELETED, the object's JSON). Each watch starts where the API server is (an
+        ADDED per existing object first) and is opened again when it ends; errors back off."""
         backoff = backoff or Backoff(WATCH_BACKOFF_BASE_SECONDS, WATCH_BACKOFF_CAP_SECONDS)
         while True:
             try:
@@ -492,8 +549,8 @@ class KubeClient:
                     )
                     async for event in stream:
                         backoff.reset()
-                        meta = (event.get("raw_object") or {}).get("metadata") or {}
-                        yield str(event["type"]), meta.get("namespace"), str(meta.get("name", ""))
+                        if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                            yield str(event["type"]), event.get("raw_object") or {}
             except (ApiException, aiohttp.ClientError, TimeoutError, OSError) as exc:
                 delay = backoff.next_delay()
                 log.warning(

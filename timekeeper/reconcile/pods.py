@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
 
+from gpuaccounting.dra import claim_refs
 from gpuaccounting.names import SIDECAR_CONTAINER_NAME
 from gpuaccounting.shares import GpuHardware
 from timekeeper.clock import Clock
@@ -18,7 +19,9 @@ from timekeeper.usage.admitted import admitted_share
 @dataclass(frozen=True, slots=True)
 class TrackedPod:
     info: PodInfo
-    share: Decimal  # the share it was admitted at (usage/admitted.py): what its silent time is charged at
+    # The share it was admitted at outside DRA claims (usage/admitted.py): what its silent time is charged
+    # at; 0 for a pod whose GPUs all come from claims (their claims' charge, reconcile/claims.py).
+    share: Decimal
     sidecar: bool = False  # the webhook injected our sidecar: reports are expected from it
     # When it stopped holding its GPUs: its containers' real finishedAt, else when it was seen gone.
     ended_at: datetime | None = None
@@ -39,7 +42,8 @@ def has_sidecar(pod: PodInfo) -> bool:
 
 
 class PodRegistry:
-    """GPU pods by uid. A pod stays until its final charge is done and it is gone from the API."""
+    """GPU pods, and pods using DRA claims (their claims' consumers), by uid. A pod stays until its final
+    charge is done and it is gone from the API."""
 
     def __init__(self, clock: Clock, hardware: GpuHardware | None = None) -> None:
         self._clock = clock
@@ -76,9 +80,9 @@ class PodRegistry:
         tracked = self._pods.get(pod.uid)
         if tracked is None:
             share = admitted_share(pod, self._hardware)
-            if share is None:
+            if share is None and not claim_refs(pod.raw):
                 return
-            tracked = TrackedPod(pod, share, sidecar=has_sidecar(pod))
+            tracked = TrackedPod(pod, share or Decimal(0), sidecar=has_sidecar(pod))
         ended_at = tracked.ended_at
         if ended_at is None and pod.ended:
             ended_at = pod.finished_at or self._clock.now()

@@ -5,7 +5,7 @@ coverage test stays PostgreSQL (multirange arithmetic has no Core spelling)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -21,8 +21,8 @@ from timekeeper.budgets.models import DefaultBudget, NamespaceBudget
 from timekeeper.usage.models import PodCoverage
 
 _UNCOVERED = sa.text(
-    "SELECT c.uid FROM unnest(CAST(:uids AS text[]), CAST(:starts AS timestamptz[]), "
-    "CAST(:ends AS timestamptz[])) AS c(uid, lower_bound, upper_bound) "
+    "SELECT c.n - 1 FROM unnest(CAST(:uids AS text[]), CAST(:starts AS timestamptz[]), "
+    "CAST(:ends AS timestamptz[])) WITH ORDINALITY AS c(uid, lower_bound, upper_bound, n) "
     "LEFT JOIN pod_coverage p ON p.pod_uid = c.uid "
     "WHERE NOT isempty(tstzmultirange(tstzrange(c.lower_bound, c.upper_bound)) "
     "- COALESCE(p.covered, '{}'::tstzmultirange))"
@@ -46,6 +46,10 @@ class ReconcileRepository:
     async def with_uncovered_time(self, spans: Iterable[tuple[str, datetime, datetime]]) -> set[str]:
         """The pod uids whose span holds time no report (nor earlier pass) has charged."""
         spans = list(spans)
+        return {spans[index][0] for index in await self.uncovered_spans(spans)}
+
+    async def uncovered_spans(self, spans: Sequence[tuple[str, datetime, datetime]]) -> set[int]:
+        """The positions of the (pod uid, start, end) spans holding time not charged yet."""
         if not spans:
             return set()
         uids, starts, ends = (list(column) for column in zip(*spans, strict=True))

@@ -39,12 +39,22 @@ from timekeeper.kube import (
     ObjectReference,
     QuotaChange,
 )
+from timekeeper.kube.client import DRA_GROUP
 from timekeeper.metrics import PodWatchCollector
 from timekeeper.pools.service import PoolService
+from timekeeper.reconcile.claims import (
+    CLAIM_POD_PREFIX,
+    ClaimConsumers,
+    ClaimPart,
+    ClaimRegistry,
+    TrackedClaim,
+    ran,
+)
 from timekeeper.reconcile.pods import PodRegistry, TrackedPod
 from timekeeper.reconcile.quotas import quota_hard
 from timekeeper.reconcile.repository import ReconcileRepository
 from timekeeper.settings import Settings
+from timekeeper.usage.planning import Interval
 from timekeeper.usage.schemas import SilentInterval
 from timekeeper.usage.service import IngestService
 
@@ -69,6 +79,7 @@ class PassResult:
     """What one pass did (for logs, tests and the job's `detail` in job_runs)."""
 
     charged: dict[str, Decimal] = field(default_factory=dict)  # pod uid -> GPU-minutes
+    claims_charged: dict[str, Decimal] = field(default_factory=dict)  # claim part key -> GPU-minutes
     closed: list[str] = field(default_factory=list)
     transitions: dict[str, tuple[BudgetState | None, BudgetState]] = field(default_factory=dict)
     evicted: list[tuple[str, str]] = field(default_factory=list)
@@ -82,6 +93,7 @@ class PassResult:
     def as_detail(self) -> dict[str, Any]:
         return {
             "charged": {uid: str(minutes) for uid, minutes in self.charged.items()},
+            "claims_charged": {key: str(minutes) for key, minutes in self.claims_charged.items()},
             "closed": self.closed,
             "transitions": {ns: list(change) for ns, change in self.transitions.items()},
             "evicted": [list(pod) for pod in self.evicted],
@@ -108,8 +120,11 @@ class Reconciler:
         self.clock = clock
         self.hardware = settings.hardware  # the webhook's sizes too: shares and quotas agree with admission
         self.registry = PodRegistry(clock, self.hardware)
+        self.claims = ClaimRegistry()
+        self._claim_holders: set[str] = set()  # uids of the pods using a GPU claim (the last pass's)
         self._last_states: dict[str, BudgetState] | None = None
         self._watch: asyncio.Task[None] | None = None
+        self._claims_watch: asyncio.Task[None] | None = None
         self.pod_metrics = PodWatchCollector()
         self._silent: set[str] = set()  # uids found silent by the last pass (logged once per silence)
         self._modelled: set[str] = set()  # uids whose coverage row holds their GPU model
@@ -127,18 +142,21 @@ class Reconciler:
         """An emptied registry, filled by the watch's first list and kept current by it (a task on this
         loop). The states are learnt anew, so a change of leader does not repeat old news."""
         self.registry.reset()
+        self.claims.reset()
         self._last_states = None
         self._forget_pods()
         self._watch = asyncio.create_task(self._follow(self.registry), name="pod-watch")
+        self._claims_watch = asyncio.create_task(self._follow_claims(self.claims), name="claims-watch")
 
     async def stop_leading(self) -> None:
-        """Cancel the watch: its open request ends with the task, nothing is left waiting (the next
-        leader lists the pods itself). The client stays open for next time."""
-        watch, self._watch = self._watch, None
+        """Cancel the watches: their open requests end with the tasks, nothing is left waiting (the next
+        leader lists the pods and claims itself). The client stays open for next time."""
+        watches = [w for w in (self._watch, self._claims_watch) if w is not None]
+        self._watch = self._claims_watch = None
         self._forget_pods()
-        if watch is not None:
+        for watch in watches:
             watch.cancel()
-            await asyncio.gather(watch, return_exceptions=True)
+        await asyncio.gather(*watches, return_exceptions=True)
 
     def _forget_pods(self) -> None:
         """Not leading (or not yet passed): no pod counts are exported, so only the leader's show."""
@@ -148,6 +166,7 @@ class Reconciler:
         self._shared = set()
         self._skipped = set()
         self._node_models = {}
+        self._claim_holders = set()
 
     async def aclose(self) -> None:
         await self.stop_leading()
@@ -160,6 +179,25 @@ class Reconciler:
                     registry.apply(item)
         except Exception:
             log.exception("pod_watch_crashed")
+            raise
+
+    async def _follow_claims(self, claims: ClaimRegistry) -> None:
+        """Between passes, the claims as they change (one made and deleted between two passes included),
+        once discovery finds resource.k8s.io (asked again each reconcile interval until then)."""
+        version = None
+        while version is None:
+            try:
+                version = await self.kube.dra_version()
+            except KubeError as error:
+                log.warning("claims_discovery_failed", extra={"error": str(error)})
+            if version is None:
+                await asyncio.sleep(self.settings.reconcile_interval_seconds)
+        try:
+            async with aclosing(self.kube.watch_custom_raw(DRA_GROUP, version, "resourceclaims")) as stream:
+                async for _, claim in stream:
+                    claims.observe(claim)
+        except Exception:
+            log.exception("claims_watch_crashed")  # the passes' lists still see every claim that lasts
             raise
 
     async def wait_synced(self) -> None:
@@ -181,6 +219,7 @@ class Reconciler:
         result = PassResult()
         await self._learn_models(result)
         await self._learn_shares()
+        await self._charge_claims(result)  # first: `_charge` forgets ended pods whose time claims still need
         await self._charge(result)
         await self._sync_labels(result)
         async with self.sessionmaker() as session:
@@ -217,8 +256,9 @@ class Reconciler:
             elif pod.running and until > start:
                 spans[pod.info.uid] = (pod, start, until, False)
         async with self.sessionmaker() as session:
+            # A pod with no GPUs outside its claims has nothing to charge (its claims' charge has its time).
             uncovered = await ReconcileRepository(session).with_uncovered_time(
-                (uid, start, end) for uid, (_, start, end, _) in spans.items() if end > start
+                (uid, start, end) for uid, (pod, start, end, _) in spans.items() if end > start and pod.share
             )
         for uid, (pod, start, end, final) in spans.items():
             if uid in uncovered:
@@ -229,6 +269,100 @@ class Reconciler:
             if final:
                 self.registry.mark_closed(uid)
                 result.closed.append(uid)
+
+    async def _charge_claims(self, result: PassResult) -> None:
+        """Each allocated GPU claim once, whatever the number of its pods, for the time they ran (up to the
+        grace), through the report path (docs/timekeeper.md, "DRA claims"). A claim gone from the API whose
+        consumers have all ended is closed at their end and forgotten."""
+        try:
+            version = await self.kube.dra_version()
+            if version is None:
+                return
+            claims = await self.kube.list_dra_objects(version, "resourceclaims")
+            slices = await self.kube.list_dra_objects(version, "resourceslices")
+        except KubeError as error:
+            log.warning("claims_unavailable", extra={"error": str(error)})
+            return
+        self.claims.update(claims, slices, self.hardware)
+        now = self.clock.now()
+        until = now - timedelta(seconds=self.settings.silent_grace_seconds)
+        consumers = ClaimConsumers(self.registry.pods())
+        holders: set[str] = set()
+        plans: list[tuple[TrackedClaim, ClaimPart, list[Interval], bool]] = []
+        finished: list[str] = []  # forgotten once their final charge is committed
+        for uid, claim in self.claims.claims().items():
+            users = consumers.of(claim)
+            holders.update(pod.info.uid for pod in users)
+            spans = ran(users, until)
+            final = not claim.listed and all(pod.ended_at is not None for pod in users)
+            plans.extend((claim, part, spans, final) for part in claim.parts if spans)
+            if final:
+                finished.append(uid)
+        self._claim_holders = holders
+        flat = [(part.key, start, end) for _, part, spans, _ in plans for start, end in spans]
+        async with self.sessionmaker() as session:
+            uncovered = await ReconcileRepository(session).uncovered_spans(flat)
+        first = 0
+        for claim, part, spans, final in plans:
+            mine = [index - first for index in range(first, first + len(spans)) if index in uncovered]
+            first += len(spans)
+            if mine or final:
+                minutes = await self._charge_claim_part(claim, part, spans, mine, final, now)
+                if mine:
+                    result.claims_charged[part.key] = minutes
+        for uid in finished:
+            self.claims.forget(uid)
+
+    async def _charge_claim_part(
+        self,
+        claim: TrackedClaim,
+        part: ClaimPart,
+        spans: list[Interval],
+        uncovered: list[int],
+        final: bool,
+        now: datetime,
+    ) -> Decimal:
+        """Charge one part of a claim for its spans holding uncharged time (`uncovered`, their positions),
+        one charge each at the part's share and model; `final`: then closed at the last span's end."""
+        async with self.sessionmaker() as session, session.begin():
+            repository = ReconcileRepository(session)
+            charged = Decimal(0)
+            for index in uncovered:
+                start, end = spans[index]
+                try:
+                    report = SilentInterval(
+                        namespace=claim.namespace,
+                        pod=f"{CLAIM_POD_PREFIX}{claim.name}"[:253],
+                        pod_uid=part.key,
+                        seq=RECONCILER_SEQ,
+                        interval_start=start,
+                        interval_end=end,
+                        gpu_share=part.share,
+                        final=final and index == len(spans) - 1,
+                    )
+                except ValidationError as error:
+                    log.warning(
+                        "reconcile_claim_skipped",
+                        extra={"namespace": claim.namespace, "claim": claim.name, "error": str(error)},
+                    )
+                    return charged
+                outcome = await IngestService(session, self.settings).charge_one(
+                    report, now, from_sidecar=False, gpu_model=part.model, admitted_share=part.share
+                )
+                charged += outcome.gpu_minutes
+            if final:
+                await repository.close_at(part.key, spans[-1][1])
+        if uncovered:
+            log.info(
+                "claim_time_charged",
+                extra={
+                    "namespace": claim.namespace,
+                    "claim": claim.name,
+                    "gpu_minutes": float(charged),
+                    "final": final,
+                },
+            )
+        return charged
 
     async def _learn_models(self, result: PassResult) -> None:
         """Each bound GPU pod's GPU model from its node's GPU Feature Discovery label, recorded on its
@@ -282,6 +416,10 @@ class Reconciler:
         async with self.sessionmaker() as session, session.begin():
             result.pool_moves = await PoolService(session, self.settings, self.clock).sync_labels(labels)
 
+    def _holds_gpus(self, pod: TrackedPod) -> bool:
+        """GPUs outside claims, or a GPU claim (a pod whose claims are all NICs, say, is no GPU pod)."""
+        return pod.share > 0 or pod.info.uid in self._claim_holders
+
     def _count_pods(self, reports: dict[str, tuple[datetime, bool]], result: PassResult) -> None:
         """Running GPU pods per namespace, and those with our sidecar whose last report (their start when
         none came) is older than `sidecar_silent_after_seconds`; a sidecar that sent its final report has
@@ -291,7 +429,7 @@ class Reconciler:
         counts: dict[str, tuple[int, int]] = {}
         silent: dict[str, tuple[TrackedPod, datetime]] = {}
         for pod in self.registry.pods():
-            if not pod.running:
+            if not pod.running or not self._holds_gpus(pod):
                 continue
             info = pod.info
             running, quiet = counts.get(info.namespace, (0, 0))
@@ -391,7 +529,12 @@ class Reconciler:
         for pod in self.registry.pods():
             info = pod.info
             exempt = evicting.get(info.namespace)
-            if exempt is None or not pod.running or info.deleting_since is not None:
+            if (
+                exempt is None
+                or not pod.running
+                or info.deleting_since is not None
+                or not self._holds_gpus(pod)
+            ):
                 continue
             priority_class = (info.raw.get("spec") or {}).get("priorityClassName")
             exempt_here = is_exempt(priority_class, info.namespace, exempt, self.settings.exempt_namespaces)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from decimal import Decimal, InvalidOperation
 
+from gpuaccounting.dra import claim_refs
 from gpuaccounting.names import ANNOTATION_GPU_SHARE, SIDECAR_CONTAINER_NAME
 from gpuaccounting.shares import GpuHardware, read_pod
 from timekeeper.auth.base import PodIdentity
@@ -18,10 +19,10 @@ log = logging.getLogger(__name__)
 
 
 def admitted_share(pod: PodInfo, hardware: GpuHardware) -> Decimal | None:
-    """The share the webhook recorded on the pod; recomputed from its requests when the annotation is
-    missing or not a positive number (a pod admitted while the webhook was down, a share that rounded to
-    "0"). None: the pod holds no GPU."""
-    recorded = pod.annotations.get(ANNOTATION_GPU_SHARE)
+    """The webhook's recorded share, else (missing, not positive, or a pod with DRA claims, whose GPUs are
+    their claims' charge: reconcile/claims.py) what its own GPU requests come to. None: no GPU outside
+    claims."""
+    recorded = None if claim_refs(pod.raw) else pod.annotations.get(ANNOTATION_GPU_SHARE)
     if recorded is not None:
         try:
             share = Decimal(recorded)

@@ -1,8 +1,5 @@
 """One error type for everything the timekeeper refuses, rendered by one handler as `{"detail": ...}`;
-a database outage is rendered by it too, as a 503 with Retry-After.
-
-Rejected reports are counted here too, whatever refused them (validation, auth, limits).
-"""
+a database outage is rendered by it too, as a 503 with Retry-After."""
 
 from __future__ import annotations
 
@@ -14,7 +11,6 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
-from gpuaccounting.names import REPORTS_PATH
 from timekeeper.db.outage import RETRY_AFTER_SECONDS, is_outage
 
 
@@ -24,11 +20,6 @@ class TimekeeperError(Exception):
         self.message = message
         self.status_code = status_code
         self.headers = headers
-
-
-def _count_rejected(request: Request) -> None:
-    if request.url.path == REPORTS_PATH and request.method == "POST":
-        request.app.state.metrics.reports.labels(result="rejected").inc()
 
 
 def unavailable() -> TimekeeperError:
@@ -57,7 +48,6 @@ async def _handle(request: Request, error: Exception) -> Response:
         if not is_outage(error):
             raise error  # a bug: the server's 500, with its traceback logged
         error = unavailable()
-    _count_rejected(request)
     if isinstance(error, HTTPException) and error.status_code == 405:
         allow = {"Allow": _allowed_methods(request)}
         if request.method == "OPTIONS":  # what the path offers, answered rather than refused
@@ -71,6 +61,10 @@ async def _handle(request: Request, error: Exception) -> Response:
     return await http_exception_handler(request, error)
 
 
+# What the handler answers: a refusal, or a database outage (a 503).
+REFUSALS = (TimekeeperError, RequestValidationError, HTTPException, SQLAlchemyError)
+
+
 def install_error_handler(app: FastAPI) -> None:
-    for error_type in (TimekeeperError, RequestValidationError, HTTPException, SQLAlchemyError):
+    for error_type in REFUSALS:
         app.add_exception_handler(error_type, _handle)

@@ -1,39 +1,38 @@
-"""Request bodies parsed as strict JSON (RFC 8259), so nothing malformed reaches validation, and only
-once the caller is known to be allowed to send them.
+"""Request bodies parsed as strict JSON (RFC 8259) by a dependency, so nothing malformed reaches
+validation, and only once the caller is known to be allowed to send them.
 
 Python's json module accepts `NaN` and `Infinity`, reads `1e400` as infinity and lone surrogates
 (`"\\ud800"`) as text; pydantic then refuses them, but the 422 that echoes the input back cannot be
 rendered (non-finite floats and surrogates are not JSON), so the client got a 500. orjson refuses all of them
-while parsing, which FastAPI answers as a 422 `json_invalid`. Every JSON parser keeps the last of duplicate
-keys (`"gpu_share": 0.5, "gpu_share": 200` would charge 200), so an object with a repeated key is refused too.
+while parsing, answered as a 422 `json_invalid`. Every JSON parser keeps the last of duplicate keys
+(`"gpu_share": 0.5, "gpu_share": 200` would charge 200), so an object with a repeated key is refused too.
 
-FastAPI reads and parses a body before it resolves the route's dependencies, so a write without a token
-but with broken JSON answered 422, telling an anonymous client about the body's shape. A route whose
-dependencies require an action (`timekeeper.auth.dependencies.require`) authorizes the caller first:
-401 or 403 before any 422. (FastAPI's own dependency then authorizes again, from the token cache.)
+FastAPI parses a declared body before it resolves the route's dependencies, which would tell an anonymous
+client about the body's shape (422 before 401). A `strict_body(Model, guard)` dependency depends on its
+guard (the caller's authorization), so 401 or 403 come before any 422; `document_strict_bodies` puts the
+model in the OpenAPI document as FastAPI would a declared body.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import orjson
-from fastapi import Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, TypeAdapter, ValidationError
-from starlette.routing import request_response
+from pydantic import BaseModel, ValidationError
+from pydantic.json_schema import models_json_schema
 
-from timekeeper.auth.base import Action
-from timekeeper.auth.dependencies import authenticated, authorize
+from timekeeper.auth.base import Action, Principal
+from timekeeper.auth.dependencies import require
 from timekeeper.errors import TimekeeperError
-from timekeeper.schemas import NamespaceName
 
 Model = TypeVar("Model", bound=BaseModel)
-T = TypeVar("T")
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -103,7 +102,7 @@ def loads_strict(body: bytes) -> Any:
 
 async def json_body(request: Request, model: type[Model]) -> Model:
     """The request's body validated as `model`, refused as FastAPI refuses a declared body (422 with
-    pydantic's errors under "body"), for an endpoint that must act before the body is read."""
+    pydantic's errors under "body")."""
     if request.headers.get("content-type", "").partition(";")[0].strip().lower() != "application/json":
         raise TimekeeperError("the body must be application/json", 422)
     body = await request.body()
@@ -129,80 +128,67 @@ async def json_body(request: Request, model: type[Model]) -> Model:
         ) from None
 
 
-# What FastAPI documents for a declared NamespacePath and a bearer token, for RequestRoute operations.
-NAMESPACE: TypeAdapter[str] = TypeAdapter(NamespaceName)
-NAMESPACE_PARAMETER: dict[str, Any] = {
-    "name": "namespace",
-    "in": "path",
-    "required": True,
-    "schema": {**NAMESPACE.json_schema(), "title": "Namespace"},
-    "description": "a namespace",
-}
-BEARER: dict[str, Any] = {"security": [{"HTTPBearer": []}]}
+# The model each strict_body dependency parses, for the OpenAPI document.
+_BODY_MODELS: dict[Callable[..., Any], type[BaseModel]] = {}
 
 
-def path_param(request: Request, name: str, adapter: TypeAdapter[T]) -> T:
-    """A path parameter validated as FastAPI validates a declared one (422, pydantic's errors under
-    "path"), for an endpoint that takes the Request alone."""
-    try:
-        return adapter.validate_python(request.path_params[name])
-    except ValidationError as error:
-        raise RequestValidationError(
-            [{**detail, "loc": ("path", name, *detail["loc"])} for detail in error.errors(include_url=False)]
-        ) from None
+def strict_body(
+    model: type[Model], guard: Callable[..., Awaitable[Principal]]
+) -> Callable[..., Awaitable[Model]]:
+    """A dependency: the body as `model`, read only once `guard` (itself a dependency, shared with the
+    endpoint through FastAPI's per-request cache) has let the caller in."""
+
+    async def body(request: Request, _: Principal = Depends(guard)) -> Model:  # noqa: B008
+        return await json_body(request, model)
+
+    _BODY_MODELS[body] = model
+    return body
 
 
-_WITH_BODY = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+def _body_model(dependant: Dependant) -> type[BaseModel] | None:
+    for dependency in dependant.dependencies:
+        model = _BODY_MODELS.get(dependency.call) if dependency.call else None  # type: ignore[arg-type]
+        if model is None:
+            model = _body_model(dependency)
+        if model is not None:
+            return model
+    return None
 
 
-def _required_action(route: APIRoute) -> Action | None:
-    return next(
-        (
-            action
-            for dependency in route.dependant.dependencies
-            if (action := getattr(dependency.call, "action", None))
-        ),
-        None,
+def document_strict_bodies(app: FastAPI, prefix: str, routers: Iterable[APIRouter]) -> None:
+    """Documents each route's strict_body model (the routers', included under `prefix`) as FastAPI
+    documents a declared JSON body: a required requestBody referring to the model's schema."""
+    bodies = {
+        (prefix + route.path_format, method.lower()): model
+        for router in routers
+        for route in router.routes
+        if isinstance(route, APIRoute) and route.include_in_schema
+        if (model := _body_model(route.dependant)) is not None
+        for method in route.methods or ()
+    }
+    _, schemas = models_json_schema(
+        [(model, "validation") for model in sorted(set(bodies.values()), key=lambda model: model.__name__)],
+        ref_template="#/components/schemas/{model}",
     )
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        document = build()
+        document.setdefault("components", {}).setdefault("schemas", {}).update(schemas.get("$defs", {}))
+        for (path, method), model in bodies.items():
+            document["paths"][path][method]["requestBody"] = {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}
+                },
+            }
+        return document
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
-class StrictJsonRequest(Request):
-    async def json(self) -> Any:
-        if not hasattr(self, "_json"):
-            self._json = loads_strict(await self.body())
-        return self._json
-
-
-class StrictJsonRoute(APIRoute):
-    """A route whose handler reads the body through StrictJsonRequest (FastAPI's custom route class)."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-        action = _required_action(self)
-
-        async def strict(request: Request) -> Response:
-            strict_request = StrictJsonRequest(request.scope, request.receive)
-            if action is not None and request.method in _WITH_BODY:
-                principal = await authenticated(strict_request)
-                await authorize(
-                    strict_request, principal, action, strict_request.path_params.get("namespace")
-                )
-            return await handler(strict_request)
-
-        return strict
-
-
-class RequestRoute(APIRoute):
-    """A route whose endpoint takes the Request alone and answers a Response itself (POST /reports, which
-    reads its body only once the caller is authenticated). FastAPI's request handler would have nothing
-    to resolve for it but would still cost about as much CPU as the endpoint, and its wrapper opens two
-    exit stacks for dependencies it has none of (docs/performance.md); Starlette's plain wrapper calls
-    the endpoint, its errors answered by the app's handlers. Declared and documented as any other."""
-
-    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
-        super().__init__(path, endpoint, **kwargs)
-        self.app = request_response(endpoint)
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        endpoint: Callable[[Request], Coroutine[Any, Any, Response]] = self.endpoint
-        return endpoint
+def admin_body(model: type[BaseModel]) -> Any:
+    """`Annotated[Model, admin_body(Model)]`: an admin write's body, read once the caller is an admin."""
+    return Depends(strict_body(model, require(Action.ADMIN)))

@@ -139,9 +139,9 @@ async def test_a_read_without_a_token_is_401_whatever_its_path(api: Api) -> None
         assert response.headers["www-authenticate"] == "Bearer"
 
 
-async def test_the_budget_read_answered_before_the_router_is_the_routed_one(api: Api) -> None:
-    """GET /namespaces/{ns}/budget skips Starlette's router (timekeeper.app.TimekeeperApp); every other
-    method and every path that is not exactly that route's still goes through it."""
+async def test_the_budget_read_is_the_listed_one_and_its_path_is_exact(api: Api) -> None:
+    """GET /namespaces/{ns}/budget answers what the listing shows; other methods are 405, paths that are
+    not exactly the route's 404, a body above the limit 413."""
     ok(await api.put_budget("team-a", budget_gpu_minutes=100))
     reader = bearer(api.tokens.reader)
     listed = {entry["namespace"]: entry for entry in ok(await api.get("/namespaces"))}

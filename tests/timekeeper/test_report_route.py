@@ -1,5 +1,5 @@
-"""POST /reports reads its body itself (timekeeper.usage.router.post_report): content types, charsets and
-tokens are answered as a declared FastAPI body would be, with authentication first."""
+"""POST /reports reads its body in a dependency (timekeeper.routing.strict_body): content types, charsets
+and tokens are answered as a declared FastAPI body would be, with authentication first."""
 
 from __future__ import annotations
 

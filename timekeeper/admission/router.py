@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from pydantic import AwareDatetime
 
 from timekeeper.admission.repository import AdmissionRepository
 from timekeeper.admission.schemas import BudgetEventOut
 from timekeeper.admission.service import AdmissionService
-from timekeeper.auth.base import Action
-from timekeeper.auth.dependencies import Reader, permitted
+from timekeeper.auth.dependencies import Reader
 from timekeeper.db.session import SessionDep
-from timekeeper.routing import BEARER, RequestRoute
 from timekeeper.schemas import NamespacePath
 
 router = APIRouter(tags=["admission"])
@@ -23,12 +21,27 @@ def _etag(version: int) -> str:
     return f'"{version}"'
 
 
-async def admission_state(request: Request) -> Response:
+@router.get(
+    "/admission-state",
+    responses={
+        200: {"description": "gpuaccounting.admission_state.AdmissionState"},
+        304: {"description": "unchanged"},
+    },
+)
+async def admission_state(
+    request: Request,
+    _: Reader,
+    if_none_match: Annotated[
+        str | None, Header(description="the ETag of the snapshot the caller holds")
+    ] = None,
+) -> Response:
     """The gpuaccounting.admission_state.AdmissionState snapshot; 304 when If-None-Match names its
     version. Read in autocommit: polling writes nothing."""
-    await permitted(request, Action.READ, None)
-    tags = request.headers.get("if-none-match")
-    known = set() if tags is None else {tag.strip().removeprefix("W/") for tag in tags.split(",")}
+    known = (
+        set()
+        if if_none_match is None
+        else {tag.strip().removeprefix("W/") for tag in if_none_match.split(",")}
+    )
     state = request.app.state
     async with state.read_sessionmaker() as session:
         version, body = await AdmissionService(session, state.settings).snapshot_json(
@@ -40,30 +53,6 @@ async def admission_state(request: Request) -> Response:
     if body is None:
         return Response(status_code=304, headers={"ETag": _etag(version)})
     return Response(body, media_type="application/json", headers={"ETag": _etag(version)})
-
-
-router.add_api_route(
-    "/admission-state",
-    admission_state,
-    methods=["GET"],
-    responses={
-        200: {"description": "gpuaccounting.admission_state.AdmissionState"},
-        304: {"description": "unchanged"},
-    },
-    route_class_override=RequestRoute,
-    openapi_extra=BEARER
-    | {
-        "parameters": [
-            {
-                "name": "if-none-match",
-                "in": "header",
-                "required": False,
-                "schema": {"type": "string", "title": "If-None-Match"},
-                "description": "the ETag of the snapshot the caller holds",
-            }
-        ]
-    },
-)
 
 
 @router.get("/namespaces/{namespace}/budget/events", response_model=list[BudgetEventOut])

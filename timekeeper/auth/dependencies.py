@@ -1,8 +1,10 @@
-"""FastAPI dependencies that turn a request's bearer token into an authorized Principal."""
+"""FastAPI dependencies that turn a request's bearer token into an authorized Principal. `_principal` is
+the one place a token is authenticated; every route reaches it through a dependency."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from functools import cache
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -35,11 +37,6 @@ class _Bearer(HTTPBearer):
 _bearer = _Bearer(auto_error=False, description="A static token, or a Kubernetes ServiceAccount token")
 
 
-def has_credentials(request: Request) -> bool:
-    """The request carries a token (in either header)."""
-    return bool(request.headers.get("authorization") or request.headers.get(PROXIED_AUTHORIZATION_HEADER))
-
-
 _UNAUTHENTICATED = {"WWW-Authenticate": "Bearer"}
 
 
@@ -64,34 +61,29 @@ async def _principal(
     return principal
 
 
-async def authenticated(request: Request) -> Principal:
-    """The request's principal, refusing anonymous callers (401), for an endpoint that authenticates
-    before it reads its body (POST /reports)."""
-    principal = await _principal(request, await _bearer(request))
+AuthenticatedPrincipal = Annotated[Principal, Depends(_principal)]
+
+
+async def reporter(principal: AuthenticatedPrincipal) -> Principal:
+    """The caller, refused (401) when anonymous: who may report is decided once the report names its
+    namespace."""
     if principal is ANONYMOUS:
         raise TimekeeperError("authentication required", 401, _UNAUTHENTICATED)
     return principal
 
 
-async def permitted(request: Request, action: Action, namespace: str | None) -> Principal:
-    """The request's principal once it may perform `action` (on `namespace`), for an endpoint that takes
-    the Request alone (the reads): what `require(action)` checks, without FastAPI's dependency machinery."""
-    principal = await _principal(request, await _bearer(request))
-    await authorize(request, principal, action, namespace)
-    return principal
+Reporter = Annotated[Principal, Depends(reporter)]
 
 
-AuthenticatedPrincipal = Annotated[Principal, Depends(_principal)]
-
-
+@cache
 def require(action: Action) -> Callable[..., Awaitable[Principal]]:
-    """A dependency: the caller may perform `action` on the path's namespace (or cluster-wide)."""
+    """A dependency: the caller may perform `action` on the path's namespace (or cluster-wide). One per
+    action, so a route that needs it twice (its endpoint, its strict_body) authorizes once."""
 
     async def dependency(request: Request, principal: AuthenticatedPrincipal) -> Principal:
         await authorize(request, principal, action, request.path_params.get("namespace"))
         return principal
 
-    dependency.action = action  # type: ignore[attr-defined]  # read by StrictJsonRoute
     return dependency
 
 
@@ -99,11 +91,10 @@ Reader = Annotated[Principal, Depends(require(Action.READ))]
 Admin = Annotated[Principal, Depends(require(Action.ADMIN))]
 
 
-async def read_scope(request: Request) -> frozenset[str] | None:
+async def read_scope(request: Request, principal: AuthenticatedPrincipal) -> frozenset[str] | None:
     """Which namespaces a listing may show the caller: a scoped credential's own; (None) every namespace,
     for a caller that may read cluster-wide; else the known namespaces it may read one by one, possibly
     none (an empty list, not a 403: the listing answers "what may I read", and "nothing" is an answer)."""
-    principal = await _principal(request, await _bearer(request))
     if principal.namespaces is not None:
         return principal.namespaces
     if principal is ANONYMOUS:

@@ -31,11 +31,11 @@ from timekeeper.billing.schemas import (
 from timekeeper.billing.service import BillingService
 from timekeeper.budgets.periods import PeriodKind, period_containing
 from timekeeper.db.session import SessionDep
-from timekeeper.routing import StrictJsonRoute
+from timekeeper.routing import admin_body
 from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
 
-router = APIRouter(prefix="/billing", tags=["billing"], route_class=StrictJsonRoute)
-namespaced = APIRouter(tags=["billing"], route_class=StrictJsonRoute)
+router = APIRouter(prefix="/billing", tags=["billing"])
+namespaced = APIRouter(tags=["billing"])
 
 
 def _service(request: Request, session: SessionDep) -> BillingService:
@@ -43,6 +43,9 @@ def _service(request: Request, session: SessionDep) -> BillingService:
 
 
 Service = Annotated[BillingService, Depends(_service)]
+WeightBody = Annotated[WeightIn, admin_body(WeightIn)]
+PriceBody = Annotated[PriceIn, admin_body(PriceIn)]
+ChargeBasisBody = Annotated[ChargeBasisIn, admin_body(ChargeBasisIn)]
 
 
 @router.get("/weights", response_model=WeightsOut)
@@ -52,7 +55,7 @@ async def list_weights(service: Service, _: Reader) -> WeightsOut:
 
 
 @router.put("/weights/{model}", response_model=WeightOut, responses=BODY_ERRORS)
-async def put_weight(model: ModelPath, body: WeightIn, service: Service, admin: Admin) -> WeightOut:
+async def put_weight(model: ModelPath, body: WeightBody, service: Service, admin: Admin) -> WeightOut:
     """A GPU-minute on `model` counts `weight` from `effective_from` on; earlier time keeps its weight."""
     return await service.set_weight(model, body, admin)
 
@@ -68,7 +71,7 @@ async def list_prices(service: Service, _: Reader) -> list[PriceOut]:
 
 
 @router.put("/prices/{model}", response_model=PriceOut, responses=BODY_ERRORS)
-async def put_price(model: ModelPath, body: PriceIn, service: Service, admin: Admin) -> PriceOut:
+async def put_price(model: ModelPath, body: PriceBody, service: Service, admin: Admin) -> PriceOut:
     return await service.set_price(model, body, admin)
 
 
@@ -84,7 +87,7 @@ async def get_cluster_basis(service: Service, _: Reader) -> ChargeBasisOut:
 
 
 @router.put("/charge-basis", response_model=ChargeBasisOut, responses=BODY_ERRORS)
-async def put_cluster_basis(body: ChargeBasisIn, service: Service, admin: Admin) -> ChargeBasisOut:
+async def put_cluster_basis(body: ChargeBasisBody, service: Service, admin: Admin) -> ChargeBasisOut:
     return await service.set_basis(None, body, admin)
 
 
@@ -142,7 +145,10 @@ async def get_basis(namespace: NamespacePath, service: Service, _: Reader) -> Ch
 
 @namespaced.put("/namespaces/{namespace}/charge-basis", response_model=ChargeBasisOut, responses=BODY_ERRORS)
 async def put_basis(
-    namespace: NamespacePath, body: ChargeBasisIn, service: Service, admin: Admin
+    namespace: NamespacePath,
+    body: ChargeBasisBody,
+    service: Service,
+    admin: Admin,
 ) -> ChargeBasisOut:
     return await service.set_basis(namespace, body, admin)
 

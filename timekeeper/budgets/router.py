@@ -7,8 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import TypeAdapter
 
-from timekeeper.auth.base import Action
-from timekeeper.auth.dependencies import Admin, Reader, permitted, read_scope
+from timekeeper.auth.dependencies import Admin, Reader, ReadScope
 from timekeeper.budgets.schemas import (
     BudgetConfigOut,
     BudgetIn,
@@ -20,17 +19,10 @@ from timekeeper.budgets.schemas import (
 from timekeeper.budgets.service import BudgetReads, BudgetService
 from timekeeper.db.session import SessionDep
 from timekeeper.gitops.guard import refuse_if_managed
-from timekeeper.routing import (
-    BEARER,
-    NAMESPACE,
-    NAMESPACE_PARAMETER,
-    RequestRoute,
-    StrictJsonRoute,
-    path_param,
-)
+from timekeeper.routing import admin_body
 from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
 
-router = APIRouter(tags=["budgets"], route_class=StrictJsonRoute)
+router = APIRouter(tags=["budgets"])
 
 
 def _service(request: Request, session: SessionDep) -> BudgetService:
@@ -38,12 +30,16 @@ def _service(request: Request, session: SessionDep) -> BudgetService:
 
 
 Service = Annotated[BudgetService, Depends(_service)]
+BudgetBody = Annotated[BudgetIn, admin_body(BudgetIn)]
+GrantBody = Annotated[GrantIn, admin_body(GrantIn)]
 BIGINT_MAX = 2**63 - 1  # ids are bigints
+# The reads answer the status they read, encoded once (not validated again as the response model).
+_STATUSES = TypeAdapter(list[NamespaceBudgetOut])
 
 
-async def list_namespaces(request: Request) -> Response:
+@router.get("/namespaces", response_model=list[NamespaceBudgetOut])
+async def list_namespaces(request: Request, scope: ReadScope) -> Response:
     """Every known namespace; for a credential scoped to namespaces, exactly those."""
-    scope = await read_scope(request)
     state = request.app.state
     async with state.reads.reading(state.read_sessionmaker) as reading:
         reads = BudgetReads(reading, state.settings, state.clock)
@@ -51,37 +47,13 @@ async def list_namespaces(request: Request) -> Response:
     return Response(_STATUSES.dump_json(statuses), media_type="application/json")
 
 
-async def get_budget(request: Request) -> Response:
+@router.get("/namespaces/{namespace}/budget", response_model=NamespaceBudgetOut)
+async def get_budget(request: Request, namespace: NamespacePath, _: Reader) -> Response:
     """One namespace's budget status (any namespace has one: an unknown one is on the default, unused)."""
-    await permitted(request, Action.READ, request.path_params["namespace"])
-    namespace = path_param(request, "namespace", NAMESPACE)
     state = request.app.state
     async with state.reads.reading(state.read_sessionmaker) as reading:
         status = await BudgetReads(reading, state.settings, state.clock).status(namespace)
     return Response(status.model_dump_json(), media_type="application/json")
-
-
-# The API's hottest GETs take the Request alone (RequestRoute): they authorize, validate the path, read
-# in autocommit (one round trip, no BEGIN/COMMIT) on a held read connection (no pool checkout, no ORM
-# session unless a pool is involved: db.session.ReadConnections) and encode the answer once
-# (docs/performance.md).
-_STATUSES = TypeAdapter(list[NamespaceBudgetOut])
-router.add_api_route(
-    "/namespaces",
-    list_namespaces,
-    methods=["GET"],
-    response_model=list[NamespaceBudgetOut],
-    route_class_override=RequestRoute,
-    openapi_extra=BEARER,
-)
-router.add_api_route(
-    "/namespaces/{namespace}/budget",
-    get_budget,
-    methods=["GET"],
-    response_model=NamespaceBudgetOut,
-    route_class_override=RequestRoute,
-    openapi_extra=BEARER | {"parameters": [NAMESPACE_PARAMETER]},
-)
 
 
 @router.put(
@@ -90,7 +62,11 @@ router.add_api_route(
     responses={**BODY_ERRORS, **error_responses(409)},
 )
 async def put_budget(
-    namespace: NamespacePath, body: BudgetIn, service: Service, admin: Admin, session: SessionDep
+    namespace: NamespacePath,
+    body: BudgetBody,
+    service: Service,
+    admin: Admin,
+    session: SessionDep,
 ) -> NamespaceBudgetOut:
     await refuse_if_managed(session, namespace)
     return await service.put(namespace, body, admin)
@@ -113,7 +89,7 @@ async def get_defaults(service: Service, _: Admin) -> BudgetConfigOut:
 
 @router.put("/defaults", response_model=BudgetConfigOut, responses={**BODY_ERRORS, **error_responses(409)})
 async def put_defaults(
-    body: BudgetIn, service: Service, admin: Admin, session: SessionDep
+    body: BudgetBody, service: Service, admin: Admin, session: SessionDep
 ) -> BudgetConfigOut:
     await refuse_if_managed(session, None)
     return await service.put_default(body, admin)
@@ -122,7 +98,7 @@ async def put_defaults(
 @router.post(
     "/namespaces/{namespace}/grants", response_model=GrantOut, status_code=201, responses=BODY_ERRORS
 )
-async def create_grant(namespace: NamespacePath, body: GrantIn, service: Service, admin: Admin) -> GrantOut:
+async def create_grant(namespace: NamespacePath, body: GrantBody, service: Service, admin: Admin) -> GrantOut:
     return await service.grant(namespace, body, admin)
 
 

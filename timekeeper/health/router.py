@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from timekeeper.auth.base import Action
-from timekeeper.auth.dependencies import MetricsAccess, authenticated, has_credentials
+from timekeeper.auth.dependencies import ANONYMOUS, AuthenticatedPrincipal, MetricsAccess
 from timekeeper.db.outage import is_outage
 from timekeeper.errors import TimekeeperError
 from timekeeper.health.readout import read_budget_readout
@@ -30,11 +30,10 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz", responses=error_responses(401, 503))
-async def readyz(request: Request) -> dict[str, Any]:
+async def readyz(request: Request, principal: AuthenticatedPrincipal) -> dict[str, Any]:
     """Ready when the database answers; the replica's name and its jobs only for a cluster-wide reader
     (they name the host and process, which an anonymous prober has no need to learn)."""
     # No credentials: an anonymous prober (the kubelet); a token not accepted is 401, as anywhere.
-    principal = await authenticated(request) if has_credentials(request) else None
     try:
         async with request.app.state.sessionmaker() as session:
             await session.execute(sa.text("SELECT 1"))
@@ -43,7 +42,7 @@ async def readyz(request: Request) -> dict[str, Any]:
     scheduler = getattr(request.app.state, "scheduler", None)
     if (
         scheduler is None
-        or principal is None
+        or principal is ANONYMOUS
         or not await request.app.state.access.authorize(principal, Action.READ, None)
     ):
         return {"status": "ready"}

@@ -11,10 +11,10 @@ from timekeeper.db.session import SessionDep
 from timekeeper.errors import TimekeeperError
 from timekeeper.pools.schemas import PoolIn, PoolOut
 from timekeeper.pools.service import PoolService
-from timekeeper.routing import StrictJsonRoute
+from timekeeper.routing import admin_body
 from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
 
-router = APIRouter(tags=["pools"], route_class=StrictJsonRoute)
+router = APIRouter(tags=["pools"])
 PoolPath = Annotated[str, Path(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
 
 
@@ -23,6 +23,7 @@ def _service(request: Request, session: SessionDep) -> PoolService:
 
 
 Service = Annotated[PoolService, Depends(_service)]
+PoolBody = Annotated[PoolIn, admin_body(PoolIn)]
 
 
 @router.get("/pools", response_model=list[PoolOut])
@@ -41,7 +42,7 @@ async def get_pool(name: PoolPath, service: Service, scope: ReadScope) -> PoolOu
 
 
 @router.put("/pools/{name}", response_model=PoolOut, responses=BODY_ERRORS | error_responses(409))
-async def put_pool(name: PoolPath, body: PoolIn, service: Service, admin: Admin) -> PoolOut:
+async def put_pool(name: PoolPath, body: PoolBody, service: Service, admin: Admin) -> PoolOut:
     return await service.put(name, body, admin)
 
 

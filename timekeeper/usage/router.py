@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Annotated, Any
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Annotated
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import AwareDatetime
-from pydantic.json_schema import models_json_schema
 
-from gpuaccounting.names import REPORTS_PATH
+from gpuaccounting.names import API_PREFIX, REPORTS_PATH
 from timekeeper.auth.base import Action, Principal
-from timekeeper.auth.dependencies import Reader, ReadScope, authenticated, authorize, check_pod_identity
+from timekeeper.auth.dependencies import (
+    Reader,
+    ReadScope,
+    Reporter,
+    authorize,
+    check_pod_identity,
+    reporter,
+)
 from timekeeper.db.session import SessionDep
+from timekeeper.errors import REFUSALS
 from timekeeper.metrics import Metrics
-from timekeeper.routing import RequestRoute, StrictJsonRoute, json_body
-from timekeeper.schemas import API_ERRORS, BODY_ERRORS, NamespacePath, error_responses
+from timekeeper.routing import strict_body
+from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
 from timekeeper.usage.efficiency import EfficiencyService
 from timekeeper.usage.repository import GroupBy
 from timekeeper.usage.schemas import EfficiencyOut, IdleReportOut, ReportAck, ReportIn, UsageOut
@@ -24,12 +32,37 @@ from timekeeper.usage.service import AdmittedShareUnknown, IngestOutcome, UsageS
 if TYPE_CHECKING:
     from timekeeper.usage.admitted import PodShares
 
-router = APIRouter(tags=["usage"], route_class=StrictJsonRoute)
+router = APIRouter(tags=["usage"])
 
-# POST /reports reads its body itself (below); these are the body's schemas for the OpenAPI components.
-REPORT_SCHEMAS: dict[str, Any] = models_json_schema(
-    [(ReportIn, "validation")], ref_template="#/components/schemas/{model}"
-)[1]["$defs"]
+
+async def _report_metrics(request: Request) -> AsyncIterator[None]:
+    """Counts a refused report, whatever refused it (authorization, validation, limits, an outage), and
+    times an accepted one."""
+    metrics: Metrics = request.app.state.metrics
+    started = time.perf_counter()
+    try:
+        yield
+    except REFUSALS:
+        metrics.reports.labels(result="rejected").inc()
+        raise
+    metrics.ingest_seconds.observe(time.perf_counter() - started)
+
+
+_strict_report = strict_body(ReportIn, reporter)
+
+
+async def _report_body(
+    request: Request,
+    principal: Reporter,
+    report: Annotated[ReportIn, Depends(_strict_report)],
+) -> ReportIn:
+    """The report, once its sender may report for its namespace and, if bound to a pod, for its pod."""
+    await authorize(request, principal, Action.REPORT, report.namespace)
+    check_pod_identity(principal, report.namespace, report.pod, report.pod_uid)
+    return report
+
+
+ReportBody = Annotated[ReportIn, Depends(_report_body)]
 
 
 async def charge_report(request: Request, principal: Principal, report: ReportIn) -> IngestOutcome:
@@ -46,50 +79,25 @@ async def charge_report(request: Request, principal: Principal, report: ReportIn
         return await state.ingest.submit(report, await shares.admitted(principal.pod))
 
 
-async def post_report(request: Request) -> Response:
+@router.post(
+    REPORTS_PATH.removeprefix(API_PREFIX),
+    response_model=ReportAck,
+    responses=BODY_ERRORS | error_responses(409, 503),
+    dependencies=[Depends(_report_metrics)],
+)
+async def post_report(request: Request, principal: Reporter, report: ReportBody) -> Response:
     """Charge one interval of a pod's GPU use, at the GPU share the pod was admitted at (the report's
     `gpu_share` only where none is known: static auth mode). A retry of the same (pod_uid, seq,
     interval) answers `duplicate: true` and charges nothing; time already charged is never charged
-    again. Answered after the commit that made the charge durable.
-
-    The endpoint authenticates before it reads the body (no token is a 401 whatever the body), then
-    validates the body itself: FastAPI would parse a declared body before any dependency runs."""
-    started = time.perf_counter()
-    principal = await authenticated(request)
-    report = await json_body(request, ReportIn)
-    await authorize(request, principal, Action.REPORT, report.namespace)
-    check_pod_identity(principal, report.namespace, report.pod, report.pod_uid)
+    again. Answered after the commit that made the charge durable."""
     state = request.app.state
     check_report(state.settings, report, state.clock.now())
     outcome = await charge_report(request, principal, report)
-    metrics: Metrics = state.metrics
-    metrics.reports.labels(result="duplicate" if outcome.duplicate else "charged").inc()
+    state.metrics.reports.labels(result="duplicate" if outcome.duplicate else "charged").inc()
     if outcome.share_differs:
-        metrics.share_mismatches.inc()
-    metrics.ingest_seconds.observe(time.perf_counter() - started)
+        state.metrics.share_mismatches.inc()
     ack = ReportAck(duplicate=outcome.duplicate, gpu_minutes=outcome.gpu_minutes, state=outcome.state)
     return Response(ack.model_dump_json(), media_type="application/json")
-
-
-def add_report_route(app: FastAPI) -> None:
-    """POST /reports on the app's own router, ahead of every included router: the hottest path, and
-    FastAPI matches an included router's routes through layers that cost it about a tenth of its CPU
-    (docs/performance.md)."""
-    app.router.add_api_route(
-        REPORTS_PATH,
-        post_report,
-        methods=["POST"],
-        tags=["usage"],
-        response_model=ReportAck,
-        responses=API_ERRORS | BODY_ERRORS | error_responses(409, 503),
-        route_class_override=RequestRoute,
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ReportIn"}}},
-            }
-        },
-    )
 
 
 @router.get("/namespaces/{namespace}/usage", response_model=UsageOut)

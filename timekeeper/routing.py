@@ -128,8 +128,19 @@ async def json_body(request: Request, model: type[Model]) -> Model:
         ) from None
 
 
-# The model each strict_body dependency parses, for the OpenAPI document.
+# The model each body-reading dependency parses, for the OpenAPI document.
 _BODY_MODELS: dict[Callable[..., Any], type[BaseModel]] = {}
+Dependency = TypeVar("Dependency", bound=Callable[..., Any])
+
+
+def reads_body(model: type[BaseModel]) -> Callable[[Dependency], Dependency]:
+    """Marks a dependency that reads the body as `model` (json_body), so the OpenAPI documents it."""
+
+    def mark(dependency: Dependency) -> Dependency:
+        _BODY_MODELS[dependency] = model
+        return dependency
+
+    return mark
 
 
 def strict_body(
@@ -138,10 +149,10 @@ def strict_body(
     """A dependency: the body as `model`, read only once `guard` (itself a dependency, shared with the
     endpoint through FastAPI's per-request cache) has let the caller in."""
 
+    @reads_body(model)
     async def body(request: Request, _: Principal = Depends(guard)) -> Model:  # noqa: B008
         return await json_body(request, model)
 
-    _BODY_MODELS[body] = model
     return body
 
 
@@ -156,7 +167,7 @@ def _body_model(dependant: Dependant) -> type[BaseModel] | None:
 
 
 def document_strict_bodies(app: FastAPI, prefix: str, routers: Iterable[APIRouter]) -> None:
-    """Documents each route's strict_body model (the routers', included under `prefix`) as FastAPI
+    """Documents each route's reads_body model (the routers', included under `prefix`) as FastAPI
     documents a declared JSON body: a required requestBody referring to the model's schema."""
     bodies = {
         (prefix + route.path_format, method.lower()): model

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -17,12 +18,11 @@ from timekeeper.auth.dependencies import (
     Reporter,
     authorize,
     check_pod_identity,
-    reporter,
 )
 from timekeeper.db.session import SessionDep
 from timekeeper.errors import REFUSALS
 from timekeeper.metrics import Metrics
-from timekeeper.routing import strict_body
+from timekeeper.routing import json_body, reads_body
 from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
 from timekeeper.usage.efficiency import EfficiencyService
 from timekeeper.usage.repository import GroupBy
@@ -48,21 +48,22 @@ async def _report_metrics(request: Request) -> AsyncIterator[None]:
     metrics.ingest_seconds.observe(time.perf_counter() - started)
 
 
-_strict_report = strict_body(ReportIn, reporter)
+@dataclass(frozen=True, slots=True)
+class SentReport:
+    """A report and its sender, once the sender may report for the report's namespace and pod."""
+
+    sender: Principal
+    report: ReportIn
 
 
-async def _report_body(
-    request: Request,
-    principal: Reporter,
-    report: Annotated[ReportIn, Depends(_strict_report)],
-) -> ReportIn:
-    """The report, once its sender may report for its namespace and, if bound to a pod, for its pod."""
-    await authorize(request, principal, Action.REPORT, report.namespace)
-    check_pod_identity(principal, report.namespace, report.pod, report.pod_uid)
-    return report
-
-
-ReportBody = Annotated[ReportIn, Depends(_report_body)]
+@reads_body(ReportIn)
+async def _sent_report(request: Request, sender: Reporter) -> SentReport:
+    """The body, read once the sender is authenticated (401 before any 422), then authorized for the
+    report's namespace and, for a credential bound to a pod, that pod."""
+    report = await json_body(request, ReportIn)
+    await authorize(request, sender, Action.REPORT, report.namespace)
+    check_pod_identity(sender, report.namespace, report.pod, report.pod_uid)
+    return SentReport(sender, report)
 
 
 async def charge_report(request: Request, principal: Principal, report: ReportIn) -> IngestOutcome:
@@ -85,14 +86,14 @@ async def charge_report(request: Request, principal: Principal, report: ReportIn
     responses=BODY_ERRORS | error_responses(409, 503),
     dependencies=[Depends(_report_metrics)],
 )
-async def post_report(request: Request, principal: Reporter, report: ReportBody) -> Response:
+async def post_report(request: Request, sent: Annotated[SentReport, Depends(_sent_report)]) -> Response:
     """Charge one interval of a pod's GPU use, at the GPU share the pod was admitted at (the report's
     `gpu_share` only where none is known: static auth mode). A retry of the same (pod_uid, seq,
     interval) answers `duplicate: true` and charges nothing; time already charged is never charged
     again. Answered after the commit that made the charge durable."""
     state = request.app.state
-    check_report(state.settings, report, state.clock.now())
-    outcome = await charge_report(request, principal, report)
+    check_report(state.settings, sent.report, state.clock.now())
+    outcome = await charge_report(request, sent.sender, sent.report)
     state.metrics.reports.labels(result="duplicate" if outcome.duplicate else "charged").inc()
     if outcome.share_differs:
         state.metrics.share_mismatches.inc()

@@ -76,6 +76,18 @@ class Settings(BaseSettings):
         description="The currency of the prices per GPU-hour (GET/PUT /billing/prices) and the chargeback.",
     )
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, description="Largest accepted request body.")
+    # What one client may cost the server (docs/security.md, "Hostile clients"), per worker process.
+    max_head_bytes: int = Field(default=32 * 1024, ge=1024, description="Larger request heads answer 431.")
+    head_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="To receive a request head, from the connection's start or its first byte.",
+    )
+    body_timeout_seconds: float = Field(default=30.0, gt=0, description="To receive a body after its head.")
+    max_connections: int = Field(default=1000, ge=1, description="Open connections; one more is dropped.")
+    max_connections_per_source: int = Field(
+        default=200, ge=1, description="Open connections from one client address; one more is dropped."
+    )
 
     log_format: Literal["auto", "json", "text"] = Field(
         default="auto", description="Log lines as JSON or text; auto is JSON unless stderr is a terminal."

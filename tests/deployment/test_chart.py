@@ -414,3 +414,15 @@ def test_a_changed_hardware_value_rolls_both_servers():
     (before,) = checksums()
     (after,) = checksums("--set", "hardware.gpu_memory_mib=40960")
     assert before != after
+
+
+def test_the_webhook_ingress_can_be_narrowed_to_the_control_plane():
+    """networkPolicy.controlPlaneCIDRs: only the API server's addresses reach the webhook (issue #27)."""
+    objects = helm_template("--set-json", 'networkPolicy.controlPlaneCIDRs=["10.1.0.0/24","fd00::/64"]')
+    (rule,) = one(objects, "NetworkPolicy", "gpu-timekeeper-webhook")["spec"]["ingress"]
+    assert rule == {
+        "from": [{"ipBlock": {"cidr": "10.1.0.0/24"}}, {"ipBlock": {"cidr": "fd00::/64"}}],
+        "ports": [{"port": "https", "protocol": "TCP"}],
+    }
+    (timekeeper_rule,) = one(objects, "NetworkPolicy", "gpu-timekeeper")["spec"]["ingress"]
+    assert timekeeper_rule["from"] == [{"namespaceSelector": {}}]

@@ -37,6 +37,10 @@ class Settings(BaseSettings):
         default_factory=dict,
         description='Static mode: reader tokens scoped to namespaces, JSON {"<sha256>": ["team-a", ...]}.',
     )
+    reporter_tokens: dict[str, tuple[NamespaceName, ...]] = Field(
+        default_factory=dict,
+        description='Static mode: reporter tokens scoped to namespaces, JSON {"<sha256>": ["team-a", ...]}.',
+    )
     anonymous_read: bool = False
     read_scope_concurrency: int = Field(
         default=16,
@@ -218,13 +222,13 @@ class Settings(BaseSettings):
             return tuple(_digest(str(part)) for part in value)
         return value
 
-    @field_validator("reader_tokens")
+    @field_validator("reader_tokens", "reporter_tokens")
     @classmethod
-    def _scoped_readers(cls, value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    def _scoped_tokens(cls, value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
         """Each digest well formed and given at least one namespace (a token scoped to nothing is a typo)."""
         scoped = {_digest(digest): tuple(sorted(set(namespaces))) for digest, namespaces in value.items()}
         if any(not namespaces for namespaces in scoped.values()):
-            raise ValueError("a scoped reader token needs at least one namespace")
+            raise ValueError("a scoped token needs at least one namespace")
         return scoped
 
     @model_validator(mode="after")
@@ -235,6 +239,7 @@ class Settings(BaseSettings):
             *self.reporter_token_sha256,
             *self.reader_token_sha256,
             *self.reader_tokens,
+            *self.reporter_tokens,
         ]
         if len(digests) != len(set(digests)):
             raise ValueError("a token digest is configured for more than one role")

@@ -121,7 +121,7 @@ class ConnectionGuard(asyncio.Protocol):
         self.source = ""
         self.admitted = False
         self.started = False  # the inner protocol has its connection
-        self.parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
+        self.parser: httptools.HttpRequestParser | None = None  # once admitted
         self.timer: asyncio.TimerHandle | None = None
         self.timer_reason = HEAD_TIMEOUT
         self.phase = IDLE
@@ -143,6 +143,7 @@ class ConnectionGuard(asyncio.Protocol):
             return
         self.admitted = True
         self.inner = self.http.inner(self.uvicorn_arguments)
+        self.parser = httptools.HttpRequestParser(self)
         self._arm(self.limits.head_timeout_seconds, HEAD_TIMEOUT)
         if self.http.tls is None:
             self._start(transport)
@@ -159,9 +160,11 @@ class ConnectionGuard(asyncio.Protocol):
                 server_side=True,
                 ssl_shutdown_timeout=self.limits.head_timeout_seconds,  # a peer that never acknowledges
             )
-        except Exception:  # reset, refused or timed out: it never reached the app, no connection_lost comes
+        except Exception:  # reset, refused or timed out: it never reached the app
             self._release()
             return
+        finally:
+            self.handshake = None  # no cycle through the finished task
         if secure is None or secure.is_closing():
             self._release()
             return

@@ -58,13 +58,13 @@ def test_a_64_mib_header_line_is_refused_and_a_report_beside_it_is_served(
         port = httpx.URL(url).port
         assert port is not None
 
-        async def probe() -> tuple[tuple[bytes, int], int]:
+        async def probe() -> tuple[tuple[bytes, int, float], int]:
             huge = asyncio.ensure_future(huge_header_line(port, 64 * MIB))
             await asyncio.sleep(0.05)
             status = await _report(url, tokens, "beside-huge")
             return await huge, status
 
-        (answer, sent), status = asyncio.run(probe())
+        (answer, sent, _), status = asyncio.run(probe())
 
     assert answer.startswith(b"HTTP/1.1 431") or answer == b""  # or reset before the answer was read
     assert sent < 8 * MIB  # refused long before the line ended
@@ -81,7 +81,7 @@ def test_3000_slow_heads_are_dropped_at_the_head_timeout(database_url: URL, tmp_
     with _timekeeper(database_url, tmp_path, tokens, **limits) as url:
         port = httpx.URL(url).port
         assert port is not None
-        opened, still_open = asyncio.run(slow_heads(port, 3000, HEAD_TIMEOUT + 3))
+        opened, (still_open,) = asyncio.run(slow_heads(port, 3000, [HEAD_TIMEOUT + 3]))
         status = asyncio.run(_report(url, tokens, "after-slow-heads"))
 
     assert opened == 3000
@@ -96,7 +96,7 @@ def test_connections_beyond_the_caps_are_dropped_at_once(database_url: URL, tmp_
     with _timekeeper(database_url, tmp_path, tokens, **limits) as url:
         port = httpx.URL(url).port
         assert port is not None
-        opened, still_open = asyncio.run(slow_heads(port, 100, 0.5))
+        opened, (still_open,) = asyncio.run(slow_heads(port, 100, [0.5]))
         status = asyncio.run(_report(url, tokens, "beside-the-cap"))
 
     assert opened == 100  # the kernel accepts each; the server closes those beyond the cap

@@ -39,7 +39,7 @@ from timekeeper.pools.router import router as pools_router
 from timekeeper.scheduler.runner import with_scheduler
 from timekeeper.schemas import API_ERRORS
 from timekeeper.settings import Settings, get_settings
-from timekeeper.ui import mount_ui
+from timekeeper.ui import mount_docs, mount_ui
 from timekeeper.usage.batcher import IngestBatcher
 from timekeeper.usage.router import REPORT_SCHEMAS, add_report_route, post_report
 from timekeeper.usage.router import router as usage_router
@@ -199,6 +199,9 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
         # Its OpenTelemetry hooks would ask the environment for a tracer on every request; the
         # timekeeper's metrics are Prometheus' (timekeeper/metrics.py).
         telemetry={"tracing": False, "metrics": False, "logs": False},
+        # /docs is mount_docs' page on files in the image; FastAPI's pages load scripts from a CDN.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.clock = clock or default_clock(settings)
@@ -222,6 +225,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
     app.include_router(api)
     # Probes and scrapers expect these at the root as well.
     app.include_router(health_router, include_in_schema=False)
+    mount_docs(app)
     if settings.ui_enabled:
         mount_ui(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)

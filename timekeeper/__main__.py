@@ -1,7 +1,7 @@
 """`python -m timekeeper --host 0.0.0.0 --port 8080`: serve the API with uvicorn.
 
 uvicorn's own settings bound idle connections; what it has no setting for (head size and time, body time,
-connections in all and per address) is `gpuaccounting.connections.GuardedHttp`, in every worker."""
+connections in all and per address) is `gpuserving.connections.GuardedHttp`, in every worker."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from gpuaccounting.connections import ConnectionLimits, GuardedHttp
 from gpuaccounting.logs import configure_logging
+from gpuserving.connections import ConnectionLimits, GuardedHttp
 from timekeeper.app import create_app
 from timekeeper.settings import Settings, get_settings
 

@@ -3,7 +3,7 @@
 One process per replica (replicas are stateless; scale with the Deployment). The server's SSLContext is
 handed to the app, whose lifespan reloads a rotated certificate into it. uvicorn serves HTTP with its own
 settings; what it has no setting for (head size and time, connections in all and per address, a bound
-on the TLS handshake) is `gpuaccounting.connections.GuardedHttp`, which also starts TLS.
+on the TLS handshake) is `gpuserving.connections.GuardedHttp`, which also starts TLS.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import ssl
 
 import uvicorn
 
-from gpuaccounting.connections import ConnectionLimits, GuardedHttp
 from gpuaccounting.logs import configure_logging
+from gpuserving.connections import ConnectionLimits, GuardedHttp
 from webhook.app import create_app
 from webhook.settings import WebhookSettings, get_settings
 

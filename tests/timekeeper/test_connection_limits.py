@@ -1,4 +1,4 @@
-"""What one client may cost `python -m timekeeper` (gpuaccounting.connections), over real sockets.
+"""What one client may cost `python -m timekeeper` (gpuserving.connections), over real sockets.
 
 Each limit is held against the probe of issue #27 that found it unbounded: a 64 MiB header line parsed on
 the event loop (a report beside it took 8.5 s), 3,000 partial heads all still open after 65 s.

@@ -11,7 +11,9 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tests.support.postgres import url_string
 from tests.support.timekeeper import Api, Tokens, bearer, ok, sha256
@@ -136,6 +138,27 @@ async def test_json_and_csv_hold_the_same_rows(api: Api, history: None) -> None:
     ]
     # Weeks start on Monday: 1 March is a Sunday, so a2's use across the month is one week's.
     assert {row["period_start"] for row in answer["rows"]} == {"2026-02-23T00:00:00Z", "2026-03-02T00:00:00Z"}
+
+
+async def test_an_export_runs_as_many_statements_for_59_days_as_for_2_months(
+    api: Api, history: None, connection: AsyncConnection
+) -> None:
+    statements: list[str] = []
+
+    def count(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        statements.append(statement)
+
+    sa.event.listen(connection.sync_connection, "before_cursor_execute", count)
+    try:
+        monthly = await export_csv(api, period="monthly")
+        by_month = len(statements)
+        daily = await export_csv(api, period="daily")
+    finally:
+        sa.event.remove(connection.sync_connection, "before_cursor_execute", count)
+
+    # 2 periods x 2 namespaces, then 59 days x 2: the same statements either way.
+    assert len({row["period_start"] for row in daily}) > len({row["period_start"] for row in monthly})
+    assert len(statements) - by_month == by_month
 
 
 async def test_a_scoped_reader_exports_only_its_namespaces(api: Api, history: None) -> None:

@@ -216,19 +216,20 @@ _TOTALS = (
     "max(mem_peak) AS mem_peak, sum(energy * seconds / per) AS energy_joules, "
     "bit_or(status_bits) AS status_bits"
 )
-# usage(..., "model") of many namespaces and periods at once (:starts and :ends, the periods' bounds,
-# inside [:since, :until)): each source's sums per period it overlaps, taken in a lateral subquery (no
-# grouping by source), then one usage row per period, namespace and model.
+# usage(..., "model") of many namespaces and periods at once (:starts and :ends, the bounds of contiguous
+# periods in order): each source finds the periods its charged time touches by binary search in :starts
+# (width_bucket), its sums per period taken in a lateral subquery (no grouping by source), then one usage
+# row per period, namespace and model.
 _USAGE_BY_PERIOD = sa.text(
-    f"WITH source AS ({_USAGE_SOURCE_OF_NAMESPACES}), periods AS ("
-    "SELECT * FROM unnest(CAST(:starts AS timestamptz[]), CAST(:ends AS timestamptz[])) "
-    "AS p(period_start, period_end)), per_source AS ("
-    f"SELECT p.period_start, s.namespace, {_USAGE_PIECE['model'][0]} AS key, x.*, "
+    f"WITH source AS ({_USAGE_SOURCE_OF_NAMESPACES}), b AS ("
+    "SELECT CAST(:starts AS timestamptz[]) AS starts, CAST(:ends AS timestamptz[]) AS ends), per_source AS ("
+    f"SELECT b.starts[k] AS period_start, s.namespace, {_USAGE_PIECE['model'][0]} AS key, x.*, "
     "s.per, s.reports, s.util, s.util_covered, s.util_peak, s.mem, s.mem_covered, s.mem_peak, s.energy, "
-    "s.status_bits FROM source s "
-    "JOIN periods p ON p.period_start < upper(s.charged) AND p.period_end > lower(s.charged) "
+    "s.status_bits FROM source s CROSS JOIN b "
+    "CROSS JOIN LATERAL generate_series(greatest(width_bucket(lower(s.charged), b.starts), 1), "
+    "width_bucket(upper(s.charged) - interval '1 microsecond', b.starts)) AS k "
     f"CROSS JOIN LATERAL (SELECT {_piece_sums('r')} "
-    "FROM unnest(s.charged * tstzmultirange(tstzrange(p.period_start, p.period_end))) AS r "
+    "FROM unnest(s.charged * tstzmultirange(tstzrange(b.starts[k], b.ends[k]))) AS r "
     "HAVING count(*) > 0) AS x) "
     f"SELECT period_start, namespace, key, {_TOTALS} FROM per_source "
     "GROUP BY period_start, namespace, key ORDER BY period_start, namespace, key"

@@ -572,7 +572,8 @@ async def measure_day(run: Run, tk: Timekeeper, url: URL, base: datetime, day: i
     if day == 7:
         with psycopg.connect(dsn) as connection:
             row = connection.execute(
-                "SELECT avg(pg_column_size(l.*)), avg(pg_column_size(l.gpus)), avg(pg_column_size(l.charged)) "
+                "SELECT avg(pg_column_size(l.*)), avg(pg_column_size(l.gpus)), "
+                "avg(pg_column_size(l.charged)) "
                 "FROM usage_ledger l TABLESAMPLE SYSTEM (10)"
             ).fetchone()
         if row and row[0] is not None:

@@ -3,9 +3,11 @@ the CSV's totals equal the usage API's exactly; cost is raw GPU-hours x the mode
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import secrets
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -17,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tests.support.postgres import url_string
 from tests.support.timekeeper import Api, Tokens, bearer, ok, sha256
+from timekeeper.billing.chargeback import in_turn
 from timekeeper.clock import ManualClock
 from timekeeper.settings import Settings
 
@@ -159,6 +162,28 @@ async def test_an_export_runs_as_many_statements_for_59_days_as_for_2_months(
     # 2 periods x 2 namespaces, then 59 days x 2: the same statements either way.
     assert len({row["period_start"] for row in daily}) > len({row["period_start"] for row in monthly})
     assert len(statements) - by_month == by_month
+
+
+async def test_a_second_export_waits_until_the_first_has_ended() -> None:
+    log: list[str] = []
+
+    async def rows(name: str) -> AsyncIterator[dict[str, object]]:
+        log.append(f"{name} reads")
+        yield {"name": name}
+        log.append(f"{name} ends")
+
+    turns = asyncio.Semaphore(1)
+    first = in_turn(turns, rows("first"))
+    await anext(first)
+    second = asyncio.create_task(anext(in_turn(turns, rows("second"))))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    waited = list(log)
+    async for _ in first:
+        pass
+
+    assert (waited, await second) == (["first reads"], {"name": "second"})
+    assert log == ["first reads", "first ends", "second reads"]
 
 
 async def test_a_scoped_reader_exports_only_its_namespaces(api: Api, history: None) -> None:

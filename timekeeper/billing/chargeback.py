@@ -4,6 +4,7 @@ period (the same query, so their totals agree exactly), streamed as JSON or CSV 
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 from collections.abc import AsyncIterator, Sequence
@@ -68,6 +69,16 @@ def cost(raw_gpu_minutes: Decimal, price_per_gpu_hour: Decimal | None) -> Decima
     if price_per_gpu_hour is None:
         return None
     return (raw_gpu_minutes / _MINUTES_PER_HOUR * price_per_gpu_hour).quantize(_CENT_FRACTION)
+
+
+async def in_turn(
+    turns: asyncio.Semaphore, rows: AsyncIterator[dict[str, object]]
+) -> AsyncIterator[dict[str, object]]:
+    """`rows` once a turn is free (TIMEKEEPER_CHARGEBACK_EXPORTS at once): an export reads every ledger
+    row of its range, and several at once would take the database's cores from ingest."""
+    async with turns:
+        async for row in rows:
+            yield row
 
 
 async def chargeback_rows(

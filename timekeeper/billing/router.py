@@ -16,6 +16,7 @@ from timekeeper.billing.chargeback import (
     as_json,
     chargeback_range,
     chargeback_rows,
+    in_turn,
 )
 from timekeeper.billing.schemas import (
     ChargeBasisIn,
@@ -120,7 +121,10 @@ async def export_chargeback(
     settings, now = request.app.state.settings, request.app.state.clock.now()
     span = chargeback_range(period, since or period_containing(PeriodKind(period), now).start, until or now)
     namespaces = None if scope is None else sorted(scope)
-    rows = chargeback_rows(request.app.state.sessionmaker, span, namespaces, settings.billing_currency)
+    rows = in_turn(
+        request.app.state.chargeback_turns,
+        chargeback_rows(request.app.state.sessionmaker, span, namespaces, settings.billing_currency),
+    )
     wanted = export_format or ("csv" if _CSV in request.headers.get("accept", "") else "json")
     if wanted == "csv":
         return StreamingResponse(

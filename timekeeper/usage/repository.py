@@ -191,11 +191,15 @@ _USAGE_PIECE = {
 
 
 def _piece_sums(piece: str) -> str:
-    """A source's share-seconds, charged seconds and seconds in its pieces `piece` (summed per source)."""
+    """A source's share-seconds, charged seconds and seconds in its pieces `piece` (summed per source).
+    A model never weighted counts its seconds as they are, without gpu_weighted_seconds' lookup per piece
+    (the same value: its weight is 1 throughout)."""
+    seconds = f"extract(epoch FROM upper({piece}) - lower({piece}))"
     return (
-        f"sum(s.gpu_share * extract(epoch FROM upper({piece}) - lower({piece}))) AS share_seconds, "
-        f"sum(s.charge_share * gpu_weighted_seconds(s.gpu_model, {piece})) AS charged_seconds, "
-        f"sum(extract(epoch FROM upper({piece}) - lower({piece}))) AS seconds"
+        f"sum(s.gpu_share * {seconds}) AS share_seconds, "
+        f"sum(s.charge_share * CASE WHEN s.gpu_model = ANY(ARRAY(SELECT model FROM gpu_weights)) "
+        f"THEN gpu_weighted_seconds(s.gpu_model, {piece}) ELSE {seconds} END) AS charged_seconds, "
+        f"sum({seconds}) AS seconds"
     )
 
 

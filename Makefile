@@ -58,6 +58,10 @@ bench: $(STAMP) ## Run the benchmarks and write bench/RESULTS.md
 	@command -v wrk >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get install -y -q wrk; } || { echo "bench needs wrk: apt-get install wrk"; exit 1; }
 	$(BIN)/python -m bench $(ARGS)
 
+.PHONY: bench-history
+bench-history: $(STAMP) ## A month of history at N pods: day 1/7/30 figures into bench/RESULTS.md (ARGS=--quick)
+	$(BIN)/python -m bench.history $(ARGS)
+
 .PHONY: compose-env
 compose-env: ## Static-mode tokens for docker-compose.yml into .compose/ (git-ignored)
 	$(PYTHON) deployment/compose/generate_tokens.py .compose

@@ -3,6 +3,7 @@ the lifespan; the factory itself only wires objects together."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from inspect import isawaitable
@@ -167,6 +168,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.read_sessionmaker = build_read_sessionmaker(engine)
     app.state.reads = ReadConnections()
     app.state.snapshot_cache = SnapshotCache()
+    app.state.chargeback_turns = asyncio.Semaphore(settings.chargeback_exports)
     app.state.access = await build_access_control(settings)
     app.state.pod_shares = None
     if settings.admitted_share_from_pod:  # the Kubernetes client only where it is used

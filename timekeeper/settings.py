@@ -80,6 +80,11 @@ class Settings(BaseSettings):
         max_length=16,
         description="The currency of the prices per GPU-hour (GET/PUT /billing/prices) and the chargeback.",
     )
+    chargeback_exports: int = Field(
+        default=1,
+        ge=1,
+        description="Chargeback exports one timekeeper process streams at once; others wait their turn.",
+    )
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, description="Largest accepted request body.")
     # What one client may cost the server (docs/security.md, "Hostile clients"), per worker process.
     max_head_bytes: int = Field(default=32 * 1024, ge=1024, description="Larger request heads answer 431.")

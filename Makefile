@@ -45,7 +45,7 @@ kube-binaries: ## Build kube-apiserver 1.20 for tests/cluster from Debian's sour
 lint: $(STAMP) ## ruff, mypy and the import contracts (import-linter)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy gpuaccounting gpunvml timekeeper webhook sidecar nodeagent gpubudget
+	$(BIN)/mypy gpuaccounting gpunvml gpuserving timekeeper webhook sidecar nodeagent gpubudget
 	$(BIN)/lint-imports
 
 .PHONY: fmt
@@ -57,6 +57,10 @@ fmt: $(STAMP) ## Format and fix what ruff can
 bench: $(STAMP) ## Run the benchmarks and write bench/RESULTS.md
 	@command -v wrk >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get install -y -q wrk; } || { echo "bench needs wrk: apt-get install wrk"; exit 1; }
 	$(BIN)/python -m bench $(ARGS)
+
+.PHONY: bench-history
+bench-history: $(STAMP) ## A month of history at N pods: day 1/7/30 figures into bench/RESULTS.md (ARGS=--quick)
+	$(BIN)/python -m bench.history $(ARGS)
 
 .PHONY: compose-env
 compose-env: ## Static-mode tokens for docker-compose.yml into .compose/ (git-ignored)

@@ -36,6 +36,8 @@ def main() -> None:
     sections.append(admission.run(args.seconds))
     progress("webhook under hostile input")
     sections.append(hostile.run())
+    progress("both servers under issue #27's hostile clients")
+    sections.append(hostile.run_issue_27())
     progress(f"sidecar footprint, {args.sidecar_seconds:g}s")
     sections.append(sidecar_bench.run(args.sidecar_seconds))
     sections.append(

@@ -1,14 +1,19 @@
-"""Hostile clients against `python -m webhook`, measured: what the outside probe of issue #20 did.
+"""Hostile clients against `python -m webhook` and `python -m timekeeper`, measured: what the outside
+probes of issues #20 and #27 did.
 
 - a 100 MB AdmissionReview, declared by Content-Length and sent chunked;
 - 2,000 slow connections (TLS done, half a request head, then nothing) and 2,000 that never start TLS;
-- reviews of a 10,000-container GPU pod, alone and four at once beside a normal admission.
+- reviews of a 10,000-container GPU pod, alone and four at once beside a normal admission;
+- issue #27: a 64 MiB header line and 3,000 slow heads at the timekeeper; 150 and 1,000 clients of one
+  address trickling at the webhook beside admissions on new connections; 10,000 sockets that never start TLS.
 
 Each probe reports what the client saw and the webhook process's memory (VmRSS now, VmHWM the peak so
 far, from /proc), to hold against the Deployment's 256 MiB limit. Latencies here are client-observed on
 a shared machine: they show a stall or its absence, not the webhook's speed (bench.admission does that).
 
-Run: `.venv/bin/python -m bench.hostile`; it prints a table and writes bench/out/hostile.md.
+Run: `.venv/bin/python -m bench.hostile` (about 2 minutes); it prints the tables and writes
+bench/out/hostile.md. The timekeeper's probes need the PostgreSQL of the tests (TIMEKEEPER_TEST_DATABASE_URL,
+else an embedded one).
 """
 
 from __future__ import annotations
@@ -21,17 +26,28 @@ import ssl
 import tempfile
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import httpx
 import orjson
 
-from bench.common import PYTHON, REPO_ROOT, Figure, Section, free_port, process, write_results
+from bench.common import PYTHON, REPO_ROOT, Figure, Section, free_port, percentile, process, write_results
+from bench.ingest import timekeeper
+from tests.support.hostile_clients import (
+    MIB,
+    api_server_timeout_seconds,
+    beside_trickle,
+    hold_plain_sockets,
+    huge_header_line,
+    slow_heads,
+)
 from tests.support.pods import container, pod, review
 from tests.support.raw_https import Connection, is_open, open_tls, post, send_endless_body
+from tests.support.timekeeper import bearer, report_body
 from webhook.tls import generate_ca, generate_serving_cert
 
 OUT = REPO_ROOT / "bench" / "out" / "hostile.md"
-MIB = 2**20
 HUGE_BODY = 100_000_000
 
 
@@ -44,9 +60,10 @@ def _memory(pid: int) -> tuple[float, float]:
 
 
 class Target:
-    def __init__(self, port: int, context: ssl.SSLContext, pid: int) -> None:
+    def __init__(self, port: int, ca_pem: str, pid: int) -> None:
         self.port = port
-        self.context = context
+        self.ca_pem = ca_pem
+        self.context = ssl.create_default_context(cadata=ca_pem)
         self.pid = pid
 
     async def connect(self) -> Connection:
@@ -118,16 +135,16 @@ def _webhook(directory: Path) -> Iterator[Target]:
     (directory / "tls.key").write_bytes(key)
     port = free_port()
     env = {
+        "MALLOC_MMAP_THRESHOLD_": "131072",  # as the image sets it
         "WEBHOOK_TLS_CERT_FILE": str(directory / "tls.crt"),
         "WEBHOOK_TLS_KEY_FILE": str(directory / "tls.key"),
         "WEBHOOK_TIMEKEEPER_URL": "http://127.0.0.1:9",
         "WEBHOOK_LOG_FORMAT": "json",
         "WEBHOOK_WATCH_PRIORITY_CLASSES": "false",  # no API server here
     }
-    context = ssl.create_default_context(cadata=ca_cert.decode())
     with process([PYTHON, "-m", "webhook", "--host", "127.0.0.1", "--port", str(port)], env, port) as child:
         time.sleep(1)  # the lifespan's first poll
-        yield Target(port, context, child.pid)
+        yield Target(port, ca_cert.decode(), child.pid)
 
 
 def _memory_figures(section: Section, label: str, target: Target, at_rest: float) -> None:
@@ -176,6 +193,147 @@ async def _huge_pods(target: Target, section: Section) -> None:
     _memory_figures(section, "10,000-container reviews", target, at_rest)
 
 
+async def _admissions_beside_trickle(target: Target, section: Section, clients: int) -> None:
+    """Admissions on new connections from 127.0.0.1, one every 0.1 s, while `clients` trickle."""
+    normal = orjson.dumps(review(pod(container("main", {"nvidia.com/gpu": 1}))))
+    latencies: list[float] = []
+    patience = api_server_timeout_seconds()
+
+    async def admission() -> bool:
+        with contextlib.suppress(OSError, ssl.SSLError, TimeoutError):
+            status, seconds = await asyncio.wait_for(target.post("/mutate", normal), patience)
+            latencies.append(seconds * 1000)
+            return status == 200
+        return False
+
+    outcomes, made = await beside_trickle(target.port, target.ca_pem, clients, admission, 60)
+    section.figures += [
+        Figure(
+            f"{clients:,} trickling clients: admissions on new connections passed",
+            100 * sum(outcomes) / len(outcomes),
+            "%",
+            target="≥ 99 %",
+        ),
+        Figure(
+            f"{clients:,} trickling clients: admission p50, client-observed", percentile(latencies, 0.5), "ms"
+        ),
+        Figure(
+            f"{clients:,} trickling clients: admission p99, client-observed",
+            percentile(latencies, 0.99),
+            "ms",
+        ),
+    ]
+    section.notes.append(
+        f"{clients:,} trickling clients from 127.0.0.2 (TLS, then 1 byte/s, reconnecting at once; a process"
+        f" of their own) made {made:,} connections; {len(outcomes)} admissions from 127.0.0.1, each passed"
+        f" when answered 200 within the webhooks' timeoutSeconds ({patience:g} s)"
+    )
+
+
+async def _pre_tls_sockets(target: Target, section: Section, count: int) -> None:
+    at_rest, _ = _memory(target.pid)
+    held = await hold_plain_sockets(target.port, count)
+    await asyncio.sleep(1)
+    during, _ = _memory(target.pid)
+    for writer in held:
+        writer.close()
+    await asyncio.sleep(5)  # the admitted ones end as their peers go
+    after, _ = _memory(target.pid)
+    section.figures += [
+        Figure(f"{count:,} sockets that never start TLS: RSS while held", during, "MiB", target="< 256 MiB"),
+        Figure(
+            f"{count:,} sockets that never start TLS: RSS after",
+            after,
+            "MiB",
+            baseline=at_rest,
+            baseline_name="RSS at rest",
+        ),
+    ]
+
+
+async def _report_ms(url: str, token: str, pod_name: str) -> float:
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=2)
+    body = report_body(pod=pod_name, pod_uid=f"uid-{pod_name}", start=start)
+    async with httpx.AsyncClient(base_url=f"{url}/api/v1", timeout=30) as client:
+        started = time.perf_counter()
+        answer = await client.post("/reports", json=body, headers=bearer(token))
+        assert answer.status_code == 200, answer.text
+        return (time.perf_counter() - started) * 1000
+
+
+async def _huge_header(url: str, token: str, section: Section) -> None:
+    """Reports one after another at rest, then while six clients send 64 MiB header lines back to back."""
+    port = int(url.rsplit(":", 1)[1])
+    at_rest = [await _report_ms(url, token, f"rest-{i}") for i in range(50)]
+    refusals: list[tuple[bytes, int, float]] = []
+    done = asyncio.Event()
+
+    async def hostile() -> None:
+        while not done.is_set():
+            refusals.append(await huge_header_line(port, 64 * MIB))
+
+    senders = [asyncio.ensure_future(hostile()) for _ in range(6)]
+    await asyncio.sleep(0.05)
+    beside_huge = [await _report_ms(url, token, f"beside-{i}") for i in range(50)]
+    done.set()
+    await asyncio.gather(*senders)
+    seconds = [elapsed for _, _, elapsed in refusals]
+    section.figures += [
+        Figure("64 MiB header line: refused after, worst", max(seconds) * 1000, "ms", target="< 1,000 ms"),
+        Figure(
+            "a report beside them, p50",
+            percentile(beside_huge, 0.5),
+            "ms",
+            baseline=percentile(at_rest, 0.5),
+            baseline_name="a report at rest, p50",
+        ),
+        Figure(
+            "a report beside them, p99",
+            percentile(beside_huge, 0.99),
+            "ms",
+            baseline=percentile(at_rest, 0.99),
+            baseline_name="a report at rest, p99",
+        ),
+    ]
+    answers = sorted({answer.split(b"\r\n", 1)[0].decode() or "reset first" for answer, _, _ in refusals})
+    most = max(sent for _, sent, _ in refusals)
+    section.notes.append(
+        f"64 MiB header lines: six clients back to back, {len(refusals)} lines while 50 reports ran one after"
+        f" another; answered {answers}, at most {most / MIB:,.0f} MiB sent before it"
+    )
+
+
+async def _slow_heads(url: str, section: Section, count: int, head_timeout: float) -> None:
+    port = int(url.rsplit(":", 1)[1])
+    opened, (early, late) = await slow_heads(port, count, [1.0, head_timeout + 1])
+    section.figures += [
+        Figure(f"{count:,} slow heads: open after 1 s", early, "connections"),
+        Figure(f"{count:,} slow heads: open after {head_timeout + 1:g} s", late, "connections", target="0"),
+    ]
+    section.notes.append(
+        f"{count:,} slow heads from one address ({opened:,} connections made): the server keeps at most"
+        " TIMEKEEPER_MAX_CONNECTIONS_PER_SOURCE (200) of them, each until TIMEKEEPER_HEAD_TIMEOUT_SECONDS"
+    )
+
+
+def run_issue_27() -> Section:
+    """Issue #27's probes: the timekeeper's first, then each webhook probe against a fresh webhook."""
+    section = Section("Hostile clients at both servers (issue #27)")
+    with timekeeper() as server:
+        asyncio.run(_huge_header(server.url, server.token, section))
+        asyncio.run(_slow_heads(server.url, section, 3000, 10.0))
+    probes = [
+        lambda target: _admissions_beside_trickle(target, section, 150),
+        lambda target: _admissions_beside_trickle(target, section, 1000),
+        lambda target: _pre_tls_sockets(target, section, 10_000),
+    ]
+    for probe in probes:
+        with tempfile.TemporaryDirectory() as scratch, _webhook(Path(scratch)) as target:
+            asyncio.run(probe(target))
+    section.notes.append(f"1-minute load average: {os.getloadavg()[0]:.2f} (a shared 2-core machine)")
+    return section
+
+
 def run(slow: int = 2000, wait: float = 12.0) -> Section:
     """Each probe against a fresh `python -m webhook`, so each peak is its own."""
     section = Section("Webhook under hostile clients")
@@ -197,9 +355,9 @@ def main() -> None:
     parser.add_argument("--slow", type=int, default=2000, help="slow connections to open (default 2,000)")
     parser.add_argument("--wait", type=float, default=12.0, help="how long to hold them (default 12 s)")
     args = parser.parse_args()
-    section = run(args.slow, args.wait)
+    sections = [run(args.slow, args.wait), run_issue_27()]
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    write_results([section], OUT)
+    write_results(sections, OUT)
     print(OUT.read_text())
 
 

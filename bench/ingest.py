@@ -70,9 +70,11 @@ class Server:
 
 
 @contextmanager
-def timekeeper(workers: int = 1, replicas: int = 1) -> Iterator[Server]:
-    """`python -m timekeeper` (`replicas` processes, each with `workers` workers) on a fresh migrated
-    database, with a reporter and an admin token made for this run (one token per role)."""
+def timekeeper(
+    workers: int = 1, replicas: int = 1, settings: dict[str, str] | None = None
+) -> Iterator[Server]:
+    """`python -m timekeeper` (`replicas` processes, each with `workers` workers, `settings` added to their
+    environment) on a fresh migrated database, with a reporter and an admin token made for this run."""
     token, reader = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     digest = hashlib.sha256(token.encode()).hexdigest()
     admin_digest = hashlib.sha256(reader.encode()).hexdigest()
@@ -81,6 +83,7 @@ def timekeeper(workers: int = 1, replicas: int = 1) -> Iterator[Server]:
             "TIMEKEEPER_DATABASE_URL": url_string(url),
             "TIMEKEEPER_ADMIN_TOKEN_SHA256": admin_digest,
             "TIMEKEEPER_REPORTER_TOKEN_SHA256": digest,
+            **(settings or {}),
         }
         urls = []
         for _ in range(replicas):

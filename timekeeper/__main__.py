@@ -1,4 +1,7 @@
-"""`python -m timekeeper --host 0.0.0.0 --port 8080`: serve the API with uvicorn."""
+"""`python -m timekeeper --host 0.0.0.0 --port 8080`: serve the API with uvicorn.
+
+uvicorn's own settings bound idle connections; what it has no setting for (head size and time, body time,
+connections in all and per address) is `gpuserving.connections.GuardedHttp`, in every worker."""
 
 from __future__ import annotations
 
@@ -12,8 +15,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from gpuaccounting.logs import configure_logging
+from gpuserving.connections import ConnectionLimits, GuardedHttp
 from timekeeper.app import create_app
-from timekeeper.settings import get_settings
+from timekeeper.settings import Settings, get_settings
 
 # The youngest generation's threshold once the start-up heap is frozen (CPython's default is 700).
 YOUNG_GC_THRESHOLD = 10_000
@@ -53,6 +57,18 @@ def serving_app() -> FastAPI:
     return app
 
 
+def guarded_http(settings: Settings) -> GuardedHttp:
+    """uvicorn's httptools protocol behind the connection limits of `settings`."""
+    limits = ConnectionLimits(
+        max_connections=settings.max_connections,
+        max_connections_per_source=settings.max_connections_per_source,
+        max_head_bytes=settings.max_head_bytes,
+        head_timeout_seconds=settings.head_timeout_seconds,
+        body_timeout_seconds=settings.body_timeout_seconds,
+    )
+    return GuardedHttp(limits, "httptools")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m timekeeper", description="Serve the GPU Timekeeper API.")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -76,6 +92,8 @@ def main(argv: list[str] | None = None) -> None:
         log_config=None,
         access_log=not args.no_access_log,
         proxy_headers=True,
+        http=guarded_http(get_settings()),  # type: ignore[arg-type]
+        ws="none",
     )
 
 

@@ -3,6 +3,7 @@ the lifespan; the factory itself only wires objects together."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -37,7 +38,7 @@ from timekeeper.routing import document_strict_bodies
 from timekeeper.scheduler.runner import with_scheduler
 from timekeeper.schemas import API_ERRORS
 from timekeeper.settings import Settings, get_settings
-from timekeeper.ui import mount_ui
+from timekeeper.ui import mount_docs, mount_ui
 from timekeeper.usage.batcher import IngestBatcher
 from timekeeper.usage.router import router as usage_router
 
@@ -86,6 +87,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.read_sessionmaker = build_read_sessionmaker(engine)
     app.state.reads = ReadConnections()
     app.state.snapshot_cache = SnapshotCache()
+    app.state.chargeback_turns = asyncio.Semaphore(settings.chargeback_exports)
     app.state.access = await build_access_control(settings)
     app.state.pod_shares = None
     if settings.admitted_share_from_pod:  # the Kubernetes client only where it is used
@@ -118,6 +120,9 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
         # Its OpenTelemetry hooks would ask the environment for a tracer on every request; the
         # timekeeper's metrics are Prometheus' (timekeeper/metrics.py).
         telemetry={"tracing": False, "metrics": False, "logs": False},
+        # /docs is mount_docs' page on files in the image; FastAPI's pages load scripts from a CDN.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.clock = clock or default_clock(settings)
@@ -141,6 +146,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
     app.include_router(health_router, prefix=API_PREFIX)
     # Probes and scrapers expect these at the root as well.
     app.include_router(health_router, include_in_schema=False)
+    mount_docs(app)
     if settings.ui_enabled:
         mount_ui(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)

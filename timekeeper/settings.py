@@ -38,6 +38,10 @@ class Settings(BaseSettings):
         default_factory=dict,
         description='Static mode: reader tokens scoped to namespaces, JSON {"<sha256>": ["team-a", ...]}.',
     )
+    reporter_tokens: dict[str, tuple[NamespaceName, ...]] = Field(
+        default_factory=dict,
+        description='Static mode: reporter tokens scoped to namespaces, JSON {"<sha256>": ["team-a", ...]}.',
+    )
     anonymous_read: bool = False
     read_scope_concurrency: int = Field(
         default=16,
@@ -76,7 +80,24 @@ class Settings(BaseSettings):
         max_length=16,
         description="The currency of the prices per GPU-hour (GET/PUT /billing/prices) and the chargeback.",
     )
+    chargeback_exports: int = Field(
+        default=1,
+        ge=1,
+        description="Chargeback exports one timekeeper process streams at once; others wait their turn.",
+    )
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, description="Largest accepted request body.")
+    # What one client may cost the server (docs/security.md, "Hostile clients"), per worker process.
+    max_head_bytes: int = Field(default=32 * 1024, ge=1024, description="Larger request heads answer 431.")
+    head_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="To receive a request head, from the connection's start or its first byte.",
+    )
+    body_timeout_seconds: float = Field(default=30.0, gt=0, description="To receive a body after its head.")
+    max_connections: int = Field(default=1000, ge=1, description="Open connections; one more is dropped.")
+    max_connections_per_source: int = Field(
+        default=200, ge=1, description="Open connections from one client address; one more is dropped."
+    )
 
     log_format: Literal["auto", "json", "text"] = Field(
         default="auto", description="Log lines as JSON or text; auto is JSON unless stderr is a terminal."
@@ -213,13 +234,13 @@ class Settings(BaseSettings):
             return tuple(_digest(str(part)) for part in value)
         return value
 
-    @field_validator("reader_tokens")
+    @field_validator("reader_tokens", "reporter_tokens")
     @classmethod
-    def _scoped_readers(cls, value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    def _scoped_tokens(cls, value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
         """Each digest well formed and given at least one namespace (a token scoped to nothing is a typo)."""
         scoped = {_digest(digest): tuple(sorted(set(namespaces))) for digest, namespaces in value.items()}
         if any(not namespaces for namespaces in scoped.values()):
-            raise ValueError("a scoped reader token needs at least one namespace")
+            raise ValueError("a scoped token needs at least one namespace")
         return scoped
 
     @model_validator(mode="after")
@@ -230,6 +251,7 @@ class Settings(BaseSettings):
             *self.reporter_token_sha256,
             *self.reader_token_sha256,
             *self.reader_tokens,
+            *self.reporter_tokens,
         ]
         if len(digests) != len(set(digests)):
             raise ValueError("a token digest is configured for more than one role")

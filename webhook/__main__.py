@@ -1,20 +1,22 @@
 """`python -m webhook`: serve the admission webhooks over HTTPS (TLS from WEBHOOK_TLS_CERT_FILE/KEY_FILE).
 
 One process per replica (replicas are stateless; scale with the Deployment). The server's SSLContext is
-handed to the app, whose lifespan reloads a rotated certificate into it. The connection limits uvicorn
-has no setting for come from `webhook.connections`.
+handed to the app, whose lifespan reloads a rotated certificate into it. uvicorn serves HTTP with its own
+settings; what it has no setting for (head size and time, connections in all and per address, a bound
+on the TLS handshake) is `gpuserving.connections.GuardedHttp`, which also starts TLS.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import ssl
 
 import uvicorn
 
 from gpuaccounting.logs import configure_logging
+from gpuserving.connections import ConnectionLimits, GuardedHttp
 from webhook.app import create_app
-from webhook.connections import ConnectionLimits, WebhookServer, guarded_protocol
 from webhook.settings import WebhookSettings, get_settings
 
 
@@ -25,19 +27,27 @@ def server(settings: WebhookSettings, host: str, port: int, **options: object) -
             "WEBHOOK_TLS_CERT_FILE and WEBHOOK_TLS_KEY_FILE are required: the API server speaks HTTPS only"
         )
     app = create_app(settings)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+    refused = app.state.metrics.refused
+
+    def count_refusal(reason: str) -> None:
+        refused.labels(reason=reason).inc()
+
     limits = ConnectionLimits(
         max_connections=settings.max_connections,
-        max_header_bytes=settings.max_header_bytes,
-        request_timeout_seconds=settings.request_timeout_seconds,
+        max_connections_per_source=settings.max_connections_per_source,
+        max_head_bytes=settings.max_header_bytes,
+        head_timeout_seconds=settings.head_timeout_seconds,
+        body_timeout_seconds=settings.body_timeout_seconds,
     )
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
-        ssl_certfile=str(settings.tls_cert_file),
-        ssl_keyfile=str(settings.tls_key_file),
-        loop="none",  # WebhookServer.run brings its own
-        http=guarded_protocol(limits, app.state.metrics.refused),
+        loop="asyncio",  # whose transports honour pause_reading in connection_made (uvloop's do not)
+        http=GuardedHttp(limits, "httptools", tls=context, on_refused=count_refusal),  # type: ignore[arg-type]
+        ws="none",
         access_log=False,
         # The API server calls the webhook directly and nothing here reads a client address: no
         # X-Forwarded-* middleware around every admission.
@@ -46,9 +56,8 @@ def server(settings: WebhookSettings, host: str, port: int, **options: object) -
         lifespan="on",
         **options,  # type: ignore[arg-type]
     )
-    config.load()
-    app.state.ssl_context = config.ssl
-    return WebhookServer(config, tls_timeout=settings.request_timeout_seconds)
+    app.state.ssl_context = context
+    return uvicorn.Server(config)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -33,9 +33,14 @@ class WebhookSettings(BaseSettings):
     # What one client may cost (docs/webhook.md, "Limits"): the API server sends small reviews at once.
     max_body_bytes: int = Field(default=1024 * 1024, gt=0)  # a real pod's review is 2-20 KB
     max_header_bytes: int = Field(default=16 * 1024, gt=0)
-    request_timeout_seconds: float = Field(default=10.0, gt=0)  # to receive a whole request
+    # To receive a request head (a new connection's TLS handshake included): the API server sends at once.
+    head_timeout_seconds: float = Field(default=3.0, gt=0)
+    body_timeout_seconds: float = Field(default=10.0, gt=0)  # to receive a body after its head
     keep_alive_timeout_seconds: int = Field(default=30, gt=0)  # an idle connection between requests
     max_connections: int = Field(default=100, gt=0)
+    max_connections_per_source: int = Field(
+        default=50, gt=0
+    )  # from one address: the rest stay the API server's
     max_containers: int = Field(default=100, gt=0)  # init, app and ephemeral, in a pod being created
 
     # Budget state, polled from the timekeeper in the background.

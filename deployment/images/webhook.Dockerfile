@@ -9,6 +9,7 @@ RUN python -m venv /opt/venv
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY gpuaccounting ./gpuaccounting
+COPY gpuserving ./gpuserving
 COPY webhook ./webhook
 # Only this deployable's extra: the image carries no other part's dependencies.
 RUN /opt/venv/bin/pip install ".[webhook]"
@@ -16,6 +17,9 @@ RUN /opt/venv/bin/pip install ".[webhook]"
 FROM ${PYTHON_IMAGE}
 # No .pyc writes at run time (pip compiled them at build): the root filesystem can be read-only.
 ENV PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+# Each TLS connection's 256 KiB buffer always in its own mapping, given back when the connection closes:
+# glibc's sliding threshold would keep them in the heap after a burst (docs/security.md, "Hostile clients").
+ENV MALLOC_MMAP_THRESHOLD_=131072
 COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
 # Owned by the runtime user so that a volume mounted here (docker compose: the certificate bootstrap's

@@ -456,3 +456,15 @@ def test_budgets_are_private_and_prometheus_scrapes_them_with_a_token_it_may_use
         and "list" in rule["verbs"]
         for rule in role["rules"]
     )
+
+
+def test_the_webhook_ingress_can_be_narrowed_to_the_control_plane():
+    """networkPolicy.controlPlaneCIDRs: only the API server's addresses reach the webhook (issue #27)."""
+    objects = helm_template("--set-json", 'networkPolicy.controlPlaneCIDRs=["10.1.0.0/24","fd00::/64"]')
+    (rule,) = one(objects, "NetworkPolicy", "gpu-timekeeper-webhook")["spec"]["ingress"]
+    assert rule == {
+        "from": [{"ipBlock": {"cidr": "10.1.0.0/24"}}, {"ipBlock": {"cidr": "fd00::/64"}}],
+        "ports": [{"port": "https", "protocol": "TCP"}],
+    }
+    (timekeeper_rule,) = one(objects, "NetworkPolicy", "gpu-timekeeper")["spec"]["ingress"]
+    assert timekeeper_rule["from"] == [{"namespaceSelector": {}}]

@@ -252,3 +252,15 @@ def test_compose_validation_is_real(tmp_path):
     done = compose_config(tmp_path, broken, tokens)
     assert done.returncode != 0
     assert "healthchek" in done.stderr
+
+
+def test_a_scoped_reporter_token_reaches_the_timekeeper_as_json(tmp_path):
+    """generate_tokens.py --reporter-namespaces: compose hands TIMEKEEPER_REPORTER_TOKENS over intact."""
+    tokens = generate_tokens.generate(tmp_path / "tokens", reporter_namespaces=["team-b", "team-a"])
+    done = compose_config(tmp_path, ROOT / "docker-compose.yml", tmp_path / "tokens")
+    assert done.returncode == 0, done.stderr
+    environment = json.loads(done.stdout)["services"]["timekeeper"]["environment"]
+
+    digest = hashlib.sha256(tokens["reporter"].encode()).hexdigest()
+    assert json.loads(environment["TIMEKEEPER_REPORTER_TOKENS"]) == {digest: ["team-a", "team-b"]}
+    assert "TIMEKEEPER_REPORTER_TOKEN_SHA256" not in environment

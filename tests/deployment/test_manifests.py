@@ -4,6 +4,7 @@ keeps the invariants we rely on."""
 from __future__ import annotations
 
 import copy
+import os
 import re
 import tomllib
 from typing import Any
@@ -12,7 +13,17 @@ import kubernetes_validate
 import pytest
 
 from gpuaccounting import names
-from tests.deployment.conftest import INSTALLS, OVERLAYS, RENDERS, ROOT, find, one, pod_specs, render
+from tests.deployment.conftest import (
+    INSTALLS,
+    OVERLAYS,
+    RENDERS,
+    ROOT,
+    find,
+    kustomize,
+    one,
+    pod_specs,
+    render,
+)
 from tests.support.kube_rbac import timekeeper_rules
 
 # matchConditions are GA from 1.30: the oldest Kubernetes we support, and the newest schemas we have.
@@ -528,3 +539,27 @@ def test_the_timekeeper_url_resolves_from_every_namespace_the_sidecar_is_injecte
         f"http://{timekeeper['metadata']['name']}.{timekeeper['metadata']['namespace']}.svc:{service_port}"
     )
     assert env["WEBHOOK_TIMEKEEPER_URL"] == expected
+
+
+def test_the_webhook_ingress_can_be_narrowed_to_the_control_plane(tmp_path):
+    """The control-plane-ingress component, with its CIDR patched as docs/deployment.md says (issue #27)."""
+    deployment = os.path.relpath(ROOT / "deployment", tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        f"""apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources: [{deployment}/overlays/production]
+components: [{deployment}/components/control-plane-ingress]
+patches:
+  - target: {{kind: NetworkPolicy, name: gpu-timekeeper-webhook}}
+    patch: |-
+      - op: replace
+        path: /spec/ingress/0/from/0/ipBlock/cidr
+        value: 172.18.0.0/16
+"""
+    )
+    objects = kustomize(tmp_path)
+    (rule,) = one(objects, "NetworkPolicy", "gpu-timekeeper-webhook")["spec"]["ingress"]
+    assert rule == {
+        "from": [{"ipBlock": {"cidr": "172.18.0.0/16"}}],
+        "ports": [{"port": "https", "protocol": "TCP"}],
+    }

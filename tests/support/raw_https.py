@@ -36,7 +36,8 @@ async def send_endless_body(connection: Connection, total: int, *, chunked: bool
             await asyncio.wait_for(writer.drain(), timeout=30)
         status = (await asyncio.wait_for(answer, timeout=60)).decode().strip() or "closed without answer"
     except (ConnectionError, TimeoutError, ssl.SSLError) as error:
-        status = answer.result().decode().strip() if answer.done() else type(error).__name__
+        answered = answer.done() and answer.exception() is None
+        status = answer.result().decode().strip() if answered else type(error).__name__
     writer.close()
     return status, sent
 

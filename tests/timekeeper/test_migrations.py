@@ -65,6 +65,18 @@ def test_the_migration_seeds_the_default_budget_and_the_snapshot_version(engine:
     assert (default.budget_gpu_minutes, default.period, version) == (None, "monthly", 1)
 
 
+def test_the_ledger_is_vacuumed_after_two_percent_of_its_rows_are_dead(engine: sa.Engine) -> None:
+    with engine.connect() as connection:
+        options = connection.execute(
+            sa.text("SELECT reloptions FROM pg_class WHERE oid = 'usage_ledger'::regclass")
+        ).scalar_one()
+
+    assert sorted(options or []) == [
+        "autovacuum_analyze_scale_factor=0.01",
+        "autovacuum_vacuum_scale_factor=0.02",
+    ]
+
+
 def test_the_migrations_go_down_and_up_again() -> None:
     url = create_database("gtk_migrations")
     try:

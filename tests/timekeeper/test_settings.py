@@ -108,3 +108,13 @@ def test_scoped_reader_tokens_read_from_the_environment_as_json(monkeypatch: pyt
     monkeypatch.setenv("TIMEKEEPER_READER_TOKENS", '{"%s": ["team-b", "team-a"]}' % ("C" * 64))
 
     assert Settings().reader_tokens == {"c" * 64: ("team-a", "team-b")}
+
+
+def test_scoped_reporter_tokens_read_as_json_and_hold_one_role(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIMEKEEPER_REPORTER_TOKENS", '{"%s": ["team-b", "team-a"]}' % ("D" * 64))
+
+    assert Settings().reporter_tokens == {"d" * 64: ("team-a", "team-b")}
+    with pytest.raises(ValidationError, match="more than one role"):
+        Settings(reader_tokens={"d" * 64: ["team-a"]})
+    with pytest.raises(ValidationError, match="at least one namespace"):
+        Settings(reporter_tokens={"e" * 64: []})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from html.parser import HTMLParser
+from pathlib import Path
 
 import httpx
 import pytest
@@ -12,7 +13,7 @@ from fastapi import FastAPI
 
 from timekeeper.app import create_app
 from timekeeper.settings import Settings
-from timekeeper.ui import CONTENT_SECURITY_POLICY, STATIC_DIR
+from timekeeper.ui import CONTENT_SECURITY_POLICY, DOCS_DIR, STATIC_DIR
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -103,3 +104,24 @@ async def test_the_dashboard_can_be_switched_off(settings: Settings) -> None:
     app = create_app(settings.model_copy(update={"ui_enabled": False}))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
         assert (await client.get("/ui/")).status_code == 404
+
+
+@pytest.mark.parametrize("path", ["/docs/", "/docs/swagger-init.js", "/docs/vendor/swagger-ui-bundle.js"])
+async def test_the_api_docs_are_served_from_here_under_the_same_policy(
+    root: httpx.AsyncClient, path: str
+) -> None:
+    """Issue #27: /docs loaded Swagger UI from a CDN, without SRI or CSP, on the dashboard's origin."""
+    redirect = await root.get("/docs")
+    response = await root.get(path)
+
+    assert (redirect.status_code, redirect.headers["location"]) == (308, "/docs/")
+    assert response.status_code == 200
+    assert response.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+    assert "//" not in "".join(attrs.get("src") or "" for attrs in _page_scripts(DOCS_DIR / "index.html"))
+
+
+def _page_scripts(page: Path) -> list[dict[str, str | None]]:
+    parser = _Scripts()
+    parser.feed(page.read_text())
+    assert parser.inline == [] and parser.handlers == []
+    return parser.scripts

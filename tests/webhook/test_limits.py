@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-import yaml
 
 from tests.support.admission_state_server import StateServer
+from tests.support.hostile_clients import api_server_timeout_seconds, beside_trickle, hold_plain_sockets
 from tests.support.pods import container, pod, review
 from tests.support.processes import REPO_ROOT, free_port
 from tests.support.raw_https import is_open, open_tls, post, send_endless_body
@@ -31,18 +31,34 @@ def _context(tls: Tls) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(tls.ca_file))
 
 
-def _peak_rss_mib(pid: int) -> float:
+def _memory_mib(pid: int, field: str) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
-    raise AssertionError("no VmHWM in /proc")
+    raise AssertionError(f"no {field} in /proc")
+
+
+def _peak_rss_mib(pid: int) -> float:
+    return _memory_mib(pid, "VmHWM")
+
+
+def _rss_mib(pid: int) -> float:
+    return _memory_mib(pid, "VmRSS")
+
+
+def _image_malloc_env() -> dict[str, str]:
+    """The allocator settings the webhook's image runs with (its Dockerfile's `ENV MALLOC_...` lines)."""
+    dockerfile = (REPO_ROOT / "deployment/images/webhook.Dockerfile").read_text()
+    lines = [line.split(None, 1)[1] for line in dockerfile.splitlines() if line.startswith("ENV MALLOC_")]
+    return dict(line.split("=", 1) for line in lines)
 
 
 @contextlib.contextmanager
 def _webhook_process(tls: Tls, state: StateServer) -> Iterator[tuple[int, int]]:
-    """`python -m webhook` with its default limits; (port, pid)."""
+    """`python -m webhook` with its default limits, as its image runs it; (port, pid)."""
     port = free_port()
     env = {
+        **_image_malloc_env(),
         "WEBHOOK_TLS_CERT_FILE": str(tls.cert_file),
         "WEBHOOK_TLS_KEY_FILE": str(tls.key_file),
         "WEBHOOK_TIMEKEEPER_URL": state.url,
@@ -69,7 +85,8 @@ def test_a_100_mb_body_is_refused_without_being_read_whole(
         status, sent = asyncio.run(probe())
         peak = _peak_rss_mib(pid)
 
-    assert status.startswith("HTTP/1.1 413")
+    # The 413, or a reset that overtook it: asyncio's TLS close refuses data still arriving.
+    assert status.startswith("HTTP/1.1 413") or status == "ConnectionResetError"
     assert sent < 20 * MIB  # answered long before the client was done
     assert peak - at_rest < 16  # MiB: the body's first megabyte, never its hundred
 
@@ -85,12 +102,13 @@ def test_a_body_over_the_limit_is_refused_413_with_the_reason(webhook: Webhook) 
 
 @pytest.fixture(scope="module")
 def strict(tls: Tls, state: StateServer) -> Iterator[Webhook]:
-    """A webhook with small limits: 3 connections, a request in 1 s, a 2 KiB head, 5 containers."""
+    """A webhook with small limits: 3 connections, head and body in 1 s each, a 2 KiB head, 5 containers."""
     with serve_webhook(
         tls,
         state,
         max_connections=3,
-        request_timeout_seconds=1.0,
+        head_timeout_seconds=1.0,
+        body_timeout_seconds=1.0,
         max_header_bytes=2048,
         max_containers=5,
     ) as served:
@@ -100,7 +118,7 @@ def strict(tls: Tls, state: StateServer) -> Iterator[Webhook]:
 def test_a_slow_request_head_is_timed_out(strict: Webhook, tls: Tls) -> None:
     port = httpx.URL(strict.url).port
     assert port is not None
-    before = strict.metric("webhook_requests_refused_total", reason="request_timeout")
+    before = strict.metric("webhook_requests_refused_total", reason="head_timeout")
 
     async def slow_then_whole() -> tuple[bool, bool, bytes]:
         reader, writer = await open_tls(port, _context(tls))
@@ -113,7 +131,7 @@ def test_a_slow_request_head_is_timed_out(strict: Webhook, tls: Tls) -> None:
     held_at_first, dropped, after = asyncio.run(slow_then_whole())
 
     assert held_at_first and dropped
-    assert strict.metric("webhook_requests_refused_total", reason="request_timeout") == before + 1
+    assert strict.metric("webhook_requests_refused_total", reason="head_timeout") == before + 1
     assert after.startswith(b"HTTP/1.1 400")  # a whole request on a new connection is served
 
 
@@ -160,9 +178,12 @@ def test_connections_beyond_the_cap_are_dropped(strict: Webhook, tls: Tls) -> No
     async def fill() -> tuple[list[bool], bool, bool]:
         held = [await open_tls(port, _context(tls)) for _ in range(2)]  # with the client's: the cap of 3
         kept = [await is_open(reader) for reader, _ in held]
-        extra_reader, extra = await open_tls(port, _context(tls))
-        refused = not await is_open(extra_reader, wait=5)
-        extra.close()
+        try:  # dropped before its TLS handshake: the handshake fails, or the connection ends at once
+            extra_reader, extra = await open_tls(port, _context(tls))
+            refused = not await is_open(extra_reader, wait=5)
+            extra.close()
+        except (ConnectionError, ssl.SSLError):
+            refused = True
         for _, writer in held:
             writer.close()
         for _ in range(50):  # until the server has seen them close
@@ -220,14 +241,6 @@ def test_the_cap_counts_init_and_ephemeral_containers_and_spares_updates(strict:
     assert strict.validate(running, operation="UPDATE", old=running).allowed  # never stuck on a later cap
 
 
-def _api_server_timeout_seconds() -> float:
-    """The shortest timeoutSeconds deployment/ registers the webhooks with: the API server's patience."""
-    manifests = yaml.safe_load_all(
-        (REPO_ROOT / "deployment/base/webhook/webhookconfigurations.yaml").read_text()
-    )
-    return min(hook["timeoutSeconds"] for manifest in manifests for hook in manifest["webhooks"])
-
-
 def test_reviews_of_10000_containers_do_not_hold_up_a_normal_admission(webhook: Webhook, tls: Tls) -> None:
     port = httpx.URL(webhook.url).port
     assert port is not None
@@ -238,7 +251,7 @@ def test_reviews_of_10000_containers_do_not_hold_up_a_normal_admission(webhook: 
         huge_calls = [asyncio.create_task(post(port, _context(tls), "/validate", huge)) for _ in range(4)]
         await asyncio.sleep(0.05)
         answer = await asyncio.wait_for(
-            post(port, _context(tls), "/mutate", normal), timeout=_api_server_timeout_seconds()
+            post(port, _context(tls), "/mutate", normal), timeout=api_server_timeout_seconds()
         )
         return await asyncio.gather(*huge_calls), answer
 
@@ -247,3 +260,47 @@ def test_reviews_of_10000_containers_do_not_hold_up_a_normal_admission(webhook: 
     assert answer.startswith(b"HTTP/1.1 200") and b'"patchType":"JSONPatch"' in answer
     for huge_answer in huge_answers:
         assert b"has 10000 containers" in huge_answer
+
+
+@pytest.mark.parametrize("clients", [150, 1000])
+def test_admissions_on_new_connections_pass_while_a_pod_trickles(
+    tls: Tls, state: StateServer, clients: int
+) -> None:
+    """Issue #27: 150 slow clients of one pod made 56 of 63 admissions on new connections fail."""
+    normal = orjson.dumps(review(pod(container("main", {"nvidia.com/gpu": 1}))))
+    timeout = api_server_timeout_seconds()
+    with _webhook_process(tls, state) as (port, _):
+
+        async def admission() -> bool:
+            with contextlib.suppress(OSError, ssl.SSLError, TimeoutError):
+                answer = await asyncio.wait_for(post(port, _context(tls), "/mutate", normal), timeout)
+                return answer.startswith(b"HTTP/1.1 200")
+            return False
+
+        ca_pem = tls.ca_file.read_text()
+        outcomes, _ = asyncio.run(beside_trickle(port, ca_pem, clients, admission, 60))
+
+    assert sum(outcomes) >= 0.99 * len(outcomes)
+
+
+def test_10000_sockets_that_never_start_tls_stay_under_the_memory_limit(tls: Tls, state: StateServer) -> None:
+    """Issue #27: 4,000 of them took the webhook to 312 MiB (its limit is 256 MiB), and it stayed there."""
+    with _webhook_process(tls, state) as (port, pid):
+        at_rest = _rss_mib(pid)
+
+        async def hold() -> float:
+            held = await hold_plain_sockets(port, 10_000)
+            await asyncio.sleep(1)
+            during = _rss_mib(pid)
+            for writer in held:
+                writer.close()
+            return during
+
+        during = asyncio.run(hold())
+        after = _rss_mib(pid)
+        assert httpx.get(f"https://localhost:{port}/healthz", verify=_context(tls)).status_code == 200
+
+    assert during < 256
+    # MiB: the admitted connections' TLS buffers are given back; what stays is the first TLS use's and
+    # the allocator's (bench.hostile measures it).
+    assert after - at_rest < 32

@@ -41,8 +41,8 @@ class Principal:
     pod: PodIdentity | None = None
     # The groups the credential carries (Kubernetes mode asks RBAC about the user and its groups).
     groups: tuple[str, ...] = ()
-    # A credential scoped to namespaces (static mode's scoped reader tokens) reads only these; None: the
-    # access control decides per action and namespace.
+    # A credential scoped to namespaces (static mode's scoped tokens) reads and reports only in these;
+    # None: the access control decides per action and namespace.
     namespaces: frozenset[str] | None = None
 
 

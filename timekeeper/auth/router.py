@@ -31,7 +31,7 @@ class WhoAmIOut(BaseModel):
     # Cluster-wide: list every namespace; change defaults and read the audit log (and any namespace's budget).
     may_read_all: bool
     may_administer: bool
-    # A credential scoped to namespaces (static mode's scoped reader tokens) reads exactly these; else null.
+    # A credential scoped to namespaces (static mode's scoped tokens) reads exactly these; else null.
     namespaces: list[str] | None
     # Present when asked about one namespace (`?namespace=`): a Kubernetes user may hold rights in some only.
     namespace: NamespaceAccessOut | None = None

@@ -1,9 +1,10 @@
 """Which namespaces a listing shows a caller who may not read every namespace.
 
-A scoped credential (static mode's scoped reader tokens) names its namespaces itself. Anyone else who is
-refused the cluster-wide read (Kubernetes mode: a namespace member, who has `get gpubudgets` in some
-namespaces but not `list` at cluster scope) is shown the known namespaces (those `GET /namespaces` lists
-for a cluster-wide reader: `namespace_status`) that the access control lets them read, each asked as
+A scoped credential (static mode's scoped reader and reporter tokens) names its namespaces itself.
+Anyone else who is refused the cluster-wide read (Kubernetes mode: a namespace member, who has `get
+gpubudgets` in some namespaces but not `list` at cluster scope) is shown the known namespaces (those `GET
+/namespaces` lists for a cluster-wide reader: `namespace_status`) that the access control lets them read,
+each asked as
 `authorize(principal, READ, namespace)` would be for that namespace's own budget, so the list and the
 single reads can never disagree.
 

@@ -1,8 +1,9 @@
 """Static mode: bearer tokens checked against SHA-256 digests kept in settings, for clusters-less runs.
 
-Roles: admin tokens may do everything; reporter tokens may report for any pod and read; reader tokens
-may read, every namespace (`TIMEKEEPER_READER_TOKEN_SHA256`) or only the namespaces they are scoped to
-(`TIMEKEEPER_READER_TOKENS`). The principal's name (what the audit log records) names the role and the
+Roles: admin tokens may do everything; reporter tokens may report and read; reader tokens may read.
+Reporter and reader tokens hold every namespace (`TIMEKEEPER_REPORTER_TOKEN_SHA256`,
+`TIMEKEEPER_READER_TOKEN_SHA256`) or only those they are scoped to (`TIMEKEEPER_REPORTER_TOKENS`,
+`TIMEKEEPER_READER_TOKENS`). The principal's name (what the audit log records) names the role and the
 digest's first characters, never the token.
 """
 
@@ -35,12 +36,14 @@ class StaticAccessControl:
         reporter: Iterable[str],
         reader: Iterable[str],
         scoped_readers: Mapping[str, Iterable[str]] | None = None,
+        scoped_reporters: Mapping[str, Iterable[str]] | None = None,
     ) -> None:
         self._grants: dict[str, _Grant] = {}
         for role, digests in (("admin", admin), ("reporter", reporter), ("reader", reader)):
             self._grants.update((digest.lower(), _Grant(role, None)) for digest in digests)
-        for digest, namespaces in (scoped_readers or {}).items():
-            self._grants[digest.lower()] = _Grant("reader", frozenset(namespaces))
+        for role, scoped in (("reader", scoped_readers), ("reporter", scoped_reporters)):
+            for digest, namespaces in (scoped or {}).items():
+                self._grants[digest.lower()] = _Grant(role, frozenset(namespaces))
         self._accepted = TokenDigests(self._grants)
         self._roles: dict[str, str] = {}
 
@@ -69,4 +72,5 @@ def build_static(settings: Settings) -> StaticAccessControl:
         settings.reporter_token_sha256,
         settings.reader_token_sha256,
         settings.reader_tokens,
+        settings.reporter_tokens,
     )

@@ -4,6 +4,7 @@ period (the same query, so their totals agree exactly), streamed as JSON or CSV 
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 from collections.abc import AsyncIterator, Sequence
@@ -13,7 +14,6 @@ from decimal import Decimal
 from typing import Literal
 
 import orjson
-import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from timekeeper.billing.repository import BillingRepository
@@ -38,13 +38,6 @@ COLUMNS = (
 )
 _MINUTES_PER_HOUR = Decimal(60)
 _CENT_FRACTION = Decimal("0.000001")
-
-_NAMESPACES_WITH_USE = sa.text(
-    "SELECT namespace FROM usage_ledger WHERE interval_end > :since AND interval_start < :until "
-    "UNION SELECT namespace FROM usage_hourly "
-    "WHERE hour_start > CAST(:since AS timestamptz) - interval '1 hour' AND hour_start < :until "
-    "ORDER BY namespace"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,43 +71,51 @@ def cost(raw_gpu_minutes: Decimal, price_per_gpu_hour: Decimal | None) -> Decima
     return (raw_gpu_minutes / _MINUTES_PER_HOUR * price_per_gpu_hour).quantize(_CENT_FRACTION)
 
 
-async def namespaces_with_use(session: AsyncSession, since: datetime, until: datetime) -> list[str]:
-    result = await session.execute(_NAMESPACES_WITH_USE, {"since": since, "until": until})
-    return list(result.scalars())
+async def in_turn(
+    turns: asyncio.Semaphore, rows: AsyncIterator[dict[str, object]]
+) -> AsyncIterator[dict[str, object]]:
+    """`rows` once a turn is free (TIMEKEEPER_CHARGEBACK_EXPORTS at once): an export reads every ledger
+    row of its range, and several at once would take the database's cores from ingest."""
+    async with turns:
+        async for row in rows:
+            yield row
 
 
 async def chargeback_rows(
     sessions: async_sessionmaker[AsyncSession],
     span: ChargebackRange,
-    namespaces: Sequence[str],
+    namespaces: Sequence[str] | None,
     currency: str,
 ) -> AsyncIterator[dict[str, object]]:
-    """One row per period, namespace and GPU model with use, in that order; one short read per
-    namespace and period, so a long export holds no transaction open."""
+    """One row per period, namespace (of `namespaces`; None: all) and GPU model with use, in that order:
+    one statement for them all, read from a server-side cursor a batch at a time."""
+    by_start = {period.start: period for period in span.periods}
     async with sessions() as session:
         prices = {
             price.model: price.price_per_gpu_hour for price in await BillingRepository(session).prices()
         }
-    for period in span.periods:
-        for namespace in namespaces:
-            async with sessions() as session:
-                found = await UsageRepository(session).usage(
-                    namespace, period.start, period.end or span.until, "model"
-                )
-            for row in found:
-                price = None if row.key == UNKNOWN_MODEL else prices.get(row.key)
-                yield {
-                    "period_start": period.start,
-                    "period_end": period.end,
-                    "namespace": namespace,
-                    "gpu_model": row.key,
-                    "raw_gpu_minutes": row.raw_gpu_minutes,
-                    "gpu_minutes": row.gpu_minutes,
-                    "mean_sm_util_pct": row.figures.answer()["mean_sm_util_pct"],
-                    "price_per_gpu_hour": price,
-                    "cost": cost(row.raw_gpu_minutes, price),
-                    "currency": currency,
-                }
+        found = UsageRepository(session).usage_by_period(
+            namespaces, [(period.start, period.end or span.until) for period in span.periods]
+        )
+        async for period_start, namespace, row in found:
+            period = by_start[period_start]
+            price = None if row.key == UNKNOWN_MODEL else prices.get(row.key)
+            yield {
+                "period_start": period.start,
+                "period_end": period.end,
+                "namespace": namespace,
+                "gpu_model": row.key,
+                "raw_gpu_minutes": row.raw_gpu_minutes,
+                "gpu_minutes": row.gpu_minutes,
+                "mean_sm_util_pct": row.figures.answer()["mean_sm_util_pct"],
+                "price_per_gpu_hour": price,
+                "cost": cost(row.raw_gpu_minutes, price),
+                "currency": currency,
+            }
+
+
+# A cell a spreadsheet would read as a formula starts with one of these (OWASP, "CSV Injection").
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
 
 
 def _text(value: object) -> str:
@@ -124,11 +125,17 @@ def _text(value: object) -> str:
         return value.isoformat().replace("+00:00", "Z")
     if isinstance(value, Decimal):
         return format(value.normalize(), "f")
-    return str(value)
+    return escape_formula(str(value))
+
+
+def escape_formula(text: str) -> str:
+    """`text` with a leading quote when a spreadsheet would run it as a formula (a GPU's name is the
+    tenant's input); our own numbers are never escaped."""
+    return "'" + text if text.startswith(FORMULA_PREFIXES) else text
 
 
 async def as_csv(rows: AsyncIterator[dict[str, object]]) -> AsyncIterator[bytes]:
-    """RFC 4180 CSV with a header; exact decimals as plain text."""
+    """RFC 4180 CSV with a header; exact decimals as plain text, formula-like text escaped."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\r\n")
     writer.writerow(COLUMNS)

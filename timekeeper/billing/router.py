@@ -16,7 +16,7 @@ from timekeeper.billing.chargeback import (
     as_json,
     chargeback_range,
     chargeback_rows,
-    namespaces_with_use,
+    in_turn,
 )
 from timekeeper.billing.schemas import (
     ChargeBasisIn,
@@ -112,7 +112,6 @@ _CSV = "text/csv"
 )
 async def export_chargeback(
     request: Request,
-    session: SessionDep,
     scope: ReadScope,
     since: AwareDatetime | None = None,
     until: AwareDatetime | None = None,
@@ -124,10 +123,11 @@ async def export_chargeback(
     CSV. Each row equals the usage API's answer by model for that namespace and period."""
     settings, now = request.app.state.settings, request.app.state.clock.now()
     span = chargeback_range(period, since or period_containing(PeriodKind(period), now).start, until or now)
-    namespaces = await namespaces_with_use(session, span.since, span.until)
-    if scope is not None:
-        namespaces = [namespace for namespace in namespaces if namespace in scope]
-    rows = chargeback_rows(request.app.state.sessionmaker, span, namespaces, settings.billing_currency)
+    namespaces = None if scope is None else sorted(scope)
+    rows = in_turn(
+        request.app.state.chargeback_turns,
+        chargeback_rows(request.app.state.sessionmaker, span, namespaces, settings.billing_currency),
+    )
     wanted = export_format or ("csv" if _CSV in request.headers.get("accept", "") else "json")
     if wanted == "csv":
         return StreamingResponse(

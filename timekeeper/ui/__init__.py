@@ -5,10 +5,15 @@ exactly what that identity may read (docs/dashboard.md).
 Every answer under /ui carries a strict Content-Security-Policy: scripts, styles and connections only from
 this origin, no inline script or style, no framing, and Trusted Types required, so the page cannot turn
 text from the API (namespace names, grant reasons, audit values) into markup or script.
+
+The API's page, /docs (Swagger UI), is served the same way: its script and style come from the
+`fastapi-offline` package inside the image, never from a CDN, so it works offline under the same policy.
+ReDoc is not served: it needs inline styles, which the policy refuses.
 """
 
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -19,6 +24,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 UI_PATH = "/ui"
 STATIC_DIR = Path(__file__).resolve().parent / "static"
+DOCS_PATH = "/docs"
+DOCS_DIR = Path(__file__).resolve().parent / "apidocs"
 
 CONTENT_SECURITY_POLICY = "; ".join(
     (
@@ -68,11 +75,27 @@ class SecurityHeaders:
             await PlainTextResponse(str(error.detail), error.status_code)(scope, receive, with_headers)
 
 
+def _redirect(app: FastAPI, path: str, to: str) -> None:
+    async def redirect() -> RedirectResponse:
+        return RedirectResponse(to, status_code=308)
+
+    app.add_api_route(path, redirect, methods=["GET", "HEAD"], include_in_schema=False)
+
+
+def _serve(app: FastAPI, path: str, directory: Path, name: str) -> None:
+    app.mount(path, SecurityHeaders(StaticFiles(directory=directory, html=True)), name=name)
+
+
 def mount_ui(app: FastAPI) -> None:
     """Serves the dashboard under /ui/ (index.html for the folder) and redirects /ui there."""
+    _redirect(app, UI_PATH, f"{UI_PATH}/")
+    _serve(app, UI_PATH, STATIC_DIR, "ui")
 
-    async def to_folder() -> RedirectResponse:
-        return RedirectResponse(f"{UI_PATH}/", status_code=308)
 
-    app.add_api_route(UI_PATH, to_folder, methods=["GET", "HEAD"], include_in_schema=False)
-    app.mount(UI_PATH, SecurityHeaders(StaticFiles(directory=STATIC_DIR, html=True)), name="ui")
+def mount_docs(app: FastAPI) -> None:
+    """Serves Swagger UI at /docs/ (/docs redirects there), its script and style from the installed
+    `fastapi-offline` package under /docs/vendor/."""
+    vendor = Path(str(files("fastapi_offline") / "static"))
+    _redirect(app, DOCS_PATH, f"{DOCS_PATH}/")
+    _serve(app, f"{DOCS_PATH}/vendor", vendor, "docs-vendor")  # before /docs, which would match it too
+    _serve(app, DOCS_PATH, DOCS_DIR, "docs")

@@ -3,7 +3,7 @@ ingest service's plan) and the usage queries."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
@@ -145,21 +145,29 @@ _FIGURES = str(FIGURES_OF.compile(dialect=psycopg_dialect()))
 # additive figure is a value for `per` seconds of the source's charged time: a ledger row's per second
 # (its utilisation, memory, power; 1 where it has the figure), an aggregate's for its whole charged time
 # (its sums), so the seconds of a bucket or window take their part (all of it for a whole hour, exactly).
-_USAGE_SOURCE = (
-    "SELECT 'l' || l.id AS id, l.pod, l.gpu_share, l.charge_share, l.gpu_model, l.charged, 1 AS reports, "
-    "1 AS per, "
+_SOURCE_OF = (
+    "SELECT 'l' || l.id AS id, l.namespace, l.pod, l.gpu_share, l.charge_share, l.gpu_model, l.charged, "
+    "1 AS reports, 1 AS per, "
     "l.mean_sm_util_pct AS util, CAST(l.mean_sm_util_pct IS NOT NULL AS int) AS util_covered, "
     "coalesce(l.peak_sm_util_pct, l.mean_sm_util_pct) AS util_peak, l.mem_used_bytes AS mem, "
     "CAST(l.mem_used_bytes IS NOT NULL AS int) AS mem_covered, l.mem_used_bytes AS mem_peak, "
     "l.mean_power_w AS energy, l.gpu_status_bits AS status_bits "
     "FROM usage_ledger l "
-    "WHERE l.namespace = :namespace AND l.interval_end > :since AND l.interval_start < :until "
-    "UNION ALL SELECT 'h' || h.id, h.pod, h.gpu_share, h.charge_share, h.gpu_model, h.charged, h.reports, "
-    "(SELECT sum(extract(epoch FROM upper(c) - lower(c))) FROM unnest(h.charged) AS c), "
+    "WHERE {namespace_of_l} AND l.interval_end > :since AND l.interval_start < :until "
+    "UNION ALL SELECT 'h' || h.id, h.namespace, h.pod, h.gpu_share, h.charge_share, h.gpu_model, h.charged, "
+    "h.reports, (SELECT sum(extract(epoch FROM upper(c) - lower(c))) FROM unnest(h.charged) AS c), "
     "h.util_seconds, h.util_covered_seconds, h.peak_sm_util_pct, h.mem_byte_seconds, h.mem_covered_seconds, "
     "h.peak_mem_used_bytes, h.energy_joules, h.gpu_status_bits "
-    "FROM usage_hourly h WHERE h.namespace = :namespace "
+    "FROM usage_hourly h WHERE {namespace_of_h} "
     "AND h.hour_start > CAST(:since AS timestamptz) - interval '1 hour' AND h.hour_start < :until"
+)
+_USAGE_SOURCE = _SOURCE_OF.format(
+    namespace_of_l="l.namespace = :namespace", namespace_of_h="h.namespace = :namespace"
+)
+# The same over the namespaces in :namespaces (a text[]; NULL: every namespace).
+_USAGE_SOURCE_OF_NAMESPACES = _SOURCE_OF.format(
+    namespace_of_l="(CAST(:namespaces AS text[]) IS NULL OR l.namespace = ANY(CAST(:namespaces AS text[])))",
+    namespace_of_h="(CAST(:namespaces AS text[]) IS NULL OR h.namespace = ANY(CAST(:namespaces AS text[])))",
 )
 
 GroupBy = Literal["pod", "hour", "day", "model"]
@@ -181,6 +189,56 @@ _USAGE_PIECE = {
     ),
 }
 
+
+def _piece_sums(piece: str) -> str:
+    """A source's share-seconds, charged seconds and seconds in its pieces `piece` (summed per source).
+    A model never weighted counts its seconds as they are, without gpu_weighted_seconds' lookup per piece
+    (the same value: its weight is 1 throughout)."""
+    seconds = f"extract(epoch FROM upper({piece}) - lower({piece}))"
+    return (
+        f"sum(s.gpu_share * {seconds}) AS share_seconds, "
+        f"sum(s.charge_share * CASE WHEN s.gpu_model = ANY(ARRAY(SELECT model FROM gpu_weights)) "
+        f"THEN gpu_weighted_seconds(s.gpu_model, {piece}) ELSE {seconds} END) AS charged_seconds, "
+        f"sum({seconds}) AS seconds"
+    )
+
+
+# A source's own figures (one value per source: max() of one value where grouped).
+_SOURCE_FIGURES = (
+    "max(s.per) AS per, max(s.reports) AS reports, max(s.util) AS util, max(s.util_covered) AS util_covered, "
+    "max(s.util_peak) AS util_peak, max(s.mem) AS mem, max(s.mem_covered) AS mem_covered, "
+    "max(s.mem_peak) AS mem_peak, max(s.energy) AS energy, max(s.status_bits) AS status_bits"
+)
+# A usage row from its sources' sums: minutes rounded once per row.
+_TOTALS = (
+    "round(sum(charged_seconds) / 60, 9) AS minutes, "
+    "round(sum(share_seconds) / 60, 9) AS raw_minutes, sum(reports) AS reports, "
+    "sum(util * seconds / per) AS util_seconds, "
+    "coalesce(sum(util_covered * seconds / per), 0) AS util_covered_seconds, "
+    "max(util_peak) AS util_peak, sum(mem * seconds / per) AS mem_byte_seconds, "
+    "coalesce(sum(mem_covered * seconds / per), 0) AS mem_covered_seconds, "
+    "max(mem_peak) AS mem_peak, sum(energy * seconds / per) AS energy_joules, "
+    "bit_or(status_bits) AS status_bits"
+)
+# usage(..., "model") of many namespaces and periods at once (:starts and :ends, the bounds of contiguous
+# periods in order): each source finds the periods its charged time touches by binary search in :starts
+# (width_bucket), its sums per period taken in a lateral subquery (no grouping by source), then one usage
+# row per period, namespace and model.
+_USAGE_BY_PERIOD = sa.text(
+    f"WITH source AS ({_USAGE_SOURCE_OF_NAMESPACES}), b AS ("
+    "SELECT CAST(:starts AS timestamptz[]) AS starts, CAST(:ends AS timestamptz[]) AS ends), per_source AS ("
+    f"SELECT b.starts[k] AS period_start, s.namespace, {_USAGE_PIECE['model'][0]} AS key, x.*, "
+    "s.per, s.reports, s.util, s.util_covered, s.util_peak, s.mem, s.mem_covered, s.mem_peak, s.energy, "
+    "s.status_bits FROM source s CROSS JOIN b "
+    "CROSS JOIN LATERAL generate_series(greatest(width_bucket(lower(s.charged), b.starts), 1), "
+    "width_bucket(upper(s.charged) - interval '1 microsecond', b.starts)) AS k "
+    f"CROSS JOIN LATERAL (SELECT {_piece_sums('r')} "
+    "FROM unnest(s.charged * tstzmultirange(tstzrange(b.starts[k], b.ends[k]))) AS r "
+    "HAVING count(*) > 0) AS x) "
+    f"SELECT period_start, namespace, key, {_TOTALS} FROM per_source "
+    "GROUP BY period_start, namespace, key ORDER BY period_start, namespace, key"
+)
+_STREAMED_ROWS = 1000  # rows fetched from the server-side cursor at a time
 
 # Per pod over [since, until): allocation (share x charged seconds), the allocation of the seconds that had a
 # utilisation figure, and that allocation x the mean SM utilisation, each as share-seconds rounded once to
@@ -224,6 +282,26 @@ class UsageFound(NamedTuple):
     raw_gpu_minutes: Decimal
     reports: int
     figures: FigureSums
+
+
+def usage_found(row: Any) -> UsageFound:
+    """A usage row as the queries' _TOTALS columns give it."""
+    return UsageFound(
+        row.key,
+        row.minutes,
+        row.raw_minutes,
+        int(row.reports),
+        FigureSums(
+            util_seconds=row.util_seconds,
+            util_covered_seconds=row.util_covered_seconds,
+            peak_sm_util_pct=row.util_peak,
+            mem_byte_seconds=row.mem_byte_seconds,
+            mem_covered_seconds=row.mem_covered_seconds,
+            peak_mem_used_bytes=None if row.mem_peak is None else int(row.mem_peak),
+            energy_joules=row.energy_joules,
+            gpu_status_bits=int(row.status_bits),
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -406,45 +484,32 @@ class UsageRepository:
         key, piece, bucket = _USAGE_PIECE[group_by]
         query = sa.text(
             f"WITH source AS ({_USAGE_SOURCE}), per_source AS ("
-            f"SELECT {key} AS key, s.id, "
-            f"sum(s.gpu_share * extract(epoch FROM upper({piece}) - lower({piece}))) AS share_seconds, "
-            f"sum(s.charge_share * gpu_weighted_seconds(s.gpu_model, {piece})) AS charged_seconds, "
-            f"sum(extract(epoch FROM upper({piece}) - lower({piece}))) AS seconds, max(s.per) AS per, "
-            "max(s.reports) AS reports, max(s.util) AS util, max(s.util_covered) AS util_covered, "
-            "max(s.util_peak) AS util_peak, max(s.mem) AS mem, max(s.mem_covered) AS mem_covered, "
-            "max(s.mem_peak) AS mem_peak, max(s.energy) AS energy, max(s.status_bits) AS status_bits "
+            f"SELECT {key} AS key, s.id, {_piece_sums(piece)}, {_SOURCE_FIGURES} "
             "FROM source s "
             "CROSS JOIN LATERAL unnest(s.charged * tstzmultirange(tstzrange(:since, :until))) AS r "
             f"{bucket} GROUP BY 1, 2) "
-            "SELECT key, round(sum(charged_seconds) / 60, 9) AS minutes, "
-            "round(sum(share_seconds) / 60, 9) AS raw_minutes, sum(reports) AS reports, "
-            "sum(util * seconds / per) AS util_seconds, "
-            "coalesce(sum(util_covered * seconds / per), 0) AS util_covered_seconds, "
-            "max(util_peak) AS util_peak, sum(mem * seconds / per) AS mem_byte_seconds, "
-            "coalesce(sum(mem_covered * seconds / per), 0) AS mem_covered_seconds, "
-            "max(mem_peak) AS mem_peak, sum(energy * seconds / per) AS energy_joules, "
-            "bit_or(status_bits) AS status_bits FROM per_source GROUP BY key ORDER BY key"
+            f"SELECT key, {_TOTALS} FROM per_source GROUP BY key ORDER BY key"
         )
         result = await self.session.execute(query, {"namespace": namespace, "since": since, "until": until})
-        return [
-            UsageFound(
-                row.key,
-                row.minutes,
-                row.raw_minutes,
-                int(row.reports),
-                FigureSums(
-                    util_seconds=row.util_seconds,
-                    util_covered_seconds=row.util_covered_seconds,
-                    peak_sm_util_pct=row.util_peak,
-                    mem_byte_seconds=row.mem_byte_seconds,
-                    mem_covered_seconds=row.mem_covered_seconds,
-                    peak_mem_used_bytes=None if row.mem_peak is None else int(row.mem_peak),
-                    energy_joules=row.energy_joules,
-                    gpu_status_bits=int(row.status_bits),
-                ),
-            )
-            for row in result
-        ]
+        return [usage_found(row) for row in result]
+
+    async def usage_by_period(
+        self, namespaces: Sequence[str] | None, periods: Sequence[tuple[datetime, datetime]]
+    ) -> AsyncIterator[tuple[datetime, str, UsageFound]]:
+        """usage(namespace, start, end, "model") of every namespace (None: all) and period, as one
+        statement streamed from a server-side cursor: (period start, namespace, row) in that order."""
+        result = await self.session.stream(
+            _USAGE_BY_PERIOD.execution_options(yield_per=_STREAMED_ROWS),
+            {
+                "namespaces": None if namespaces is None else list(namespaces),
+                "starts": [start for start, _ in periods],
+                "ends": [end for _, end in periods],
+                "since": min(start for start, _ in periods),
+                "until": max(end for _, end in periods),
+            },
+        )
+        async for row in result:
+            yield row.period_start, row.namespace, usage_found(row)
 
     async def efficiency(self, namespace: str, since: datetime, until: datetime) -> list[PodEfficiency]:
         """Per pod over [since, until): allocated, measured and utilised GPU-minutes, exactly (raw rows and

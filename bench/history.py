@@ -1,0 +1,855 @@
+"""A month of history: what a timekeeper costs on day 1, 7 and 30 of N GPU pods reporting every 30 s.
+
+The history is bulk-loaded, one statement per day, in the shapes ingest writes (each report's ledger row,
+its pod's coverage, the namespace's monthly total and 5-minute burn bucket), its figure columns copied
+from a row the real ingest path wrote; the proof first runs a sample (pods coming and going) through the
+real ingest path and through the bulk loader, into two databases, and compares them row by row. The
+scheduler's roll-up runs as it would have (every rollup interval of simulated time, retention 7 days).
+
+`make bench-history ARGS=--quick`; a private PostgreSQL (initdb from the machine's binaries), autovacuum on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+import httpx
+import psycopg
+from sqlalchemy.engine import URL, make_url
+
+from bench.common import PYTHON, REPO_ROOT, RESULTS_FILE, free_port, machine_description, percentile, progress
+from tests.support.timekeeper import Tokens, alembic_config, bearer, migrate, report_body
+from timekeeper.app import create_app
+from timekeeper.clock import ManualClock
+from timekeeper.scheduler.jobs import JOBS_BY_NAME, run_job
+from timekeeper.settings import Settings
+
+STEP = 30  # seconds between a pod's reports
+MODEL = "NVIDIA H100 80GB HBM3"
+# One section per pod count: a quick run and a larger one stand side by side.
+SECTION = "## History: a month of reports at {pods:,} GPU pods (make bench-history)"
+MEASURED_DAYS = (1, 7, 30)
+# Production-like settings for a 2-core, 23 GiB machine shared with other work; written into the results.
+POSTGRES_SETTINGS = {
+    "autovacuum": "on",
+    # A simulated day passes in seconds: autovacuum looks every second (production: every minute of a
+    # real day), so it gets a comparable chance to follow the roll-up's deletes.
+    "autovacuum_naptime": "1s",
+    "shared_buffers": "1GB",
+    "effective_cache_size": "4GB",
+    "work_mem": "16MB",
+    "maintenance_work_mem": "256MB",
+    "max_wal_size": "4GB",
+    "checkpoint_timeout": "15min",
+    "wal_compression": "on",
+    "random_page_cost": "1.1",
+    "synchronous_commit": "on",
+    "fsync": "on",
+    "max_connections": "100",
+}
+
+
+# --- the pods: slot i holds one pod at a time; each lives 1-8 lives' units, then the next one starts ---
+def _life(slot: int, unit: int) -> int:
+    return unit * (1 + slot % 8)
+
+
+def _phase(slot: int, unit: int) -> int:
+    return (slot * 7919 * STEP) % _life(slot, unit)
+
+
+def _share(slot: int) -> float:
+    return 1.0 if slot % 2 == 0 else 0.5
+
+
+# The same pods in SQL: one row per slot and tick in [since, until), as ingest would store each report.
+_SLOTS = (
+    "SELECT i AS slot, %(namespace_prefix)s || (i %% %(namespaces)s) AS namespace, "
+    "%(unit)s * (1 + i %% 8) AS life, (i::bigint * 7919 * %(step)s) %% (%(unit)s * (1 + i %% 8)) AS phase, "
+    "CASE WHEN i %% 2 = 0 THEN 1 ELSE 0.5 END::numeric AS share FROM generate_series(0, %(pods)s - 1) AS i"
+)
+_GENERATED = (
+    f"WITH slots AS ({_SLOTS}), ticks AS (SELECT t, extract(epoch FROM t)::bigint AS e "
+    "FROM generate_series(CAST(%(since)s AS timestamptz), CAST(%(until)s AS timestamptz) "
+    "- make_interval(secs => %(step)s), make_interval(secs => %(step)s)) AS t), "
+    "g AS MATERIALIZED (SELECT s.namespace, 'pod-' || s.slot || '-' || (t.e + s.phase) / s.life AS pod, "
+    "'uid-' || s.slot || '-' || (t.e + s.phase) / s.life AS pod_uid, "
+    "((t.e + s.phase) %% s.life) / %(step)s + 1 AS seq, t.t AS interval_start, "
+    "t.t + make_interval(secs => %(step)s) AS interval_end, s.share, "
+    "(t.e + s.phase) %% s.life + %(step)s = s.life AS final FROM slots s CROSS JOIN ticks t), "
+    "ledger AS (INSERT INTO usage_ledger (namespace, pod, pod_uid, seq, interval_start, interval_end, "
+    "gpu_share, charged, gpu_minutes, final, received_at, gpu_count, mean_sm_util_pct, max_mem_used_bytes, "
+    "gpus, peak_sm_util_pct, mem_used_bytes, mean_power_w, gpu_status_bits, charge_share, gpu_model) "
+    "SELECT namespace, pod, pod_uid, seq, interval_start, interval_end, share, "
+    "tstzmultirange(tstzrange(interval_start, interval_end)), share * %(step)s / 60, final, "
+    "interval_end + interval '1 second', %(gpu_count)s, %(mean_sm_util_pct)s, %(max_mem_used_bytes)s, "
+    "CAST(%(gpus)s AS jsonb), %(peak_sm_util_pct)s, %(mem_used_bytes)s, %(mean_power_w)s, "
+    "%(gpu_status_bits)s, share, %(gpu_model)s FROM g), "
+    "coverage AS (INSERT INTO pod_coverage (pod_uid, namespace, pod, covered, last_seq, last_report_at, "
+    "final, gpu_model) SELECT pod_uid, max(namespace), max(pod), "
+    "range_agg(tstzrange(interval_start, interval_end)), max(seq), max(interval_end) + interval '1 second', "
+    "bool_or(final), %(gpu_model)s FROM g GROUP BY pod_uid "
+    "ON CONFLICT (pod_uid) DO UPDATE SET covered = pod_coverage.covered + excluded.covered, "
+    "last_seq = excluded.last_seq, last_report_at = excluded.last_report_at, "
+    "final = pod_coverage.final OR excluded.final), "
+    "totals AS (INSERT INTO usage_totals (namespace, period_kind, period_start, used_gpu_minutes) "
+    "SELECT namespace, 'monthly', date_trunc('month', interval_start, 'UTC'), sum(share * %(step)s / 60) "
+    "FROM g GROUP BY 1, 3 ON CONFLICT (namespace, period_kind, period_start) "
+    "DO UPDATE SET used_gpu_minutes = usage_totals.used_gpu_minutes + excluded.used_gpu_minutes) "
+    "INSERT INTO usage_burn (namespace, bucket_start, gpu_minutes) "
+    "SELECT namespace, to_timestamp(extract(epoch FROM interval_start)::bigint / 300 * 300), "
+    "sum(share * %(step)s / 60) FROM g GROUP BY 1, 2 ON CONFLICT (namespace, bucket_start) "
+    "DO UPDATE SET gpu_minutes = usage_burn.gpu_minutes + excluded.gpu_minutes"
+)
+# The columns a report's row takes from its figures: copied from a row the real ingest wrote.
+_FIGURE_COLUMNS = (
+    "gpu_count",
+    "mean_sm_util_pct",
+    "max_mem_used_bytes",
+    "gpus",
+    "peak_sm_util_pct",
+    "mem_used_bytes",
+    "mean_power_w",
+    "gpu_status_bits",
+    "gpu_model",
+)
+# What the proof compares, in a fixed order (ids and the ledger's insert order aside).
+_COMPARED = {
+    "usage_ledger": "SELECT namespace, pod, pod_uid, seq, interval_start, interval_end, gpu_share, "
+    "charged::text, gpu_minutes, final, received_at, charge_share, "
+    + ", ".join(f"{c}::text" for c in _FIGURE_COLUMNS)
+    + " FROM usage_ledger ORDER BY pod_uid, seq",
+    "pod_coverage": "SELECT pod_uid, namespace, pod, covered::text, last_seq, last_report_at, final, "
+    "closed_at, "
+    "gpu_model, admitted_share FROM pod_coverage ORDER BY pod_uid",
+    "usage_totals": "SELECT namespace, period_kind, period_start, used_gpu_minutes, granted_gpu_minutes "
+    "FROM usage_totals ORDER BY 1, 2, 3",
+    "usage_burn": "SELECT namespace, bucket_start, gpu_minutes FROM usage_burn ORDER BY 1, 2",
+}
+
+
+def generate(
+    dsn: str, figures: dict[str, Any], pods: int, namespaces: int, since: datetime, until: datetime, unit: int
+) -> None:
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        connection.execute(_GENERATED, _generated(figures, pods, namespaces, since, until, unit))
+
+
+def _generated(
+    figures: dict[str, Any],
+    pods: int,
+    namespaces: int,
+    since: datetime,
+    until: datetime,
+    unit: int,
+    namespace_prefix: str = "ns-",
+) -> dict[str, Any]:
+    return {
+        **figures,
+        "namespace_prefix": namespace_prefix,
+        "pods": pods,
+        "namespaces": namespaces,
+        "unit": unit,
+        "step": STEP,
+        "since": since,
+        "until": until,
+    }
+
+
+BASELINE_BATCH = 32  # reports per batch: the ingest batcher's largest
+BASELINE_BATCHES = 100
+_BASELINE_TABLES = ("usage_ledger", "pod_coverage", "usage_totals", "usage_burn")
+
+
+def baseline_rows_per_second(dsn: str, figures: dict[str, Any], namespaces: int, start: datetime) -> float:
+    """The limit beside ingest: the bulk loader's statement (the same tables, indexes and rows) in
+    BASELINE_BATCHES batches of BASELINE_BATCH reports, one commit each; its rows deleted after."""
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        began = time.perf_counter()
+        for batch in range(BASELINE_BATCHES):
+            tick = start + timedelta(seconds=STEP * batch)
+            connection.execute(
+                _GENERATED,
+                _generated(
+                    figures,
+                    BASELINE_BATCH,
+                    namespaces,
+                    tick,
+                    tick + timedelta(seconds=STEP),
+                    6 * 3600,
+                    "baseline-",
+                ),
+            )
+        took = time.perf_counter() - began
+        for table in _BASELINE_TABLES:
+            connection.execute(f"DELETE FROM {table} WHERE namespace LIKE 'baseline-%%'")
+    return BASELINE_BATCH * BASELINE_BATCHES / took
+
+
+def template_figures(dsn: str) -> dict[str, Any]:
+    with psycopg.connect(dsn) as connection:
+        row = connection.execute(
+            f"SELECT {', '.join(c + '::text' if c == 'gpus' else c for c in _FIGURE_COLUMNS)} "
+            "FROM usage_ledger LIMIT 1"
+        ).fetchone()
+    assert row is not None, "the proof's ingest wrote rows"
+    return dict(zip(_FIGURE_COLUMNS, row, strict=True))
+
+
+# --- PostgreSQL of our own ---
+@contextmanager
+def postgres() -> Iterator[URL]:
+    """A private server (initdb from the machine's binaries, run as `postgres` when we are root)."""
+    binaries = Path(subprocess.check_output(["pg_config", "--bindir"], text=True).strip())
+    if not (binaries / "initdb").exists():
+        binaries = max(Path("/usr/lib/postgresql").glob("*/bin"))
+    data = Path(tempfile.mkdtemp(prefix="gtk-history-"))
+    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    if as_user:
+        shutil.chown(data, "postgres")
+    port = free_port()
+    options = " ".join(f"-c {key}={value}" for key, value in POSTGRES_SETTINGS.items())
+    subprocess.run(
+        [*as_user, binaries / "initdb", "-D", data / "pg", "-U", "postgres", "-A", "trust", "--no-sync"],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [
+            *as_user,
+            binaries / "pg_ctl",
+            "-D",
+            data / "pg",
+            "-w",
+            "-l",
+            data / "pg.log",
+            "-o",
+            f"-p {port} -k {data} -c listen_addresses=127.0.0.1 {options}",
+            "start",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield make_url(f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres")
+    finally:
+        subprocess.run(
+            [*as_user, binaries / "pg_ctl", "-D", data / "pg", "-m", "fast", "stop"], capture_output=True
+        )
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def _dsn(url: URL) -> str:
+    return url.render_as_string(hide_password=False).replace("postgresql+psycopg://", "postgresql://")
+
+
+def new_database(server: URL, name: str) -> URL:
+    with psycopg.connect(_dsn(server), autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{name}"')
+    url = server.set(database=name)
+    migrate(url)
+    return url
+
+
+# --- the app in-process ---
+@dataclass
+class Timekeeper:
+    client: httpx.AsyncClient
+    tokens: Tokens
+    clock: ManualClock
+    app: Any
+    settings: Settings
+
+
+@asynccontextmanager
+async def timekeeper(url: URL, now: datetime) -> AsyncIterator[Timekeeper]:
+    tokens, clock = Tokens(), ManualClock(now)
+    settings = Settings(
+        database_url=url.render_as_string(hide_password=False), scheduler_enabled=False, **tokens.settings()
+    )
+    app = create_app(settings, clock)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://timekeeper/api/v1") as client:
+            yield Timekeeper(client, tokens, clock, app, settings)
+
+
+async def set_budgets(tk: Timekeeper, namespaces: int) -> None:
+    for index in range(namespaces):
+        response = await tk.client.put(
+            f"/namespaces/ns-{index}/budget",
+            json={"budget_gpu_minutes": 10_000_000, "period": "monthly"},
+            headers=bearer(tk.tokens.admin),
+        )
+        response.raise_for_status()
+
+
+def _report(slot: int, namespaces: int, unit: int, tick: int, prefix: str = "") -> dict[str, Any]:
+    life, phase = _life(slot, unit), _phase(slot, unit)
+    generation, age = divmod(tick + phase, life)
+    start = datetime.fromtimestamp(tick, UTC)
+    return report_body(
+        namespace=f"ns-{slot % namespaces}",
+        pod=f"{prefix}pod-{slot}-{generation}",
+        pod_uid=f"{prefix}uid-{slot}-{generation}",
+        seq=age // STEP + 1,
+        start=start,
+        end=start + timedelta(seconds=STEP),
+        gpu_share=_share(slot),
+        final=age + STEP == life,
+        gpus=[
+            {
+                "uuid": "GPU-0",
+                "sm_util_pct": 50.0,
+                "mem_used_bytes": 1 << 30,
+                "mem_total_bytes": 1 << 34,
+                "name": MODEL,
+            }
+        ],
+    )
+
+
+async def post_report(tk: Timekeeper, body: dict[str, Any]) -> None:
+    response = await tk.client.post("/reports", json=body, headers=bearer(tk.tokens.reporter))
+    if response.status_code != 200:
+        raise RuntimeError(f"report refused: {response.status_code} {response.text}")
+
+
+# --- the proof ---
+async def _ingest_sample(
+    url: URL, pods: int, namespaces: int, unit: int, since: datetime, until: datetime
+) -> None:
+    async with timekeeper(url, since) as tk:
+        await set_budgets(tk, namespaces)
+        for tick in range(int(since.timestamp()), int(until.timestamp()), STEP):
+            tk.clock.set(datetime.fromtimestamp(tick + STEP + 1, UTC))
+            await asyncio.gather(*(post_report(tk, _report(s, namespaces, unit, tick)) for s in range(pods)))
+
+
+def prove(server: URL, since: datetime) -> tuple[dict[str, Any], str]:
+    """The sample through the real ingest path and through the bulk loader; (template figures, verdict)."""
+    pods, namespaces, unit, until = 6, 2, 20 * 60, since + timedelta(minutes=90)
+    ingested, bulk = new_database(server, "proof_ingest"), new_database(server, "proof_bulk")
+    asyncio.run(_ingest_sample(ingested, pods, namespaces, unit, since, until))
+    figures = template_figures(_dsn(ingested))
+
+    async def budgets() -> None:
+        async with timekeeper(bulk, since) as tk:
+            await set_budgets(tk, namespaces)
+
+    asyncio.run(budgets())
+    generate(_dsn(bulk), figures, pods, namespaces, since, until, unit)
+    differences = []
+    counts = {}
+    with psycopg.connect(_dsn(ingested)) as a, psycopg.connect(_dsn(bulk)) as b:
+        for table, query in _COMPARED.items():
+            left, right = a.execute(query).fetchall(), b.execute(query).fetchall()
+            counts[table] = len(left)
+            if left != right:
+                first = next((x, y) for x, y in itertools.zip_longest(left, right) if x != y)
+                differences.append(f"{table}: {len(left)} vs {len(right)} rows, first difference {first}")
+    if differences:
+        raise SystemExit("the bulk loader differs from ingest:\n" + "\n".join(differences))
+    finals = counts["pod_coverage"]
+    return figures, (
+        f"{pods} pods x 90 min across a midnight (pods replaced every 20-160 min: {finals} pod_uids) "
+        "through POST /reports and "
+        f"through the bulk loader: equal row by row in usage_ledger ({counts['usage_ledger']} rows, every "
+        f"column but id), pod_coverage ({finals}), usage_totals ({counts['usage_totals']}), usage_burn "
+        f"({counts['usage_burn']})"
+    )
+
+
+# --- measurements ---
+@dataclass
+class Day:
+    day: int
+    figures: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+async def ingest_load(
+    tk: Timekeeper,
+    start: datetime,
+    seconds: float,
+    namespaces: int,
+    prefix: str,
+    pods: int = 1000,
+    concurrency: int = 32,
+) -> tuple[float, float, int]:
+    """(reports/s, p99 ms, reports) of `concurrency` clients for `seconds`: pods of their own reporting
+    30 s intervals from `start` on, round after round."""
+    bodies = (
+        _report(slot, namespaces, 10**9, int(start.timestamp()) + STEP * round_, prefix)
+        for round_ in itertools.count()
+        for slot in range(pods)
+    )
+    tk.clock.set(start + timedelta(hours=2))
+    latencies: list[float] = []
+    deadline = time.perf_counter() + seconds
+
+    async def client() -> None:
+        while time.perf_counter() < deadline:
+            body = next(bodies)
+            began = time.perf_counter()
+            await post_report(tk, body)
+            latencies.append(1000 * (time.perf_counter() - began))
+
+    began = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return len(latencies) / (time.perf_counter() - began), percentile(latencies, 0.99), len(latencies)
+
+
+async def read_latencies(tk: Timekeeper, namespaces: int, reads: int = 300) -> tuple[float, float]:
+    """(p50, p99) ms of budget reads one after another."""
+    latencies = []
+    for index in range(reads + 20):
+        began = time.perf_counter()
+        response = await tk.client.get(
+            f"/namespaces/ns-{index % namespaces}/budget", headers=bearer(tk.tokens.reader)
+        )
+        response.raise_for_status()
+        if index >= 20:
+            latencies.append(1000 * (time.perf_counter() - began))
+    return percentile(latencies, 0.5), percentile(latencies, 0.99)
+
+
+async def snapshot_p99(tk: Timekeeper, dsn: str, samples: int = 30) -> float:
+    latencies = []
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        for index in range(samples + 3):
+            connection.execute("UPDATE admission_version SET version = version + 1")
+            began = time.perf_counter()
+            response = await tk.client.get("/admission-state", headers=bearer(tk.tokens.reader))
+            response.raise_for_status()
+            if index >= 3:
+                latencies.append(1000 * (time.perf_counter() - began))
+    return percentile(latencies, 0.99)
+
+
+async def usage_ms(tk: Timekeeper, since: datetime, until: datetime, group_by: str) -> float:
+    times = []
+    for _ in range(2):
+        began = time.perf_counter()
+        response = await tk.client.get(
+            "/namespaces/ns-0/usage",
+            params={"group_by": group_by, "since": since.isoformat(), "until": until.isoformat()},
+            headers=bearer(tk.tokens.admin),
+        )
+        response.raise_for_status()
+        times.append(1000 * (time.perf_counter() - began))
+    return median(times)
+
+
+def export_process(url: URL, since: datetime, until: datetime) -> subprocess.Popen[str]:
+    """The chargeback export (daily periods, every namespace, CSV) in a process of its own (its peak RSS)."""
+    return subprocess.Popen(
+        [
+            PYTHON,
+            "-m",
+            "bench.history",
+            "--export",
+            url.render_as_string(hide_password=False),
+            since.isoformat(),
+            until.isoformat(),
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def export_figures(process: subprocess.Popen[str]) -> dict[str, float]:
+    out, _ = process.communicate()
+    if process.returncode:
+        raise RuntimeError(f"export failed ({process.returncode})")
+    return dict(json.loads(out))
+
+
+async def _export(url: str, since: datetime, until: datetime) -> dict[str, float]:
+    from timekeeper.billing.chargeback import as_csv, chargeback_range, chargeback_rows
+    from timekeeper.db.session import build_engine, build_sessionmaker
+
+    engine = build_engine(url, pool_size=1)
+    sessions = build_sessionmaker(engine)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    began = time.perf_counter()
+    rows = size = 0
+    span = chargeback_range("daily", since, until)
+    async for chunk in as_csv(chargeback_rows(sessions, span, None, "USD")):
+        rows += 1
+        size += len(chunk)
+    seconds = time.perf_counter() - began
+    await engine.dispose()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"seconds": seconds, "rows": rows - 1, "bytes": size, "rss_before_mib": before, "peak_mib": peak}
+
+
+def sizes(dsn: str) -> dict[str, tuple[int, int, int, int, int, int]]:
+    """Per table: (table bytes, index bytes, live, dead tuples, autovacuums, autoanalyzes)."""
+    with psycopg.connect(dsn) as connection:
+        rows = connection.execute(
+            "SELECT relname, pg_table_size(relid), pg_indexes_size(relid), n_live_tup, n_dead_tup, "
+            "autovacuum_count, autoanalyze_count FROM pg_stat_user_tables "
+            "WHERE relname IN ('usage_ledger', 'usage_hourly', 'pod_coverage', 'usage_totals', 'usage_burn')"
+        ).fetchall()
+    return {name: tuple(values) for name, *values in rows}  # type: ignore[misc]
+
+
+async def roll_up_day(tk: Timekeeper, day_start: datetime, minutes: int) -> float:
+    """The roll-up job run at each of its windows in the day, on a clock of its own (the ingest load may
+    run beside it); its seconds in all."""
+    clock = ManualClock(day_start)
+    took = 0.0
+    for step in range(1, 24 * 60 // minutes + 1):
+        clock.set(day_start + timedelta(minutes=minutes * step))
+        began = time.perf_counter()
+        await run_job(JOBS_BY_NAME["rollup"], tk.app.state.sessionmaker, tk.settings, clock, "bench")
+        took += time.perf_counter() - began
+    return took
+
+
+async def watch_locks(dsn: str, seen: set[str], stop: asyncio.Event) -> None:
+    """The locks the roll-up's statement holds, sampled while it runs."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as connection:
+        while not stop.is_set():
+            rows = await connection.execute(
+                "SELECT coalesce(c.relname, l.locktype), l.mode FROM pg_locks l "
+                "JOIN pg_stat_activity a ON a.pid = l.pid LEFT JOIN pg_class c ON c.oid = l.relation "
+                "WHERE a.query LIKE '%%DELETE FROM usage_ledger%%' AND a.state = 'active' "
+                "AND l.granted AND c.relkind IN ('r', 'p')"
+            )
+            seen.update(f"{name} {mode}" for name, mode in await rows.fetchall())
+            await asyncio.sleep(0.05)
+
+
+def add_column_seconds(url: URL) -> float:
+    """`alembic upgrade head` of a revision that adds a nullable column to usage_ledger."""
+    config = alembic_config(url)
+    scripts = Path(tempfile.mkdtemp(prefix="gtk-migrations-"))
+    shutil.copytree(REPO_ROOT / "migrations", scripts / "migrations")
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(config).get_current_head()
+    assert head is not None, "the migrations have a head"
+    (scripts / "migrations" / "versions" / "bench_added_column.py").write_text(
+        '"""bench: a column added on a month-old ledger."""\n'
+        "import sqlalchemy as sa\nfrom alembic import op\n"
+        f'revision = "bench0column"\ndown_revision = "{head}"\nbranch_labels = None\ndepends_on = None\n\n\n'
+        "def upgrade() -> None:\n    op.add_column('usage_ledger', sa.Column('bench_note', sa.Text()))\n\n\n"
+        "def downgrade() -> None:\n    op.drop_column('usage_ledger', 'bench_note')\n"
+    )
+    config.set_main_option("script_location", str(scripts / "migrations"))
+    from alembic import command
+
+    began = time.perf_counter()
+    command.upgrade(config, "head")
+    took = time.perf_counter() - began
+    command.downgrade(config, head)
+    shutil.rmtree(scripts, ignore_errors=True)
+    return took
+
+
+# --- the run ---
+@dataclass
+class Run:
+    pods: int
+    namespaces: int
+    unit: int
+    rollup_minutes: int
+    load_seconds: float
+    days: list[Day] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    rollups: list[tuple[float, int]] = field(default_factory=list)  # (seconds, rows folded) per day
+    template: dict[str, Any] = field(default_factory=dict)  # the figure columns ingest wrote (the proof)
+
+
+async def measure_day(run: Run, tk: Timekeeper, url: URL, base: datetime, day: int) -> Day:
+    dsn = _dsn(url)
+    end = base + timedelta(days=day)
+    found = Day(day)
+    rate, p99, _ = await ingest_load(tk, end, run.load_seconds, run.namespaces, f"load{day}-")
+    found.figures |= {"ingest reports/s": rate, "ingest p99 ms": p99}
+    tk.clock.set(end + timedelta(hours=3))
+    p50, found.figures["budget read p99 ms"] = await read_latencies(tk, run.namespaces)
+    found.figures["budget read p50 ms"] = p50
+    found.figures["snapshot build p99 ms"] = await snapshot_p99(tk, dsn)
+    month = end - timedelta(days=30)
+    for group in ("pod", "day"):
+        found.figures[f"usage by {group}, a month, ms"] = await usage_ms(tk, month, end, group)
+    export = export_figures(export_process(url, month, end))
+    found.figures |= {
+        "export of a month s": export["seconds"],
+        "export peak RSS MiB": export["peak_mib"],
+        "export rows": export["rows"],
+    }
+    found.notes.append(
+        f"export: {export['rows']:.0f} rows, {export['bytes'] / 2**20:.1f} MiB of CSV, RSS "
+        f"{export['rss_before_mib']:.0f} MiB before the first row"
+    )
+    for table, (table_bytes, index_bytes, live, dead, vacuums, analyzes) in sizes(dsn).items():
+        found.figures[f"{table} table+index MiB"] = (table_bytes + index_bytes) / 2**20
+        found.notes.append(
+            f"{table}: table {table_bytes / 2**20:.1f} MiB, indexes {index_bytes / 2**20:.1f} "
+            f"MiB, {live:,} live / {dead:,} dead tuples, autovacuum {vacuums}x, "
+            f"autoanalyze {analyzes}x"
+        )
+    # After the sizes (its rows are deleted again); a year on, so no baseline pod is a history pod.
+    baseline = baseline_rows_per_second(dsn, run.template, run.namespaces, end + timedelta(days=365))
+    found.figures |= {"bulk baseline reports/s": baseline, "ingest / bulk baseline": rate / baseline}
+    if day == 7:
+        with psycopg.connect(dsn) as connection:
+            row = connection.execute(
+                "SELECT avg(pg_column_size(l.*)), avg(pg_column_size(l.gpus)), "
+                "avg(pg_column_size(l.charged)) "
+                "FROM usage_ledger l TABLESAMPLE SYSTEM (10)"
+            ).fetchone()
+        if row and row[0] is not None:
+            found.notes.append(
+                f"a ledger row holds {row[0]:.0f} bytes of data (its gpus JSON {row[1]:.0f}, its charged "
+                f"multirange {row[2]:.0f}), before the tuple header, alignment and the indexes"
+            )
+    return found
+
+
+async def history(run: Run, url: URL, figures: dict[str, Any], base: datetime) -> None:
+    dsn = _dsn(url)
+    run.template = figures
+    async with timekeeper(url, base) as tk:
+        await set_budgets(tk, run.namespaces)
+        for day in range(1, 31):
+            day_start = base + timedelta(days=day - 1)
+            began = time.perf_counter()
+            generate(
+                dsn, figures, run.pods, run.namespaces, day_start, day_start + timedelta(days=1), run.unit
+            )
+            generated = time.perf_counter() - began
+            if day == 30:
+                await measure_rollup_under_load(run, tk, url, day_start)
+            else:
+                before = _ledger_rows(dsn)
+                took = await roll_up_day(tk, day_start, run.rollup_minutes)
+                run.rollups.append((took, before - _ledger_rows(dsn)))
+            tk.clock.set(day_start + timedelta(days=1))
+            await run_job(JOBS_BY_NAME["closeout"], tk.app.state.sessionmaker, tk.settings, tk.clock, "bench")
+            progress(
+                f"history day {day}: {run.pods * 2880:,} reports loaded in {generated:.1f}s, "
+                f"roll-up {run.rollups[-1][0]:.1f}s"
+            )
+            if day in MEASURED_DAYS:
+                run.days.append(await measure_day(run, tk, url, base, day))
+                progress(f"day {day} measured: {run.days[-1].figures}")
+        await eight_exports(run, tk, url, base + timedelta(days=30))
+    run.notes.append(
+        f"`alembic upgrade head` adding a nullable column to usage_ledger on day 30: "
+        f"{add_column_seconds(url):.2f} s (and its downgrade after)"
+    )
+
+
+def _ledger_rows(dsn: str) -> int:
+    with psycopg.connect(dsn) as connection:
+        row = connection.execute("SELECT count(*) FROM usage_ledger").fetchone()
+    return int(row[0]) if row else 0
+
+
+async def measure_rollup_under_load(run: Run, tk: Timekeeper, url: URL, day_start: datetime) -> None:
+    """Day 30's roll-up (the last day's windows back to back) while the ingest load runs."""
+    dsn = _dsn(url)
+    before = _ledger_rows(dsn)
+    seen: set[str] = set()
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(watch_locks(dsn, seen, stop))
+    rolled = asyncio.create_task(roll_up_day(tk, day_start, run.rollup_minutes))
+    rate, p99, count = await ingest_load(
+        tk, day_start + timedelta(days=3), run.load_seconds, run.namespaces, "rollup-"
+    )
+    took = await rolled
+    stop.set()
+    await watcher
+    run.rollups.append((took, before - _ledger_rows(dsn)))
+    run.notes.append(
+        f"ingest during day 30's roll-up windows run back to back: {rate:,.0f} reports/s, p99 {p99:.1f} ms "
+        f"({count:,} reports); locks the roll-up statement held: {', '.join(sorted(seen)) or 'none sampled'}"
+    )
+
+
+async def export_over_http(tk: Timekeeper, since: datetime, until: datetime) -> float:
+    """GET /billing/chargeback (daily, CSV) through the app, where exports take turns; its seconds."""
+    began = time.perf_counter()
+    response = await tk.client.get(
+        "/billing/chargeback",
+        params={"since": since.isoformat(), "until": until.isoformat(), "period": "daily", "format": "csv"},
+        headers=bearer(tk.tokens.admin),
+        timeout=None,
+    )
+    response.raise_for_status()
+    return time.perf_counter() - began
+
+
+async def eight_exports(run: Run, tk: Timekeeper, url: URL, end: datetime) -> None:
+    """Ingest p99 without exports, beside eight year-long daily exports through the app (they take
+    turns), and beside eight run at once in processes of their own (no turns)."""
+    plain_rate, plain_p99, _ = await ingest_load(
+        tk, end + timedelta(days=4), run.load_seconds, run.namespaces, "plain-"
+    )
+    year = end - timedelta(days=399)
+    in_turn = [asyncio.create_task(export_over_http(tk, year, end)) for _ in range(8)]
+    rate, p99, _ = await ingest_load(tk, end + timedelta(days=5), run.load_seconds, run.namespaces, "turns-")
+    waited = [await task for task in in_turn]
+    at_once = [export_process(url, year, end) for _ in range(8)]
+    free_rate, free_p99, _ = await ingest_load(
+        tk, end + timedelta(days=6), run.load_seconds, run.namespaces, "at-once-"
+    )
+    results = [export_figures(process) for process in at_once]
+    run.notes.append(
+        "ingest beside eight year-long daily exports (GET /billing/chargeback, taking turns): "
+        f"p99 {p99:.1f} ms vs {plain_p99:.1f} ms without ({p99 / plain_p99:.2f}x), "
+        f"{rate:,.0f} vs {plain_rate:,.0f} reports/s; "
+        f"the eighth answered after {max(waited):.1f} s. Eight at once in processes of their own (no turns): "
+        f"p99 {free_p99:.1f} ms ({free_p99 / plain_p99:.2f}x), {free_rate:,.0f} reports/s; they took "
+        f"{min(r['seconds'] for r in results):.1f}-{max(r['seconds'] for r in results):.1f} s, peak RSS "
+        f"{max(r['peak_mib'] for r in results):.0f} MiB"
+    )
+
+
+def per_pod_day(run: Run) -> tuple[float, float, float]:
+    """(raw ledger bytes, hourly bytes, everything) per pod-day, from day 7 (raw only) and day 30."""
+    day7 = next(d for d in run.days if d.day == 7).figures
+    day30 = next(d for d in run.days if d.day == 30).figures
+    raw = day7["usage_ledger table+index MiB"] * 2**20 / (run.pods * 7)
+    hourly = day30["usage_hourly table+index MiB"] * 2**20 / (run.pods * 23)
+    total = sum(v for k, v in day30.items() if k.endswith("table+index MiB")) * 2**20 / (run.pods * 30)
+    return raw, hourly, total
+
+
+def write(run: Run, proof: str, load: tuple[str, str], seconds: float) -> str:
+    days = {d.day: d for d in run.days}
+    names = list(run.days[0].figures)
+    section = SECTION.format(pods=run.pods)
+    lines = [
+        section,
+        "",
+        f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M UTC} by "
+        f"`make bench-history ARGS='{' '.join(sys.argv[1:])}'`"
+        f" in {seconds / 60:.1f} min on {machine_description()}. {run.pods:,} GPU pods in {run.namespaces} "
+        f"namespaces, a report each every {STEP} s ({run.pods * 2880:,} a day), pods replaced every "
+        f"{run.unit // 3600}-{8 * run.unit // 3600} h; the roll-up every {run.rollup_minutes} min of "
+        "simulated "
+        "time, raw rows kept 7 days.",
+        f"**The machine was shared with other helpers' work**: load average (1/5/15 min) {load[0]} before, "
+        f"{load[1]} after, on 2 cores: figures are lower and noisier than a quiet machine gives.",
+        "",
+        "| figure | day 1 | day 7 | day 30 |",
+        "|---|---|---|---|",
+    ]
+    for name in names:
+        lines.append(
+            f"| {name} | "
+            + " | ".join(f"{days[d].figures.get(name, float('nan')):,.2f}" for d in MEASURED_DAYS)
+            + " |"
+        )
+    raw, hourly, total = per_pod_day(run)
+    folding = [(s, rows) for s, rows in run.rollups if rows]
+    per_day = median(s for s, _ in folding) if folding else 0.0
+    lines += [
+        "",
+        f"- bytes per pod-day: raw ledger {raw:,.0f} (table + indexes, day 7), rolled up into hours "
+        f"{hourly:,.0f} (day 30), everything on day 30 / pod-days held {total:,.0f}",
+        f"- roll-up of one day of data (its {24 * 60 // run.rollup_minutes} windows): "
+        f"median {per_day:.1f} s, "
+        f"max {max((s for s, _ in folding), default=0):.1f} s, "
+        f"{folding[0][1] if folding else 0:,} rows folded "
+        "per day",
+        f"- history loaded by the bulk loader; proof: {proof}",
+        "- ingest is driven in-process (httpx over ASGI: the 32 clients share the timekeeper's process and "
+        "event loop), so its rates compare days with each other, not with `make bench`'s; the bulk baseline "
+        f"is the bulk loader's statement in {BASELINE_BATCHES} batches of {BASELINE_BATCH} reports, one "
+        "commit each, one connection (its rows deleted after)",
+        *[f"- day {d.day}: {note}" for d in run.days for note in d.notes],
+        *[f"- {note}" for note in run.notes],
+        "- PostgreSQL 15, private server: " + ", ".join(f"{k}={v}" for k, v in POSTGRES_SETTINGS.items()),
+        "",
+    ]
+    text = RESULTS_FILE.read_text()
+    if section in text:
+        before, _, after = text.partition(section)
+        rest = after.split("\n## ", 1)
+        text = before + "\n".join(lines) + ("\n## " + rest[1] if len(rest) > 1 else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + "\n".join(lines)
+    RESULTS_FILE.write_text(text)
+    read = days[30].figures["budget read p99 ms"] / days[1].figures["budget read p99 ms"]
+    ingest = days[30].figures["ingest p99 ms"] / days[1].figures["ingest p99 ms"]
+    return (
+        f"history: read p99 day-30/day-1 {read:.2f}x, ingest p99 day-30/day-1 {ingest:.2f}x, "
+        f"{total:,.0f} bytes per pod-day, roll-up of a day {per_day:.1f} s, export of a month "
+        f"{days[30].figures['export of a month s']:.1f} s "
+        f"peak {days[30].figures['export peak RSS MiB']:.0f} MiB"
+    )
+
+
+def _load() -> str:
+    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--pods", type=int, default=10_000, help="GPU pods at any time (default 10,000)")
+    parser.add_argument("--namespaces", type=int, default=0, help="default: one per 50 pods, at least 4")
+    parser.add_argument(
+        "--quick", action="store_true", help="20 pods in 5 namespaces, the roll-up hourly, 5 s of load"
+    )
+    parser.add_argument("--load-seconds", type=float, default=10.0)
+    parser.add_argument("--rollup-minutes", type=int, default=10, help="the roll-up job's interval")
+    parser.add_argument("--proof-only", action="store_true", help="only the bulk loader's proof")
+    parser.add_argument("--export", nargs=3, metavar=("URL", "SINCE", "UNTIL"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.export:
+        url, since, until = args.export
+        print(
+            json.dumps(
+                asyncio.run(_export(url, datetime.fromisoformat(since), datetime.fromisoformat(until)))
+            )
+        )
+        return
+    pods = 20 if args.quick else args.pods
+    run = Run(
+        pods,
+        args.namespaces or (5 if args.quick else max(4, pods // 50)),
+        6 * 3600,
+        60 if args.quick else args.rollup_minutes,
+        5.0 if args.quick else args.load_seconds,
+    )
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the private server stops on a kill too
+    started, load_before = time.perf_counter(), _load()
+    base = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=40)
+    with postgres() as server:
+        progress("proof: a sample through ingest and through the bulk loader")
+        figures, proof = prove(server, base - timedelta(days=2, minutes=45))  # across a midnight
+        progress(proof)
+        if args.proof_only:
+            return
+        asyncio.run(history(run, new_database(server, "history"), figures, base))
+    print(write(run, proof, (load_before, _load()), time.perf_counter() - started))
+
+
+if __name__ == "__main__":
+    main()

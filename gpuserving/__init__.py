@@ -1,0 +1,3 @@
+"""What the two HTTP servers (timekeeper, webhook) share about serving: bounds on each client connection.
+
+Kept apart from gpuaccounting, which stays pure for the sidecar; this package may use uvicorn's parser."""

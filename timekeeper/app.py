@@ -24,7 +24,6 @@ from timekeeper.billing.router import router as billing_router
 from timekeeper.budgets.router import router as budgets_router
 from timekeeper.clock import Clock
 from timekeeper.db.session import (
-    ReadConnections,
     build_engine,
     build_read_sessionmaker,
     build_sessionmaker,
@@ -85,7 +84,6 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.engine = engine
     app.state.sessionmaker = build_sessionmaker(engine)
     app.state.read_sessionmaker = build_read_sessionmaker(engine)
-    app.state.reads = ReadConnections()
     app.state.snapshot_cache = SnapshotCache()
     app.state.chargeback_turns = asyncio.Semaphore(settings.chargeback_exports)
     app.state.access = await build_access_control(settings)
@@ -103,7 +101,6 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         await app.state.ingest.aclose()
-        await app.state.reads.release()
         await app.state.access.aclose()
         if app.state.pod_shares is not None:
             await app.state.pod_shares.aclose()

@@ -9,7 +9,6 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
 
 import pytest
 
@@ -70,14 +69,12 @@ class Session:
 
 
 class Sessions:
-    """A sessionmaker bound to no engine (HeldConnection then opens a session per batch)."""
-
-    kw: dict[str, Any] = {}
+    """A sessionmaker: each batch opens a session of it."""
 
     def __init__(self, steps: Steps) -> None:
         self.steps = steps
 
-    def __call__(self, **_: object) -> Session:
+    def __call__(self) -> Session:
         return Session(self.steps)
 
 

@@ -1,8 +1,7 @@
-"""The budget reads' held connections (timekeeper.db.session.ReadConnections), with the app's own engine
-on a database of this module's own (reads there are not inside a test's transaction): reads at once never
-share a connection, a connection whose backend was terminated between reads is replaced before a read
-meets it, and a pool member's read (the one read that needs an ORM session) answers its pool's state
-and leaves the held connection idle, in autocommit."""
+"""The budget reads' connections, plain checkouts from the app's own engine on a database of this module's
+own (reads there are not inside a test's transaction): a pooled connection whose backend was terminated
+between reads is replaced before a read meets it (the pool's pre-ping), and a pool member's read answers
+its pool's state and gives its connection back."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import asyncio
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import httpx
 import psycopg
@@ -22,7 +20,6 @@ from tests.support.postgres import url_string
 from tests.support.timekeeper import Api, Tokens, bearer, migrated_database, ok, report_body
 from timekeeper.app import create_app
 from timekeeper.clock import ManualClock
-from timekeeper.db.session import ReadConnections
 from timekeeper.settings import Settings
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -51,42 +48,6 @@ async def api(app: FastAPI, tokens: Tokens) -> AsyncIterator[Api]:
         yield Api(client, tokens)
 
 
-def checked_out(app: FastAPI) -> int:
-    return int(app.state.engine.sync_engine.pool.checkedout())
-
-
-async def test_reads_at_once_never_share_a_connection(app: FastAPI) -> None:
-    """Five reads inside at once, after one that left a connection held: five connections (five
-    backends). Two stay held afterwards, the rest go back to the engine's pool, and the next read takes
-    one of the two held."""
-    reads = ReadConnections(keep=2)
-    async with reads.reading(app.state.read_sessionmaker) as reading:
-        first = await reading.driver()
-    inside: list[tuple[psycopg.AsyncConnection[Any], int]] = []
-    all_inside = asyncio.Event()
-
-    async def read() -> None:
-        async with reads.reading(app.state.read_sessionmaker) as reading:
-            driver = await reading.driver()
-            row = await (await driver.execute("SELECT pg_backend_pid()")).fetchone()
-            assert row is not None
-            inside.append((driver, row[0]))
-            if len(inside) == 5:
-                all_inside.set()
-            await all_inside.wait()
-
-    await asyncio.wait_for(asyncio.gather(*(read() for _ in range(5))), 30)
-
-    assert len({id(driver) for driver, _ in inside}) == 5
-    assert first in [driver for driver, _ in inside]
-    assert len({pid for _, pid in inside}) == 5
-    assert checked_out(app) == 2  # the two held; the ingest batcher has charged nothing yet
-    async with reads.reading(app.state.read_sessionmaker) as reading:
-        assert await reading.driver() in [driver for driver, _ in inside]
-    await reads.release()
-    assert checked_out(app) == 0
-
-
 async def terminate_backends(database: URL) -> int:
     """Terminates every backend connected to `database` (as an administrator or a failover would)."""
     dsn = url_string(database.set(database="postgres")).replace("+psycopg", "")
@@ -101,12 +62,12 @@ async def terminate_backends(database: URL) -> int:
     return int(row[0])
 
 
-async def test_held_read_connections_terminated_between_reads_cost_no_read(
+async def test_read_connections_terminated_between_reads_cost_no_read(
     app: FastAPI, api: Api, own_database: URL
 ) -> None:
-    """Each held read connection is checked before a read (timekeeper.db.session.closed_by_server); one
-    whose backend was terminated since its last read is replaced, so no read meets it (a 503 otherwise)."""
-    await asyncio.gather(*(api.budget("team-a") for _ in range(3)))  # two held, one back in the pool
+    """Each pooled connection is checked at checkout (the pool's pre-ping); one whose backend was
+    terminated since its last read is replaced, so no read meets it (a 503 otherwise)."""
+    await asyncio.gather(*(api.budget("team-a") for _ in range(3)))  # three connections in the pool
 
     assert await terminate_backends(own_database) >= 2
 
@@ -120,12 +81,10 @@ async def test_held_read_connections_terminated_between_reads_cost_no_read(
     assert app.state.metrics.registry.get_sample_value("timekeeper_database_up") == 1
 
 
-async def test_a_pool_members_read_on_a_held_connection_answers_its_pools_state(
-    app: FastAPI, api: Api
-) -> None:
-    """team-b spent nothing, but the pool it shares with team-a is spent: its read (a held connection, and
-    an ORM session on it made for the pool's figures) answers exhausted, as the snapshot does; the
-    session leaves the held connection idle in autocommit, not inside a transaction."""
+async def test_a_pool_members_read_answers_its_pools_state(app: FastAPI, api: Api) -> None:
+    """team-b spent nothing, but the pool it shares with team-a is spent: its read (the pool's figures
+    through the ORM) answers exhausted, as the snapshot does, and every connection goes back to the
+    pool afterwards."""
     pool = "vision-" + secrets.token_hex(3)
     team_a, team_b = f"{pool}-a", f"{pool}-b"
     body = {
@@ -147,7 +106,4 @@ async def test_a_pool_members_read_on_a_held_connection_answers_its_pools_state(
     assert (budget["pool"], budget["state"], budget["used_gpu_minutes"]) == (pool, "exhausted", 0)
     assert listed[team_b] == budget
     assert listed[team_a]["state"] == snapshot[team_a]["state"] == snapshot[team_b]["state"] == "exhausted"
-    async with app.state.reads.reading(app.state.read_sessionmaker) as reading:
-        driver = await reading.driver()
-        assert driver.autocommit
-        assert driver.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert app.state.engine.sync_engine.pool.checkedout() == 0

@@ -265,9 +265,8 @@ async def statuses_on(
 ) -> tuple[list[NamespaceFigures], dict[str, Decimal]]:
     """The figures (`BudgetRepository.figures`) and the GPU-minutes each namespace burnt since
     `burn_since` (the forecast's burn buckets; absent: none), in one round trip (the two statements
-    pipelined; for listed namespaces, planned as index probes, once: PLANNING), on a psycopg connection:
-    a session's own (`session_driver`) or a held read connection's, with no session around it
-    (db.session.ReadConnections)."""
+    pipelined; for listed namespaces, planned as index probes, once: PLANNING), on a session's own psycopg
+    connection (`session_driver`)."""
     queries = [figures_query(now, namespaces), burned_query(burn_since, now, namespaces)]
     if namespaces is not None:
         queries.insert(0, (PLANNING, {}))

@@ -41,8 +41,8 @@ _STATUSES = TypeAdapter(list[NamespaceBudgetOut])
 async def list_namespaces(request: Request, scope: ReadScope) -> Response:
     """Every known namespace; for a credential scoped to namespaces, exactly those."""
     state = request.app.state
-    async with state.reads.reading(state.read_sessionmaker) as reading:
-        reads = BudgetReads(reading, state.settings, state.clock)
+    async with state.read_sessionmaker() as session:
+        reads = BudgetReads(session, state.settings, state.clock)
         statuses = await reads.all() if scope is None else await reads.some(sorted(scope))
     return Response(_STATUSES.dump_json(statuses), media_type="application/json")
 
@@ -51,8 +51,8 @@ async def list_namespaces(request: Request, scope: ReadScope) -> Response:
 async def get_budget(request: Request, namespace: NamespacePath, _: Reader) -> Response:
     """One namespace's budget status (any namespace has one: an unknown one is on the default, unused)."""
     state = request.app.state
-    async with state.reads.reading(state.read_sessionmaker) as reading:
-        status = await BudgetReads(reading, state.settings, state.clock).status(namespace)
+    async with state.read_sessionmaker() as session:
+        status = await BudgetReads(session, state.settings, state.clock).status(namespace)
     return Response(status.model_dump_json(), media_type="application/json")
 
 

@@ -31,7 +31,7 @@ from timekeeper.budgets.schemas import (
     PriorityPolicyBody,
 )
 from timekeeper.clock import Clock
-from timekeeper.db.session import Reading, SessionReading
+from timekeeper.db.driver import session_driver
 from timekeeper.errors import TimekeeperError
 from timekeeper.settings import Settings
 
@@ -115,12 +115,11 @@ def forecast_window(settings: Settings) -> timedelta:
 
 
 class BudgetReads:
-    """Budget statuses, on whatever the read runs on (db.session.Reading): the request's session, or a
-    held read connection without a session (GET /namespaces/{ns}/budget, GET /namespaces), where an ORM
-    session is made only for a namespace in a pool (its members' totals are read through the ORM)."""
+    """Budget statuses, on a session: a write's own, or an autocommit read session (GET
+    /namespaces/{ns}/budget, GET /namespaces)."""
 
-    def __init__(self, reading: Reading, settings: Settings, clock: Clock) -> None:
-        self.reading = reading
+    def __init__(self, session: AsyncSession, settings: Settings, clock: Clock) -> None:
+        self.session = session
         self.settings = settings
         self.clock = clock
 
@@ -129,11 +128,11 @@ class BudgetReads:
         one round trip."""
         now = self.clock.now()
         found, burned = await statuses_on(
-            await self.reading.driver(), now, now - forecast_window(self.settings), namespaces
+            await session_driver(self.session), now, now - forecast_window(self.settings), namespaces
         )
         states = unpooled_states(found)
         if states is None:
-            states = await AdmissionService(await self.reading.session(), self.settings).states(found, now)
+            states = await AdmissionService(self.session, self.settings).states(found, now)
         return [
             status_out(
                 figures,
@@ -163,7 +162,7 @@ class BudgetService:
         self.repository = BudgetRepository(session)
         self.audit = AuditRepository(session)
         self.admission = AdmissionService(session, settings)
-        self.reads = BudgetReads(SessionReading(session), settings, clock)
+        self.reads = BudgetReads(session, settings, clock)
         self.settings = settings
         self.clock = clock
 

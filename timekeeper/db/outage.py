@@ -1,8 +1,8 @@
 """Telling a database outage (the server cannot be reached or cut the connection) from a statement the
 database refused, and watching outages: each is logged once when it begins and once when it ends (not once
 per request), and shown as metrics. Requests during an outage are answered 503 with Retry-After; the pool
-(db.session._still_connected, at checkout) replaces broken connections, so service resumes by itself when
-the server is back."""
+(its pre-ping, at checkout) replaces broken connections, so service resumes by itself when the server is
+back."""
 
 from __future__ import annotations
 

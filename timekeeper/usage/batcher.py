@@ -33,7 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from timekeeper.clock import Clock
 from timekeeper.db.outage import is_outage
-from timekeeper.db.session import HeldConnection
+from timekeeper.db.session import transaction
 from timekeeper.errors import TimekeeperError, unavailable
 from timekeeper.metrics import Metrics
 from timekeeper.settings import Settings
@@ -58,8 +58,7 @@ class IngestBatcher:
         """`sessions` is looked up for every batch (tests swap the app's sessionmaker after startup).
         `in_flight` batches run at once, one of them gathering and charging (the turn), the others
         committing: while one commits the next gathers and charges, instead of the reports that arrive
-        during a commit waiting for it. Each runner keeps its connection from batch to batch
-        (`HeldConnection`)."""
+        during a commit waiting for it."""
         self._sessions = sessions
         self._settings = settings
         self._clock = clock
@@ -70,7 +69,6 @@ class IngestBatcher:
         self._arrived = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._charging: dict[int, list[Pending]] = {}
-        self._held = [HeldConnection() for _ in range(in_flight)]
         self._turn = asyncio.Lock()
 
     def start(self) -> None:
@@ -85,8 +83,6 @@ class IngestBatcher:
         for task in self._tasks:
             with suppress(asyncio.CancelledError):
                 await task
-        for held in self._held:
-            await held.release()
         charging = [pending for batch in self._charging.values() for pending in batch]
         for _, _, future in [*charging, *self._queue]:
             if not future.done():
@@ -128,20 +124,18 @@ class IngestBatcher:
             try:
                 batch = self._charging[runner] = self._take()
                 if batch:
-                    await self._charge(batch, self._held[runner], turn.give_up)
+                    await self._charge(batch, turn.give_up)
                 del self._charging[runner]
             finally:
                 turn.give_up()
 
-    async def _charge(
-        self, batch: list[Pending], held: HeldConnection, charged: Callable[[], None] = lambda: None
-    ) -> None:
+    async def _charge(self, batch: list[Pending], charged: Callable[[], None] = lambda: None) -> None:
         """Charges the batch and answers its reports; `charged` is called once its statements are written
         (before the commit) or it failed."""
         outcomes: list[IngestOutcome | Exception]
         self._metrics.batch_size.observe(len(batch))
         try:
-            async with held.transaction(self._sessions()) as session:
+            async with transaction(self._sessions()) as session:
                 outcomes = [
                     *await IngestService(session, self._settings).charge(
                         [report for report, _, _ in batch],
@@ -159,7 +153,7 @@ class IngestBatcher:
             elif len(batch) > 1:
                 log.warning("ingest_batch_failed", extra={"reports": len(batch), "error": repr(error)})
                 for pending in batch:
-                    await self._charge([pending], held)
+                    await self._charge([pending])
                 return
             else:
                 report = batch[0][0]

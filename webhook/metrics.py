@@ -58,6 +58,11 @@ class WebhookMetrics:
             "Failed lists or watches of the cluster's PriorityClasses (each retried)",
             registry=self.registry,
         )
+        self.workload_pod_watch_errors = Counter(
+            "webhook_workload_pod_watch_errors",
+            "Failed lists or watches of the GPU pods the webhook admitted (each retried)",
+            registry=self.registry,
+        )
         self.dra_watch_errors = Counter(
             "webhook_dra_watch_errors",
             "Failed discoveries, lists, watches or reads of DRA claims, templates and DeviceClasses",

@@ -231,6 +231,7 @@ def create_app(settings: WebhookSettings | None = None) -> Starlette:
     priority_classes = PriorityClassCatalog()
     metrics.priority_classes.set_function(priority_classes.known)
     admission = Admission(settings, cache, priority_classes, DraObjects())
+    metrics.workload_pods.set_function(admission.workloads.known)
     decisions = DecisionRecorder(metrics)
 
     @contextlib.asynccontextmanager

@@ -74,6 +74,11 @@ class WebhookMetrics:
             "PriorityClasses known from the Kubernetes API (-1: never listed, or the watch is off)",
             registry=self.registry,
         )
+        self.workload_pods = Gauge(  # the app sets its function to the workload view's count
+            "webhook_workload_pods",
+            "GPU pods the webhook admitted, known by workload (-1: never listed, or the watch is off)",
+            registry=self.registry,
+        )
         self.state_polls = Counter(
             "webhook_state_polls",
             "Polls of the timekeeper's admission state, by result",

@@ -2,7 +2,8 @@
 watched (webhook.kubewatch), each reduced to its workload and the class it runs at.
 
 A workload's later pods (recreated ones included) get the class its pods already have, while any of them
-exists: the oldest one's. Needs list/watch on pods cluster-wide (deployment/base/rbac/webhook.yaml).
+is live (neither ended nor being deleted): the oldest one's. Needs list/watch on pods cluster-wide
+(deployment/base/rbac/webhook.yaml).
 """
 
 from __future__ import annotations
@@ -35,14 +36,18 @@ class WorkloadClass:
 
 def _entry(pod: client.V1Pod) -> tuple[str, Key, WorkloadClass] | None:
     """The pod's uid, workload and class; None for a pod our webhook did not decide (labels are the
-    tenant's, our annotations are protected: a pod without them never speaks for a workload)."""
+    tenant's, our annotations are protected: a pod without them never speaks for a workload) and for one
+    that has ended or is going (an evicted workload's new pods are decided afresh)."""
     metadata, spec = pod.metadata, pod.spec
+    if pod.status is not None and pod.status.phase in ("Succeeded", "Failed"):
+        return None
     annotations = (metadata.annotations if metadata else None) or {}
     workload = annotations.get(names.ANNOTATION_WORKLOAD)
     if (
         metadata is None
         or spec is None
         or not metadata.uid
+        or metadata.deletion_timestamp is not None
         or not workload
         or workload.startswith("Pod/")
         or names.ANNOTATION_PRIORITY_DECISION not in annotations

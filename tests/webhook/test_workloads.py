@@ -69,6 +69,19 @@ def test_the_class_is_kept_until_the_workloads_last_pod_is_gone() -> None:
     assert classes.known() == 0
 
 
+def test_an_ended_or_deleted_pod_keeps_no_class() -> None:
+    ended, going = admitted("a", age=1), admitted("b", age=2)
+    ended.status = client.V1PodStatus(phase="Succeeded")
+    going.metadata.deletion_timestamp = START
+    classes = view_of(ended, going)
+
+    assert classes.class_of("team-a", "Job/train") is None
+    classes.put(admitted("a", age=1))  # a MODIFIED event that ends a pod drops it, and back
+    assert classes.class_of("team-a", "Job/train") is not None
+    classes.put(ended)
+    assert classes.class_of("team-a", "Job/train") is None
+
+
 def test_a_pod_the_webhook_did_not_decide_or_a_bare_pod_speaks_for_no_workload() -> None:
     classes = view_of(admitted("a", decided=False), admitted("b", workload="Pod/b"))
 

@@ -22,7 +22,7 @@ from webhook.metrics import WebhookMetrics
 from webhook.priorityclasses import DEFAULT_PREEMPTION_POLICY, PriorityClassCatalog
 from webhook.settings import WebhookSettings
 from webhook.state import Freshness, NamespaceView
-from webhook.workloads import WorkloadClass
+from webhook.workloads import WORKLOAD_CLASS_KEPT, WorkloadClass
 
 log = logging.getLogger("webhook.priority")
 
@@ -36,7 +36,7 @@ class PriorityRule(StrEnum):
     USER_CLASS_REPLACED = "user-class-replaced"  # in budget, a user's class under `replace`
     USER_CLASS_KEPT = "user-class-kept"  # in budget, a user's class at or below the ceiling
     USER_CLASS_ABOVE_CEILING = "user-class-above-ceiling"  # in budget, above it (or of unknown value)
-    WORKLOAD_CLASS_KEPT = "workload-class-kept"  # a later pod of a workload: its first pods' class, any state
+    WORKLOAD_CLASS_KEPT = WORKLOAD_CLASS_KEPT  # a later pod of a workload: its first pods' class, any state
 
 
 # Which class each rule leaves the pod with: ours (in budget / reduced), or the one it arrived with.

@@ -11,14 +11,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from kubernetes_asyncio import client
 
 from gpuaccounting import names
+from gpuaccounting.admission_state import is_over_budget
 from webhook.kubewatch import ListWatch
 from webhook.metrics import WebhookMetrics
 from webhook.settings import WebhookSettings
+
+WORKLOAD_CLASS_KEPT: Final = "workload-class-kept"  # the rule id (webhook.priority.PriorityRule)
 
 Key = tuple[str, str]  # namespace, workload annotation (kind/name)
 
@@ -53,6 +56,7 @@ def _entry(pod: client.V1Pod) -> tuple[str, Key, WorkloadClass] | None:
         or names.ANNOTATION_PRIORITY_DECISION not in annotations
         or names.ANNOTATION_GPU_SHARE not in annotations
         or not spec.priority_class_name
+        or _inherited_while_exhausted(annotations)
     ):
         return None
     kept = WorkloadClass(
@@ -63,6 +67,16 @@ def _entry(pod: client.V1Pod) -> tuple[str, Key, WorkloadClass] | None:
         spec.preemption_policy,
     )
     return metadata.uid, (metadata.namespace or "", workload), kept
+
+
+def _inherited_while_exhausted(annotations: dict[str, str]) -> bool:
+    """A pod that took its workload's class while its namespace was exhausted passes it on to no one:
+    were it a source, replacements of an evicted workload racing its eviction would keep the class it was
+    evicted from, pass after pass."""
+    decision = annotations.get(names.ANNOTATION_PRIORITY_DECISION, "")
+    return decision.startswith(f"{WORKLOAD_CLASS_KEPT}:") and is_over_budget(
+        annotations.get(names.ANNOTATION_BUDGET_STATE)  # type: ignore[arg-type]
+    )
 
 
 def _age_order(kept: WorkloadClass) -> tuple[float, str]:

@@ -25,10 +25,16 @@ def admitted(
     age: int = 0,
     namespace: str = "team-a",
     decided: bool = True,
+    decision: str = "in-budget: no class chosen",
+    state: str = "in_budget",
 ) -> client.V1Pod:
-    annotations = {names.ANNOTATION_WORKLOAD: workload, names.ANNOTATION_GPU_SHARE: "1"}
+    annotations = {
+        names.ANNOTATION_WORKLOAD: workload,
+        names.ANNOTATION_GPU_SHARE: "1",
+        names.ANNOTATION_BUDGET_STATE: state,
+    }
     if decided:
-        annotations[names.ANNOTATION_PRIORITY_DECISION] = "in-budget: no class chosen"
+        annotations[names.ANNOTATION_PRIORITY_DECISION] = decision
     return client.V1Pod(
         metadata=client.V1ObjectMeta(
             name=f"pod-{uid}",
@@ -80,6 +86,21 @@ def test_an_ended_or_deleted_pod_keeps_no_class() -> None:
     assert classes.class_of("team-a", "Job/train") is not None
     classes.put(ended)
     assert classes.class_of("team-a", "Job/train") is None
+
+
+def test_a_pod_that_kept_its_workloads_class_while_exhausted_passes_it_on_to_no_one() -> None:
+    """Else the replacements of an evicted workload, racing its eviction, would keep its class forever."""
+    kept = "workload-class-kept: workload Job/train keeps class gpu-in-budget"
+    classes = view_of(admitted("a", decision=kept, state="exhausted"))
+
+    assert classes.class_of("team-a", "Job/train") is None
+    classes.put(admitted("b", decision=kept, state="in_budget"))
+    kept_class = classes.class_of("team-a", "Job/train")
+    assert kept_class is not None and kept_class.pod == "pod-b"
+    # A pod the budget reduced is a source in any state: the workload stays reduced when back in budget.
+    reduced = admitted("c", class_name="gpu-over-budget", decision="exhausted: namespace exhausted")
+    reduced_class = view_of(reduced).class_of("team-a", "Job/train")
+    assert reduced_class is not None and reduced_class.class_name == "gpu-over-budget"
 
 
 def test_a_pod_the_webhook_did_not_decide_or_a_bare_pod_speaks_for_no_workload() -> None:

@@ -442,8 +442,9 @@ class Reconciler:
                     extra={"namespace": info.namespace, "pod": info.name, "workload": workload_key(info)[1]},
                 )
                 return False
-        for pod in pods:
-            await self._evict(pod, result)
+        # All at once: a controller recreating the first pod before the last is gone races the webhook,
+        # whose view still holds the rest at the old class.
+        await asyncio.gather(*(self._evict(pod, result) for pod in pods))
         return True
 
     async def _evict(self, pod: TrackedPod, result: PassResult) -> None:

@@ -77,8 +77,8 @@ class WebhookSettings(BaseSettings):
     dra_discovery_interval_seconds: float = Field(default=60.0, gt=0)  # look again for resource.k8s.io
     dra_fetch_timeout_seconds: float = Field(default=1.0, gt=0)  # a claim the watch has not brought yet
     # The GPU pods the webhook admitted (by our label), listed and watched so that a workload's later pods
-    # get its first pods' class (off: each pod is decided alone). Unset: as watch_priority_classes.
-    watch_workload_pods: bool | None = None
+    # get its first pods' class. Off by default: the markers that group pods are the tenant's to write.
+    watch_workload_pods: bool = False
 
     # Injection.
     sidecar_mode: Literal["native", "container"] = "native"  # "container" for clusters before 1.29
@@ -150,7 +150,7 @@ class WebhookSettings(BaseSettings):
 
     @property
     def watches_workload_pods(self) -> bool:
-        return self.watch_priority_classes if self.watch_workload_pods is None else self.watch_workload_pods
+        return self.watch_priority_classes and self.watch_workload_pods
 
     def enforces(self, rule: str) -> bool:
         return rule not in self.disabled_rules

@@ -11,6 +11,9 @@ ANNOTATION_SHARING_SYSTEM: Final = f"{DOMAIN}/sharing-system"
 ANNOTATION_BUDGET_STATE: Final = f"{DOMAIN}/budget-state"
 ANNOTATION_PRIORITY_DECISION: Final = f"{DOMAIN}/priority-decision"
 ANNOTATION_INJECTED: Final = f"{DOMAIN}/injected"
+ANNOTATION_WORKLOAD: Final = f"{DOMAIN}/workload"  # kind/name (gpuaccounting.workloads)
+# On every GPU pod the webhook admits, so that it can watch them alone for their workloads' classes.
+LABEL_GPU_POD: Final = f"{DOMAIN}/gpu-pod"
 
 SIDECAR_CONTAINER_NAME: Final = "gpu-timekeeper-sidecar"
 SIDECAR_TOKEN_VOLUME: Final = "gpu-timekeeper-token"

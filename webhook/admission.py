@@ -14,6 +14,7 @@ from typing import Any, Final
 from gpuaccounting import names
 from gpuaccounting.dra import read_claims, with_claims
 from gpuaccounting.shares import PodShare, Violation, format_share, read_pod
+from gpuaccounting.workloads import workload_of
 from webhook import governance
 from webhook.dra import DraObjects, DraWatch
 from webhook.injection import SidecarTemplate
@@ -23,6 +24,7 @@ from webhook.priorityclasses import PriorityClassCatalog
 from webhook.review import AdmissionRequest, AdmissionResponse, Denial, PodRequest
 from webhook.settings import WebhookSettings
 from webhook.state import BudgetStateCache
+from webhook.workloads import WorkloadClasses
 
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
 CONTAINER_CAP_RULE: Final = "max-containers"
@@ -59,6 +61,7 @@ class Admission:
         cache: BudgetStateCache,
         priority_classes: PriorityClassCatalog,
         dra: DraObjects,
+        workloads: WorkloadClasses | None = None,
     ) -> None:
         self.settings = settings
         self.cache = cache
@@ -66,6 +69,7 @@ class Admission:
         self.sidecar = SidecarTemplate(settings)
         self.priority = PriorityPolicy(settings, priority_classes)
         self.dra = dra
+        self.workloads = workloads or WorkloadClasses()  # filled by the app's lifespan when it watches pods
         self.dra_watch: DraWatch | None = None  # set by the app's lifespan when it watches DRA objects
 
     def read(self, pod: dict[str, Any], namespace: str) -> PodShare:
@@ -114,7 +118,11 @@ class Admission:
         annotations = metadata.get("annotations") or {}
         view = self.cache.view(namespace)
         previous = annotations.get(names.ANNOTATION_PRIORITY_DECISION)
-        decision = self.priority.decide(spec, view, previous, namespace=namespace)
+        workload = workload_of(pod, request.name)
+        kept = None if workload.is_bare_pod else self.workloads.class_of(namespace, workload.annotation)
+        decision = self.priority.decide(
+            spec, view, previous, namespace=namespace, workload=workload.annotation, kept=kept
+        )
         decision.apply(spec)
         share_text = format_share(share.share)
         metadata["annotations"] = {
@@ -124,7 +132,9 @@ class Admission:
             names.ANNOTATION_BUDGET_STATE: decision.budget_state or "unknown",
             names.ANNOTATION_PRIORITY_DECISION: decision.annotation,
             names.ANNOTATION_INJECTED: self.settings.sidecar_image,
+            names.ANNOTATION_WORKLOAD: workload.annotation,
         }
+        metadata["labels"] = {**(metadata.get("labels") or {}), names.LABEL_GPU_POD: "true"}
         self.sidecar.inject(spec, share_text, share.claims)
         patch = diff(pod, {**pod, "metadata": metadata, "spec": spec})
         if patch:

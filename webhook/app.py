@@ -44,6 +44,7 @@ from webhook.review import (
 )
 from webhook.settings import WebhookSettings, get_settings
 from webhook.state import BudgetStateCache, StatePoller
+from webhook.workloads import workload_pod_watch
 
 JSON = b"application/json"
 
@@ -209,7 +210,9 @@ class WebhookApp(Starlette):
 @contextlib.asynccontextmanager
 async def kube_client(settings: WebhookSettings) -> AsyncIterator[client.ApiClient | None]:
     """The Kubernetes API client the watches share; None when every watch is off."""
-    if not (settings.watch_priority_classes or settings.watches_resource_claims):
+    if not (
+        settings.watch_priority_classes or settings.watches_resource_claims or settings.watches_workload_pods
+    ):
         yield None
         return
     async with await api_client(settings) as kube:
@@ -228,6 +231,7 @@ def create_app(settings: WebhookSettings | None = None) -> Starlette:
     priority_classes = PriorityClassCatalog()
     metrics.priority_classes.set_function(priority_classes.known)
     admission = Admission(settings, cache, priority_classes, DraObjects())
+    metrics.workload_pods.set_function(admission.workloads.known)
     decisions = DecisionRecorder(metrics)
 
     @contextlib.asynccontextmanager
@@ -240,6 +244,9 @@ def create_app(settings: WebhookSettings | None = None) -> Starlette:
                     client.SchedulingV1Api(kube), priority_classes, metrics, settings
                 )
                 tasks.append(asyncio.create_task(watch.run(), name="priority-class-watch"))
+            if kube is not None and settings.watches_workload_pods:
+                pods = workload_pod_watch(client.CoreV1Api(kube), admission.workloads, metrics, settings)
+                tasks.append(asyncio.create_task(pods.run(), name="workload-pod-watch"))
             if kube is not None and settings.watches_resource_claims:
                 admission.dra_watch = DraWatch(kube, admission.dra, metrics, settings)
                 tasks.append(asyncio.create_task(admission.dra_watch.run(), name="dra-watch"))

@@ -15,6 +15,7 @@ from gpuaccounting import names
 from gpuaccounting.catalogue import GpuCatalogue
 from gpuaccounting.quantity import shorten
 from gpuaccounting.shares import PodShare, Rule, Violation, format_share, share_inputs
+from gpuaccounting.workloads import workload_of
 from webhook.injection import SidecarTemplate, claim_list, differing_fields
 from webhook.review import AdmissionRequest
 from webhook.settings import WebhookSettings
@@ -150,7 +151,11 @@ def on_create(
     expected = {
         names.ANNOTATION_GPU_SHARE: format_share(share.share) if share.uses_gpu else None,
         names.ANNOTATION_SHARING_SYSTEM: share.system.value if share.system else None,
+        names.ANNOTATION_WORKLOAD: workload_of(pod).annotation if share.uses_gpu else None,
     }
+    if share.uses_gpu and str(annotations.get(names.ANNOTATION_WORKLOAD, "")).startswith("Pod/"):
+        # A bare pod's name may be generated after the mutation named it; a bare pod shares no class.
+        expected.pop(names.ANNOTATION_WORKLOAD)
     for key, value in expected.items():
         if key in annotations and annotations[key] != value:
             found.append(

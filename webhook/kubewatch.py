@@ -42,8 +42,12 @@ class ListWatch:
         apply: Callable[[str, Any], None],
         errors: Counter,
         settings: WebhookSettings,
+        selector: str | None = None,
     ) -> None:
         self.what = what
+        # Passed as an argument, not bound into `list_call`: the watch reads the call's docstring for the
+        # type to decode events into.
+        self.options: dict[str, Any] = {} if selector is None else {"label_selector": selector}
         self.list_call = list_call
         self.replace_all = replace_all
         self.apply = apply
@@ -56,7 +60,7 @@ class ListWatch:
     async def list_once(self) -> str:
         """List every object into the view; the list's resourceVersion, to watch from."""
         items, version = _listed(
-            await self.list_call(_request_timeout=self.settings.kube_request_timeout_seconds)
+            await self.list_call(**self.options, _request_timeout=self.settings.kube_request_timeout_seconds)
         )
         self.replace_all(items)
         if self._failing:
@@ -70,6 +74,7 @@ class ListWatch:
         async with watch.Watch() as stream:
             async for event in stream.stream(
                 self.list_call,
+                **self.options,
                 resource_version=resource_version,
                 timeout_seconds=self.settings.kube_watch_timeout_seconds,
                 allow_watch_bookmarks=True,

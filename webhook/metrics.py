@@ -58,6 +58,11 @@ class WebhookMetrics:
             "Failed lists or watches of the cluster's PriorityClasses (each retried)",
             registry=self.registry,
         )
+        self.workload_pod_watch_errors = Counter(
+            "webhook_workload_pod_watch_errors",
+            "Failed lists or watches of the GPU pods the webhook admitted (each retried)",
+            registry=self.registry,
+        )
         self.dra_watch_errors = Counter(
             "webhook_dra_watch_errors",
             "Failed discoveries, lists, watches or reads of DRA claims, templates and DeviceClasses",
@@ -67,6 +72,11 @@ class WebhookMetrics:
         self.priority_classes = Gauge(
             "webhook_priority_classes",
             "PriorityClasses known from the Kubernetes API (-1: never listed, or the watch is off)",
+            registry=self.registry,
+        )
+        self.workload_pods = Gauge(  # the app sets its function to the workload view's count
+            "webhook_workload_pods",
+            "GPU pods the webhook admitted, known by workload (-1: never listed, or the watch is off)",
             registry=self.registry,
         )
         self.state_polls = Counter(

@@ -19,9 +19,10 @@ from gpuaccounting.admission_state import default_priority_policy, is_exempt, is
 from gpuaccounting.counters import start_at_zero
 from gpuaccounting.wire import BudgetState
 from webhook.metrics import WebhookMetrics
-from webhook.priorityclasses import PriorityClassCatalog
+from webhook.priorityclasses import DEFAULT_PREEMPTION_POLICY, PriorityClassCatalog
 from webhook.settings import WebhookSettings
 from webhook.state import Freshness, NamespaceView
+from webhook.workloads import WORKLOAD_CLASS_KEPT, WorkloadClass
 
 log = logging.getLogger("webhook.priority")
 
@@ -35,6 +36,7 @@ class PriorityRule(StrEnum):
     USER_CLASS_REPLACED = "user-class-replaced"  # in budget, a user's class under `replace`
     USER_CLASS_KEPT = "user-class-kept"  # in budget, a user's class at or below the ceiling
     USER_CLASS_ABOVE_CEILING = "user-class-above-ceiling"  # in budget, above it (or of unknown value)
+    WORKLOAD_CLASS_KEPT = WORKLOAD_CLASS_KEPT  # a later pod of a workload: its first pods' class, any state
 
 
 # Which class each rule leaves the pod with: ours (in budget / reduced), or the one it arrived with.
@@ -45,6 +47,7 @@ _OUTCOME = {
     PriorityRule.IN_BUDGET: "in_budget",
     PriorityRule.USER_CLASS_REPLACED: "in_budget",
     PriorityRule.USER_CLASS_ABOVE_CEILING: "in_budget",
+    PriorityRule.WORKLOAD_CLASS_KEPT: "workload",
 }
 
 
@@ -130,12 +133,34 @@ class PriorityPolicy:
             f"class {arrived} ({value}) above the ceiling {ceiling}, replaced",
         )
 
+    def workload_class(self, kept: WorkloadClass) -> _Class:
+        """The class a workload's pods run at: the object's numbers once listed, else its pods' own."""
+        if kept.class_name in self.ours:
+            return (
+                self.in_budget_class()
+                if kept.class_name == self.in_budget_class().name
+                else self.reduced_class()
+            )
+        info = self.catalog.get(kept.class_name)
+        if info is not None:
+            return _Class(kept.class_name, info.value, info.preemption_policy)
+        return _Class(
+            kept.class_name, kept.priority or 0, kept.preemption_policy or DEFAULT_PREEMPTION_POLICY
+        )
+
     def decide(
-        self, spec: dict[str, Any], view: NamespaceView, previous: str | None = None, *, namespace: str
+        self,
+        spec: dict[str, Any],
+        view: NamespaceView,
+        previous: str | None = None,
+        *,
+        namespace: str,
+        workload: str | None = None,
+        kept: WorkloadClass | None = None,
     ) -> PriorityDecision:
         """Decide for one pod of `namespace`. `previous` is the decision annotation it arrived with: a
         re-invoked pod carrying the class that decision set keeps its words, so a second pass patches
-        nothing."""
+        nothing. `kept` is the class `workload`'s pods already run at, None for its first pod."""
         arrived = spec.get("priorityClassName") or None
         if view.admission is None:
             state: BudgetState | None = None
@@ -148,9 +173,18 @@ class PriorityPolicy:
             exhausted = is_over_budget(state)
             context = f"; stale state, last known {state}" if view.freshness == "stale" else ""
         rule, words = self._rule(arrived, namespace, exhausted, policy)
+        if kept is not None and rule != PriorityRule.EXEMPT:
+            # The whole workload runs at one class: a gang split across classes holds GPUs without progress.
+            rule, words = (
+                PriorityRule.WORKLOAD_CLASS_KEPT,
+                f"workload {workload} keeps class {kept.class_name}",
+            )
         outcome = _OUTCOME[rule]
-        chosen = {"reduced": self.reduced_class, "in_budget": self.in_budget_class}.get(outcome)
-        ours = chosen() if chosen else None
+        if kept is not None and outcome == "workload":
+            ours: _Class | None = self.workload_class(kept)
+        else:
+            chosen = {"reduced": self.reduced_class, "in_budget": self.in_budget_class}.get(outcome)
+            ours = chosen() if chosen else None
         decision = PriorityDecision(
             rule,
             ours.name if ours else None,

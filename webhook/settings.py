@@ -81,6 +81,9 @@ class WebhookSettings(BaseSettings):
     watch_resource_claims: bool | None = None
     dra_discovery_interval_seconds: float = Field(default=60.0, gt=0)  # look again for resource.k8s.io
     dra_fetch_timeout_seconds: float = Field(default=1.0, gt=0)  # a claim the watch has not brought yet
+    # The GPU pods the webhook admitted (by our label), listed and watched so that a workload's later pods
+    # get its first pods' class. Off by default: the markers that group pods are the tenant's to write.
+    watch_workload_pods: bool = False
 
     # Injection.
     sidecar_mode: Literal["native", "container"] = "native"  # "container" for clusters before 1.29
@@ -149,6 +152,10 @@ class WebhookSettings(BaseSettings):
         return (
             self.watch_priority_classes if self.watch_resource_claims is None else self.watch_resource_claims
         )
+
+    @property
+    def watches_workload_pods(self) -> bool:
+        return self.watch_priority_classes and self.watch_workload_pods
 
     def enforces(self, rule: str) -> bool:
         return rule not in self.disabled_rules

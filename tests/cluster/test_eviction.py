@@ -93,3 +93,49 @@ def test_an_exhausted_namespace_that_says_evict_has_its_running_pods_recreated_a
         if e["reason"] == "GPUBudgetDowngrade" and e["involvedObject"]["kind"] == "Pod"
     ]
     assert downgraded == [worker["metadata"]["name"]]
+
+
+def test_a_jobs_pods_are_evicted_together_and_all_recreated_at_the_reduced_class(
+    kubectl: Kubectl, api: TimekeeperApi, namespace: str
+) -> None:
+    """Whole-workload eviction with the real Job controller: the 3 running pods of a Job go in one pass
+    (a dry-run eviction first asks the real API server whether any PDB refuses). A replacement the Job
+    controller creates before its siblings' evictions may still keep their class, but passes it on to
+    no one: the Job ends with all its pods at the reduced class."""
+    api.set_budget(namespace, 1000)
+    wait_for_admission_state(kubectl, namespace, "in_budget")
+    template = {"metadata": {"labels": {"app": "train"}}, "spec": gpu_probe(namespace)["spec"]}
+    template["spec"]["restartPolicy"] = "Never"
+    kubectl.create(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "train", "namespace": namespace},
+            "spec": {"parallelism": 3, "completions": 3, "backoffLimit": 10, "template": template},
+        }
+    )
+    wait_until(lambda: len(pods(kubectl, namespace, "train")) == 3, timeout=30, what="the Job's pods")
+    first = pods(kubectl, namespace, "train")
+    for pod in first:
+        mark_running(kubectl, namespace, pod["metadata"]["name"])
+
+    api.set_budget(namespace, 0)
+    wait_for_admission_state(kubectl, namespace, "exhausted")
+    api.set_budget(namespace, 0, running_pod_action="evict")
+    old = {pod["metadata"]["uid"] for pod in first}
+
+    def reduced() -> bool:
+        now = pods(kubectl, namespace, "train")
+        for pod in now:  # what a kubelet would report, so the reconciler sees the replacements run
+            if pod["metadata"]["uid"] not in old and (pod.get("status") or {}).get("phase") != "Running":
+                mark_running(kubectl, namespace, pod["metadata"]["name"])
+        return len(now) == 3 and {p["spec"]["priorityClassName"] for p in now} == {"gpu-over-budget"}
+
+    wait_until(reduced, timeout=60, what="the Job's pods all recreated at the reduced class")
+    events = kubectl.json("get", "events", "-n", namespace)["items"]
+    downgraded = {
+        e["involvedObject"]["name"]
+        for e in events
+        if e["reason"] == "GPUBudgetDowngrade" and e["involvedObject"]["kind"] == "Pod"
+    }
+    assert {pod["metadata"]["name"] for pod in first} <= downgraded

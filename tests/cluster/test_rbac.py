@@ -96,11 +96,15 @@ def test_platform_admins_bound_as_a_group_administer_everywhere(
     assert (f"system:serviceaccount:{namespace}:carol", "kube-public") in actors
 
 
-def test_the_webhook_may_read_priority_classes_and_change_nothing(kube: client.ApiClient) -> None:
-    """The PriorityClass watch: get, list and watch at cluster scope; no write, no other resource."""
+def test_the_webhook_may_read_priority_classes_and_pods_and_change_nothing(kube: client.ApiClient) -> None:
+    """The PriorityClass watch: get, list and watch at cluster scope; the workload pod watch: list and
+    watch pods; no write, no other resource."""
     for verb in ("get", "list", "watch"):
         assert allowed(kube, "gpu-timekeeper-webhook", verb, "scheduling.k8s.io", "priorityclasses", None)
     for verb in ("create", "update", "patch", "delete"):
         assert not allowed(kube, "gpu-timekeeper-webhook", verb, "scheduling.k8s.io", "priorityclasses", None)
-    assert not allowed(kube, "gpu-timekeeper-webhook", "list", "", "pods", None)
+    for verb in ("list", "watch"):
+        assert allowed(kube, "gpu-timekeeper-webhook", verb, "", "pods", None)
+    for verb in ("get", "create", "update", "patch", "delete"):
+        assert not allowed(kube, "gpu-timekeeper-webhook", verb, "", "pods", None)
     assert not allowed(kube, "gpu-timekeeper-webhook", "get", "", "secrets", INSTALL_NAMESPACE)

@@ -180,7 +180,7 @@ def test_rbac_is_least_privilege(build):
 
 
 @pytest.mark.parametrize("build", RENDERS)
-def test_the_timekeeper_may_review_tokens_and_access_and_the_webhook_only_reads_classes_and_claims(build):
+def test_the_timekeeper_may_review_tokens_and_access_and_the_webhook_only_reads_classes_claims_pods(build):
     objects = render(build)
     subject = {"kind": "ServiceAccount", "name": "gpu-timekeeper", "namespace": NAMESPACE}
     delegators = [
@@ -209,6 +209,7 @@ def test_the_timekeeper_may_review_tokens_and_access_and_the_webhook_only_reads_
             "resources": ["resourceclaimtemplates", "resourceclaims", "deviceclasses"],
             "verbs": ["get", "list", "watch"],
         },
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     ]
 
 

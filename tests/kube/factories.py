@@ -7,6 +7,7 @@ from typing import Any
 
 from gpuaccounting.names import (
     ANNOTATION_GPU_SHARE,
+    ANNOTATION_WORKLOAD,
     DEFAULT_IN_BUDGET_PRIORITY_CLASS,
     SIDECAR_CONTAINER_NAME,
 )
@@ -28,6 +29,7 @@ def gpu_pod(
     priority_class: str | None = DEFAULT_IN_BUDGET_PRIORITY_CLASS,
     sidecar: bool = False,
     node: str = "gpu-node-1",
+    workload: str | None = None,
 ) -> dict[str, Any]:
     """A GPU pod as the webhook leaves it (share annotation, class; None: no class; with `sidecar`, our
     native sidecar injected) and the kubelet reports it (phase, times)."""
@@ -37,6 +39,8 @@ def gpu_pod(
         "labels": labels or {"app": name},
         "annotations": {ANNOTATION_GPU_SHARE: share} if share is not None else {},
     }
+    if workload is not None:  # the workload the webhook named (`<kind>/<name>`)
+        metadata["annotations"][ANNOTATION_WORKLOAD] = workload
     if controlled:
         metadata["ownerReferences"] = [
             {

@@ -173,6 +173,24 @@ async def test_eviction_allowed_by_a_budget_spends_it(apiserver: KubeApiServer, 
     assert await kube.evict_pod("team-a", "r2") is EvictionResult.BLOCKED_BY_PDB
 
 
+async def test_a_dry_run_eviction_asks_without_evicting_or_spending(
+    apiserver: KubeApiServer, kube: KubeClient
+):
+    for name in ("r1", "r2"):
+        gpu_pod(apiserver, "team-a", name, labels={"app": "serve"})
+    gpu_pod(apiserver, "team-a", "guarded", labels={"app": "guarded"})
+    pdb(apiserver, "team-a", "serve-pdb", {"app": "serve"}, allowed=1)
+    pdb(apiserver, "team-a", "guarded-pdb", {"app": "guarded"}, allowed=0)
+
+    assert await kube.evict_pod("team-a", "r1", dry_run=True) is EvictionResult.EVICTED
+    assert await kube.evict_pod("team-a", "r2", dry_run=True) is EvictionResult.EVICTED
+    assert await kube.evict_pod("team-a", "guarded", dry_run=True) is EvictionResult.BLOCKED_BY_PDB
+    assert not any(
+        apiserver.get("v1", "Pod", "team-a", n)["metadata"].get("deletionTimestamp") for n in ("r1", "r2")
+    )
+    assert await kube.evict_pod("team-a", "r1") is EvictionResult.EVICTED  # the budget was not spent
+
+
 @pytest.mark.parametrize(
     ("served", "sent"),
     [(("v1", "v1beta1"), "policy/v1"), (("v1beta1",), "policy/v1beta1")],

@@ -395,6 +395,49 @@ async def test_a_pass_evicts_at_most_its_limit_the_longest_running_first(
     assert second.deferred == []
 
 
+async def test_a_workload_is_evicted_whole_in_one_pass_and_counts_once_against_the_limit(
+    apiserver: KubeApiServer, reconciler: Reconciler, sessionmaker
+):
+    """A 3-pod job with the limit at 1 workload per pass: all 3 go in the first pass (a pending one too:
+    recreated beside the others, it would keep their class), the namespace's other workload waits."""
+    reconciler.settings = reconciler.settings.model_copy(update={"evictions_per_pass": 1})
+    for rank in range(3):
+        gpu_pod(
+            apiserver,
+            "team-a",
+            f"train-{rank}",
+            labels={"job": "train"},
+            phase="Pending" if rank == 2 else "Running",
+            started_at=None if rank == 2 else iso(START - timedelta(hours=3)),
+            workload="Job/train",
+        )
+    await _exhaust(apiserver, reconciler, sessionmaker, "team-a", running_pod_action="evict")
+
+    first = await reconciler.run_pass()
+    await sync(reconciler)
+    second = await reconciler.run_pass()
+
+    assert sorted(first.evicted) == [("team-a", f"train-{rank}") for rank in range(3)]
+    assert first.deferred == [("team-a", "spender")]
+    assert second.evicted == [("team-a", "spender")]
+
+
+async def test_a_workload_one_of_whose_pods_a_pdb_protects_keeps_all_its_pods(
+    apiserver: KubeApiServer, reconciler: Reconciler, sessionmaker
+):
+    for rank in range(3):
+        labels = {"job": "train", "guarded": "yes" if rank == 1 else "no"}
+        gpu_pod(apiserver, "team-a", f"train-{rank}", labels=labels, workload="Job/train")
+    pdb(apiserver, "team-a", "guarded", {"guarded": "yes"}, allowed=0)
+    await _exhaust(apiserver, reconciler, sessionmaker, "team-a", running_pod_action="evict")
+
+    result = await reconciler.run_pass()
+
+    assert result.evicted == [("team-a", "spender")]
+    assert result.blocked == [("team-a", "train-1")]
+    assert not any(deleting(apiserver, "team-a", f"train-{rank}") for rank in range(3))
+
+
 # ---- quotas ------------------------------------------------------------------------------------------
 
 

@@ -18,7 +18,8 @@ bootstrap). It reproduces the semantics the timekeeper relies on, as the real se
   anything;
 - TokenReview (audiences, pod-bound ServiceAccount tokens with the pod-name / pod-uid extras, invalid once
   their pod is gone) and SubjectAccessReview evaluated against the same RBAC;
-- pods/eviction honouring PodDisruptionBudgets (429 TooManyRequests when `disruptionsAllowed` is 0), and
+- pods/eviction honouring PodDisruptionBudgets (429 TooManyRequests when `disruptionsAllowed` is 0; a
+  `dryRun=All` eviction checks without evicting or spending), and
   graceful deletion of running pods (deletionTimestamp first, the object goes when `finish_pod_deletion`);
   the Eviction body's `policy/<version>` must be one the server serves (`eviction_versions`: v1 and v1beta1
   as from 1.22, set `("v1beta1",)` to answer as 1.20 does), and `GET /apis/policy` discovers them;
@@ -795,13 +796,16 @@ class KubeApiServer:
         pod = self._objects.get((r.rtype, r.namespace, r.name))
         if pod is None:
             raise ApiError.not_found("pods", r.name or "")
+        dry_run = r.query.get("dryRun") == "All"
         if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-            self._charge_disruption_budget(pod)
-        self._delete(r.rtype, r.namespace, r.name or "")
+            self._charge_disruption_budget(pod, spend=not dry_run)
+        if not dry_run:
+            self._delete(r.rtype, r.namespace, r.name or "")
         return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 
-    def _charge_disruption_budget(self, pod: JSON) -> None:
-        """Refuse the eviction when the pod's PDB allows no disruption, else spend one allowed disruption."""
+    def _charge_disruption_budget(self, pod: JSON, spend: bool = True) -> None:
+        """Refuse the eviction when the pod's PDB allows no disruption, else spend one allowed disruption
+        (not for a dry run)."""
         pdb_type = _TYPES["policy", "v1", "poddisruptionbudgets"]
         namespace = pod["metadata"]["namespace"]
         labels = pod["metadata"].get("labels") or {}
@@ -838,8 +842,9 @@ class KubeApiServer:
                 "Cannot evict pod as it would violate the pod's disruption budget.",
                 {"causes": [cause]},
             )
-        status["disruptionsAllowed"] = int(status["disruptionsAllowed"]) - 1
-        self._bump(pdb_type, namespace, "MODIFIED", pdb)
+        if spend:
+            status["disruptionsAllowed"] = int(status["disruptionsAllowed"]) - 1
+            self._bump(pdb_type, namespace, "MODIFIED", pdb)
 
     def review_token(self, body: JSON) -> JSON:
         spec = body.get("spec") or {}

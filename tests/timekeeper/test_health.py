@@ -79,7 +79,8 @@ async def test_two_apps_keep_separate_metrics(app: FastAPI, settings: Settings) 
 async def test_the_openapi_document_lists_the_v1_contract(app: FastAPI) -> None:
     async with root_client(app) as client:
         paths = (await client.get("/openapi.json")).json()["paths"]
-        assert (await client.get("/docs", follow_redirects=True)).status_code == 200  # /docs -> /docs/
+        docs = await client.get("/docs", follow_redirects=True)
+        assert docs.status_code == 200 and "swagger" in docs.text.lower()
 
     for path in (
         "/api/v1/reports",

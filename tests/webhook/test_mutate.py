@@ -48,9 +48,13 @@ def test_gpu_pod_gets_share_priority_and_a_native_sidecar(webhook: Webhook, syst
     sidecar = patched["spec"]["initContainers"][0]
     assert sidecar["name"] == "gpu-timekeeper-sidecar" and sidecar["restartPolicy"] == "Always"
     assert env_of(sidecar)["SIDECAR_GPU_SHARE"] == share
-    # The user's own containers and labels are untouched.
+    assert annotations[names.ANNOTATION_WORKLOAD] == f"Pod/{original['metadata']['name']}"
+    # The user's own containers and labels are untouched; ours marks the pod for the workload watch.
     assert patched["spec"]["containers"] == original["spec"]["containers"]
-    assert patched["metadata"].get("labels") == original["metadata"].get("labels")
+    assert patched["metadata"]["labels"] == {
+        **(original["metadata"].get("labels") or {}),
+        names.LABEL_GPU_POD: "true",
+    }
     # Re-invocation (reinvocationPolicy: IfNeeded) changes nothing, and the final object validates.
     assert webhook.mutate(patched).patch == []
     assert webhook.validate(patched).allowed

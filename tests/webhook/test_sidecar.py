@@ -19,7 +19,8 @@ from webhook.injection import SidecarTemplate
 
 # A GPU pod admitted by the webhook (sidecar_mode=container) and created on kube-apiserver 1.20.2, read back
 # with `kubectl get -o json`: terminationMessage*, fieldRef apiVersion, defaultMode filled in.
-# (The sidecar's timekeeper URL was the test's own; the file has the shipped one.)
+# (The sidecar's timekeeper URL was the test's own; the file has the shipped one. The workload annotation
+# and our label, written since issue 30, were added by hand.)
 STORED = Path(__file__).parent / "fixtures" / "stored-pod-1.20.json"
 URL = "http://gpu-timekeeper.gpu-timekeeper.svc:8080"
 

@@ -137,6 +137,22 @@ def test_user_set_share_annotation_that_disagrees_is_denied(webhook: Webhook) ->
     assert "the requests give 2" in answer.message and "rule protected-annotations" in answer.message
 
 
+def test_a_workload_annotation_other_than_the_pods_own_is_denied(webhook: Webhook) -> None:
+    """A pod names its workload only through its markers and owner: a forged name would borrow another
+    workload's class, and a non-GPU pod carrying one would speak for a workload it is not part of."""
+    gang = webhook.admit(pod(container("train", {"nvidia.com/gpu": 1}), annotations={"pod-group-name": "pg"}))
+    assert gang["metadata"]["annotations"][names.ANNOTATION_WORKLOAD] == "PodGroup/pg"
+    assert webhook.validate(gang).allowed
+    forged = copy.deepcopy(gang)
+    forged["metadata"]["annotations"][names.ANNOTATION_WORKLOAD] = "PodGroup/in-budget-gang"
+    cpu_only = pod(container("web", {"cpu": "1"}), annotations={names.ANNOTATION_WORKLOAD: "PodGroup/pg"})
+
+    for answer in (webhook.validate(forged), webhook.validate(cpu_only)):
+        assert not answer.allowed
+        assert "annotation gpu-timekeeper.io/workload" in answer.message
+        assert "rule protected-annotations" in answer.message
+
+
 def test_gpu_pod_the_mutation_missed_is_denied(webhook: Webhook) -> None:
     answer = webhook.validate(pod(container("train", {"nvidia.com/gpu": 1})))
     assert not answer.allowed

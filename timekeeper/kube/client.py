@@ -399,8 +399,10 @@ class KubeClient:
             if not token:
                 return items
 
-    async def evict_pod(self, namespace: str, name: str) -> EvictionResult:
-        """Evict through the Eviction API, so PodDisruptionBudgets are honoured."""
+    async def evict_pod(self, namespace: str, name: str, *, dry_run: bool = False) -> EvictionResult:
+        """Evict through the Eviction API, so PodDisruptionBudgets are honoured; with `dry_run`, only ask
+        whether it would be allowed (nothing is evicted, no disruption spent)."""
+        options: dict[str, Any] = {"dry_run": "All"} if dry_run else {}
         body = client.V1Eviction(
             api_version=await self.eviction_api_version(),
             kind="Eviction",
@@ -409,7 +411,11 @@ class KubeClient:
         try:
             await self._call(
                 self._core.create_namespaced_pod_eviction(
-                    name, namespace, body, _request_timeout=self._timeout
+                    name,
+                    namespace,
+                    body,
+                    _request_timeout=self._timeout,
+                    **options,
                 )
             )
         except KubeApiError as error:

@@ -53,6 +53,7 @@ from timekeeper.reconcile.claims import (
 from timekeeper.reconcile.pods import PodRegistry, TrackedPod
 from timekeeper.reconcile.quotas import quota_hard
 from timekeeper.reconcile.repository import ReconcileRepository
+from timekeeper.reconcile.workloads import workload_key
 from timekeeper.settings import Settings
 from timekeeper.usage.planning import Interval
 from timekeeper.usage.schemas import SilentInterval
@@ -516,22 +517,24 @@ class Reconciler:
             await self._post_event(namespace, reason, message, type_)
 
     async def _downgrade(self, evicting: dict[str, frozenset[str]], result: PassResult) -> None:
-        """Evict the running GPU pods of exhausted namespaces whose budget's `running_pod_action` is
-        `evict` and that still run above the reduced class (neither at it nor at a class their priority
-        policy exempts where an admin listed it: `is_exempt`, the webhook's rule). A pod's priority is
-        immutable: its controller recreates it and the webhook gives the new pod the reduced class.
-        Through the Eviction API (PodDisruptionBudgets honoured); bare pods only when configured; at
-        most `evictions_per_pass` per pass, the longest-running first, the rest deferred."""
+        """Evict the running GPU workloads of exhausted namespaces whose budget's `running_pod_action` is
+        `evict`, each with all its pods that still run above the reduced class (neither at it nor at a
+        class their priority policy exempts where an admin listed it: `is_exempt`, the webhook's rule). A
+        pod's priority is immutable: its controller recreates it and the webhook gives the new pods the
+        reduced class. A workload goes whole or not at all: a gang missing some pods holds GPUs without
+        progress. Through the Eviction API (PodDisruptionBudgets honoured); bare pods only when
+        configured; at most `evictions_per_pass` workloads per pass, the longest-running first."""
         if not evicting:
             return
         reduced = self.settings.over_budget_priority_class
-        candidates: list[TrackedPod] = []
+        workloads: dict[tuple[str, str], list[TrackedPod]] = {}
         for pod in self.registry.pods():
             info = pod.info
             exempt = evicting.get(info.namespace)
             if (
                 exempt is None
-                or not pod.running
+                or pod.ended_at is not None
+                or info.ended
                 or info.deleting_since is not None
                 or not self._holds_gpus(pod)
             ):
@@ -541,19 +544,52 @@ class Reconciler:
             if priority_class == reduced or exempt_here:
                 continue
             if info.has_controller or self.settings.evict_bare_pods:
-                candidates.append(pod)
-        candidates.sort(key=lambda pod: (pod.info.started_at or self.clock.now(), pod.info.uid))
-        for pod in candidates:
-            if len(result.evicted) >= self.settings.evictions_per_pass:
-                result.deferred.append((pod.info.namespace, pod.info.name))
+                workloads.setdefault(workload_key(info), []).append(pod)
+        now = self.clock.now()
+        running = sorted(
+            (
+                sorted(pods, key=lambda pod: (pod.info.started_at or now, pod.info.uid))
+                for pods in workloads.values()
+                if any(pod.running for pod in pods)
+            ),
+            key=lambda pods: (pods[0].info.started_at or now, pods[0].info.uid),
+        )
+        evicted = 0
+        for pods in running:
+            if evicted >= self.settings.evictions_per_pass:
+                result.deferred.extend((pod.info.namespace, pod.info.name) for pod in pods)
                 continue
             try:
-                await self._evict(pod, result)
+                evicted += await self._evict_workload(pods, result)
             except KubeError as error:
                 log.warning(
                     "downgrade_failed",
-                    extra={"namespace": pod.info.namespace, "pod": pod.info.name, "error": str(error)},
+                    extra={
+                        "namespace": pods[0].info.namespace,
+                        "pods": [p.info.name for p in pods],
+                        "error": str(error),
+                    },
                 )
+
+    async def _evict_workload(self, pods: list[TrackedPod], result: PassResult) -> bool:
+        """Evict every pod of one workload, or none when a PodDisruptionBudget refuses any of them (asked
+        first with dry-run evictions); whether it was evicted."""
+        for pod in pods:
+            info = pod.info
+            if (
+                await self.kube.evict_pod(info.namespace, info.name, dry_run=True)
+                is EvictionResult.BLOCKED_BY_PDB
+            ):
+                result.blocked.append((info.namespace, info.name))
+                log.info(
+                    "downgrade_blocked_by_pdb",
+                    extra={"namespace": info.namespace, "pod": info.name, "workload": workload_key(info)[1]},
+                )
+                return False
+        # All at once: a controller recreating the first pod before the last is gone races the webhook,
+        # whose view still holds the rest at the old class.
+        await asyncio.gather(*(self._evict(pod, result) for pod in pods))
+        return True
 
     async def _evict(self, pod: TrackedPod, result: PassResult) -> None:
         info = pod.info

@@ -1,0 +1,109 @@
+"""One class per workload on a real API server with the real Job controller (issue 30's must-show): a Job
+whose namespace becomes exhausted after its first pods were admitted keeps all its pods, the later and the
+recreated ones included, at the class its first pods got; a Job created after that is a new workload and
+gets the reduced class. The webhook learns the Job's pods through its own pod watch, as its own
+ServiceAccount (the RBAC deployment/ ships)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from gpuaccounting import names
+from tests.cluster.harness import Kubectl, KubectlError, TimekeeperApi, gpu_probe, wait_for_admission_state
+from tests.support.processes import wait_until
+
+
+def job(namespace: str, name: str, parallelism: int, completions: int) -> dict[str, Any]:
+    spec = gpu_probe(namespace)["spec"]
+    template = {"metadata": {"labels": {"app": name}}, "spec": {**spec, "restartPolicy": "Never"}}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "parallelism": parallelism,
+            "completions": completions,
+            "backoffLimit": 10,
+            "template": template,
+        },
+    }
+
+
+def pods_of(kubectl: Kubectl, namespace: str, name: str) -> list[dict[str, Any]]:
+    listed = kubectl.json("get", "pods", "-n", namespace, "-l", f"job-name={name}")
+    return [pod for pod in listed["items"] if not pod["metadata"].get("deletionTimestamp")]
+
+
+def wait_for_pods(kubectl: Kubectl, namespace: str, name: str, count: int) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+
+    def created() -> bool:
+        found[:] = pods_of(kubectl, namespace, name)
+        return len(found) == count
+
+    wait_until(created, timeout=60, what=f"{count} pods of job {name}")
+    return found
+
+
+def classes(pods: list[dict[str, Any]]) -> set[tuple[str, int]]:
+    return {(pod["spec"]["priorityClassName"], pod["spec"]["priority"]) for pod in pods}
+
+
+def decision(pod: dict[str, Any]) -> str:
+    return str(pod["metadata"]["annotations"][names.ANNOTATION_PRIORITY_DECISION])
+
+
+def test_a_job_keeps_one_class_when_its_namespace_is_exhausted_between_its_pods(
+    kubectl: Kubectl, api: TimekeeperApi, namespace: str
+) -> None:
+    api.set_budget(namespace, 1000)
+    wait_for_admission_state(kubectl, namespace, "in_budget")
+    kubectl.create(job(namespace, "train", parallelism=2, completions=4))
+    first = wait_for_pods(kubectl, namespace, "train", 2)
+
+    api.set_budget(namespace, 0)
+    wait_for_admission_state(kubectl, namespace, "exhausted")
+    kubectl.run("patch", "job", "train", "-n", namespace, "--type=merge", "-p", '{"spec":{"parallelism":4}}')
+    grown = wait_for_pods(kubectl, namespace, "train", 4)
+    # A pod of the gang goes away (preempted, evicted, its node lost): the Job controller recreates it.
+    gone = first[0]["metadata"]["name"]
+    kubectl.run("delete", "pod", gone, "-n", namespace, "--wait=true")
+
+    def recreated() -> bool:
+        return gone not in {pod["metadata"]["name"] for pod in wait_for_pods(kubectl, namespace, "train", 4)}
+
+    wait_until(recreated, timeout=60, what="the Job controller to recreate the deleted pod")
+    final = pods_of(kubectl, namespace, "train")
+    later = [pod for pod in final if pod["metadata"]["uid"] not in {p["metadata"]["uid"] for p in first}]
+
+    assert classes(first) == {("gpu-in-budget", 1000)}
+    assert classes(grown) == classes(final) == {("gpu-in-budget", 1000)}
+    assert len(later) == 3  # two added by the larger parallelism, one recreated
+    assert {pod["metadata"]["annotations"][names.ANNOTATION_WORKLOAD] for pod in final} == {"Job/train"}
+    assert {decision(pod) for pod in later} == {
+        "workload-class-kept: workload Job/train keeps class gpu-in-budget"
+    }
+    # The first pod was decided by the budget; its sibling, created a moment later, may already follow it.
+    assert "in-budget: no class chosen" in {decision(pod) for pod in first}
+
+    # The budget's change applies to the next workload.
+    kubectl.create(job(namespace, "next", parallelism=2, completions=2))
+    assert classes(wait_for_pods(kubectl, namespace, "next", 2)) == {("gpu-over-budget", 100)}
+
+
+def test_a_workloads_pods_may_not_rename_their_workload(
+    kubectl: Kubectl, api: TimekeeperApi, namespace: str
+) -> None:
+    api.set_budget(namespace, 1000)
+    wait_for_admission_state(kubectl, namespace, "in_budget")
+    kubectl.create(job(namespace, "solo", parallelism=1, completions=1))
+    pod = wait_for_pods(kubectl, namespace, "solo", 1)[0]
+    patch = json.dumps({"metadata": {"annotations": {names.ANNOTATION_WORKLOAD: "Job/other"}}})
+
+    with pytest.raises(KubectlError) as refused:
+        kubectl.run("patch", "pod", pod["metadata"]["name"], "-n", namespace, "--type=merge", "-p", patch)
+
+    assert f"annotation {names.ANNOTATION_WORKLOAD}" in refused.value.stderr

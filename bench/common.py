@@ -103,7 +103,16 @@ def write_results(sections: Sequence[Section], path: Path = RESULTS_FILE) -> Non
         lines += [f"- {note}" for note in section.notes]
         if section.notes:
             lines.append("")
+    lines += _sections_kept(path, {section.title for section in sections})
     path.write_text("\n".join(lines))
+
+
+def _sections_kept(path: Path, written: set[str]) -> list[str]:
+    """The file's sections this run does not write (`make bench-history`'s, the profiles measured by hand)."""
+    if not path.exists():
+        return []
+    parts = path.read_text().split("\n## ")[1:]
+    return [f"## {part.rstrip()}\n" for part in parts if part.split("\n", 1)[0] not in written]
 
 
 def wait_for_port(port: int, timeout: float = 30.0) -> None:

@@ -45,8 +45,7 @@ def main() -> None:
             "Conditions",
             notes=[
                 f"load average (1 / 5 / 15 min) before: {before}; after: {_load()}",
-                "profiles of the ingest path, before and after the changes, and the targets' gaps: "
-                "docs/performance.md",
+                "how these figures are measured and what each ratio means: docs/performance.md",
             ],
         )
     )

@@ -185,8 +185,8 @@ class AdmissionEndpoint:
 
 class WebhookApp(Starlette):
     """Starlette, with a POST to an admission path handed straight to its endpoint: the endpoints answer
-    every outcome themselves, and the middleware and router around them cost about 7 % of an admission's
-    instructions (docs/performance.md). Everything else (health, metrics, 404, 405) is Starlette's."""
+    every outcome themselves, so the middleware and router around them would be spent for nothing (their
+    instructions: bench/RESULTS.md, "Profiles measured by hand"). Everything else is Starlette's."""
 
     def __init__(self, admission_endpoints: dict[str, AdmissionEndpoint], **options: Any) -> None:
         super().__init__(

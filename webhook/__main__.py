@@ -1,10 +1,6 @@
-"""`python -m webhook`: serve the admission webhooks over HTTPS (TLS from WEBHOOK_TLS_CERT_FILE/KEY_FILE).
-
-One process per replica (replicas are stateless; scale with the Deployment). The server's SSLContext is
-handed to the app, whose lifespan reloads a rotated certificate into it. uvicorn serves HTTP with its own
-settings; what it has no setting for (head size and time, connections in all and per address, a bound
-on the TLS handshake) is `gpuserving.connections.GuardedHttp`, which also starts TLS.
-"""
+"""`python -m webhook`: serve the admission webhooks over HTTPS, one stateless process per replica. uvicorn
+serves HTTP with its own settings; `gpuserving.connections.GuardedHttp` adds what it has no setting for and
+starts TLS, with an SSLContext the app's lifespan reloads when the certificate rotates."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The admission decisions over parsed requests: `/mutate` (priority and injection) and `/validate`.
-
-Each decision returns a typed `AdmissionResponse` (with the priority decision it made, for a GPU pod's
-mutation); the endpoint encodes it, and counts and logs it unless the request is a dryRun: nothing here
-knows about dryRun, metrics or logs. Nothing here waits on the network: the budget state is read from
-the in-memory cache. The work is bounded before it starts: a pod with more containers than
-`max_containers` is denied at once, and the body limit bounds everything else that grows with the pod.
-"""
+"""The admission decisions over parsed requests: `/mutate` (priority and injection) and `/validate`. Each
+returns a typed `AdmissionResponse` and never waits on the network (the budget state is cached); dryRun,
+metrics and logs are the endpoint's. Work is bounded by `max_containers` and the body limit."""
 
 from __future__ import annotations
 
@@ -90,9 +85,7 @@ class Admission:
     def _over_container_cap(self, request: AdmissionRequest, pod: dict[str, Any]) -> AdmissionResponse | None:
         """A denial for a new pod with more containers than any real one has; the parse did not read it.
 
-        CREATE only: what an UPDATE is judged on is linear in the pod, and a running pod (or one being
-        deleted, its finalizers removed by UPDATEs) must never be stuck behind a limit set later.
-        """
+        CREATE only: a running pod (or one being deleted) must never be stuck behind a limit set later."""
         count = request.container_count if isinstance(request, PodRequest) else 0
         if count <= self.settings.max_containers:
             return None

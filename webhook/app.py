@@ -220,11 +220,8 @@ async def kube_client(settings: WebhookSettings) -> AsyncIterator[client.ApiClie
 
 
 def create_app(settings: WebhookSettings | None = None) -> Starlette:
-    """Build the app; the cache, metrics and admission logic are per app, the poller starts in lifespan.
-
-    When the server sets `app.state.ssl_context` (python -m webhook does), the lifespan also reloads the
-    serving certificate into it whenever the files change.
-    """
+    """Build the app; the cache, metrics and admission logic are per app, the poller starts in lifespan,
+    which also reloads a changed certificate into `app.state.ssl_context` when the server set one."""
     settings = settings or get_settings()
     cache = BudgetStateCache(settings.state_max_age_seconds)
     metrics = WebhookMetrics(cache.age_seconds)

@@ -1,19 +1,6 @@
-"""Self-signed TLS for the admission webhooks, for clusters without cert-manager.
-
-`python -m webhook.certbootstrap` keeps three things in step: a CA (its own Secret, which the webhook pods
-never mount), a serving certificate for the webhook Service signed by it (Secret with `tls.crt`, `tls.key`
-and the trusted bundle as `ca.crt`), and the `caBundle` of the Mutating and Validating webhook
-configurations. It is idempotent — a valid certificate with more than `--renew-before-days` left and the
-required names is left alone and nothing is written — so the same command serves the install Job and the
-daily renewal CronJob. A CA is renewed the same way; the old one stays in the bundle until it expires, so
-pods still serving a certificate of the old CA keep working until they restart. With `--output-dir` the
-same logic writes files instead (docker compose, local runs), with no cluster involved.
-
-The webhook reads its certificate once, at start. `--restart-deployment` therefore records the serving
-certificate's SHA-256 on the webhook Deployment's pod template and, when the Secret holds a different one,
-updates it — a rolling restart, as `kubectl rollout restart` does. With `--external-issuer` (cert-manager
-issues the certificate) that is all it does.
-"""
+"""Self-signed TLS for the admission webhooks without cert-manager, idempotent (docs/deployment.md): a CA,
+a serving certificate and the webhooks' `caBundle`, written only when missing, expiring or wrong; a renewed
+CA is trusted before anything it signed is served; `--restart-deployment` rolls the webhook after a change."""
 
 from __future__ import annotations
 

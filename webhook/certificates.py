@@ -1,8 +1,5 @@
-"""Serve a rotated certificate without a restart: cert-manager (or the bootstrap) rewrites the files.
-
-The reloader loads the new chain into the live SSLContext, so new handshakes use it and open connections
-carry on. A half-written pair fails to load and is retried at the next check; the old chain stays.
-"""
+"""Serve a rotated certificate without a restart: new handshakes use the new chain, open connections carry
+on, and a half-written pair fails to load and is retried at the next check with the old chain kept."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The cluster's DRA objects the admission decisions read: ResourceClaimTemplates, ResourceClaims and
-DeviceClasses, listed and watched (webhook.kubewatch) in the resource.k8s.io version the API server serves.
-
-The version is found by discovery (v1 from Kubernetes 1.34, v1beta2 or v1beta1 on 1.32-1.33), looked for
-again while the group is absent. A claim or template the view does not hold yet (created a moment before
-its pod, the watch not there yet) is fetched once by name before the pod is judged, so only one that
-truly does not exist fails closed. Needs get/list/watch on resource.k8s.io (deployment/base/rbac).
-"""
+"""The DRA objects the decisions read (ResourceClaimTemplates, ResourceClaims, DeviceClasses), watched in the
+resource.k8s.io version the API server serves. A claim not seen yet is fetched once by name before the pod
+is judged, so only one that truly does not exist fails closed."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Fractional-request governance, run by `/validate` on the final object after every mutator.
-
-Rules about the requests themselves come from `gpuaccounting.shares`; here are the rules that need the
-namespace's cap or the object's previous version. A pod's own requests are judged on CREATE only, so a
-later change of the rules never blocks a metadata update of a pod that is already running.
-"""
+"""Fractional-request governance, run by `/validate` on the final object: the rules that need the namespace's
+cap or the object's previous version (`gpuaccounting.shares` has the rest). A pod's own requests are judged
+on CREATE only, so a later rule change never blocks a metadata update of a running pod."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""The sidecar the webhook injects into every GPU pod: container, volumes, and the env contract.
-
-A native sidecar (an init container with `restartPolicy: Always`, Kubernetes 1.29+) is placed first among
-the init containers, so it runs beside every later init container and Jobs still complete; on older
-clusters (`sidecar_mode=container`) it is a plain container. The sidecar and its volumes are ours, whole:
-whatever a pod brings under their names is replaced by the ones built from settings, and `/validate`
-compares them whole. Both compare stored forms (`stored_form`), so the fields the API server fills in
-never count as a change and a re-invocation patches nothing.
-"""
+"""The sidecar injected into every GPU pod: a native sidecar first among the init containers (a plain
+container with `sidecar_mode=container`). It and its volumes are ours, whole: a pod's own under their names
+are replaced, and `/validate` compares stored forms (`stored_form`), so re-invocation patches nothing."""
 
 from __future__ import annotations
 

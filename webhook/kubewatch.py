@@ -1,9 +1,6 @@
-"""A view of Kubernetes objects kept current by list and watch (kubernetes_asyncio), and the API client.
-
-A list, then a watch from its resourceVersion that ends after `kube_watch_timeout_seconds`, then a fresh
-list: a missed event is healed within one watch period, and an expired resourceVersion (410) re-lists at
-once. A failure keeps what the view knew, is counted, logged once per outage, and retried with backoff.
-"""
+"""A view of Kubernetes objects kept current by list and watch (kubernetes_asyncio), and the API client. A
+missed event heals within one watch period (a fresh list after each); a 410 re-lists at once; a failure
+keeps what the view knew and is retried with backoff."""
 
 from __future__ import annotations
 

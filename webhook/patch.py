@@ -1,8 +1,5 @@
-"""JSONPatch (RFC 6902) by diffing the pod before and after mutation.
-
-Objects are compared key by key (so one annotation becomes one operation), anything else is replaced
-whole; equal subtrees cost one C-level comparison, which keeps a diff of a large pod in microseconds.
-"""
+"""JSONPatch (RFC 6902) by diffing the pod before and after mutation: objects key by key (one annotation, one
+operation), anything else replaced whole."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The shape of the parts of a Pod the webhook reads, checked as part of parsing the review.
-
-The API server only sends Pods it has decoded into its own types, but the webhook must never answer a
-500: an object whose containers are not a list, whose annotations are not strings, whose resource
-quantities are objects, is a malformed review (400) with the place named, rather than an exception deep
-in the share arithmetic or the injection. Everything not listed here is passed through unread.
-"""
+"""The shape of the parts of a Pod the webhook reads, checked while parsing the review: a wrong type is a
+malformed review (400) naming the place, never a 500 deep in the arithmetic.
+The rest passes through unread."""
 
 from __future__ import annotations
 

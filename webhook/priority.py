@@ -1,10 +1,6 @@
-"""Which PriorityClass a GPU pod gets: its namespace's priority policy (gpuaccounting.admission_state
-states the rule) applied to the class it arrived with, from the cached budget state.
-
-The decision is pure: `decide` reads the pod's spec, the namespace's view and the PriorityClass catalog
-and returns which rule applied; the mutation hands it back in its answer, and the admission endpoint
-counts and logs it (never for a dryRun request).
-"""
+"""Which PriorityClass a GPU pod gets: its namespace's priority policy (gpuaccounting.admission_state states
+the rule) applied to the class it arrived with. `decide` is pure and returns the rule that applied; the
+endpoint counts and logs it."""
 
 from __future__ import annotations
 

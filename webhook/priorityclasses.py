@@ -1,12 +1,6 @@
-"""The cluster's PriorityClasses, listed and watched through the Kubernetes API (kubernetes_asyncio).
-
-The webhook needs them for two things the pod alone cannot say: whether the class a pod arrived with was
-filled in by the Priority plugin from the `globalDefault` class (so no class was chosen) or named by its
-user, and each class's real `value` and `preemptionPolicy` (so the numbers written beside our classes are
-the objects' own, and a user class can be compared with the ceiling). A list, then a watch from its
-resourceVersion, re-listed after each watch (webhook.kubewatch). Needs get/list/watch on
-priorityclasses.scheduling.k8s.io (deployment/base/rbac/webhook.yaml).
-"""
+"""The cluster's PriorityClasses, watched (webhook.kubewatch): whether a pod's class came from the
+`globalDefault` or its user, and each class's real `value` and `preemptionPolicy` (docs/webhook.md, "The
+PriorityClass watch"). Needs get/list/watch on priorityclasses.scheduling.k8s.io."""
 
 from __future__ import annotations
 

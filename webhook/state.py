@@ -1,8 +1,5 @@
-"""The namespaces' budget state, held in memory and refreshed from the timekeeper in the background.
-
-The admission path only reads the cache (a dictionary lookup); the poller is the one thing that waits on
-the network. A poll sends `If-None-Match` with the last ETag, so an unchanged snapshot costs a 304.
-"""
+"""The namespaces' budget state, cached in memory: admission only reads it; the poller alone waits on the
+network, sending `If-None-Match` so an unchanged snapshot costs a 304."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""A self-signed CA and a serving certificate for `<service>.<namespace>.svc`, for local runs and tests.
-
-The in-cluster bootstrap builds on exactly these two functions (cert-manager is the other way in).
-Keys are ECDSA P-256: small, fast handshakes, accepted by the API server.
-"""
+"""A self-signed CA and a serving certificate for `<service>.<namespace>.svc` (ECDSA P-256), for local runs,
+tests and the in-cluster bootstrap."""
 
 from __future__ import annotations
 

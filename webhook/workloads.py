@@ -1,10 +1,5 @@
-"""The classes of the workloads whose GPU pods the webhook admitted: the pods carrying our label, listed and
-watched (webhook.kubewatch), each reduced to its workload and the class it runs at.
-
-A workload's later pods (recreated ones included) get the class its pods already have, while any of them
-is live (neither ended nor being deleted): the oldest one's. Needs list/watch on pods cluster-wide
-(deployment/base/rbac/webhook.yaml).
-"""
+"""The class each workload's admitted GPU pods run at, from the pods carrying our label (webhook.kubewatch):
+a workload's later pods get the class of its oldest live pod. Needs list/watch on pods cluster-wide."""
 
 from __future__ import annotations
 

@@ -87,10 +87,9 @@ def parse_service(spec: str) -> tuple[str, str, str, str]:
 
 
 def _through_api_server(options: Options, token: str | None) -> Target:
-    """The kubeconfig's API server and user (token, client certificate, exec plugin: whatever the
-    `kubernetes` client's loader understands), the timekeeper behind its service proxy. The API server
-    removes `Authorization` after authenticating the user, so the user's token (or --token) is repeated
-    for the timekeeper in PROXIED_AUTHORIZATION_HEADER."""
+    """The timekeeper behind the kubeconfig's API server and service proxy. The API server removes
+    `Authorization` after authenticating the user, so the user's token (or --token) is repeated for the
+    timekeeper in PROXIED_AUTHORIZATION_HEADER."""
     from kubernetes import client, config  # only here: slow to import, and needed only for this path
 
     scheme, namespace, name, port = parse_service(

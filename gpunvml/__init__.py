@@ -1,14 +1,6 @@
-"""The NVML boundary the sidecar and the node agent share: pynvml loaded, initialised and shut down, and
-a device's compute processes listed on any driver.
-
-A package of its own because each side needs it and neither may import the other (the deployables are
-independent), while gpuaccounting may not import pynvml. It imports the standard library, pynvml and
-gpuaccounting only (an import-linter contract). What a pynvml error means is gpuaccounting.nvmlerrors'.
-
-pynvml loads `libnvidia-ml.so.1` itself. When a library file is named, it is loaded first: it carries the
-soname `libnvidia-ml.so.1`, so pynvml's own `CDLL("libnvidia-ml.so.1")` then finds the already-loaded
-library and everything else runs exactly as with the driver's copy.
-"""
+"""The NVML boundary the sidecar and the node agent share (neither imports the other; gpuaccounting may not
+import pynvml): pynvml loaded and shut down, compute processes on any driver. A named library file is
+loaded first; its soname `libnvidia-ml.so.1` makes pynvml's own load find it."""
 
 from __future__ import annotations
 

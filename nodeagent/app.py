@@ -1,9 +1,6 @@
-"""The node agent's two loops: a sampler (NVML, the kubelet's PodResources and each GPU process's cgroup,
-once per tick) and an HTTP endpoint that answers each sidecar with its own pod's devices and figures.
-
-The agent never writes to the API server and reads no pod objects: the kubelet names the devices, the
-token review names the caller's pod, so its ServiceAccount needs only `create tokenreviews`.
-"""
+"""The node agent's two loops: a sampler (NVML, the kubelet's PodResources, each GPU process's cgroup) and an
+HTTP endpoint answering each sidecar with its own pod's devices and figures. It reads no pod objects and
+writes nothing to the API server: its ServiceAccount needs only `create tokenreviews`."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Which of the node's devices are a pod's, and the pod's own share of what happens on them. Pure.
-
-A device is the pod's when the kubelet lists an ID for the pod that names it (its UUID, the UUID with a
-time-slicing replica suffix `::n`, an ID that embeds it like HAMi's `GPU-...-0`, a DRA CDI device name
-that carries it), or when one of the pod's processes runs on it (its cgroup says so): the only evidence
-for schedulers that hand GPUs out without the kubelet (KAI / Run:ai fractions, gpushare, vcuda, MetaGPU,
-Volcano vGPU) and for DRA drivers whose device names carry no UUID.
-"""
+"""Which of the node's devices are a pod's, and its share of what happens on them. Pure. A device is the pod's
+when a kubelet ID for the pod names it (UUID, `::n` suffix, an ID embedding it, a CDI name) or when one of
+the pod's processes runs on it: the only evidence for schedulers without the kubelet (docs/nodeagent.md)."""
 
 from __future__ import annotations
 

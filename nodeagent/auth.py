@@ -1,9 +1,6 @@
-"""Who is asking: a TokenReview of the bearer token a sidecar presents (its pod's projected token, audience
-`gpu-timekeeper-nodeagent`); the review's extras name the pod, so a pod can read only its own figures.
-
-One POST to the API server, so the standard library's HTTPS client is enough; answers are cached for a
-short while, keyed by a hash of the token, so a sidecar asking every second costs one review a minute.
-"""
+"""Who is asking: a TokenReview of the sidecar's projected token (audience `gpu-timekeeper-nodeagent`), whose
+extras name the pod, so a pod reads only its own figures. Answers are cached briefly, keyed by the token's
+hash, so a sidecar asking every second costs one review a minute."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Which pod a host process belongs to, from its cgroup path (NVML reports host PIDs).
-
-The kubelet puts every container of a pod under a cgroup named after the pod's UID, with either cgroup
-driver and either cgroup version:
-    cgroupfs: /kubepods/burstable/pod0f3e.../<container id>
-    systemd:  /kubepods.slice/.../kubepods-burstable-pod0f3e..._.slice/cri-containerd-....scope
-`/proc/<pid>/cgroup` is world-readable, so the agent needs hostPID but no capability to read it.
-"""
+"""Which pod a host process belongs to, from `/proc/<pid>/cgroup` (world-readable: hostPID, no capability):
+the kubelet puts a pod's containers under a cgroup named after its UID, `pod<uid>` with cgroupfs and
+`-pod<uid>.slice` with systemd, with either cgroup version."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Every GPU and MIG device of the node through NVML (pynvml): device figures, the compute processes on
-each (host PIDs, `_v3` list or `_v2` on drivers before 510) and each process's SM utilisation
-(`nvmlDeviceGetProcessUtilization`, which NVML does not offer on MIG devices).
-
-One device's error stays that device's: a lost GPU is read as `lost` and the library is re-initialised
-(at most every `reinit_seconds`) until it answers again.
-"""
+"""Every GPU and MIG device of the node through NVML: device figures, compute processes (host PIDs) and their
+SM utilisation (not offered on MIG). A device's error stays its own: a lost GPU reads `lost` and the
+library is re-initialised, at most every `reinit_seconds`, until it answers."""
 
 from __future__ import annotations
 

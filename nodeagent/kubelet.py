@@ -1,10 +1,6 @@
-"""The kubelet's PodResources API (v1, `List`) over its unix socket: which devices each pod was given.
-
-Device plugins' device IDs are GPU UUIDs (`nvidia.com/gpu`), MIG UUIDs (`nvidia.com/mig-1g.10gb`), UUIDs
-with a time-slicing replica suffix (`GPU-...::3`), or scheduler-specific IDs that embed a UUID (HAMi's
-`GPU-...-0`); DRA claims name their devices through CDI device names and driver/pool/device triplets. The
-agent keeps every ID and matches it against the node's NVML UUIDs (`nodeagent.attribution`).
-"""
+"""The kubelet's PodResources API (v1, `List`) over its unix socket: which devices each pod was given. Every
+device ID is kept (UUIDs, replica suffixes, IDs embedding a UUID, DRA's CDI names and triplets) and matched
+against the node's NVML UUIDs by `nodeagent.attribution`."""
 
 from __future__ import annotations
 

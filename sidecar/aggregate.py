@@ -1,8 +1,5 @@
-"""Per-interval aggregates of the samples, and the merge of several intervals' figures into one.
-
-Utilisation: mean and max over the interval's samples; memory: the maximum used; energy: the counter's
-growth over the interval (in joules). A figure no sample could give stays None.
-"""
+"""Per-interval aggregates of the samples, and the merge of several intervals' into one: utilisation mean and
+max, memory's maximum, energy's growth in joules; what no sample could give stays None."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The sidecar's main loop: sample every second, cut a report at every interval boundary, stop cleanly.
-
-Intervals lie on a fixed grid anchored at the sidecar's first start in this pod (interval k is
-[anchor + k·N, anchor + (k+1)·N)) and are contiguous: each report starts where the previous one ended.
-A restarted sidecar resumes from the persisted end, so the time it was down is reported too (the pod
-kept its GPU meanwhile), and it never reuses a sequence number. On SIGTERM the partial interval up to
-now goes out with `final: true` within the shutdown budget.
-"""
+"""The sidecar's main loop: sample every second, cut a report at every boundary of the pod's fixed interval
+grid, and on SIGTERM send the partial interval as `final: true`. A restart resumes from the persisted end
+with fresh sequence numbers, so the time it was down is reported too (docs/sidecar.md)."""
 
 from __future__ import annotations
 

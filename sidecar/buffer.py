@@ -1,12 +1,6 @@
-"""Reports waiting for the timekeeper's acknowledgement: one JSON file each on the emptyDir volume.
-
-Bounded by count, bytes and age. Over the count or bytes bound, the oldest contiguous reports are folded
-into one report covering their union (with a fresh sequence number, so a fold never collides with a report
-the timekeeper may already hold): the time still gets charged, only the figures get coarser. Reports older
-than the age bound are folded the same way. No fold makes an interval longer than the timekeeper accepts
-(SIDECAR_MAX_REPORT_INTERVAL_SECONDS). A report is dropped only when the buffer is over its count or bytes
-bound and nothing can be folded, and every drop is counted in the state and logged with the time it held.
-"""
+"""Reports waiting for acknowledgement, one JSON file each on the emptyDir, bounded by count, bytes and age:
+over a bound the oldest contiguous reports fold into one (a fresh sequence number); a report is dropped,
+counted and logged only when nothing can fold (docs/sidecar.md)."""
 
 from __future__ import annotations
 
@@ -81,10 +75,9 @@ class ReportBuffer:
         return self._dir / f"report-{seq:012d}{SUFFIX}"
 
     def load(self) -> list[Pending]:
-        """Read what a previous run left behind; reports wholly inside another (a fold interrupted
-        before it deleted its parts) are removed, since the other one covers their time. So is a write
-        a kill cut short (atomic_write's temporary file): that report was never stored, and the state
-        never moved past its interval, which is cut again under a new sequence number."""
+        """Read what a previous run left behind, removing reports wholly inside another (an interrupted fold)
+        and writes a kill cut short (never stored: the state did not move past them, so they are cut
+        again)."""
         for partial in self._dir.glob(f".report-*{SUFFIX}.tmp"):
             partial.unlink(missing_ok=True)
         found: list[Pending] = []

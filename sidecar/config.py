@@ -1,8 +1,6 @@
-"""Sidecar settings, parsed from the environment the webhook injects.
-
-Stdlib only (no pydantic in the sidecar), so the parsing is explicit and typed: a boolean accepts only
-true/false/1/0/yes/no/on/off, numbers must parse and sit in range, and every error names the variable.
-"""
+"""Sidecar settings, parsed from the environment the webhook injects, with the standard library only: a
+boolean accepts true/false/1/0/yes/no/on/off, numbers must parse and sit in range, errors name the
+variable."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Which GPUs belong to this pod: an ordered list of strategies, the first that knows wins.
-
-A sidecar often cannot see its pod's GPUs: device plugins hand UUIDs only to the requesting container and
-NVML shows host PIDs. So each strategy reads one source; when none knows, the sidecar reports allocation
-only (gpus: []), and the charge, which is share x time, does not depend on any of this.
-"""
+"""Which GPUs belong to this pod: an ordered list of strategies, the first that knows wins. When none knows
+the sidecar reports allocation only (`gpus: []`); the charge, share x time, does not depend on any of this."""
 
 from __future__ import annotations
 
@@ -42,12 +38,8 @@ Strategy = Callable[[], tuple[Selector, ...] | None]
 
 
 def parse_visible_devices(value: str | None) -> tuple[Selector, ...] | None:
-    """NVIDIA_VISIBLE_DEVICES as the container toolkit reads it; None when it says nothing about GPUs.
-
-    `all` is every device this container sees; a list holds GPU/MIG UUIDs or indices ("0", MIG "0:1");
-    `none`, `void`, empty or unset give this container no GPU, so they leave the question to the next
-    strategy rather than answering "no GPUs".
-    """
+    """NVIDIA_VISIBLE_DEVICES as the container toolkit reads it (`all`, UUIDs or indices); None when it says
+    nothing about GPUs (`none`, `void`, empty, unset), leaving the question to the next strategy."""
     if value is None:
         return None
     text = value.strip()

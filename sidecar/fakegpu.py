@@ -1,8 +1,5 @@
-"""A pure-Python stand-in for NVML, for the demo and for machines without GPUs.
-
-Deterministic: device k of a pod always has the same UUID, and its utilisation follows a fixed saw-tooth,
-so two runs of the demo show the same figures. Behind the same `GpuBackend` boundary as the real thing.
-"""
+"""A pure-Python stand-in for NVML behind the same `GpuBackend`, for the demo and machines without GPUs.
+Deterministic: a pod's device k has a fixed UUID and a fixed saw-tooth utilisation."""
 
 from __future__ import annotations
 

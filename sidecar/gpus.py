@@ -1,8 +1,5 @@
-"""The small typed boundary between the sidecar and whatever tells it about GPUs.
-
-Two backends implement it: `PynvmlBackend` (the real NVML through pynvml) and `FakeBackend` (synthetic,
-deterministic figures for the demo). Everything above this boundary is backend-agnostic.
-"""
+"""The typed boundary between the sidecar and what tells it about GPUs: `PynvmlBackend` (NVML), the node
+agent's and `FakeBackend`; everything above it is backend-agnostic."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The sidecar's events, through the structured logging all deployables share (gpuaccounting.logs).
-
-Every line carries the namespace and pod, so a cluster's log pipeline finds a pod's sidecar lines. Events
-are snake_case names; the sidecar logs changes of state, not a line per sample.
-"""
+"""The sidecar's events through the structured logging all deployables share (gpuaccounting.logs): every line
+names the namespace and pod; changes of state are logged, not samples."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Keeps the GPU backend usable: opens it lazily, re-initialises with backoff, keeps errors per GPU.
-
-A GPU that NVML calls lost, or a library that is missing, degrades figures to None; the report itself is
-never held back, because the charge (share x time) does not depend on them.
-"""
+"""Keeps the GPU backend usable: opens it lazily, re-initialises with backoff, keeps errors per GPU. A lost
+GPU or a missing library makes figures None; the report is never held back, since the charge needs none."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""GPU figures from the node agent of the pod's node instead of a local NVML.
-
-On a real node the sidecar container holds no GPU (device plugins give devices only to the container that
-asked) and so no driver library, and it cannot map NVML's host PIDs to its pod. The node agent can: it asks
-the kubelet which devices are the pod's and maps each GPU process to its pod through its cgroup. The
-sidecar asks it once per sample (`GET /v1/pod-gpus`, bearer: the pod's projected token for the agent's
-audience) and stays the pod's reporter. Same `GpuBackend` boundary as NVML, stdlib only.
-"""
+"""GPU figures from the node agent of the pod's node (`GET /v1/pod-gpus` once per sample, with the pod's
+projected token), for nodes where the sidecar holds no GPU and cannot map NVML's host PIDs to its pod. Same
+`GpuBackend` boundary as NVML, standard library only; the sidecar stays the pod's reporter."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The real backend: NVML through NVIDIA's pynvml, one device's errors kept to that device.
-
-Loading and initialising the library (SIDECAR_NVML_LIBRARY, when set, names the file to load first) is
-the NVML boundary the node agent shares (`gpunvml`).
-"""
+"""The real backend: NVML through NVIDIA's pynvml, one device's errors kept to that device; loading the
+library (SIDECAR_NVML_LIBRARY) is `gpunvml`'s, shared with the node agent."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Delivery of buffered reports to the timekeeper, on a thread of its own so sampling never waits.
-
-One POST per report with the token read fresh from its file (projected tokens rotate). The answer decides:
-2xx (including `duplicate: true`) is acknowledged; 401, 403, 408, 429, 5xx and network errors are retried
-with the one backoff rule (`gpuaccounting/backoff.py`: capped exponential, full jitter); any other 4xx
-means the body will never be accepted, so it is sent once more without measured figures (allocation only,
-which is what the charge needs) and only then dropped, counted and logged with the minutes it held.
-"""
+"""Delivery of buffered reports on a thread of its own: one POST per report, the token read fresh each time.
+2xx is acknowledged; 401, 403, 408, 429, 5xx and network errors are retried (`gpuaccounting.backoff`); any
+other 4xx is sent once more as allocation only, then dropped, counted and logged."""
 
 from __future__ import annotations
 
@@ -59,11 +54,8 @@ def classify(status: int) -> Outcome:
 
 
 def load_http_client(https: bool) -> ModuleType:
-    """http.client, without OpenSSL when the timekeeper is plain http:// (an in-cluster Service).
-
-    http.client imports ssl eagerly, and libssl with libcrypto cost about 5 MB of the sidecar's 25 MB
-    budget; hiding ssl during that one import leaves http.client fully working for http://.
-    """
+    """http.client, without OpenSSL when the timekeeper is plain http:// (an in-cluster Service): ssl is
+    hidden during the import, saving its RSS (bench/RESULTS.md, "Profiles measured by hand")."""
     if https or "http.client" in sys.modules or "ssl" in sys.modules:
         import http.client
 

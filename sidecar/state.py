@@ -1,9 +1,5 @@
-"""The sidecar's persistent state on its emptyDir: where the interval grid is anchored, how far the pod's
-time is already covered by reports, the next sequence number, and what was ever dropped.
-
-Written atomically (temp file, fsync, rename, fsync of the directory), so a sidecar killed at any instant
-restarts with either the old or the new state, never a torn one.
-"""
+"""The sidecar's persistent state on its emptyDir (the grid's anchor, the time covered, the next sequence
+number, what was dropped), written atomically so a kill at any instant leaves the old state or the new."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Retry delays: the one backoff rule of every retry loop (the pod watch, the webhook's state poller, the
-sidecar's sender).
-
-Capped exponential backoff with *full* jitter: after the n-th failure in a row (n = 0, 1, ...) the wait is
-uniform in [0, min(cap, base * 2**n)]. Clients that failed together (every sidecar of a node when the
-timekeeper restarts) spread out instead of retrying in step; a success resets the run.
-"""
+"""The one backoff rule of every retry loop: capped exponential with full jitter, the wait after the n-th
+failure in a row uniform in [0, min(cap, base * 2**n)], so clients that failed together spread out; a
+success resets the run."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Which resources, name patterns and DeviceClasses are GPUs: the catalogue in the hardware configuration.
-
-A pod's GPU requests are found by asking the catalogue about each extended resource it names: an exact
-entry, else the most specific (longest) matching pattern. A name that is in neither but looks like an
-accelerator (`accelerator_patterns`) is an unknown GPU: denied by default, or counted as whole GPUs.
-Pure and stdlib-only, like the share arithmetic that reads it.
-"""
+"""Which resources, name patterns and DeviceClasses are GPUs: an exact entry, else the longest matching
+pattern; a name in neither that looks like an accelerator (`accelerator_patterns`) is an unknown GPU,
+denied by default or counted as whole GPUs. Pure, standard library only."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""The time of every process that stamps or judges report intervals: the system clock, or an accelerated
-one so a demo lives a month in seconds.
-
-The accelerated clock is defined by three explicit numbers, the same in every process of one simulated
-cluster: `start` (the simulated time it reads at the origin), `speed` (simulated seconds per real second)
-and `real_origin` (the real Unix time, in seconds, at which it reads `start`):
-
-    simulated now = start + (time.time() - real_origin) * speed
-
-It depends on nothing a process decides for itself (not its start, not its monotonic clock), so a timekeeper
-and its sidecars, started at different moments or restarted, read the same simulated time at the same real
-instant. The arithmetic is done once, here, in integer microseconds.
-"""
+"""The time of every process that stamps or judges report intervals: the system clock, or an accelerated one
+(`start + (time.time() - real_origin) * speed`, the same three numbers in every process, so all read the
+same simulated time at the same real instant; docs/demo.md). Integer microseconds throughout."""
 
 from __future__ import annotations
 
@@ -88,11 +78,9 @@ WallClock = SystemClock | AcceleratedClock
 
 
 def build_clock(start: datetime | None, speed: float, real_origin: float | None, prefix: str) -> WallClock:
-    """The clock a process's settings describe; `prefix` (e.g. "SIDECAR_") names the variables in errors.
-
-    No start: the system clock, and a speed other than 1 is a mistake. A start needs its origin: without
-    one every process would pick its own, and their clocks would disagree.
-    """
+    """The clock a process's settings describe; `prefix` (e.g. "SIDECAR_") names the variables in errors. No
+    start: the system clock (a speed other than 1 is a mistake); a start needs its origin, or clocks
+    disagree."""
     if start is None:
         if speed != 1:
             raise ValueError(f"{prefix}CLOCK_SPEED needs {prefix}CLOCK_START")

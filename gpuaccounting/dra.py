@@ -1,12 +1,6 @@
-"""A pod's GPUs through Dynamic Resource Allocation: the share its claims could at most be allocated.
-
-At admission nothing is allocated yet, so a claim counts as the largest allocation its spec allows:
-ExactCount's count, the largest `firstAvailable` alternative, `allocationMode: All` as the DeviceClass's
-configured cap, consumable capacity as requested over one device's capacity, a MIG profile named in a
-selector at its GPU instance's slices (no profile: a whole GPU), `adminAccess` as nothing. Which
-DeviceClasses are GPUs is the catalogue's (`gpu_device_classes`, or a class whose selectors name such a
-driver). The claim specs come from the caller (the webhook's caches): pure and stdlib-only.
-"""
+"""A pod's GPUs through Dynamic Resource Allocation: at admission nothing is allocated, so a claim counts as
+the largest allocation its spec allows (docs/webhook.md, "DRA pods"); which DeviceClasses are GPUs is the
+catalogue's. The claim specs come from the caller: pure, standard library only."""
 
 from __future__ import annotations
 

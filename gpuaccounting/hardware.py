@@ -1,15 +1,6 @@
-"""The cluster's hardware sizes and GPU catalogue, read from the one JSON file the webhook and the timekeeper
-both load.
-
-Admission computes a pod's share with these and the timekeeper recomputes shares and sizes ResourceQuotas
-with them, so both must read the same file (deployment/ ships it as one ConfigMap mounted into both
-Deployments; deployment/base/hardware/hardware.json lists every key at its default). Every key is
-optional and defaults to `GpuHardware`'s value; an unknown key or a value of the wrong type is refused at
-start, never read as a default. The catalogue's keys (`gpu_resources`, `gpu_resource_patterns`,
-`gpu_device_classes`, `accelerator_patterns`, `unknown_accelerators`) say which resources are GPUs;
-`minimum_shares` (such as `{"kai": "1/100", "nvidia": "1/1000"}`) names only the systems whose floor
-changes, the others keep theirs.
-"""
+"""The cluster's hardware sizes and GPU catalogue, from the one JSON file (one ConfigMap) the webhook and the
+timekeeper both load, so both compute shares alike. Every key is optional (`GpuHardware`'s defaults); an
+unknown key or a wrong type is refused at start, never read as a default."""
 
 from __future__ import annotations
 

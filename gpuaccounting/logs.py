@@ -1,9 +1,5 @@
-"""Structured logging for all three deployables: JSON lines in clusters, readable lines locally.
-
-Events are snake_case names logged as the message, with their fields passed through `extra`:
-    log.info("namespace_state_changed", extra={"namespace": "team-a", "old": "warning", "new": "exhausted"})
-Both formats carry every extra field, so namespace and pod stay attached to the lines that concern them.
-"""
+"""Structured logging for every deployable: JSON lines in clusters, readable lines locally. Events are
+snake_case names logged as the message, their fields in `extra`; both formats carry every field."""
 
 from __future__ import annotations
 

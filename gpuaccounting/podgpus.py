@@ -1,9 +1,5 @@
-"""What the node agent tells a sidecar about its pod's GPUs: `GET /v1/pod-gpus` on the agent of the pod's
-node, answered for the pod whose ServiceAccount token is presented (and no other).
-
-Plain typed dictionaries, like the report wire format, so the agent and the stdlib-only sidecar read one
-definition.
-"""
+"""What the node agent tells a sidecar about its pod's GPUs (`GET /v1/pod-gpus`, answered only for the pod
+whose token is presented), as plain typed dictionaries both read from this one definition."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Kubernetes resource quantities ("1", "500m", "16Gi", "1e3") parsed exactly, with the standard library.
-
-The grammar is Kubernetes' own (k8s.io/apimachinery/pkg/api/resource): a signed decimal number followed by
-a binary suffix (Ki..Ei), a decimal suffix (n, u, m, k, M..E) or a decimal exponent (e3, E-2). JSON numbers
-are accepted too, because the API server decodes a quantity from either form.
-"""
+"""Kubernetes resource quantities ("1", "500m", "16Gi", "1e3") parsed exactly with the standard library, by
+Kubernetes' own grammar (k8s.io/apimachinery/pkg/api/resource); JSON numbers too, as the API server does."""
 
 from __future__ import annotations
 

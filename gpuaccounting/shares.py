@@ -1,16 +1,6 @@
-"""Which GPU-sharing system a pod uses and what share of a GPU it holds, read from the pod alone.
-
-The webhook computes the share at admission (and records it on the pod); the timekeeper reuses the same
-arithmetic, so this module is pure and imports nothing beyond the standard library.
-
-A pod's share follows Kubernetes' effective-request rule: the larger of (a) the largest init container,
-counting the restartable (sidecar) init containers started before it, and (b) the app containers plus
-every restartable init container. Systems that ask at pod level (a ClearML label, a KAI/Run:ai
-annotation) give the pod's share directly.
-
-Reading a pod also finds what is malformed or disallowed (a `Violation` per problem, each naming its
-rule, container, resource and value); whether a rule is enforced is the caller's decision.
-"""
+"""Which GPU-sharing system a pod uses and its share of a GPU, from the pod alone (pure; webhook and
+timekeeper alike). Containers combine by Kubernetes' effective-request rule (docs/webhook.md); a problem
+found is a `Violation` naming its rule, and enforcing it is the caller's decision."""
 
 from __future__ import annotations
 
@@ -294,10 +284,9 @@ _PLAIN_NVIDIA: Final = frozenset({SharingSystem.NVIDIA})
 
 
 def mig_gpu_slices(profile: str, slices_per_gpu: int) -> int | None:
-    """The slices of the GPU instance a MIG profile holds; None for a name that is no profile of such a GPU.
-
-    A compute-instance profile (`1c.2g.20gb`) holds its whole GPU instance: mig-parted and NVIDIA's DRA
-    driver make one compute instance per GPU instance, so the other compute slices stay idle."""
+    """The slices of the GPU instance a MIG profile holds; None for a name that is no profile of such a GPU. A
+    compute-instance profile (`1c.2g.20gb`) holds its whole GPU instance: one compute instance per GPU
+    instance."""
     found = _MIG_PROFILE.match(profile)
     if found is None:
         return None

@@ -1,8 +1,5 @@
-"""The report wire format: what a sidecar sends to `POST /api/v1/reports` and what it gets back.
-
-Kept as plain typed dictionaries so the sidecar (stdlib only) and the timekeeper (pydantic) build and
-read exactly the same shape from one definition.
-"""
+"""The report wire format (`POST /api/v1/reports` and its answer), as plain typed dictionaries, so the sidecar
+(standard library only) and the timekeeper (pydantic) read one definition."""
 
 from __future__ import annotations
 
@@ -25,13 +22,9 @@ def worst_status(statuses: list[GpuStatus]) -> GpuStatus:
 
 
 class GpuFigures(TypedDict):
-    """One GPU's measured figures over a report interval; None where the driver could not say.
-
-    The device-wide figures (`sm_util_pct`, `mem_used_bytes`, `energy_joules`) include every tenant of a
-    shared GPU; the `pod_*` figures are this pod's own processes, present only where a node agent mapped
-    the GPU's processes to the pod (time-slicing, fractions). Fields after the first four were added
-    later: readers treat them as optional.
-    """
+    """One GPU's measured figures over a report interval; None where the driver could not say. Device-wide
+    figures include every tenant; `pod_*` are this pod's processes, where a node agent mapped them. Fields
+    after the first four came later: readers treat them as optional."""
 
     uuid: str
     sm_util_pct: float | None

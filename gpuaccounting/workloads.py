@@ -1,9 +1,5 @@
-"""Which workload a pod belongs to: the unit a gang scheduler places and a job lives as, found from the
-pod's gang markers and its controlling owner. A bare pod is its own workload.
-
-The markers are the tenant's input like the rest of the pod: a pod can name any workload of its own
-namespace, never one of another (the identity is always read within the pod's namespace).
-"""
+"""Which workload a pod belongs to (what a gang scheduler places), from its gang markers and controlling
+owner; a bare pod is its own. The markers are tenant input: always read within the pod's namespace."""
 
 from __future__ import annotations
 

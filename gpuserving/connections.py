@@ -1,21 +1,6 @@
-"""Bounds on each client connection that uvicorn has no setting for; the webhook and the timekeeper use it.
-
-uvicorn times out only an idle kept-alive connection: a client that trickles a request head holds its
-connection for ever, httptools keeps a header line of any size (a 64 MiB one stalls the event loop), and
-`limit_concurrency` answers 503 yet keeps every connection open. `GuardedHttp` is uvicorn's `http`
-setting: each connection gets a `ConnectionGuard` in front of uvicorn's own protocol (composition, not a
-subclass), which
-
-- refuses a connection beyond `max_connections`, or beyond `max_connections_per_source` from one address,
-  as soon as it is accepted (before any TLS handshake, so a refused socket costs no TLS state);
-- drops a connection whose request head (TLS handshake included) is not whole within `head_timeout`,
-  from the connection's start or the next request's first byte, and whose body is not whole within
-  `body_timeout` after its head;
-- answers 431 and closes when a request head passes `max_head_bytes` (exact to within one read).
-
-The guard reads the request framing with its own httptools parser, so it knows where each head and body
-end (chunked bodies and pipelined requests included) without reaching into uvicorn's protocol.
-"""
+"""Bounds on each client connection that uvicorn has no setting for, for the webhook and the timekeeper: a
+`ConnectionGuard` in front of uvicorn's protocol (composition) caps connections in all and per address,
+times out a head and a body, and answers 431 to an oversized head (docs/webhook.md, "Limits")."""
 
 from __future__ import annotations
 
@@ -86,10 +71,9 @@ def _ignore(reason: str) -> None:
 
 @dataclass(slots=True)
 class GuardedHttp:
-    """uvicorn's `http` setting: its protocol named `protocol` ("httptools" or "h11") behind a guard.
-
-    `tls`, when set, is the server's context: the guard starts TLS itself once a connection is admitted
-    (uvicorn is then given no certificate). Picklable, for uvicorn's worker processes."""
+    """uvicorn's `http` setting: its protocol named `protocol` ("httptools" or "h11") behind a guard. With
+    `tls` the guard starts TLS itself once a connection is admitted. Picklable, for uvicorn's worker
+    processes."""
 
     limits: ConnectionLimits
     protocol: str = "httptools"

@@ -1,10 +1,5 @@
-"""`make bench`: every benchmark, one after the other on this machine, into bench/RESULTS.md.
-
-Sections: timekeeper ingest, budget reads and the admission snapshot (bench.ingest); webhook admissions
-(bench.admission) and the webhook under hostile clients (bench.hostile); the sidecar's footprint
-(bench.sidecar_bench). Each runs on its own so they never compete for the cores; the machine's load
-average before and after is recorded, because figures taken on a busy machine are lower than it can do.
-"""
+"""`make bench`: every benchmark section, one after the other so they never compete for the cores, into
+bench/RESULTS.md with the machine's load average before and after (docs/performance.md)."""
 
 from __future__ import annotations
 

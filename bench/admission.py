@@ -1,12 +1,6 @@
-"""Webhook admission benchmark: server-side latency per request kind, and admissions/s over real HTTPS.
-
-Server-side latency is timed inside the server process: the ASGI app (routing, body, parse, decision,
-patch, encoding) called directly, one request at a time, for a GPU pod and a non-GPU pod. Throughput is
-`python -m webhook` (one uvicorn worker, TLS) driven by wrk over keep-alive connections on this machine,
-beside the bare ASGI baseline served by the same uvicorn with the same TLS.
-
-Run: `.venv/bin/python -m bench.admission [--seconds 10]`; it prints a table and writes bench/out/webhook.md.
-"""
+"""Webhook admission benchmark: server-side latency per request kind through the ASGI app in-process, and
+admissions/s of `python -m webhook` over TLS under wrk beside the bare ASGI baseline on the same uvicorn.
+Run: `python -m bench.admission [--seconds 10]`; writes bench/out/webhook.md."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""CPU per admission, measured two load-independent ways: in-process through the ASGI app alone, and in
-the server process of `python -m webhook` (TLS, uvicorn's protocol, our connection guards) beside the bare
-ASGI baseline under the same uvicorn and TLS, each driven by one sequential keep-alive client.
-
-CPU time, not wall time: other processes on a shared machine cannot inflate it (they can only slow it a
-little through caches), so this is the figure to compare before and after a change to the request path.
-The throughput the lead measures on a quiet machine is roughly cores / (server CPU per request + the
-client's share), which is why the server-side figure sits beside the bare baseline's.
-
-`python -m bench.admission_route [--requests N] [--server]`; needs no database and no API server.
-"""
+"""CPU per admission, in-process through the ASGI app and (`--server`) in `python -m webhook`'s process beside
+the bare baseline, one sequential keep-alive client each: CPU, not wall time, is the figure to compare
+before and after a change on a shared machine. Needs no database and no API server."""
 
 from __future__ import annotations
 
@@ -43,11 +35,8 @@ def _label(path: str, gpu: bool) -> str:
 
 
 async def in_process(requests: int, rounds: int = 10) -> dict[str, float]:
-    """Microseconds of this process's CPU per admission answered 200, through the ASGI app alone.
-
-    The kinds take turns in `rounds`; each kind's figure is its least disturbed round (the minimum of
-    the rounds' means): contention on a shared machine only ever adds to it.
-    """
+    """Microseconds of this process's CPU per admission answered 200, through the ASGI app alone; kinds take
+    turns in `rounds`, each kind's figure its least disturbed round (contention only ever adds)."""
     app = create_app(WebhookSettings(watch_priority_classes=False))
     app.state.cache.store(_snapshot(10_000), '"1"')
     calls = {_label(path, gpu): asgi_caller(app, path, _review(path, gpu)) for path, gpu in KINDS}

@@ -1,8 +1,5 @@
-"""The baseline for HTTP figures: a bare ASGI endpoint that reads and parses a JSON body and answers JSON.
-
-Served by the same uvicorn as the timekeeper, it shows what the machine, the server and the load generator
-allow before any of our code runs.
-"""
+"""The baseline for HTTP figures: a bare ASGI endpoint that parses a JSON body and answers JSON, served by the
+same uvicorn as the timekeeper: what the machine, server and load generator allow before our code."""
 
 from __future__ import annotations
 

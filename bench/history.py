@@ -1,13 +1,6 @@
-"""A month of history: what a timekeeper costs on day 1, 7 and 30 of N GPU pods reporting every 30 s.
-
-The history is bulk-loaded, one statement per day, in the shapes ingest writes (each report's ledger row,
-its pod's coverage, the namespace's monthly total and 5-minute burn bucket), its figure columns copied
-from a row the real ingest path wrote; the proof first runs a sample (pods coming and going) through the
-real ingest path and through the bulk loader, into two databases, and compares them row by row. The
-scheduler's roll-up runs as it would have (every rollup interval of simulated time, retention 7 days).
-
-`make bench-history ARGS=--quick`; a private PostgreSQL (initdb from the machine's binaries), autovacuum on.
-"""
+"""A month of history: a timekeeper on day 1, 7 and 30 of N GPU pods reporting every 30 s, bulk-loaded a day
+per statement in ingest's shapes (proved row by row against the ingest path on a sample), the roll-up run
+as scheduled, on a private PostgreSQL with autovacuum on. `make bench-history ARGS=--quick`."""
 
 from __future__ import annotations
 

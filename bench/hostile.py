@@ -1,20 +1,6 @@
-"""Hostile clients against `python -m webhook` and `python -m timekeeper`, measured: what the outside
-probes of issues #20 and #27 did.
-
-- a 100 MB AdmissionReview, declared by Content-Length and sent chunked;
-- 2,000 slow connections (TLS done, half a request head, then nothing) and 2,000 that never start TLS;
-- reviews of a 10,000-container GPU pod, alone and four at once beside a normal admission;
-- issue #27: a 64 MiB header line and 3,000 slow heads at the timekeeper; 150 and 1,000 clients of one
-  address trickling at the webhook beside admissions on new connections; 10,000 sockets that never start TLS.
-
-Each probe reports what the client saw and the webhook process's memory (VmRSS now, VmHWM the peak so
-far, from /proc), to hold against the Deployment's 256 MiB limit. Latencies here are client-observed on
-a shared machine: they show a stall or its absence, not the webhook's speed (bench.admission does that).
-
-Run: `.venv/bin/python -m bench.hostile` (about 2 minutes); it prints the tables and writes
-bench/out/hostile.md. The timekeeper's probes need the PostgreSQL of the tests (TIMEKEEPER_TEST_DATABASE_URL,
-else an embedded one).
-"""
+"""Hostile clients against `python -m webhook` and `python -m timekeeper` (the probes of issues #20 and #27):
+huge bodies and headers, slow and trickling connections, sockets that never start TLS, huge pods; what the
+client saw and the server's RSS. Latencies show a stall or its absence, not speed (bench.admission does)."""
 
 from __future__ import annotations
 

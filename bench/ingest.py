@@ -1,12 +1,6 @@
-"""Timekeeper benchmarks: report ingest, budget reads and the admission snapshot, beside same-run baselines.
-
-The timekeeper runs as `python -m timekeeper` (a real process) on a database of its own on the machine's
-PostgreSQL (TIMEKEEPER_TEST_DATABASE_URL, else the embedded one). wrk drives the HTTP load; the bare
-ASGI endpoint (bench/bare_asgi.py, same uvicorn options) is the HTTP baseline and a bare INSERT + COMMIT
-loop (bench/baseline_db.py) the database baseline.
-
-Run: `.venv/bin/python -m bench.ingest [--seconds 10]`; it prints a table and writes bench/out/ingest.md.
-"""
+"""Timekeeper benchmarks: report ingest, budget reads and the admission snapshot against `python -m
+timekeeper` under wrk, beside the bare ASGI endpoint (bench/bare_asgi.py) and a bare INSERT + COMMIT loop
+(bench/baseline_db.py). Run: `python -m bench.ingest [--seconds 10]`; writes bench/out/ingest.md."""
 
 from __future__ import annotations
 
@@ -195,10 +189,8 @@ def _seed_namespaces(dsn: str, count: int) -> None:
 
 
 def _snapshot_latencies(server: Server, samples: int) -> tuple[list[float], list[float], int]:
-    """Full snapshots (no If-None-Match), one at a time, in milliseconds: each after a change (the version
-    bumped as a budget change would: the document is built), and each of an unchanged version (what
-    every further webhook replica polling after that change gets: the document built for the first);
-    and the body size."""
+    """Full snapshots one at a time, in milliseconds: each right after a version bump (the document is built)
+    and again at the unchanged version (what further replicas polling get); and the body size."""
     headers = {"Authorization": f"Bearer {server.reader}"}
     built: list[float] = []
     unchanged: list[float] = []

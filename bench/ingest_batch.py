@@ -1,14 +1,6 @@
-"""CPU per report spent charging batches (the IngestBatcher and IngestService against a real PostgreSQL),
-isolating the batch path the end-to-end ingest figure mixes with HTTP, uvicorn and wrk, by a measure
-other load on the machine does not move much (the CPU time of the thread that runs the event loop). Run
-without billing weights and with them (bench.ingest's 20 models and changes, and one every 10 minutes of
-the measured reports' time, so one round of reports in 20 is split at a change), each on a fresh
-database, in the order A B B A: the difference is what weights cost. Round trips per batch: run it
-under `strace -f -c -e trace=sendto` (libpq sends once per round trip) and divide by the batches.
-
-`python -m bench.ingest_batch [--batches 200] [--size 32]`; uses TIMEKEEPER_TEST_DATABASE_URL, else the
-embedded PostgreSQL (a database of its own, dropped afterwards).
-"""
+"""CPU per report spent charging batches against a real PostgreSQL (the event loop thread's CPU time), without
+and with billing weights in A B B A order, isolating the batch path from HTTP and wrk. Round trips per
+batch: run it under `strace -f -c -e trace=sendto` (libpq sends once per round trip)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
-"""Where the CPU of one acknowledged report goes, by process and by statement: the ingest load of
-`make bench` (2 timekeeper replicas, wrk), but measured as CPU seconds per report rather than reports per
-second, a figure other load on the machine moves far less than throughput (it inflates each process's
-CPU a little through caches and context switches; it does not hand one process another's work).
-
-For each process: the timekeepers' user + system time (/proc), PostgreSQL's (the backends serving the
-bench's database, plus the cluster's own background processes: WAL writer, checkpointer ...; on a shared
-cluster those also serve others), wrk's (wait4). With pg_stat_statements loaded in the cluster, each
-statement's execution time per report, and its calls per batch.
-
-`python -m bench.ingest_cpu [--seconds 8] [--connections 64] [--replicas 2]`; uses
-TIMEKEEPER_TEST_DATABASE_URL (pg_stat_statements needs the cluster started with it in
-shared_preload_libraries; without it the per-statement table is left out).
-"""
+"""CPU seconds per acknowledged report under `make bench`'s ingest load, by process (timekeepers, the
+PostgreSQL backends and the cluster's background processes, wrk) and, with pg_stat_statements in the
+cluster's shared_preload_libraries, by statement: a figure other load moves far less than throughput."""
 
 from __future__ import annotations
 

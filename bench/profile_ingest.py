@@ -1,9 +1,5 @@
-"""Where an ingest report's time goes: py-spy samples one timekeeper worker while wrk drives report load.
-
-Run: `.venv/bin/python -m bench.profile_ingest [--seconds 8] [--top 30]` (py-spy from the dev extra; it
-needs ptrace, which root has). Prints the frames with the most samples, inclusive and self, from
-py-spy's raw (collapsed-stack) output; docs/performance.md records what it showed.
-"""
+"""Where an ingest report's time goes: py-spy samples one timekeeper worker while wrk drives report load, and
+the frames with the most samples are printed. py-spy is in the dev extra and needs ptrace (root has it)."""
 
 from __future__ import annotations
 

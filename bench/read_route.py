@@ -1,14 +1,6 @@
-"""CPU per budget read and per admission snapshot, in-process against a real PostgreSQL: the timekeeper's
-ASGI stack, its SQL and the database backends that served it, measured in CPU seconds rather than
-requests per second, so the figure holds on a busy machine (docs/performance.md, "Reads").
-
-For each route it reports, per request: this process's CPU (`time.process_time`), the PostgreSQL
-backends' CPU (their /proc/<pid>/stat, when the server runs on this machine), the statements and
-transaction commands sent (SQLAlchemy's cursor events: each is one round trip), and the body size.
-
-`python -m bench.read_route [--requests N] [--namespaces N]`; the database server is
-TIMEKEEPER_TEST_DATABASE_URL's (else the embedded one); a database of its own is created and dropped.
-"""
+"""CPU per budget read and per admission snapshot, in-process against a real PostgreSQL: this process's CPU,
+the backends' CPU, the round trips and the body size per request, a figure that holds on a busy machine
+(docs/performance.md, "Reads"). A database of its own is created and dropped."""
 
 from __future__ import annotations
 
@@ -56,10 +48,9 @@ class RouteCost:
 
 
 def seed(dsn: str, namespaces: int, pods: int = 0) -> None:
-    """Budget namespaces with budgets, totals and a grant (as the read bench's), and `namespaces` known
-    namespaces with states (as the snapshot bench's: every 7th exhausted); with `pods`, each budget
-    namespace's pods reporting every 30 s over the last six hours (the forecast's window) into the ledger
-    and, where the schema has them, the forecast's burn buckets."""
+    """Budget namespaces with budgets, totals and a grant, and `namespaces` known namespaces with states
+    (every 7th exhausted); with `pods`, each budget namespace's pods reporting every 30 s over the
+    forecast's window."""
     with psycopg.connect(dsn, autocommit=True) as connection:
         if pods:
             connection.execute(
@@ -128,10 +119,9 @@ def _backend_cpu_seconds(dsn: str, database: str) -> float | None:
 
 @contextmanager
 def counted_round_trips() -> Iterator[list[int]]:
-    """Counts what psycopg sends and waits for: statements outside a pipeline (the pool's pre-ping `;`
-    among them), a pipeline's Syncs (statements pipelined together travel in one; `sync()`'s and the one
-    a pipeline's exit sends alike), and transaction commands (BEGIN, COMMIT, ROLLBACK), each one round
-    trip to the server."""
+    """Counts what psycopg sends and waits for, one round trip each: statements outside a pipeline (the
+    pre-ping's `;` among them), a pipeline's Syncs (`sync()`'s and its exit's alike), and
+    BEGIN/COMMIT/ROLLBACK."""
     count = [0]
     execute, command = psycopg.AsyncCursor.execute, BaseConnection._exec_command
     sync = BasePipeline._enqueue_sync

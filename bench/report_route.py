@@ -1,9 +1,5 @@
-"""CPU per report spent in the timekeeper's ASGI stack alone (middleware, routing, auth, validation,
-answer), with the batcher answering at once: isolates the request handling the end-to-end ingest figure
-mixes with uvicorn, the batch SQL, PostgreSQL and wrk on the same two cores.
-
-`python -m bench.report_route [--requests N]`; needs no database (the lifespan does not run).
-"""
+"""CPU per report spent in the timekeeper's ASGI stack alone (middleware, routing, auth, validation, answer),
+the batcher answering at once: the request handling without uvicorn, SQL or wrk. Needs no database."""
 
 from __future__ import annotations
 

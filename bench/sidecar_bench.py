@@ -1,18 +1,6 @@
-"""The sidecar's and the node agent's footprint at 1 sample/s: resident memory and CPU share of one core,
-from /proc.
-
-Runs `python -m sidecar` exactly as the pod does, three times side by side: with the real pynvml backend
-loading the fake libnvidia-ml.so.1 (compiled from tests/support/fakenvml against nvml.h: 4 GPUs, one with
-2 MIG devices, so every sample makes real NVML calls through ctypes), with the pure-Python fake backend,
-and with the node-agent backend (one HTTP request to the agent per sample). All report every 30 s to a
-local stand-in receiver. Targets: < 25 MB RSS, < 0.5 % of one core.
-
-Beside them, `python -m nodeagent` samples an 8-GPU node (the fake library: 8 GPUs, 16 processes of 12
-pods, per-process utilisation) and a fake kubelet (PodResources over a unix socket) every second, with a
-fake /proc and a TokenReview stand-in; its figures go beside dcgm-exporter's 400-500 MiB.
-
-    .venv/bin/python -m bench.sidecar_bench --seconds 120
-"""
+"""The sidecar's and the node agent's RSS and CPU at 1 sample/s, from /proc: `python -m sidecar` with pynvml
+over the fake libnvidia-ml, the fake backend and the node-agent backend, beside `python -m nodeagent` on an
+8-GPU fake node with a fake kubelet. `python -m bench.sidecar_bench --seconds 120`."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ HEADERS_TOO_LARGE = (
     b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(_DETAIL), _DETAIL)
 )
 
-# The reasons a connection is refused or dropped, as `on_refused` is told them.
+# The reasons a connection is refused or dropped, as `on_refused` receives them.
 OVER_CAPACITY = "over_capacity"
 SOURCE_OVER_CAPACITY = "source_over_capacity"
 HEAD_TIMEOUT = "head_timeout"

@@ -50,6 +50,7 @@ from timekeeper.reconcile.claims import (
     TrackedClaim,
     ran,
 )
+from timekeeper.reconcile.kueue import KueuePriorities
 from timekeeper.reconcile.pods import PodRegistry, TrackedPod
 from timekeeper.reconcile.quotas import quota_hard
 from timekeeper.reconcile.repository import ReconcileRepository
@@ -86,6 +87,8 @@ class PassResult:
     evicted: list[tuple[str, str]] = field(default_factory=list)
     blocked: list[tuple[str, str]] = field(default_factory=list)  # by a PodDisruptionBudget
     deferred: list[tuple[str, str]] = field(default_factory=list)  # past the pass's eviction limit
+    kueue_lowered: list[tuple[str, str]] = field(default_factory=list)  # Workloads (reconcile/kueue.py)
+    kueue_restored: list[tuple[str, str]] = field(default_factory=list)
     quotas: dict[str, QuotaChange] = field(default_factory=dict)
     silent: list[tuple[str, str]] = field(default_factory=list)  # running pods whose sidecar is silent
     modelled: int = 0  # pods whose GPU model this pass recorded (or found recorded)
@@ -100,6 +103,8 @@ class PassResult:
             "evicted": [list(pod) for pod in self.evicted],
             "blocked": [list(pod) for pod in self.blocked],
             "deferred": [list(pod) for pod in self.deferred],
+            "kueue_lowered": [list(workload) for workload in self.kueue_lowered],
+            "kueue_restored": [list(workload) for workload in self.kueue_restored],
             "quotas": {ns: change.value for ns, change in self.quotas.items()},
             "silent": [list(pod) for pod in self.silent],
             "modelled": self.modelled,
@@ -121,6 +126,7 @@ class Reconciler:
         self.clock = clock
         self.hardware = settings.hardware  # the webhook's sizes too: shares and quotas agree with admission
         self.registry = PodRegistry(clock, self.hardware)
+        self.kueue = KueuePriorities(kube, sessionmaker, settings, clock)
         self.claims = ClaimRegistry()
         self._claim_holders: set[str] = set()  # uids of the pods using a GPU claim (the last pass's)
         self._last_states: dict[str, BudgetState] | None = None
@@ -235,6 +241,7 @@ class Reconciler:
         self._count_pods(reports, result)
         await self._announce(states, result)
         await self._downgrade(evicting, result)
+        await self.kueue.run(result.kueue_lowered, result.kueue_restored)
         await self._apply_quotas(limits, result)
         return result
 

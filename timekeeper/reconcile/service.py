@@ -136,6 +136,7 @@ class Reconciler:
         self._silent: set[str] = set()  # uids found silent by the last pass (logged once per silence)
         self._modelled: set[str] = set()  # uids whose coverage row holds their GPU model
         self._shared: set[str] = set()  # uids whose coverage row holds their admitted share
+        self._named: set[str] = set()  # uids whose coverage row holds their workload (or bare pods)
         self._skipped: set[str] = set()  # uids whose silent time could not be charged (logged once)
         self._node_models: dict[str, tuple[str | None, datetime]] = {}  # node -> (model, read at)
 
@@ -171,6 +172,7 @@ class Reconciler:
         self._silent = set()
         self._modelled = set()
         self._shared = set()
+        self._named = set()
         self._skipped = set()
         self._node_models = {}
         self._claim_holders = set()
@@ -226,6 +228,7 @@ class Reconciler:
         result = PassResult()
         await self._learn_models(result)
         await self._learn_shares()
+        await self._learn_workloads()
         await self._charge_claims(result)  # first: `_charge` forgets ended pods whose time claims still need
         await self._charge(result)
         await self._sync_labels(result)
@@ -403,6 +406,18 @@ class Reconciler:
         if shares:
             async with self.sessionmaker() as session, session.begin():
                 self._shared |= await ReconcileRepository(session).record_admitted_shares(shares)
+
+    async def _learn_workloads(self) -> None:
+        """Each GPU pod's workload recorded on its coverage row, for usage by workload (a bare pod has
+        none: it counts as itself); a pod without a row yet is tried again next pass."""
+        pods = self.registry.pods()
+        self._named &= {pod.info.uid for pod in pods}
+        keys = {pod.info.uid: workload_key(pod.info)[1] for pod in pods if pod.info.uid not in self._named}
+        self._named |= {uid for uid, key in keys.items() if key.startswith("Pod/")}
+        named = {uid: key for uid, key in keys.items() if not key.startswith("Pod/")}
+        if named:
+            async with self.sessionmaker() as session, session.begin():
+                self._named |= await ReconcileRepository(session).record_workloads(named)
 
     async def _node_model(self, node: str) -> str | None:
         now = self.clock.now()

@@ -408,9 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub = command("status", status, "budget status of one namespace, or of every namespace you may read")
     sub.add_argument("namespace", nargs="?")
-    sub = command("usage", usage, "where a namespace's GPU-minutes went, by pod, hour or day")
+    sub = command("usage", usage, "where a namespace's GPU-minutes went, by pod, workload, hour or day")
     sub.add_argument("namespace")
-    sub.add_argument("--by", choices=("pod", "hour", "day"), default="pod")
+    sub.add_argument("--by", choices=("pod", "workload", "hour", "day"), default="pod")
     sub.add_argument("--since", help="RFC 3339 time (default: the start of the current period)")
     sub.add_argument("--until", help="RFC 3339 time (default: now)")
     sub = command("top", top, "the namespaces burning GPU time fastest")

@@ -144,6 +144,16 @@ class Settings(BaseSettings):
         default=10, ge=1, description="At most this many evictions per reconcile pass; the rest wait."
     )
     evict_bare_pods: bool = Field(default=False, description="Also evict pods without a controller.")
+    kueue_over_budget_priority_class: str = Field(
+        default=DEFAULT_OVER_BUDGET_PRIORITY_CLASS,
+        description="The WorkloadPriorityClass whose value the Kueue Workloads of an exhausted namespace "
+        "whose running_pod_action is kueue are lowered to (docs/kubernetes.md).",
+    )
+    kueue_in_budget_priority_class: str = Field(
+        default=DEFAULT_IN_BUDGET_PRIORITY_CLASS,
+        description="The WorkloadPriorityClass whose value bounds a lowered Workload's restored priority "
+        "(unless the namespace's priority policy sets a ceiling).",
+    )
     exempt_namespaces: dict[str, frozenset[NamespaceName]] = Field(
         default_factory=lambda: dict(DEFAULT_EXEMPT_NAMESPACES),
         description="Where a priority policy's exempt classes are exempt, JSON "

@@ -7,12 +7,24 @@ ServiceAccount (the RBAC deployment/ ships)."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
 
 from gpuaccounting import names
-from tests.cluster.harness import Kubectl, KubectlError, TimekeeperApi, gpu_probe, wait_for_admission_state
+from tests.cluster.harness import (
+    Kubectl,
+    KubectlError,
+    TimekeeperApi,
+    gpu_probe,
+    placed,
+    set_status,
+    stamp,
+    terminated,
+    wait_for_admission_state,
+)
 from tests.support.processes import wait_until
 
 
@@ -107,3 +119,48 @@ def test_a_workloads_pods_may_not_rename_their_workload(
         kubectl.run("patch", "pod", pod["metadata"]["name"], "-n", namespace, "--type=merge", "-p", patch)
 
     assert f"annotation {names.ANNOTATION_WORKLOAD}" in refused.value.stderr
+
+
+def usage(api: TimekeeperApi, namespace: str, group_by: str) -> dict[str, Decimal]:
+    answer = api.request(
+        "GET", f"/namespaces/{namespace}/usage?group_by={group_by}&since=2000-01-01T00:00:00Z"
+    )
+    assert answer.is_success, answer.text
+    rows = json.loads(answer.text, parse_float=Decimal)["rows"]
+    return {row["key"]: Decimal(row["gpu_minutes"]) for row in rows}
+
+
+def test_usage_by_workload_is_exactly_the_sum_of_its_pods(
+    kubectl: Kubectl, api: TimekeeperApi, namespace: str
+) -> None:
+    """The pod watch carries the webhook's workload annotation to the timekeeper: a Job's pods, which
+    never reported (the pass charges their runs), add up to the Job's row exactly, each run a number of
+    seconds whose GPU-minutes do not end at the ninth decimal; a bare pod is its own workload."""
+    api.set_budget(namespace, 1000)
+    wait_for_admission_state(kubectl, namespace, "in_budget")
+    kubectl.create(job(namespace, "train", parallelism=3, completions=3))
+    bare = kubectl.create(placed(gpu_probe(namespace), namespace, "scratch"))
+    pods = [*wait_for_pods(kubectl, namespace, "train", 3), bare]
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=30)
+    for pod, seconds in zip(pods, (61, 121, 181, 59), strict=True):
+        status = {
+            "phase": "Succeeded",
+            "startTime": stamp(start),
+            "containerStatuses": terminated(pod, start + timedelta(seconds=seconds)),
+        }
+        set_status(kubectl, namespace, pod["metadata"]["name"], status)
+    names_ = [pod["metadata"]["name"] for pod in pods]
+
+    def recorded() -> bool:
+        return usage(api, namespace, "workload").keys() == {"Job/train", "Pod/scratch"}
+
+    wait_until(recorded, timeout=30, what="the pass to charge the pods and record their workload")
+    by_pod, by_workload = usage(api, namespace, "pod"), usage(api, namespace, "workload")
+
+    assert by_pod.keys() == set(names_)
+    assert by_workload == {
+        "Job/train": sum(by_pod[name] for name in names_[:3]),
+        "Pod/scratch": by_pod["scratch"],
+    }
+    # 1.016666667 + 2.016666667 + 3.016666667, each pod rounded as its own row; 363 s rounded once: 6.05.
+    assert by_workload["Job/train"] == Decimal("6.050000001")

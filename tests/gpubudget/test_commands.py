@@ -82,8 +82,8 @@ def test_status_of_one_namespace_reads_as_a_card(cli: Cli) -> None:
     assert "GPU-minutes/hour over the last 6h 0m" in out
 
 
-@pytest.mark.parametrize("by", ["pod", "hour", "day"])
-def test_usage_by_pod_hour_or_day_adds_up_to_the_namespaces_use(cli: Cli, by: str) -> None:
+@pytest.mark.parametrize("by", ["pod", "workload", "hour", "day"])
+def test_usage_by_pod_workload_hour_or_day_adds_up_to_the_namespaces_use(cli: Cli, by: str) -> None:
     answer = cli.json("usage", "cli-train", "--by", by)
     out = cli.ok("usage", "cli-train", "--by", by)
 
@@ -94,6 +94,9 @@ def test_usage_by_pod_hour_or_day_adds_up_to_the_namespaces_use(cli: Cli, by: st
     if by == "pod":
         rows = lines_of(out.split("\n", 1)[1])
         assert (rows["trainer"].split()[1], rows["notebook"].split()[1]) == ("30", "10")
+    if by == "workload":  # no pod watch here: each pod is its own workload
+        rows = lines_of(out.split("\n", 1)[1])
+        assert (rows["Pod/trainer"].split()[1], rows["Pod/notebook"].split()[1]) == ("30", "10")
 
 
 def test_usage_takes_a_window(cli: Cli) -> None:

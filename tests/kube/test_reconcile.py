@@ -262,6 +262,25 @@ async def test_reports_are_charged_at_the_share_the_watch_recorded(
     assert await report(sessionmaker, pod, START - timedelta(minutes=5), 5, clock, seq=2, share=0.000001) == 5
 
 
+async def test_the_pass_records_each_pods_workload_for_usage_by_workload(
+    apiserver: KubeApiServer, reconciler: Reconciler, sessionmaker
+):
+    """The webhook's workload annotation, once the pod has a coverage row (the first charge made it); a
+    bare pod none (usage counts it as itself)."""
+    started = iso(START - timedelta(minutes=30))
+    job = gpu_pod(apiserver, "team-a", "train-0", started_at=started, workload="Job/train")
+    bare = gpu_pod(apiserver, "team-a", "scratch", started_at=started, controlled=False)
+    await sync(reconciler)
+
+    await reconciler.run_pass()  # charges both (their rows), then records on the next pass
+    await reconciler.run_pass()
+
+    async with sessionmaker() as session:
+        rows = await session.execute(sa.select(PodCoverage.pod_uid, PodCoverage.workload))
+        recorded = dict(rows.tuples().all())
+    assert recorded == {job["metadata"]["uid"]: "Job/train", bare["metadata"]["uid"]: None}
+
+
 # ---- announcements and downgrades --------------------------------------------------------------------
 
 

@@ -50,6 +50,9 @@ def timekeeper_rules() -> list[dict[str, Any]]:
             "resources": ["gpubudgets/status", "gpubudgetdefaults/status"],
             "verbs": ["update"],
         },
+        # running_pod_action `kueue` (timekeeper/reconcile/kueue.py)
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list", "patch"]},
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloadpriorityclasses"], "verbs": ["get"]},
     ]
 
 

@@ -43,6 +43,15 @@ async def test_a_namespace_sets_both_fields_and_reads_them_back(api: Api) -> Non
     assert enforcement(written) == (policy, "namespace", "evict", "namespace")
 
 
+async def test_kueue_is_an_action_of_the_namespaces_and_of_the_defaults(api: Api) -> None:
+    """`kueue` lowers Kueue Workloads' priority (timekeeper/reconcile/kueue.py); stored past the check."""
+    ok(await api.put_defaults(running_pod_action="kueue"))
+    ok(await api.put_budget("team-a", budget_gpu_minutes=10, running_pod_action="kueue"))
+
+    assert enforcement(await api.budget("team-a"))[2:] == ("kueue", "namespace")
+    assert enforcement(await api.budget("team-b"))[2:] == ("kueue", "default")
+
+
 async def test_a_namespace_follows_the_defaults_until_it_sets_its_own(api: Api) -> None:
     ok(await api.put_defaults(priority_policy=STRICT, running_pod_action="evict"))
     ok(await api.put_budget("team-b", budget_gpu_minutes=10))  # its own budget, the default's policy

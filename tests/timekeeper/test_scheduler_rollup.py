@@ -70,7 +70,7 @@ async def answers(api: Api) -> dict[str, Any]:
     """Everything a reader can see of the namespace's use."""
     seen: dict[str, Any] = {"budget": (await api.budget("team-a"))["used_gpu_minutes"]}
     for number, window in enumerate(WINDOWS):
-        for group_by in ("pod", "hour", "day"):
+        for group_by in ("pod", "workload", "hour", "day"):
             answer = ok(await api.get("/namespaces/team-a/usage", group_by=group_by, **window))
             seen[f"{number}/{group_by}/total"] = answer["total_gpu_minutes"]
             rows = answer["rows"]

@@ -168,6 +168,8 @@ def test_a_namespace_page_draws_its_chart_and_usage(browser: WebDriver, system: 
     )
     pods = find(browser, "#usage-pods").text
     assert "trainer-0" in pods and "trainer-1" in pods and "Mean SM util" in pods
+    workloads = find(browser, "#usage-workloads").text  # static mode: no pod watch, each pod its own
+    assert "Pod/trainer-0" in workloads and "Pod/trainer-1" in workloads
     days = browser.find_elements(By.CSS_SELECTOR, "#usage-days tbody tr")
     assert [row.find_element(By.TAG_NAME, "th").text for row in days] == ["2026-03-17", "2026-03-18"]
     assert find(browser, "#ns-state").text == "Exhausted"

@@ -16,8 +16,9 @@ from timekeeper.db.base import Base
 
 GPU_MINUTES = Numeric(24, 9)  # exact, to the nano-GPU-minute
 PERIOD_KINDS_SQL = "period IN ('daily', 'weekly', 'monthly', 'none')"
-# What the reconcile pass does to an exhausted namespace's running GPU pods (docs/kubernetes.md).
-RunningPodAction = Literal["none", "evict"]
+# What the reconcile pass does to an exhausted namespace's running GPU pods (docs/kubernetes.md): nothing,
+# evict them, or lower its Kueue Workloads' priority (reconcile/kueue.py).
+RunningPodAction = Literal["none", "evict", "kueue"]
 SHIPPED_RUNNING_POD_ACTION: RunningPodAction = "none"
 RUNNING_POD_ACTIONS_SQL = f"running_pod_action IN {tuple(get_args(RunningPodAction))}"
 POLICY_IS_OBJECT_SQL = "jsonb_typeof(priority_policy) = 'object'"

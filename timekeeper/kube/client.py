@@ -586,6 +586,76 @@ class KubeClient:
             )
         await self._call(call)
 
+    # ---- objects of a group the API server may not serve (Kueue's Workloads) ---------------------------
+
+    async def list_served_objects(
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        page_size: int = 500,
+    ) -> list[JSON] | None:
+        """Every object of a resource (in one namespace, or all), in pages, as JSON; None where the API
+        server does not serve it (404: its CRDs are not installed)."""
+        items: list[JSON] = []
+        token: str | None = None
+        while True:
+            query: dict[str, Any] = {"limit": page_size, "_continue": token, "label_selector": label_selector}
+            options = {**query, "_preload_content": False, "_request_timeout": self._timeout}
+            if namespace is None:
+                call = self._custom.list_cluster_custom_object(group, version, plural, **options)
+            else:
+                call = self._custom.list_namespaced_custom_object(
+                    group, version, namespace, plural, **options
+                )
+            try:
+                page = await self._raw_json(call)
+            except KubeApiError as error:
+                if error.status == HTTP_NOT_FOUND:
+                    return None
+                raise
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+
+    async def read_cluster_object(self, group: str, version: str, plural: str, name: str) -> JSON | None:
+        """One cluster-scoped object as JSON; None when it (or its resource) does not exist (404)."""
+        try:
+            return await self._raw_json(
+                self._custom.get_cluster_custom_object(
+                    group, version, plural, name, _preload_content=False, _request_timeout=self._timeout
+                )
+            )
+        except KubeApiError as error:
+            if error.status == HTTP_NOT_FOUND:
+                return None
+            raise
+
+    async def merge_patch_object(
+        self, group: str, version: str, plural: str, namespace: str, name: str, patch: JSON
+    ) -> JSON:
+        """A JSON merge patch (RFC 7386) of a namespaced object; a `metadata.resourceVersion` in it makes
+        the write conditional (409 when the object changed since it was read)."""
+        # The client would send a dict as a strategic merge patch, which custom resources refuse.
+        options: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
+        return await self._raw_json(
+            self._custom.patch_namespaced_custom_object(
+                group,
+                version,
+                namespace,
+                plural,
+                name,
+                patch,
+                _preload_content=False,
+                _request_timeout=self._timeout,
+                **options,
+            )
+        )
+
     # ---- events ----------------------------------------------------------------------------------------
 
     async def post_event(

@@ -79,6 +79,11 @@ class ReconcileRepository:
         pods whose row now holds one (a pod without a row yet has never reported nor been charged)."""
         return await self._record_first(PodCoverage.admitted_share, shares)
 
+    async def record_workloads(self, workloads: Mapping[str, str]) -> set[str]:
+        """Records each pod's workload on its coverage row unless one is known already; answers the pods
+        whose row now holds one."""
+        return await self._record_first(PodCoverage.workload, workloads)
+
     async def _record_first(self, column: InstrumentedAttribute[Any], values: Mapping[str, Any]) -> set[str]:
         """`column` of each pod's coverage row set to its value unless it holds one already."""
         given = sa.values(sa.column("pod_uid", sa.Text), sa.column("value", column.type), name="given").data(

@@ -50,6 +50,7 @@ from timekeeper.reconcile.claims import (
     TrackedClaim,
     ran,
 )
+from timekeeper.reconcile.kueue import KueuePriorities
 from timekeeper.reconcile.pods import PodRegistry, TrackedPod
 from timekeeper.reconcile.quotas import quota_hard
 from timekeeper.reconcile.repository import ReconcileRepository
@@ -86,6 +87,8 @@ class PassResult:
     evicted: list[tuple[str, str]] = field(default_factory=list)
     blocked: list[tuple[str, str]] = field(default_factory=list)  # by a PodDisruptionBudget
     deferred: list[tuple[str, str]] = field(default_factory=list)  # past the pass's eviction limit
+    kueue_lowered: list[tuple[str, str]] = field(default_factory=list)  # Workloads (reconcile/kueue.py)
+    kueue_restored: list[tuple[str, str]] = field(default_factory=list)
     quotas: dict[str, QuotaChange] = field(default_factory=dict)
     silent: list[tuple[str, str]] = field(default_factory=list)  # running pods whose sidecar is silent
     modelled: int = 0  # pods whose GPU model this pass recorded (or found recorded)
@@ -100,6 +103,8 @@ class PassResult:
             "evicted": [list(pod) for pod in self.evicted],
             "blocked": [list(pod) for pod in self.blocked],
             "deferred": [list(pod) for pod in self.deferred],
+            "kueue_lowered": [list(workload) for workload in self.kueue_lowered],
+            "kueue_restored": [list(workload) for workload in self.kueue_restored],
             "quotas": {ns: change.value for ns, change in self.quotas.items()},
             "silent": [list(pod) for pod in self.silent],
             "modelled": self.modelled,
@@ -121,6 +126,7 @@ class Reconciler:
         self.clock = clock
         self.hardware = settings.hardware  # the webhook's sizes too: shares and quotas agree with admission
         self.registry = PodRegistry(clock, self.hardware)
+        self.kueue = KueuePriorities(kube, sessionmaker, settings, clock)
         self.claims = ClaimRegistry()
         self._claim_holders: set[str] = set()  # uids of the pods using a GPU claim (the last pass's)
         self._last_states: dict[str, BudgetState] | None = None
@@ -130,6 +136,7 @@ class Reconciler:
         self._silent: set[str] = set()  # uids found silent by the last pass (logged once per silence)
         self._modelled: set[str] = set()  # uids whose coverage row holds their GPU model
         self._shared: set[str] = set()  # uids whose coverage row holds their admitted share
+        self._named: set[str] = set()  # uids whose coverage row holds their workload (or bare pods)
         self._skipped: set[str] = set()  # uids whose silent time could not be charged (logged once)
         self._node_models: dict[str, tuple[str | None, datetime]] = {}  # node -> (model, read at)
 
@@ -165,6 +172,7 @@ class Reconciler:
         self._silent = set()
         self._modelled = set()
         self._shared = set()
+        self._named = set()
         self._skipped = set()
         self._node_models = {}
         self._claim_holders = set()
@@ -220,6 +228,7 @@ class Reconciler:
         result = PassResult()
         await self._learn_models(result)
         await self._learn_shares()
+        await self._learn_workloads()
         await self._charge_claims(result)  # first: `_charge` forgets ended pods whose time claims still need
         await self._charge(result)
         await self._sync_labels(result)
@@ -235,6 +244,7 @@ class Reconciler:
         self._count_pods(reports, result)
         await self._announce(states, result)
         await self._downgrade(evicting, result)
+        await self.kueue.run(result.kueue_lowered, result.kueue_restored)
         await self._apply_quotas(limits, result)
         return result
 
@@ -396,6 +406,18 @@ class Reconciler:
         if shares:
             async with self.sessionmaker() as session, session.begin():
                 self._shared |= await ReconcileRepository(session).record_admitted_shares(shares)
+
+    async def _learn_workloads(self) -> None:
+        """Each GPU pod's workload recorded on its coverage row, for usage by workload (a bare pod has
+        none: it counts as itself); a pod without a row yet is tried again next pass."""
+        pods = self.registry.pods()
+        self._named &= {pod.info.uid for pod in pods}
+        keys = {pod.info.uid: workload_key(pod.info)[1] for pod in pods if pod.info.uid not in self._named}
+        self._named |= {uid for uid, key in keys.items() if key.startswith("Pod/")}
+        named = {uid: key for uid, key in keys.items() if not key.startswith("Pod/")}
+        if named:
+            async with self.sessionmaker() as session, session.begin():
+                self._named |= await ReconcileRepository(session).record_workloads(named)
 
     async def _node_model(self, node: str) -> str | None:
         now = self.clock.now()

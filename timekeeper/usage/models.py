@@ -96,6 +96,9 @@ class PodCoverage(Base):
     admitted_share: Mapped[Decimal | None] = mapped_column(Numeric)
     # When a report first stated another share than the admitted one (logged then, once per pod).
     share_mismatch_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The workload the pod belongs to (the webhook's gpu-timekeeper.io/workload annotation, `Job/train`),
+    # from the pod watch; None: a bare pod, or not known (usage by workload counts it as `Pod/<name>`).
+    workload: Mapped[str | None] = mapped_column(Text)
 
 
 # A pod counts as running until it sent its final report or was closed out after its last report.

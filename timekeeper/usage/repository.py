@@ -146,7 +146,8 @@ _FIGURES = str(FIGURES_OF.compile(dialect=psycopg_dialect()))
 # (its utilisation, memory, power; 1 where it has the figure), an aggregate's for its whole charged time
 # (its sums), so the seconds of a bucket or window take their part (all of it for a whole hour, exactly).
 _SOURCE_OF = (
-    "SELECT 'l' || l.id AS id, l.namespace, l.pod, l.gpu_share, l.charge_share, l.gpu_model, l.charged, "
+    "SELECT 'l' || l.id AS id, l.namespace, l.pod, l.pod_uid, l.gpu_share, l.charge_share, l.gpu_model, "
+    "l.charged, "
     "1 AS reports, 1 AS per, "
     "l.mean_sm_util_pct AS util, CAST(l.mean_sm_util_pct IS NOT NULL AS int) AS util_covered, "
     "coalesce(l.peak_sm_util_pct, l.mean_sm_util_pct) AS util_peak, l.mem_used_bytes AS mem, "
@@ -154,7 +155,8 @@ _SOURCE_OF = (
     "l.mean_power_w AS energy, l.gpu_status_bits AS status_bits "
     "FROM usage_ledger l "
     "WHERE {namespace_of_l} AND l.interval_end > :since AND l.interval_start < :until "
-    "UNION ALL SELECT 'h' || h.id, h.namespace, h.pod, h.gpu_share, h.charge_share, h.gpu_model, h.charged, "
+    "UNION ALL SELECT 'h' || h.id, h.namespace, h.pod, h.pod_uid, h.gpu_share, h.charge_share, h.gpu_model, "
+    "h.charged, "
     "h.reports, (SELECT sum(extract(epoch FROM upper(c) - lower(c))) FROM unnest(h.charged) AS c), "
     "h.util_seconds, h.util_covered_seconds, h.peak_sm_util_pct, h.mem_byte_seconds, h.mem_covered_seconds, "
     "h.peak_mem_used_bytes, h.energy_joules, h.gpu_status_bits "
@@ -170,11 +172,17 @@ _USAGE_SOURCE_OF_NAMESPACES = _SOURCE_OF.format(
     namespace_of_h="(CAST(:namespaces AS text[]) IS NULL OR h.namespace = ANY(CAST(:namespaces AS text[])))",
 )
 
-GroupBy = Literal["pod", "hour", "day", "model"]
+GroupBy = Literal["pod", "workload", "hour", "day", "model"]
 UNKNOWN_MODEL = "unknown"
 _USAGE_PIECE = {
     "pod": ("s.pod", "r", ""),
     "model": (f"coalesce(s.gpu_model, '{UNKNOWN_MODEL}')", "r", ""),
+    # The pod's workload as the pod watch recorded it (reconcile/workloads.py), else the pod itself.
+    "workload": (
+        "coalesce(w.workload, 'Pod/' || s.pod)",
+        "r",
+        "LEFT JOIN pod_coverage w ON w.pod_uid = s.pod_uid",
+    ),
     "hour": (
         'to_char(b, \'YYYY-MM-DD"T"HH24:00:00"Z"\')',
         "r * tstzrange(b, b + interval '1 hour')",
@@ -219,6 +227,15 @@ _TOTALS = (
     "coalesce(sum(mem_covered * seconds / per), 0) AS mem_covered_seconds, "
     "max(mem_peak) AS mem_peak, sum(energy * seconds / per) AS energy_joules, "
     "bit_or(status_bits) AS status_bits"
+)
+# usage(..., "workload"): the rows per workload and pod (_TOTALS, rounded per pod as usage by pod rounds
+# them) summed per workload, so a workload's GPU-minutes are exactly the sum of its pods' rows.
+_BY_WORKLOAD = (
+    "sum(minutes) AS minutes, sum(raw_minutes) AS raw_minutes, sum(reports) AS reports, "
+    "sum(util_seconds) AS util_seconds, sum(util_covered_seconds) AS util_covered_seconds, "
+    "max(util_peak) AS util_peak, sum(mem_byte_seconds) AS mem_byte_seconds, "
+    "sum(mem_covered_seconds) AS mem_covered_seconds, max(mem_peak) AS mem_peak, "
+    "sum(energy_joules) AS energy_joules, bit_or(status_bits) AS status_bits"
 )
 # usage(..., "model") of many namespaces and periods at once (:starts and :ends, the bounds of contiguous
 # periods in order): each source finds the periods its charged time touches by binary search in :starts
@@ -478,17 +495,23 @@ class UsageRepository:
     ) -> list[UsageFound]:
         """Charged GPU-minutes (what the budget counts: weighted, at the charge basis) and raw ones (share x
         time) inside [since, until), exactly (charged time clipped to the window and to
-        each bucket, share x seconds summed exactly and rounded once per row), grouped by pod, hour or day,
-        with the figures' sums over the same seconds. Raw ledger rows and the hourly aggregates old rows
+        each bucket, share x seconds summed exactly and rounded once per row), grouped by pod, workload (its
+        pods' rows, each rounded as usage by pod rounds it, summed), hour, day or model, with the figures'
+        sums over the same seconds. Raw ledger rows and the hourly aggregates old rows
         were folded into answer alike."""
         key, piece, bucket = _USAGE_PIECE[group_by]
+        if group_by == "workload":  # rounded per pod, as usage by pod rounds, then summed per workload
+            per_pod = f"SELECT key, pod, {_TOTALS} FROM per_source GROUP BY 1, 2"
+            rows = f"SELECT key, {_BY_WORKLOAD} FROM ({per_pod}) AS per_pod"
+        else:
+            rows = f"SELECT key, {_TOTALS} FROM per_source"
         query = sa.text(
             f"WITH source AS ({_USAGE_SOURCE}), per_source AS ("
-            f"SELECT {key} AS key, s.id, {_piece_sums(piece)}, {_SOURCE_FIGURES} "
+            f"SELECT {key} AS key, s.pod, s.id, {_piece_sums(piece)}, {_SOURCE_FIGURES} "
             "FROM source s "
             "CROSS JOIN LATERAL unnest(s.charged * tstzmultirange(tstzrange(:since, :until))) AS r "
-            f"{bucket} GROUP BY 1, 2) "
-            f"SELECT key, {_TOTALS} FROM per_source GROUP BY key ORDER BY key"
+            f"{bucket} GROUP BY 1, 2, 3) "
+            f"{rows} GROUP BY key ORDER BY key"
         )
         result = await self.session.execute(query, {"namespace": namespace, "since": since, "until": until})
         return [usage_found(row) for row in result]

@@ -114,7 +114,7 @@ class UsageOut(BaseModel):
     namespace: str
     since: datetime
     until: datetime
-    group_by: Literal["pod", "hour", "day", "model"]
+    group_by: Literal["pod", "workload", "hour", "day", "model"]
     total_gpu_minutes: Amount
     total_raw_gpu_minutes: Amount
     total_mean_sm_util_pct: float | None

@@ -299,7 +299,7 @@ function adminSection(ns, budget, ctx, reload) {
 
 export async function renderNamespace(view, ctx, ns, focusId) {
   ctx.status(`Loading ${ns}…`);
-  const [who, budget, hours, pods, days, grants] = await Promise.all([
+  const [who, budget, hours, pods, days, grants, workloads] = await Promise.all([
     api.whoami(ns),
     api.budget(ns),
     api.usage(ns, "hour"),
@@ -307,6 +307,10 @@ export async function renderNamespace(view, ctx, ns, focusId) {
     api.usage(ns, "day"),
     api.grants(ns).catch((error) => {
       if (error instanceof ApiError && (error.status === 404 || error.status === 405)) return null; // an older timekeeper
+      throw error;
+    }),
+    api.usage(ns, "workload").catch((error) => {
+      if (error instanceof ApiError && error.status === 422) return null; // an older timekeeper
       throw error;
     }),
   ]);
@@ -325,6 +329,7 @@ export async function renderNamespace(view, ctx, ns, focusId) {
     h("h1", { id: "ns-title", tabindex: "-1" }, ns),
     summary(budget, now),
     h("section", { "aria-labelledby": "chart-title" }, h("h2", { id: "chart-title" }, "Burn-down"), burnDown(budget, hours, hours.until)),
+    workloads && h("section", { "aria-labelledby": "workloads-title" }, h("h2", { id: "workloads-title" }, "Usage by workload"), usageTable("usage-workloads", "GPU-minutes this period by workload (a Job, JobSet, gang...; a bare pod is its own)", "Workload", workloads)),
     h("section", { "aria-labelledby": "pods-title" }, h("h2", { id: "pods-title" }, "Usage by pod"), usageTable("usage-pods", "GPU-minutes this period by pod", "Pod", pods)),
     h("section", { "aria-labelledby": "days-title" }, h("h2", { id: "days-title" }, "Usage by day"), usageTable("usage-days", "GPU-minutes this period by day (UTC)", "Day", days)),
   ];
@@ -346,7 +351,7 @@ export async function renderNamespace(view, ctx, ns, focusId) {
   if (audit) {
     sections.push(h("section", { "aria-labelledby": "audit-title" }, h("h2", { id: "audit-title" }, "Audit trail"), auditTable(audit)));
   }
-  view.replaceChildren(...sections);
+  view.replaceChildren(...sections.filter(Boolean));
   ctx.status("");
   document.title = `${ns} · GPU Timekeeper`;
   const target = focusId && document.getElementById(focusId);

@@ -1,0 +1,283 @@
+"""The running-pod action `kueue`: an exhausted namespace's Kueue Workloads lowered in place, and given back.
+
+A Workload's `spec.priority` is mutable (Kueue KEP-973; v1beta1 keeps `priorityClassName` and its source
+immutable while quota is reserved, the number never), so each pass sets it to the value of the reduced
+WorkloadPriorityClass (`kueue_over_budget_priority_class`) on every unfinished GPU Workload above it in an
+exhausted namespace whose budget says `kueue`; Kueue preempts them only when in-budget work needs the
+quota. The value it had is written beside it (annotation `ORIGINAL_ANNOTATION`, label `LOWERED_LABEL`).
+Once the namespace is no longer exhausted (or its action changed), the value is given back — at most
+what the namespace's priority policy allows (its ceiling under `keep_up_to_ceiling`, else the value of
+`kueue_in_budget_priority_class`): the annotation is the tenant's to write too, so it is never believed
+beyond that. A tenant who raises a lowered Workload while exhausted is lowered again by the next pass.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gpuaccounting.admission_state import is_exempt
+from gpuaccounting.dra import claim_refs
+from gpuaccounting.names import DOMAIN
+from gpuaccounting.shares import read_pod
+from timekeeper.admission.models import NamespaceStatus
+from timekeeper.audit.repository import AuditRepository
+from timekeeper.budgets.models import DefaultBudget, NamespaceBudget
+from timekeeper.clock import Clock
+from timekeeper.kube import KubeApiError, KubeClient, KubeError, ObjectReference
+from timekeeper.settings import Settings
+
+log = logging.getLogger(__name__)
+
+KUEUE_GROUP: Final = "kueue.x-k8s.io"
+KUEUE_VERSION: Final = "v1beta1"
+WORKLOADS: Final = "workloads"
+PRIORITY_CLASSES: Final = "workloadpriorityclasses"
+LOWERED_LABEL: Final = f"{DOMAIN}/kueue-priority-lowered"
+ORIGINAL_ANNOTATION: Final = f"{DOMAIN}/kueue-priority-before"
+NO_PRIORITY: Final = "none"  # the annotation's value for a Workload that had no spec.priority
+ACTOR: Final = "gpu-timekeeper:reconcile"
+INT32 = range(-(2**31), 2**31)
+
+
+@dataclass(frozen=True, slots=True)
+class KueuePolicy:
+    """What the pass needs of a namespace: whether its Workloads are lowered now, and its priority policy."""
+
+    lowering: bool
+    exempt_classes: frozenset[str]
+    user_classes: str
+    ceiling: int | None
+
+    def bound(self, in_budget: int | None) -> int | None:
+        """The highest priority a Workload is given back: the ceiling under `keep_up_to_ceiling`, else
+        (and when no ceiling is set) the in-budget class's value; None when that class is unknown."""
+        if self.user_classes == "keep_up_to_ceiling" and self.ceiling is not None:
+            return self.ceiling
+        return in_budget
+
+
+async def kueue_policies(session: AsyncSession, namespaces: Iterable[str]) -> dict[str, KueuePolicy]:
+    """Every exhausted namespace and each of `namespaces`, with its effective action and priority policy
+    (its own budget's, else the default's)."""
+    extra = sa.literal(sorted(set(namespaces)), ARRAY(sa.Text))
+    names = sa.union(
+        sa.select(NamespaceStatus.namespace).where(NamespaceStatus.state == "exhausted"),
+        sa.select(sa.func.unnest(extra)),
+    ).subquery("names")
+    policy = sa.func.coalesce(NamespaceBudget.priority_policy, DefaultBudget.priority_policy)
+    action = sa.func.coalesce(NamespaceBudget.running_pod_action, DefaultBudget.running_pod_action)
+    result = await session.execute(
+        sa.select(
+            names.c.namespace,
+            sa.and_(NamespaceStatus.state == "exhausted", action == "kueue").label("lowering"),
+            policy.label("policy"),
+        )
+        .select_from(names)
+        .outerjoin(NamespaceStatus, NamespaceStatus.namespace == names.c.namespace)
+        .outerjoin(NamespaceBudget, NamespaceBudget.namespace == names.c.namespace)
+        .join(DefaultBudget, sa.true())
+    )
+    return {
+        row.namespace: KueuePolicy(
+            lowering=bool(row.lowering),
+            exempt_classes=frozenset(row.policy["exempt_classes"]),
+            user_classes=row.policy["user_classes"],
+            ceiling=row.policy["ceiling"],
+        )
+        for row in result
+    }
+
+
+def priority_of(workload: Mapping[str, Any]) -> int | None:
+    value = (workload.get("spec") or {}).get("priority")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def recorded_priority(workload: Mapping[str, Any]) -> int | str | None:
+    """The priority the annotation says the Workload had: an int, None (it had none), or the annotation's
+    raw text when it is missing or not a priority (a Workload a tenant tampered with)."""
+    raw = ((workload.get("metadata") or {}).get("annotations") or {}).get(ORIGINAL_ANNOTATION, "")
+    if raw == NO_PRIORITY:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        return raw
+    return value if value in INT32 else raw
+
+
+def restored_priority(workload: Mapping[str, Any], bound: int) -> int | None:
+    """What a lowered Workload is given back: the recorded priority, at most `bound`; `bound` when the
+    record is missing or garbled (never more than the namespace's policy allows)."""
+    recorded = recorded_priority(workload)
+    if isinstance(recorded, str):
+        return bound
+    return None if recorded is None else min(recorded, bound)
+
+
+def is_finished(workload: Mapping[str, Any]) -> bool:
+    conditions = (workload.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Finished" and c.get("status") == "True" for c in conditions)
+
+
+def uses_gpus(workload: Mapping[str, Any], settings: Settings) -> bool:
+    """Whether any of its pod sets' templates asks for a GPU (a device plugin's, or a DRA claim)."""
+    for pod_set in (workload.get("spec") or {}).get("podSets") or []:
+        template = pod_set.get("template") or {}
+        if claim_refs(template) or read_pod(template, settings.hardware).uses_gpu:
+            return True
+    return False
+
+
+class KueuePriorities:
+    """One pass of the action, run by the reconciler after its evictions."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        sessionmaker: async_sessionmaker[AsyncSession],
+        settings: Settings,
+        clock: Clock,
+    ) -> None:
+        self.kube = kube
+        self.sessionmaker = sessionmaker
+        self.settings = settings
+        self.clock = clock
+
+    async def run(self, lowered: list[tuple[str, str]], restored: list[tuple[str, str]]) -> None:
+        """Give back what no longer needs lowering, then lower what does; nothing where Kueue's Workloads
+        are not served. A failing call is logged and tried again next pass."""
+        try:
+            marked = await self.kube.list_served_objects(
+                KUEUE_GROUP, KUEUE_VERSION, WORKLOADS, label_selector=LOWERED_LABEL
+            )
+            if marked is None:
+                return
+            async with self.sessionmaker() as session:
+                policies = await kueue_policies(session, (w["metadata"]["namespace"] for w in marked))
+            giving_back = [w for w in marked if not policies[w["metadata"]["namespace"]].lowering]
+            if giving_back:
+                in_budget = await self._class_value(self.settings.kueue_in_budget_priority_class)
+                for workload in giving_back:
+                    policy = policies[workload["metadata"]["namespace"]]
+                    if await self._restore(workload, policy.bound(in_budget)):
+                        restored.append(_key(workload))
+            lowering = sorted(ns for ns, policy in policies.items() if policy.lowering)
+            if not lowering:
+                return
+            reduced = await self._class_value(self.settings.kueue_over_budget_priority_class)
+            if reduced is None:
+                return
+            for namespace in lowering:
+                workloads = await self.kube.list_served_objects(
+                    KUEUE_GROUP, KUEUE_VERSION, WORKLOADS, namespace=namespace
+                )
+                for workload in workloads or ():
+                    if self._to_lower(workload, policies[namespace], reduced) and await self._lower(
+                        workload, reduced
+                    ):
+                        lowered.append(_key(workload))
+        except KubeError as error:
+            log.warning("kueue_priority_failed", extra={"error": str(error)})
+
+    async def _class_value(self, name: str) -> int | None:
+        found = await self.kube.read_cluster_object(KUEUE_GROUP, KUEUE_VERSION, PRIORITY_CLASSES, name)
+        value = (found or {}).get("value")
+        if not isinstance(value, int) or isinstance(value, bool):
+            log.warning("kueue_priority_class_missing", extra={"workload_priority_class": name})
+            return None
+        return value
+
+    def _to_lower(self, workload: Mapping[str, Any], policy: KueuePolicy, reduced: int) -> bool:
+        spec = workload.get("spec") or {}
+        namespace = workload["metadata"]["namespace"]
+        exempt = is_exempt(
+            spec.get("priorityClassName"), namespace, policy.exempt_classes, self.settings.exempt_namespaces
+        )
+        return (
+            (priority_of(workload) or 0) > reduced
+            and not exempt
+            and not is_finished(workload)
+            and uses_gpus(workload, self.settings)
+        )
+
+    async def _lower(self, workload: Mapping[str, Any], reduced: int) -> bool:
+        """Set spec.priority to `reduced`, recording the value it had unless a record is there already
+        (a Workload raised again after our lowering keeps its first record)."""
+        before = priority_of(workload)
+        metadata: dict[str, Any] = {"labels": {LOWERED_LABEL: "true"}}
+        if isinstance(recorded_priority(workload), str):
+            metadata["annotations"] = {ORIGINAL_ANNOTATION: NO_PRIORITY if before is None else str(before)}
+        reason = (
+            f"GPU budget of namespace {workload['metadata']['namespace']} spent: Workload priority "
+            f"{before} -> {reduced} (WorkloadPriorityClass {self.settings.kueue_over_budget_priority_class})"
+        )
+        return await self._write(
+            workload, metadata, reduced, "kueue.lower", "GPUBudgetPriorityLowered", reason
+        )
+
+    async def _restore(self, workload: Mapping[str, Any], bound: int | None) -> bool:
+        if bound is None:
+            return False  # the in-budget class is missing (logged): kept lowered until it exists
+        metadata = {"labels": {LOWERED_LABEL: None}, "annotations": {ORIGINAL_ANNOTATION: None}}
+        given = restored_priority(workload, bound)
+        reason = (
+            f"GPU budget of namespace {workload['metadata']['namespace']} no longer spent: Workload priority "
+            f"{priority_of(workload)} -> {given}"
+        )
+        return await self._write(
+            workload, metadata, given, "kueue.restore", "GPUBudgetPriorityRestored", reason
+        )
+
+    async def _write(
+        self,
+        workload: Mapping[str, Any],
+        metadata: dict[str, Any],
+        priority: int | None,
+        action: str,
+        reason: str,
+        message: str,
+    ) -> bool:
+        """The patch, conditional on the version read (a Workload changed since is left for the next
+        pass), then its audit entry and an Event on the Workload."""
+        meta = workload["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        patch = {
+            "metadata": {**metadata, "resourceVersion": meta["resourceVersion"]},
+            "spec": {"priority": priority},
+        }
+        try:
+            await self.kube.merge_patch_object(KUEUE_GROUP, KUEUE_VERSION, WORKLOADS, namespace, name, patch)
+        except KubeApiError as error:
+            log.warning(
+                "kueue_priority_failed", extra={"namespace": namespace, "workload": name, "error": str(error)}
+            )
+            return False
+        before = {"workload": name, "uid": meta.get("uid"), "priority": priority_of(workload)}
+        async with self.sessionmaker() as session, session.begin():
+            await AuditRepository(session).record(
+                self.clock.now(), ACTOR, action, namespace, before, {**before, "priority": priority}
+            )
+        log.info(
+            action.replace(".", "_"), extra={"namespace": namespace, "workload": name, "priority": priority}
+        )
+        involved = ObjectReference(
+            "Workload", name, namespace, f"{KUEUE_GROUP}/{KUEUE_VERSION}", meta.get("uid")
+        )
+        event_type = "Warning" if action == "kueue.lower" else "Normal"
+        try:
+            await self.kube.post_event(namespace, reason, message, event_type, involved)
+        except KubeError as error:
+            log.warning("event_failed", extra={"namespace": namespace, "reason": reason, "error": str(error)})
+        return True
+
+
+def _key(workload: Mapping[str, Any]) -> tuple[str, str]:
+    return workload["metadata"]["namespace"], workload["metadata"]["name"]

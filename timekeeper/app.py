@@ -29,10 +29,10 @@ from timekeeper.db.session import (
     build_sessionmaker,
     resolve_database_url,
 )
-from timekeeper.errors import install_error_handler
 from timekeeper.health.router import router as health_router
 from timekeeper.metrics import Metrics
 from timekeeper.pools.router import router as pools_router
+from timekeeper.refusals import install_error_handler
 from timekeeper.routing import document_strict_bodies
 from timekeeper.scheduler.runner import with_scheduler
 from timekeeper.schemas import API_ERRORS

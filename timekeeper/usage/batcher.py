@@ -34,8 +34,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from timekeeper.clock import Clock
 from timekeeper.db.outage import is_outage
 from timekeeper.db.session import transaction
-from timekeeper.errors import TimekeeperError, unavailable
+from timekeeper.errors import TimekeeperError
 from timekeeper.metrics import Metrics
+from timekeeper.refusals import unavailable
 from timekeeper.settings import Settings
 from timekeeper.usage.schemas import ReportIn
 from timekeeper.usage.service import IngestOutcome, IngestService

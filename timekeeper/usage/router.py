@@ -20,8 +20,8 @@ from timekeeper.auth.dependencies import (
     check_pod_identity,
 )
 from timekeeper.db.session import SessionDep
-from timekeeper.errors import REFUSALS
 from timekeeper.metrics import Metrics
+from timekeeper.refusals import REFUSALS
 from timekeeper.routing import json_body, reads_body
 from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
 from timekeeper.usage.efficiency import EfficiencyService

@@ -19,12 +19,10 @@ from pydantic import (
 )
 from pydantic_core import CoreSchema
 
+from gpuaccounting.names import DNS_LABEL, DNS_SUBDOMAIN
 from gpuaccounting.wire import parse_timestamp
+from timekeeper.settings import NamespaceName as NamespaceName  # defined with the settings that need it first
 
-DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-
-NamespaceName = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)]
 PodName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
 PodUid = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9-]+$")]
 # Free text stored in PostgreSQL, whose text and jsonb refuse the NUL character.

@@ -13,10 +13,14 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from gpuaccounting.admission_state import DEFAULT_EXEMPT_NAMESPACES
 from gpuaccounting.clock import WallClock, build_clock
 from gpuaccounting.hardware import load_hardware
-from gpuaccounting.names import DEFAULT_IN_BUDGET_PRIORITY_CLASS, DEFAULT_OVER_BUDGET_PRIORITY_CLASS
+from gpuaccounting.names import (
+    DEFAULT_IN_BUDGET_PRIORITY_CLASS,
+    DEFAULT_OVER_BUDGET_PRIORITY_CLASS,
+    DNS_LABEL,
+)
 from gpuaccounting.shares import GpuHardware
-from timekeeper.schemas import NamespaceName
 
+NamespaceName = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)]
 TokenDigests = Annotated[tuple[str, ...], NoDecode]
 
 

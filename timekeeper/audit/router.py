@@ -7,11 +7,11 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from pydantic import AwareDatetime
 
+from gpuaccounting.names import DNS_LABEL
 from timekeeper.audit.repository import AuditRepository
 from timekeeper.audit.schemas import AuditEntryOut
 from timekeeper.auth.dependencies import Admin
 from timekeeper.db.session import SessionDep
-from timekeeper.schemas import DNS_LABEL
 
 router = APIRouter(tags=["audit"])
 

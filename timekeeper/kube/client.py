@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 from kubernetes_asyncio import client, config
@@ -43,7 +43,6 @@ from timekeeper.kube.types import (
     QuotaChange,
     TokenReviewResult,
 )
-from timekeeper.settings import Settings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -61,6 +60,19 @@ WATCH_BACKOFF_BASE_SECONDS = 0.5
 WATCH_BACKOFF_CAP_SECONDS = 30.0
 
 
+class KubeSettings(Protocol):
+    """The settings a KubeConfig is read from (timekeeper.settings.Settings has them)."""
+
+    @property
+    def kube_in_cluster(self) -> bool | None: ...
+    @property
+    def kubeconfig(self) -> Path | None: ...
+    @property
+    def kube_context(self) -> str | None: ...
+    @property
+    def kube_request_timeout_seconds(self) -> float: ...
+
+
 @dataclass(frozen=True, slots=True)
 class KubeConfig:
     """Where the cluster is: in-cluster service account, else a kubeconfig (the default one when unset)."""
@@ -71,7 +83,7 @@ class KubeConfig:
     request_timeout_seconds: float = 10.0
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> KubeConfig:
+    def from_settings(cls, settings: KubeSettings) -> KubeConfig:
         return cls(
             settings.kube_in_cluster,
             settings.kubeconfig,

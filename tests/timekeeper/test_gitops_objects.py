@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from gpuaccounting.admission_state import default_priority_policy
-from timekeeper.budgets.periods import PeriodKind
 from timekeeper.budgets.schemas import ForecastOut, NamespaceBudgetOut, PeriodOut, PriorityPolicyBody
+from timekeeper.domain.periods import PeriodKind
 from timekeeper.gitops.objects import (
     SPEC_FIELDS,
     ObjectRef,

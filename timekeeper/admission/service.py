@@ -13,21 +13,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpuaccounting.admission_state import AdmissionState
 from gpuaccounting.wire import BudgetState, format_timestamp
 from timekeeper.admission.repository import AdmissionRepository
-from timekeeper.budgets.periods import budget_state
-from timekeeper.budgets.repository import BudgetRepository, NamespaceFigures
+from timekeeper.budgets.repository import BudgetRepository
+from timekeeper.domain.figures import NamespaceFigures
+from timekeeper.domain.states import budget_state, figures_state, member_state, pool_state
 from timekeeper.pools.repository import PoolRepository
-from timekeeper.pools.rules import member_state, pool_state
 from timekeeper.settings import Settings
-
-
-def figures_state(figures: NamespaceFigures) -> BudgetState:
-    config = figures.config
-    return budget_state(
-        config.budget_gpu_minutes,
-        figures.granted_gpu_minutes,
-        figures.used_gpu_minutes,
-        config.warn_at_fraction,
-    )
 
 
 def unpooled_states(figures: Sequence[NamespaceFigures]) -> dict[str, BudgetState] | None:

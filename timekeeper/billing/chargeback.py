@@ -17,7 +17,7 @@ import orjson
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from timekeeper.billing.repository import BillingRepository
-from timekeeper.budgets.periods import Period, PeriodKind, periods_overlapping
+from timekeeper.domain.periods import Period, PeriodKind, periods_overlapping
 from timekeeper.errors import TimekeeperError
 from timekeeper.usage.repository import UNKNOWN_MODEL, UsageRepository
 

@@ -9,8 +9,8 @@ from decimal import Decimal
 from sqlalchemy import CheckConstraint, DateTime, Numeric, Text, func
 from sqlalchemy.orm import Mapped, mapped_column
 
-from timekeeper.billing.weights import CLUSTER_SCOPE
 from timekeeper.db.base import Base
+from timekeeper.domain.weights import CLUSTER_SCOPE
 
 __all__ = ["CLUSTER_SCOPE", "ChargeBasis", "GpuPrice", "GpuWeight"]
 

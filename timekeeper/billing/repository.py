@@ -14,7 +14,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from timekeeper.billing.models import CLUSTER_SCOPE, ChargeBasis, GpuPrice, GpuWeight
-from timekeeper.billing.weights import WeightTimeline, timelines
+from timekeeper.domain.weights import WeightTimeline, timelines
 from timekeeper.usage.models import RUNNING_POD, PodCoverage
 
 # The weight changes of the models in `models` (a text[] expression) that can apply to time in [since,

@@ -29,8 +29,8 @@ from timekeeper.billing.schemas import (
     WeightsOut,
 )
 from timekeeper.billing.service import BillingService
-from timekeeper.budgets.periods import PeriodKind, period_containing
 from timekeeper.db.session import SessionDep
+from timekeeper.domain.periods import PeriodKind, period_containing
 from timekeeper.routing import admin_body
 from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
 

@@ -19,8 +19,8 @@ from timekeeper.billing.schemas import (
     WeightOut,
     WeightsOut,
 )
-from timekeeper.billing.weights import ONE, model_key, resolve_basis
 from timekeeper.clock import Clock
+from timekeeper.domain.weights import ONE, model_key, resolve_basis
 from timekeeper.errors import TimekeeperError
 from timekeeper.settings import Settings
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 from sqlalchemy import BigInteger, Boolean, CheckConstraint, DateTime, Index, Numeric, Text, func, text
 from sqlalchemy.dialects.postgresql import JSONB
@@ -13,12 +13,10 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from gpuaccounting.admission_state import default_priority_policy
 from timekeeper.db.base import Base
+from timekeeper.domain.figures import SHIPPED_RUNNING_POD_ACTION, RunningPodAction
 
 GPU_MINUTES = Numeric(24, 9)  # exact, to the nano-GPU-minute
 PERIOD_KINDS_SQL = "period IN ('daily', 'weekly', 'monthly', 'none')"
-# What the reconcile pass does to an exhausted namespace's running GPU pods (docs/kubernetes.md).
-RunningPodAction = Literal["none", "evict"]
-SHIPPED_RUNNING_POD_ACTION: RunningPodAction = "none"
 RUNNING_POD_ACTIONS_SQL = f"running_pod_action IN {tuple(get_args(RunningPodAction))}"
 POLICY_IS_OBJECT_SQL = "jsonb_typeof(priority_policy) = 'object'"
 SHIPPED_POLICY_SQL = f"'{json.dumps(default_priority_policy())}'::jsonb"

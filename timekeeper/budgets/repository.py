@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -13,69 +12,12 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpuaccounting.admission_state import PriorityPolicy
 from timekeeper.budgets.burn import burned_query
-from timekeeper.budgets.models import Grant, RunningPodAction
-from timekeeper.budgets.periods import PeriodKind, current_period_starts
+from timekeeper.budgets.models import Grant
 from timekeeper.db.driver import PLANNING, driver_rows, driver_rows_pipelined
+from timekeeper.domain.figures import BUDGET_FIELDS, BudgetConfig, NamespaceFigures
+from timekeeper.domain.periods import PeriodKind, current_period_starts
 from timekeeper.pools.models import MEMBERSHIP_SQL, membership_sql
-
-BUDGET_FIELDS = (
-    "budget_gpu_minutes",
-    "period",
-    "warn_at_fraction",
-    "max_gpu_share_per_pod",
-    "concurrent_gpu_limit",
-)
-
-
-@dataclass(frozen=True, slots=True)
-class BudgetConfig:
-    budget_gpu_minutes: Decimal | None
-    period: PeriodKind
-    warn_at_fraction: Decimal
-    max_gpu_share_per_pod: Decimal | None
-    concurrent_gpu_limit: Decimal | None
-    explicit: bool  # the namespace's own budget rather than the default
-    # Resolved (the namespace's own, else the default's); `own_*`: set on the namespace itself.
-    priority_policy: PriorityPolicy
-    running_pod_action: RunningPodAction
-    own_priority_policy: bool
-    own_running_pod_action: bool
-    pool: str | None = None  # the pool the namespace is in (its period is then the pool's)
-
-    @property
-    def stored_priority_policy(self) -> PriorityPolicy | None:
-        """As stored: None when it follows the default."""
-        return self.priority_policy if self.own_priority_policy else None
-
-    @property
-    def stored_running_pod_action(self) -> RunningPodAction | None:
-        return self.running_pod_action if self.own_running_pod_action else None
-
-    def as_json(self) -> dict[str, Any]:
-        """The audit log's view of a budget (null policy fields: following the default)."""
-
-        def number(value: Decimal | None) -> str | None:
-            return None if value is None else format(value.normalize(), "f")
-
-        return {
-            "budget_gpu_minutes": number(self.budget_gpu_minutes),
-            "period": self.period.value,
-            "warn_at_fraction": number(self.warn_at_fraction),
-            "max_gpu_share_per_pod": number(self.max_gpu_share_per_pod),
-            "concurrent_gpu_limit": number(self.concurrent_gpu_limit),
-            "priority_policy": self.stored_priority_policy,
-            "running_pod_action": self.stored_running_pod_action,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class NamespaceFigures:
-    namespace: str
-    config: BudgetConfig
-    used_gpu_minutes: Decimal
-    granted_gpu_minutes: Decimal
 
 
 def _config(row: Any) -> BudgetConfig:

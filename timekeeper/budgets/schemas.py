@@ -10,8 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from gpuaccounting.admission_state import PriorityPolicy, UserClassRule
 from gpuaccounting.wire import BudgetState
-from timekeeper.budgets.models import RunningPodAction
-from timekeeper.budgets.periods import PeriodKind
+from timekeeper.domain.figures import RunningPodAction
+from timekeeper.domain.periods import PeriodKind
 from timekeeper.schemas import (
     DNS_SUBDOMAIN,
     Amount,

@@ -15,9 +15,8 @@ from timekeeper.admission.service import AdmissionService, unpooled_states
 from timekeeper.audit.repository import AuditRepository
 from timekeeper.auth.base import Principal
 from timekeeper.budgets.forecast import forecast
-from timekeeper.budgets.models import SHIPPED_RUNNING_POD_ACTION, Grant
-from timekeeper.budgets.periods import EPOCH, PeriodKind, period_containing
-from timekeeper.budgets.repository import BudgetConfig, BudgetRepository, NamespaceFigures, statuses_on
+from timekeeper.budgets.models import Grant
+from timekeeper.budgets.repository import BudgetRepository, statuses_on
 from timekeeper.budgets.schemas import (
     BudgetConfigOut,
     BudgetIn,
@@ -32,6 +31,8 @@ from timekeeper.budgets.schemas import (
 )
 from timekeeper.clock import Clock
 from timekeeper.db.driver import session_driver
+from timekeeper.domain.figures import SHIPPED_RUNNING_POD_ACTION, BudgetConfig, NamespaceFigures
+from timekeeper.domain.periods import EPOCH, PeriodKind, period_containing
 from timekeeper.errors import TimekeeperError
 from timekeeper.settings import Settings
 

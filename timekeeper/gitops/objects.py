@@ -13,8 +13,8 @@ from pydantic import ValidationError
 
 from gpuaccounting.admission_state import default_priority_policy
 from gpuaccounting.names import DOMAIN
-from timekeeper.budgets.models import SHIPPED_RUNNING_POD_ACTION
 from timekeeper.budgets.schemas import BudgetIn, NamespaceBudgetOut
+from timekeeper.domain.figures import SHIPPED_RUNNING_POD_ACTION
 
 GROUP = DOMAIN
 VERSION = "v1alpha1"

@@ -4,7 +4,6 @@ period (a member's running totals are kept in its pool's period kind: budgets/re
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -13,18 +12,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from timekeeper.budgets.periods import PeriodKind, current_period_starts
+from timekeeper.domain.figures import MemberFigures
+from timekeeper.domain.periods import PeriodKind, current_period_starts
 from timekeeper.pools.models import MEMBERSHIP_SQL, BudgetPool, NamespaceLabels, PoolMember
-
-
-@dataclass(frozen=True, slots=True)
-class MemberFigures:
-    namespace: str
-    cap_gpu_minutes: Decimal | None
-    listed: bool  # else chosen by the pool's selector
-    used_gpu_minutes: Decimal
-    granted_gpu_minutes: Decimal
-
 
 # The members of the given pools (listed, or chosen by a selector and listed nowhere), each with its
 # running totals of the pool's current period.

@@ -9,8 +9,8 @@ from typing import Annotated, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpuaccounting.wire import BudgetState
-from timekeeper.budgets.periods import PeriodKind
 from timekeeper.budgets.schemas import LARGEST_AMOUNT, PeriodOut
+from timekeeper.domain.periods import PeriodKind
 from timekeeper.schemas import Amount, DecimalIn, NamespaceName, OptionalAmount, OptionalDecimalIn
 
 # Kubernetes label keys (an optional DNS-subdomain prefix and a name) and values.

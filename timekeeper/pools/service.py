@@ -15,14 +15,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from timekeeper.admission.service import AdmissionService
 from timekeeper.audit.repository import AuditRepository
 from timekeeper.auth.base import Principal
-from timekeeper.budgets.periods import PeriodKind, period_containing
 from timekeeper.budgets.repository import BudgetRepository
 from timekeeper.budgets.service import period_out
 from timekeeper.clock import Clock
+from timekeeper.domain.figures import MemberFigures
+from timekeeper.domain.periods import PeriodKind, period_containing
+from timekeeper.domain.states import member_state, pool_state
 from timekeeper.errors import TimekeeperError
 from timekeeper.pools.models import BudgetPool
-from timekeeper.pools.repository import MemberFigures, PoolRepository
-from timekeeper.pools.rules import member_state, pool_state
+from timekeeper.pools.repository import PoolRepository
 from timekeeper.pools.schemas import NamespaceSelectorBody, PoolIn, PoolMemberOut, PoolOut
 from timekeeper.settings import Settings
 

@@ -22,7 +22,7 @@ from typing import Any, Final
 from gpuaccounting.catalogue import SharingSystem
 from gpuaccounting.quantity import QuantityError, parse_quantity
 from gpuaccounting.shares import GpuHardware, mig_gpu_slices
-from timekeeper.billing.weights import model_key
+from timekeeper.domain.weights import model_key
 from timekeeper.reconcile.pods import TrackedPod
 from timekeeper.usage.planning import Interval
 

@@ -28,8 +28,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpuaccounting.admission_state import is_exempt
 from gpuaccounting.wire import BudgetState
-from timekeeper.billing.weights import model_key
 from timekeeper.clock import Clock
+from timekeeper.domain.weights import model_key
 from timekeeper.kube import (
     EvictionResult,
     KubeClient,

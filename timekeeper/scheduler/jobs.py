@@ -13,10 +13,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from timekeeper.admission.service import AdmissionService
 from timekeeper.budgets.burn import PURGE_MARGIN, BurnRepository
-from timekeeper.budgets.periods import EPOCH, PeriodKind, period_containing
 from timekeeper.budgets.repository import BudgetRepository
 from timekeeper.budgets.service import end_expired_grants
 from timekeeper.clock import Clock
+from timekeeper.domain.periods import EPOCH, PeriodKind, period_containing
 from timekeeper.scheduler.repository import SchedulerRepository
 from timekeeper.settings import Settings
 

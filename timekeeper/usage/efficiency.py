@@ -10,9 +10,9 @@ from decimal import ROUND_HALF_EVEN, Decimal
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from timekeeper.budgets.periods import period_containing
 from timekeeper.budgets.repository import BudgetRepository
 from timekeeper.clock import Clock
+from timekeeper.domain.periods import period_containing
 from timekeeper.errors import TimekeeperError
 from timekeeper.settings import Settings
 from timekeeper.usage.repository import PodEfficiency, UsageRepository

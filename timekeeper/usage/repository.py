@@ -26,9 +26,10 @@ from timekeeper.billing.repository import (
     weight_timelines,
     weights_parameters,
 )
-from timekeeper.billing.weights import WeightTimeline
-from timekeeper.budgets.repository import FIGURES_OF, NamespaceFigures, figures_parameters, namespace_figures
+from timekeeper.budgets.repository import FIGURES_OF, figures_parameters, namespace_figures
 from timekeeper.db.driver import PLANNING_SQL
+from timekeeper.domain.figures import NamespaceFigures
+from timekeeper.domain.weights import WeightTimeline
 from timekeeper.usage.figures import FigureSums
 from timekeeper.usage.models import RUNNING_POD, PodCoverage
 from timekeeper.usage.planning import Interval, TotalKey

@@ -14,12 +14,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.wire import BudgetState
 from timekeeper.admission.repository import AdmissionRepository
-from timekeeper.admission.service import AdmissionService, figures_state
-from timekeeper.billing.weights import charge_share, model_key, resolve_basis, timeline_of
+from timekeeper.admission.service import AdmissionService
 from timekeeper.budgets.burn import attribute, burn_rows
-from timekeeper.budgets.periods import period_containing
 from timekeeper.budgets.repository import BudgetRepository
 from timekeeper.clock import Clock
+from timekeeper.domain.periods import period_containing
+from timekeeper.domain.states import figures_state
+from timekeeper.domain.weights import charge_share, model_key, resolve_basis, timeline_of
 from timekeeper.errors import TimekeeperError
 from timekeeper.settings import Settings
 from timekeeper.usage.figures import NO_FIGURES, Measured, measure

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from decimal import Decimal
 from enum import StrEnum
 from functools import lru_cache
-
-from gpuaccounting.wire import BudgetState
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -64,18 +61,3 @@ def periods_overlapping(kind: PeriodKind, start: datetime, end: datetime) -> lis
 def current_period_starts(moment: datetime) -> dict[PeriodKind, datetime]:
     """The start of the current period of every kind, for queries over many namespaces at once."""
     return {kind: period_containing(kind, moment).start for kind in PeriodKind}
-
-
-def budget_state(
-    budget: Decimal | None, granted: Decimal, used: Decimal, warn_at_fraction: Decimal
-) -> BudgetState:
-    """Exhausted when nothing remains, warning from warn_at_fraction of budget + grants, unlimited
-    without a budget."""
-    if budget is None:
-        return "unlimited"
-    available = budget + granted
-    if available - used <= 0:
-        return "exhausted"
-    if used >= warn_at_fraction * available:
-        return "warning"
-    return "in_budget"

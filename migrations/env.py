@@ -8,17 +8,17 @@ from logging.config import fileConfig
 import sqlalchemy as sa
 from alembic import context
 
-from timekeeper.admission import models as admission
-from timekeeper.audit import models as audit
-from timekeeper.billing import models as billing
-from timekeeper.budgets import models as budgets
 from timekeeper.db.base import Base
 from timekeeper.db.embedded import embedded_database_url
-from timekeeper.gitops import models as gitops
-from timekeeper.pools import models as pools
 from timekeeper.scheduler import models as scheduler
 from timekeeper.settings import Settings, normalise_database_url
-from timekeeper.usage import models as usage
+from timekeeper.store.admission import models as admission
+from timekeeper.store.audit import models as audit
+from timekeeper.store.billing import models as billing
+from timekeeper.store.budgets import models as budgets
+from timekeeper.store.gitops import models as gitops
+from timekeeper.store.pools import models as pools
+from timekeeper.store.usage import models as usage
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logging", True):

@@ -18,7 +18,7 @@ from sqlalchemy.engine import URL
 from tests.support.postgres import create_database, drop_database, url_string
 from tests.support.processes import REPO_ROOT
 from tests.support.timekeeper import alembic_config, migrate
-from timekeeper.budgets.burn import bucket_of
+from timekeeper.store.budgets.burn import bucket_of
 
 
 @pytest.fixture

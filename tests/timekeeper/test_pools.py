@@ -15,8 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from tests.support.postgres import url_string
 from tests.support.timekeeper import Api, Tokens, bearer, ok, sha256
 from timekeeper.clock import ManualClock
-from timekeeper.pools.repository import PoolRepository
 from timekeeper.settings import Settings
+from timekeeper.store.pools.repository import PoolRepository
 from webhook.priority import PriorityPolicy, PriorityRule
 from webhook.priorityclasses import PriorityClassCatalog
 from webhook.settings import WebhookSettings

@@ -7,12 +7,12 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request, Response
 from pydantic import AwareDatetime
 
-from timekeeper.admission.repository import AdmissionRepository
 from timekeeper.admission.schemas import BudgetEventOut
 from timekeeper.admission.service import AdmissionService
 from timekeeper.auth.dependencies import Reader
 from timekeeper.db.session import SessionDep
 from timekeeper.schemas import NamespacePath
+from timekeeper.store.admission.repository import AdmissionRepository
 
 router = APIRouter(tags=["admission"])
 

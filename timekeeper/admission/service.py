@@ -12,12 +12,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.admission_state import AdmissionState
 from gpuaccounting.wire import BudgetState, format_timestamp
-from timekeeper.admission.repository import AdmissionRepository
-from timekeeper.budgets.repository import BudgetRepository
 from timekeeper.domain.figures import NamespaceFigures
 from timekeeper.domain.states import budget_state, figures_state, member_state, pool_state
-from timekeeper.pools.repository import PoolRepository
 from timekeeper.settings import Settings
+from timekeeper.store.admission.repository import AdmissionRepository
+from timekeeper.store.budgets.repository import BudgetRepository
+from timekeeper.store.pools.repository import PoolRepository
 
 
 def unpooled_states(figures: Sequence[NamespaceFigures]) -> dict[str, BudgetState] | None:

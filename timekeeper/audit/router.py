@@ -8,10 +8,10 @@ from fastapi import APIRouter, Query
 from pydantic import AwareDatetime
 
 from gpuaccounting.names import DNS_LABEL
-from timekeeper.audit.repository import AuditRepository
 from timekeeper.audit.schemas import AuditEntryOut
 from timekeeper.auth.dependencies import Admin
 from timekeeper.db.session import SessionDep
+from timekeeper.store.audit.repository import AuditRepository
 
 router = APIRouter(tags=["audit"])
 

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from timekeeper.admission.models import NamespaceStatus
 from timekeeper.auth.base import AccessControl, Action, Principal
+from timekeeper.store.admission.models import NamespaceStatus
 
 
 async def known_namespaces(sessions: async_sessionmaker[AsyncSession]) -> list[str]:

@@ -16,10 +16,10 @@ from typing import Literal
 import orjson
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from timekeeper.billing.repository import BillingRepository
 from timekeeper.domain.periods import Period, PeriodKind, periods_overlapping
 from timekeeper.errors import TimekeeperError
-from timekeeper.usage.repository import UNKNOWN_MODEL, UsageRepository
+from timekeeper.store.billing.repository import BillingRepository
+from timekeeper.store.usage.repository import UNKNOWN_MODEL, UsageRepository
 
 ExportFormat = Literal["json", "csv"]
 BucketKind = Literal["daily", "weekly", "monthly"]

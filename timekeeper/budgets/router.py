@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import TypeAdapter
 
 from timekeeper.auth.dependencies import Admin, Reader, ReadScope
+from timekeeper.budgets.guard import refuse_if_managed
 from timekeeper.budgets.schemas import (
     BudgetConfigOut,
     BudgetIn,
@@ -18,7 +19,6 @@ from timekeeper.budgets.schemas import (
 )
 from timekeeper.budgets.service import BudgetReads, BudgetService
 from timekeeper.db.session import SessionDep
-from timekeeper.gitops.guard import refuse_if_managed
 from timekeeper.routing import admin_body
 from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
 

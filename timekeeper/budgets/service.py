@@ -12,11 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpuaccounting.admission_state import default_priority_policy, is_over_budget
 from gpuaccounting.wire import BudgetState
 from timekeeper.admission.service import AdmissionService, unpooled_states
-from timekeeper.audit.repository import AuditRepository
 from timekeeper.auth.base import Principal
 from timekeeper.budgets.forecast import forecast
-from timekeeper.budgets.models import Grant
-from timekeeper.budgets.repository import BudgetRepository, statuses_on
 from timekeeper.budgets.schemas import (
     BudgetConfigOut,
     BudgetIn,
@@ -35,6 +32,9 @@ from timekeeper.domain.figures import SHIPPED_RUNNING_POD_ACTION, BudgetConfig, 
 from timekeeper.domain.periods import EPOCH, PeriodKind, period_containing
 from timekeeper.errors import TimekeeperError
 from timekeeper.settings import Settings
+from timekeeper.store.audit.repository import AuditRepository
+from timekeeper.store.budgets.models import Grant
+from timekeeper.store.budgets.repository import BudgetRepository, statuses_on
 
 
 def period_out(kind: PeriodKind, moment: datetime) -> PeriodOut:

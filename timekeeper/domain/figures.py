@@ -4,11 +4,15 @@ the current period, and a pool member's."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 from typing import Any, Literal
 
 from gpuaccounting.admission_state import PriorityPolicy
 from timekeeper.domain.periods import PeriodKind
+
+# (namespace, period kind, period start): one running total, in the lock order.
+TotalKey = tuple[str, str, datetime]
 
 # What the reconcile pass does to an exhausted namespace's running GPU pods (docs/kubernetes.md).
 RunningPodAction = Literal["none", "evict"]

@@ -9,6 +9,7 @@ from enum import StrEnum
 from functools import lru_cache
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+Interval = tuple[datetime, datetime]
 
 
 class PeriodKind(StrEnum):

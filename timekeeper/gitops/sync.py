@@ -44,10 +44,10 @@ from timekeeper.gitops.objects import (
     stored_json,
     substance,
 )
-from timekeeper.gitops.repository import ManagedRepository
 from timekeeper.kube import KubeApiError, KubeClient, KubeConfig
 from timekeeper.metrics import GitOpsMetrics
 from timekeeper.settings import Settings
+from timekeeper.store.gitops.repository import ManagedRepository
 
 log = logging.getLogger(__name__)
 HTTP_NOT_FOUND = 404

@@ -12,13 +12,13 @@ from typing import Any, Protocol
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from timekeeper.admission.service import AdmissionService
-from timekeeper.budgets.burn import PURGE_MARGIN, BurnRepository
-from timekeeper.budgets.repository import BudgetRepository
 from timekeeper.budgets.service import end_expired_grants
 from timekeeper.clock import Clock
 from timekeeper.domain.periods import EPOCH, PeriodKind, period_containing
 from timekeeper.scheduler.repository import SchedulerRepository
 from timekeeper.settings import Settings
+from timekeeper.store.budgets.burn import PURGE_MARGIN, BurnRepository
+from timekeeper.store.budgets.repository import BudgetRepository
 
 
 def floor_to(moment: datetime, step: timedelta) -> datetime:

@@ -11,9 +11,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from timekeeper.admission.models import NamespaceStatus
 from timekeeper.scheduler.models import JobRun
-from timekeeper.usage.models import RUNNING_POD, PodCoverage
+from timekeeper.store.admission.models import NamespaceStatus
+from timekeeper.store.usage.models import RUNNING_POD, PodCoverage
 
 __all__ = ["RUNNING_POD", "SchedulerRepository"]
 # Ledger rows that ended before the cutoff are deleted and their charged time, split at hour boundaries,

@@ -24,8 +24,8 @@ from timekeeper.metrics import Metrics
 from timekeeper.refusals import REFUSALS
 from timekeeper.routing import json_body, reads_body
 from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
+from timekeeper.store.usage.repository import GroupBy
 from timekeeper.usage.efficiency import EfficiencyService
-from timekeeper.usage.repository import GroupBy
 from timekeeper.usage.schemas import EfficiencyOut, IdleReportOut, ReportAck, ReportIn, UsageOut
 from timekeeper.usage.service import AdmittedShareUnknown, IngestOutcome, UsageService, check_report
 

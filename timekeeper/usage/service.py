@@ -13,17 +13,25 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.wire import BudgetState
-from timekeeper.admission.repository import AdmissionRepository
 from timekeeper.admission.service import AdmissionService
-from timekeeper.budgets.burn import attribute, burn_rows
-from timekeeper.budgets.repository import BudgetRepository
 from timekeeper.clock import Clock
+from timekeeper.domain.measurements import NO_FIGURES
 from timekeeper.domain.periods import period_containing
 from timekeeper.domain.states import figures_state
 from timekeeper.domain.weights import charge_share, model_key, resolve_basis, timeline_of
 from timekeeper.errors import TimekeeperError
 from timekeeper.settings import Settings
-from timekeeper.usage.figures import NO_FIGURES, Measured, measure
+from timekeeper.store.admission.repository import AdmissionRepository
+from timekeeper.store.budgets.burn import attribute, burn_rows
+from timekeeper.store.budgets.repository import BudgetRepository
+from timekeeper.store.usage.repository import (
+    BatchWritten,
+    GroupBy,
+    IngestStatements,
+    UsageRepository,
+    batch_json,
+)
+from timekeeper.usage.measure import Measured, measure
 from timekeeper.usage.planning import (
     Interval,
     Rate,
@@ -32,7 +40,6 @@ from timekeeper.usage.planning import (
     plan_charges,
     plan_totals,
 )
-from timekeeper.usage.repository import BatchWritten, GroupBy, IngestStatements, UsageRepository, batch_json
 from timekeeper.usage.schemas import ReportIn, UsageOut, UsageRow
 
 log = logging.getLogger(__name__)

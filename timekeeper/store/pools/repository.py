@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from timekeeper.domain.figures import MemberFigures
 from timekeeper.domain.periods import PeriodKind, current_period_starts
-from timekeeper.pools.models import MEMBERSHIP_SQL, BudgetPool, NamespaceLabels, PoolMember
+from timekeeper.store.pools.models import MEMBERSHIP_SQL, BudgetPool, NamespaceLabels, PoolMember
 
 # The members of the given pools (listed, or chosen by a selector and listed nowhere), each with its
 # running totals of the pool's current period.

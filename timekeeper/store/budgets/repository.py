@@ -12,12 +12,12 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from timekeeper.budgets.burn import burned_query
-from timekeeper.budgets.models import Grant
 from timekeeper.db.driver import PLANNING, driver_rows, driver_rows_pipelined
 from timekeeper.domain.figures import BUDGET_FIELDS, BudgetConfig, NamespaceFigures
 from timekeeper.domain.periods import PeriodKind, current_period_starts
-from timekeeper.pools.models import MEMBERSHIP_SQL, membership_sql
+from timekeeper.store.budgets.burn import burned_query
+from timekeeper.store.budgets.models import Grant
+from timekeeper.store.pools.models import MEMBERSHIP_SQL, membership_sql
 
 
 def _config(row: Any) -> BudgetConfig:

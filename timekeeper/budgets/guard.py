@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gpuaccounting.names import DOMAIN as GROUP
 from timekeeper.errors import TimekeeperError
-from timekeeper.gitops.objects import GROUP
-from timekeeper.gitops.repository import ManagedRepository
+from timekeeper.store.gitops.repository import ManagedRepository
 
 
 async def refuse_if_managed(session: AsyncSession, namespace: str | None) -> None:

@@ -2,14 +2,39 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from timekeeper.gitops.models import ManagedBudget
-from timekeeper.gitops.objects import ObjectRef
+from timekeeper.store.gitops.models import ManagedBudget
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    """Which object a budget comes from: named in the audit log, the 409 and the status."""
+
+    kind: str
+    namespace: str | None
+    name: str
+    uid: str
+    generation: int
+
+    @property
+    def key(self) -> str:
+        """What it governs: its namespace, or "" for the cluster default (no namespace is named "")."""
+        return self.namespace or ""
+
+    @property
+    def display(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name}" if self.namespace else f"{self.kind} {self.name}"
+
+    @property
+    def actor(self) -> str:
+        """The audit log's `actor` for changes the sync makes on this object's behalf."""
+        return f"gitops:{self.display}"
 
 
 class ManagedRepository:

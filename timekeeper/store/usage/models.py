@@ -25,8 +25,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, TSTZMULTIRANGE
 from sqlalchemy.orm import Mapped, mapped_column
 
-from timekeeper.budgets.models import GPU_MINUTES
 from timekeeper.db.base import Base
+from timekeeper.store.budgets.models import GPU_MINUTES
 
 
 class LedgerEntry(Base):

@@ -13,9 +13,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from timekeeper.billing.models import CLUSTER_SCOPE, ChargeBasis, GpuPrice, GpuWeight
 from timekeeper.domain.weights import WeightTimeline, timelines
-from timekeeper.usage.models import RUNNING_POD, PodCoverage
+from timekeeper.store.billing.models import CLUSTER_SCOPE, ChargeBasis, GpuPrice, GpuWeight
+from timekeeper.store.usage.models import RUNNING_POD, PodCoverage
 
 # The weight changes of the models in `models` (a text[] expression) that can apply to time in [since,
 # until): each model's last change at or before since (the weight in force when the time starts) and those

@@ -13,8 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.admission_state import NamespaceEntry, PriorityPolicy
 from gpuaccounting.wire import BudgetState
-from timekeeper.admission.models import AdmissionVersion, BudgetEvent, NamespaceStatus
 from timekeeper.db.driver import driver_rows
+from timekeeper.store.admission.models import AdmissionVersion, BudgetEvent, NamespaceStatus
 
 # Inserts a namespace on first sight; touches an existing row only when its state really changes, and
 # then reports it (RETURNING yields a row for an insert or a real update, none otherwise). Two arrays,

@@ -18,7 +18,12 @@ from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.wire import BudgetState
-from timekeeper.billing.repository import (
+from timekeeper.db.driver import PLANNING_SQL
+from timekeeper.domain.figures import NamespaceFigures, TotalKey
+from timekeeper.domain.measurements import FigureSums
+from timekeeper.domain.periods import Interval
+from timekeeper.domain.weights import WeightTimeline
+from timekeeper.store.billing.repository import (
     CHARGE_INPUTS,
     WEIGHTS,
     charge_inputs,
@@ -26,13 +31,8 @@ from timekeeper.billing.repository import (
     weight_timelines,
     weights_parameters,
 )
-from timekeeper.budgets.repository import FIGURES_OF, figures_parameters, namespace_figures
-from timekeeper.db.driver import PLANNING_SQL
-from timekeeper.domain.figures import NamespaceFigures
-from timekeeper.domain.weights import WeightTimeline
-from timekeeper.usage.figures import FigureSums
-from timekeeper.usage.models import RUNNING_POD, PodCoverage
-from timekeeper.usage.planning import Interval, TotalKey
+from timekeeper.store.budgets.repository import FIGURES_OF, figures_parameters, namespace_figures
+from timekeeper.store.usage.models import RUNNING_POD, PodCoverage
 
 # The ingest statements run on the session's psycopg connection in pipeline mode (IngestStatements): a
 # batch reads in one round trip and writes in another, without SQLAlchemy's per-statement work. A batch

@@ -37,6 +37,7 @@ from timekeeper.routing import document_strict_bodies
 from timekeeper.scheduler.runner import with_scheduler
 from timekeeper.schemas import API_ERRORS
 from timekeeper.settings import Settings, get_settings
+from timekeeper.store.admission.repository import known_namespaces
 from timekeeper.ui import mount_docs, mount_ui
 from timekeeper.usage.batcher import IngestBatcher
 from timekeeper.usage.router import router as usage_router
@@ -84,6 +85,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.engine = engine
     app.state.sessionmaker = build_sessionmaker(engine)
     app.state.read_sessionmaker = build_read_sessionmaker(engine)
+    app.state.known_namespaces = lambda: known_namespaces(app.state.sessionmaker)
     app.state.snapshot_cache = SnapshotCache()
     app.state.chargeback_turns = asyncio.Semaphore(settings.chargeback_exports)
     app.state.access = await build_access_control(settings)

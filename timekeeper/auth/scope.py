@@ -18,18 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-
 from timekeeper.auth.base import AccessControl, Action, Principal
-from timekeeper.store.admission.models import NamespaceStatus
-
-
-async def known_namespaces(sessions: async_sessionmaker[AsyncSession]) -> list[str]:
-    """Every namespace the timekeeper has state for: what `GET /namespaces` lists for a cluster-wide
-    reader (BudgetRepository.figures without a list)."""
-    async with sessions() as session:
-        return list(await session.scalars(sa.select(NamespaceStatus.namespace)))
 
 
 async def readable_namespaces(

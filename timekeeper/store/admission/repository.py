@@ -9,7 +9,7 @@ from typing import cast
 
 import sqlalchemy as sa
 from psycopg.rows import tuple_row
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpuaccounting.admission_state import NamespaceEntry, PriorityPolicy
 from gpuaccounting.wire import BudgetState
@@ -61,6 +61,13 @@ _SNAPSHOT = sa.text(
 _VERSION_AND_DEFAULT = sa.text(
     "SELECT v.version, d.budget_gpu_minutes, d.warn_at_fraction FROM admission_version v, default_budget d"
 )
+
+
+async def known_namespaces(sessions: async_sessionmaker[AsyncSession]) -> list[str]:
+    """Every namespace the timekeeper has state for: what `GET /namespaces` lists for a cluster-wide
+    reader (BudgetRepository.figures without a list)."""
+    async with sessions() as session:
+        return list(await session.scalars(sa.select(NamespaceStatus.namespace)))
 
 
 class AdmissionRepository:

@@ -1,8 +1,8 @@
-"""Namespace states and the admission snapshot the webhooks cache."""
+"""The admission snapshot the webhooks cache, built from the stored states."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -11,21 +11,10 @@ import orjson
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.admission_state import AdmissionState
-from gpuaccounting.wire import BudgetState, format_timestamp
-from timekeeper.domain.figures import NamespaceFigures
-from timekeeper.domain.states import budget_state, figures_state, member_state, pool_state
+from gpuaccounting.wire import format_timestamp
+from timekeeper.domain.states import budget_state
 from timekeeper.settings import Settings
 from timekeeper.store.admission.repository import AdmissionRepository
-from timekeeper.store.budgets.repository import BudgetRepository
-from timekeeper.store.pools.repository import PoolRepository
-
-
-def unpooled_states(figures: Sequence[NamespaceFigures]) -> dict[str, BudgetState] | None:
-    """`AdmissionService.states` when no namespace of `figures` is in a pool: each budget's own rule,
-    which reads nothing (None: some are, and their pools' figures are to be read)."""
-    if any(f.config.pool is not None for f in figures):
-        return None
-    return {f.namespace: figures_state(f) for f in figures}
 
 
 @dataclass
@@ -50,53 +39,7 @@ class SnapshotCache:
 class AdmissionService:
     def __init__(self, session: AsyncSession, settings: Settings) -> None:
         self.repository = AdmissionRepository(session)
-        self.budgets = BudgetRepository(session)
-        self.pools = PoolRepository(session)
         self.settings = settings
-
-    async def restate(self, now: datetime, namespaces: list[str] | None, *, config_changed: bool) -> None:
-        """Recompute the namespaces' stored states (all known ones when None) from their figures now."""
-        await self.record(await self.budgets.figures(now, namespaces), config_changed=config_changed, now=now)
-
-    async def states(
-        self, figures: Sequence[NamespaceFigures], now: datetime, *, lock: bool = False
-    ) -> dict[str, BudgetState]:
-        """The state the figures put each namespace in: its budget's rule, or for a pool member its pool's
-        and its cap's (pools/rules.py), answered for every member of those pools (a charge to one moves
-        them all). Pool members' totals are read here, in their pool's period current at `now`; with
-        `lock`, after locking every state to be written (in name order, the order every writer takes
-        them), so of two members charging at once the second sees the first's charge."""
-        unpooled = unpooled_states(figures)
-        if unpooled is not None:
-            return unpooled
-        states = {f.namespace: figures_state(f) for f in figures if f.config.pool is None}
-        pools = sorted({f.config.pool for f in figures if f.config.pool is not None})
-        members = await self.pools.members(pools, now)
-        if lock:
-            pooled = {member.namespace for listed in members.values() for member in listed}
-            await self.repository.lock_states(sorted(pooled | {f.namespace for f in figures}))
-            members = await self.pools.members(pools, now)
-        configs = {pool.name: pool for pool in await self.pools.pools(pools)}
-        for name, listed in members.items():
-            pool = configs[name]
-            state = pool_state(pool.budget_gpu_minutes, pool.warn_at_fraction, listed)
-            states |= {
-                member.namespace: member_state(state, member, pool.warn_at_fraction) for member in listed
-            }
-        return states
-
-    async def record(
-        self, figures: Sequence[NamespaceFigures], *, config_changed: bool, now: datetime
-    ) -> tuple[dict[str, BudgetState], set[str]]:
-        """The one restate path (ingest, the scheduler's jobs, budget and pool changes): store the state
-        the figures put each namespace in (and every member of their pools, `states`), and bump the
-        snapshot version when a state changed, or always when a configuration did. Answers the states and
-        the namespaces whose state changed."""
-        states = await self.states(figures, now, lock=True)
-        changed = await self.repository.set_states(states)
-        if changed or config_changed:
-            await self.repository.bump_version()
-        return states, changed
 
     async def snapshot_json(
         self,
@@ -110,7 +53,7 @@ class AdmissionService:
         With a `cache`, a version's document is built once (`generated_at` says when) and kept until the
         version moves.
         Reading writes nothing: the roll-over at midnight UTC (when every period begins) is the
-        scheduler's `rollover` job's, which re-states every namespace. The entries are read after the
+        scheduler's `rollover` job's, which refreshes every namespace's state. The entries are read after the
         version, so a change racing this read shows up under the next version rather than hiding under
         this one; the entries left out are those equal to the default entry built from the same read."""
         version, budget, warn_at_fraction = await self.repository.version_and_default()

@@ -1,6 +1,6 @@
 """The sync between GPUBudget objects and the database, run by the scheduler's leader alone: whenever a
 watch sees an object change, and at least every gitops_interval_seconds, it lists the objects, applies
-each spec that differs from the budget in force through BudgetService (so a change is audited, re-states
+each spec that differs from the budget in force through BudgetService (so a change is audited, refreshes
 the namespace and bumps the admission snapshot, as a REST PUT does), returns namespaces whose object is
 gone to the default, and writes every object's status subresource where it changed. Level-based: a new
 leader, a missed pass, a lost watch or a crash mid-pass is repaired by the next pass, and a pass that

@@ -11,7 +11,6 @@ from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from timekeeper.admission.service import AdmissionService
 from timekeeper.budgets.service import end_expired_grants
 from timekeeper.clock import Clock
 from timekeeper.domain.periods import EPOCH, PeriodKind, period_containing
@@ -19,6 +18,7 @@ from timekeeper.scheduler.repository import SchedulerRepository
 from timekeeper.settings import Settings
 from timekeeper.store.budgets.burn import PURGE_MARGIN, BurnRepository
 from timekeeper.store.budgets.repository import BudgetRepository
+from timekeeper.store.states import BudgetStates
 
 
 def floor_to(moment: datetime, step: timedelta) -> datetime:
@@ -31,12 +31,12 @@ class SchedulerService:
 
     def __init__(self, session: AsyncSession, settings: Settings) -> None:
         self.repository = SchedulerRepository(session)
-        self.admission = AdmissionService(session, settings)
+        self.states = BudgetStates(session)
         self.budgets = BudgetRepository(session)
         self.burn = BurnRepository(session)
         self.settings = settings
 
-    async def restate_all(self, now: datetime, window: datetime) -> dict[str, Any]:
+    async def refresh_all_states(self, now: datetime, window: datetime) -> dict[str, Any]:
         """Recompute every known namespace's state (the rule a report uses too) against the totals of
         the period it is in now. This is the period roll-over: every period begins at a UTC midnight, and
         the totals keyed by the new period start at zero used and zero granted (grants lapse with their
@@ -47,7 +47,7 @@ class SchedulerService:
         stop counting first, so a grant's expiry shows within one states_interval."""
         await self.repository.lock_states()
         expired = await end_expired_grants(self.budgets, now)
-        await self.admission.restate(now, None, config_changed=False)
+        await self.states.refresh(now, None, config_changed=False)
         return {"grants_expired_in": expired} if expired else {}
 
     async def close_out(self, now: datetime, window: datetime) -> dict[str, Any]:
@@ -86,13 +86,13 @@ JOBS: tuple[Job, ...] = (
         "rollover",
         lambda s: s.rollover_interval,
         lambda now, s: period_containing(PeriodKind.DAILY, now).start,
-        SchedulerService.restate_all,
+        SchedulerService.refresh_all_states,
     ),
     Job(
         "states",
         lambda s: s.states_interval,
         lambda now, s: floor_to(now, s.states_interval),
-        SchedulerService.restate_all,
+        SchedulerService.refresh_all_states,
     ),
     Job(
         "closeout",

@@ -13,7 +13,6 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.wire import BudgetState
-from timekeeper.admission.service import AdmissionService
 from timekeeper.clock import Clock
 from timekeeper.domain.measurements import NO_FIGURES
 from timekeeper.domain.periods import period_containing
@@ -21,9 +20,9 @@ from timekeeper.domain.states import figures_state
 from timekeeper.domain.weights import charge_share, model_key, resolve_basis, timeline_of
 from timekeeper.errors import TimekeeperError
 from timekeeper.settings import Settings
-from timekeeper.store.admission.repository import AdmissionRepository
 from timekeeper.store.budgets.burn import attribute, burn_rows
 from timekeeper.store.budgets.repository import BudgetRepository
+from timekeeper.store.states import BudgetStates
 from timekeeper.store.usage.repository import (
     BatchWritten,
     GroupBy,
@@ -162,8 +161,7 @@ class IngestService:
     def __init__(self, session: AsyncSession, settings: Settings) -> None:
         self.session = session
         self.usage = UsageRepository(session)
-        self.admission = AdmissionService(session, settings)
-        self.states = AdmissionRepository(session)
+        self.states = BudgetStates(session)
         self.admitted_required = settings.admitted_share_from_pod
 
     async def charge_one(
@@ -261,7 +259,7 @@ class IngestService:
         }
         charges = plan_charges(fresh, uncovered, {ns: f.config for ns, f in figures.items()}, rates)
         namespaces = sorted({report.namespace for report in fresh})
-        # Pool members' states are locked and decided together by AdmissionService.record (all members
+        # Pool members' states are locked and decided together by BudgetStates.store (all members
         # in name order); the batch locks and compares the others' in its write round trip.
         pooled = any(figures[namespace].config.pool is not None for namespace in namespaces)
         written = BatchWritten([], {})
@@ -308,21 +306,21 @@ class IngestService:
                 )
         after = figures_after(figures, written.totals, now)
         changed: set[str] = set()
-        if pooled:  # a pool member's state is its pool's: the one restate path decides, for all members
-            states, changed = await self.admission.record(
+        if pooled:  # a pool member's state is its pool's: BudgetStates.store decides, for all members
+            states, changed = await self.states.store(
                 [after[namespace] for namespace in namespaces], config_changed=False, now=now
             )
         else:
             states = {namespace: figures_state(after[namespace]) for namespace in namespaces}
             moved = [after[ns] for ns in namespaces if written.states.get(ns) != states[ns]]
-            if moved:  # the one restate path, for the states that move (the others stay locked as they are)
-                changed = (await self.admission.record(moved, config_changed=False, now=now))[1]
+            if moved:  # BudgetStates.store, for the states that move (the others stay locked as they are)
+                changed = (await self.states.store(moved, config_changed=False, now=now))[1]
         for namespace in sorted(changed):
             log.info("namespace_state_changed", extra={"namespace": namespace, "state": states[namespace]})
         repeated = sorted(
             {report.namespace for report in accepted if report.pod_uid in read.repeated} - set(states)
         )
-        states |= await self.states.stored_states(repeated)
+        states |= await self.states.repository.stored_states(repeated)
         for report in accepted:
             if report.pod_uid in read.repeated:
                 outcomes[report.pod_uid] = IngestOutcome(

@@ -18,7 +18,7 @@ from timekeeper.store.admission.models import AdmissionVersion, BudgetEvent, Nam
 
 # Inserts a namespace on first sight; touches an existing row only when its state really changes, and
 # then reports it (RETURNING yields a row for an insert or a real update, none otherwise). Two arrays,
-# unnested: one statement of constant size whether a report restates one namespace or a sweep 10,000.
+# unnested: one statement of constant size whether a report stores one namespace's state or a sweep 10,000.
 _SET_STATES = sa.text(
     "INSERT INTO namespace_status (namespace, state) "
     "SELECT * FROM unnest(CAST(:namespaces AS text[]), CAST(:states AS text[])) "

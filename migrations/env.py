@@ -10,7 +10,7 @@ from alembic import context
 
 from timekeeper.db.base import Base
 from timekeeper.db.embedded import embedded_database_url
-from timekeeper.scheduler import models as scheduler
+from timekeeper.periodic import models as scheduler
 from timekeeper.settings import Settings, normalise_database_url
 from timekeeper.store.admission import models as admission
 from timekeeper.store.audit import models as audit

@@ -9,6 +9,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from prometheus_client.registry import Collector
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -31,10 +33,11 @@ from timekeeper.db.session import (
 )
 from timekeeper.health.router import router as health_router
 from timekeeper.metrics import Metrics
+from timekeeper.periodic.jobs import Job, reconcile_job
+from timekeeper.periodic.runner import LeaderService, LeaderWork, with_scheduler
 from timekeeper.pools.router import router as pools_router
 from timekeeper.refusals import install_error_handler
 from timekeeper.routing import document_strict_bodies
-from timekeeper.scheduler.runner import with_scheduler
 from timekeeper.schemas import API_ERRORS
 from timekeeper.settings import Settings, get_settings
 from timekeeper.store.admission.repository import known_namespaces
@@ -109,13 +112,36 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.dispose()
 
 
+async def leader_work(
+    settings: Settings, sessionmaker: async_sessionmaker[AsyncSession], clock: Clock
+) -> LeaderWork:
+    """With `reconcile`, the reconcile pass and the pod watch it needs; with `gitops`, the GPUBudget sync."""
+    jobs: tuple[Job, ...] = ()
+    services: tuple[LeaderService, ...] = ()
+    collectors: tuple[Collector, ...] = ()
+    # Imported only when asked for: they need a cluster, and the Kubernetes client costs a process about
+    # 50 MB and seconds of start-up (docs/kubernetes.md).
+    if settings.reconcile:
+        from timekeeper.reconcile.service import build_reconciler
+
+        reconciler = await build_reconciler(settings, sessionmaker, clock)
+        jobs, services = (*jobs, reconcile_job(reconciler)), (*services, reconciler)
+        collectors = (*collectors, reconciler.pod_metrics)
+    if settings.gitops:
+        from timekeeper.gitops.sync import build_gitops_sync
+
+        sync = await build_gitops_sync(settings, sessionmaker, clock)
+        services, collectors = (*services, sync), (*collectors, sync.metrics)
+    return LeaderWork(jobs, services, collectors)
+
+
 def create_app(settings: Settings | None = None, clock: Clock | None = None) -> FastAPI:
     settings = settings or get_settings()
     app = FastAPI(
         title="GPU Timekeeper",
         version="1",
         summary="Per-namespace GPU-minute budgets, the usage ledger and the admission snapshot.",
-        lifespan=with_scheduler(lifespan),
+        lifespan=with_scheduler(lifespan, leader_work),
         # Its OpenTelemetry hooks would ask the environment for a tracer on every request; the
         # timekeeper's metrics are Prometheus' (timekeeper/metrics.py).
         telemetry={"tracing": False, "metrics": False, "logs": False},

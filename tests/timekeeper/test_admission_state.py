@@ -12,7 +12,7 @@ from gpuaccounting.admission_state import AdmissionState, default_priority_polic
 from tests.support.timekeeper import Api, ok
 from tests.timekeeper.conftest import START
 from timekeeper.clock import ManualClock
-from timekeeper.scheduler.jobs import JOBS_BY_NAME, run_job
+from timekeeper.periodic.jobs import JOBS_BY_NAME, run_job
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from timekeeper.scheduler.models import JobRun
+from timekeeper.periodic.models import JobRun
 from timekeeper.store.admission.models import NamespaceStatus
 from timekeeper.store.usage.models import RUNNING_POD, PodCoverage
 

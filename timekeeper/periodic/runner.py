@@ -8,7 +8,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,8 +23,8 @@ from prometheus_client.registry import Collector
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from timekeeper.clock import Clock
-from timekeeper.scheduler.jobs import JOBS, Job, reconcile_job, run_job
-from timekeeper.scheduler.leader import LeaderElection
+from timekeeper.periodic.jobs import JOBS, Job, run_job
+from timekeeper.periodic.leader import LeaderElection
 from timekeeper.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -229,37 +229,45 @@ class SchedulerCollector(Collector):
         yield from (leader, last_run, last_success, duration, outcome, runs)
 
 
+@dataclass(frozen=True, slots=True)
+class LeaderWork:
+    """What the leader runs beside JOBS: more jobs, services it starts and stops, their metrics."""
+
+    jobs: tuple[Job, ...] = ()
+    services: tuple[LeaderService, ...] = ()
+    collectors: tuple[Collector, ...] = ()
+
+
+# Builds the LeaderWork for these settings (timekeeper.app.leader_work: the reconcile pass, the GitOps sync).
+BuildLeaderWork = Callable[[Settings, async_sessionmaker[AsyncSession], Clock], Awaitable[LeaderWork]]
+
+
 async def build_runner(
     database_url: str,
     sessionmaker: async_sessionmaker[AsyncSession],
     settings: Settings,
     clock: Clock,
     registry: CollectorRegistry | None,
+    leader_work: BuildLeaderWork | None = None,
 ) -> SchedulerRunner:
-    """The runner with every job; with `reconcile`, also the reconcile pass and the pod watch it needs;
-    with `gitops`, the GPUBudget sync (all the leader's alone), wherever the scheduler runs: in the API
-    process or on its own."""
-    jobs: tuple[Job, ...] = JOBS
-    services: tuple[LeaderService, ...] = ()
-    collectors: tuple[Collector, ...] = ()
-    # Imported only when asked for: they need a cluster, and the Kubernetes client costs a process about
-    # 50 MB and seconds of start-up (docs/kubernetes.md).
-    if settings.reconcile:
-        from timekeeper.reconcile.service import build_reconciler
-
-        reconciler = await build_reconciler(settings, sessionmaker, clock)
-        jobs, services = (*jobs, reconcile_job(reconciler)), (*services, reconciler)
-        collectors = (*collectors, reconciler.pod_metrics)
-    if settings.gitops:
-        from timekeeper.gitops.sync import build_gitops_sync
-
-        sync = await build_gitops_sync(settings, sessionmaker, clock)
-        services, collectors = (*services, sync), (*collectors, sync.metrics)
-    return SchedulerRunner(database_url, sessionmaker, settings, clock, registry, jobs, services, collectors)
+    """The runner with every job, and the work `leader_work` builds (all the leader's alone), wherever
+    the scheduler runs: in the API process or on its own."""
+    work = LeaderWork() if leader_work is None else await leader_work(settings, sessionmaker, clock)
+    return SchedulerRunner(
+        database_url,
+        sessionmaker,
+        settings,
+        clock,
+        registry,
+        (*JOBS, *work.jobs),
+        work.services,
+        work.collectors,
+    )
 
 
 def with_scheduler(
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]],
+    leader_work: BuildLeaderWork | None = None,
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     """The app's lifespan, plus (when scheduler_enabled) this replica competing to run the jobs, on the
     engine and sessionmaker the lifespan built; app.state.scheduler is the runner (or None)."""
@@ -276,6 +284,7 @@ def with_scheduler(
                     settings,
                     app.state.clock,
                     app.state.metrics.registry,
+                    leader_work,
                 )
                 runner.start()
             app.state.scheduler = runner

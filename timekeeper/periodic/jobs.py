@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from timekeeper.budgets.service import end_expired_grants
 from timekeeper.clock import Clock
 from timekeeper.domain.periods import EPOCH, PeriodKind, period_containing
-from timekeeper.scheduler.repository import SchedulerRepository
+from timekeeper.periodic.repository import SchedulerRepository
 from timekeeper.settings import Settings
 from timekeeper.store.budgets.burn import PURGE_MARGIN, BurnRepository
 from timekeeper.store.budgets.repository import BudgetRepository

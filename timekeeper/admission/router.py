@@ -12,7 +12,6 @@ from timekeeper.admission.service import AdmissionService
 from timekeeper.auth.dependencies import Reader
 from timekeeper.db.session import SessionDep
 from timekeeper.schemas import NamespacePath
-from timekeeper.store.admission.repository import AdmissionRepository
 
 router = APIRouter(tags=["admission"])
 
@@ -57,6 +56,7 @@ async def admission_state(
 
 @router.get("/namespaces/{namespace}/budget/events", response_model=list[BudgetEventOut])
 async def budget_events(
+    request: Request,
     namespace: NamespacePath,
     session: SessionDep,
     _: Reader,
@@ -66,5 +66,6 @@ async def budget_events(
 ) -> list[BudgetEventOut]:
     """The namespace's budget-state transitions (whichever path made them: a report, an admin change,
     a job), newest first; page with before_id."""
-    rows = await AdmissionRepository(session).events(namespace, since, limit, before_id)
+    service = AdmissionService(session, request.app.state.settings)
+    rows = await service.events(namespace, since, limit, before_id)
     return [BudgetEventOut.model_validate(row, from_attributes=True) for row in rows]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -14,6 +14,7 @@ from gpuaccounting.admission_state import AdmissionState
 from gpuaccounting.wire import format_timestamp
 from timekeeper.domain.states import budget_state
 from timekeeper.settings import Settings
+from timekeeper.store.admission.models import BudgetEvent
 from timekeeper.store.admission.repository import AdmissionRepository
 
 
@@ -78,3 +79,9 @@ class AdmissionService:
         if cache is not None:
             cache.put(source, version, body)
         return version, body
+
+    async def events(
+        self, namespace: str, since: datetime | None, limit: int, before_id: int | None
+    ) -> Sequence[BudgetEvent]:
+        """The namespace's state transitions, newest first; page with before_id."""
+        return await self.repository.events(namespace, since, limit, before_id)

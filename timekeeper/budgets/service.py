@@ -13,6 +13,7 @@ from gpuaccounting.admission_state import default_priority_policy, is_over_budge
 from gpuaccounting.wire import BudgetState
 from timekeeper.auth.base import Principal
 from timekeeper.budgets.forecast import forecast
+from timekeeper.budgets.guard import refuse_if_managed
 from timekeeper.budgets.schemas import (
     BudgetConfigOut,
     BudgetIn,
@@ -155,6 +156,7 @@ class BudgetReads:
 
 class BudgetService:
     def __init__(self, session: AsyncSession, settings: Settings, clock: Clock) -> None:
+        self.session = session
         self.repository = BudgetRepository(session)
         self.audit = AuditRepository(session)
         self.states = BudgetStates(session)
@@ -164,6 +166,10 @@ class BudgetService:
 
     async def status(self, namespace: str) -> NamespaceBudgetOut:
         return await self.reads.status(namespace)
+
+    async def refuse_if_managed(self, namespace: str | None) -> None:
+        """409 when a Kubernetes object governs the budget (None: the default) a REST call would change."""
+        await refuse_if_managed(self.session, namespace)
 
     async def all(self) -> list[NamespaceBudgetOut]:
         return await self.reads.all()

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from gpuaccounting.wire import GPU_STATUSES, GpuStatus
 
 _T = TypeVar("_T", Decimal, int)
+# How a usage answer groups its rows.
+GroupBy = Literal["pod", "hour", "day", "model"]
 _PCT = Decimal("0.001")
 _JOULES = Decimal("0.001")
 

@@ -20,11 +20,11 @@ from timekeeper.auth.dependencies import (
     check_pod_identity,
 )
 from timekeeper.db.session import SessionDep
+from timekeeper.domain.measurements import GroupBy
 from timekeeper.metrics import Metrics
 from timekeeper.refusals import REFUSALS
 from timekeeper.routing import json_body, reads_body
 from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
-from timekeeper.store.usage.repository import GroupBy
 from timekeeper.usage.efficiency import EfficiencyService
 from timekeeper.usage.schemas import EfficiencyOut, IdleReportOut, ReportAck, ReportIn, UsageOut
 from timekeeper.usage.service import AdmittedShareUnknown, IngestOutcome, UsageService, check_report

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.wire import BudgetState
 from timekeeper.clock import Clock
-from timekeeper.domain.measurements import NO_FIGURES
+from timekeeper.domain.measurements import NO_FIGURES, GroupBy
 from timekeeper.domain.periods import period_containing
 from timekeeper.domain.states import figures_state
 from timekeeper.domain.weights import charge_share, model_key, resolve_basis, timeline_of
@@ -25,7 +25,6 @@ from timekeeper.store.budgets.repository import BudgetRepository
 from timekeeper.store.states import BudgetStates
 from timekeeper.store.usage.repository import (
     BatchWritten,
-    GroupBy,
     IngestStatements,
     UsageRepository,
     batch_json,

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Literal, NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import orjson
 import psycopg
@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpuaccounting.wire import BudgetState
 from timekeeper.db.driver import PLANNING_SQL
 from timekeeper.domain.figures import NamespaceFigures, TotalKey
-from timekeeper.domain.measurements import FigureSums
+from timekeeper.domain.measurements import FigureSums, GroupBy
 from timekeeper.domain.periods import Interval
 from timekeeper.domain.weights import WeightTimeline
 from timekeeper.store.billing.repository import (
@@ -170,8 +170,6 @@ _USAGE_SOURCE_OF_NAMESPACES = _SOURCE_OF.format(
     namespace_of_l="(CAST(:namespaces AS text[]) IS NULL OR l.namespace = ANY(CAST(:namespaces AS text[])))",
     namespace_of_h="(CAST(:namespaces AS text[]) IS NULL OR h.namespace = ANY(CAST(:namespaces AS text[])))",
 )
-
-GroupBy = Literal["pod", "hour", "day", "model"]
 UNKNOWN_MODEL = "unknown"
 _USAGE_PIECE = {
     "pod": ("s.pod", "r", ""),

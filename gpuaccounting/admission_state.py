@@ -3,7 +3,8 @@
 Served at `GET /api/v1/admission-state` with `ETag: "<version>"`; a poll with `If-None-Match` answers 304
 while nothing changed, so polling is cheap. The version only grows.
 
-Shape (JSON):
+The TypedDicts below are its one schema: the timekeeper builds the document with them, the webhook
+validates a poll's answer against them (webhook/state.py), `compact` builds it for stand-ins. Shape (JSON):
     {
       "version": 42,
       "generated_at": "2026-11-22T00:00:00Z",
@@ -109,11 +110,11 @@ def resolve(state: AdmissionState) -> tuple[NamespaceAdmission, dict[str, Namesp
         index = entry["priority_policy"]
         if not 0 <= index < len(policies):
             raise ValueError(f"priority_policy {index} is not an index into {len(policies)} policies")
-        return {
-            "state": entry["state"],
-            "max_gpu_share_per_pod": entry["max_gpu_share_per_pod"],
-            "priority_policy": policies[index],
-        }
+        return NamespaceAdmission(
+            state=entry["state"],
+            max_gpu_share_per_pod=entry["max_gpu_share_per_pod"],
+            priority_policy=policies[index],
+        )
 
     return resolved(state["default"]), {name: resolved(e) for name, e in state["namespaces"].items()}
 
@@ -134,20 +135,20 @@ def compact(
         policy = admission["priority_policy"]
         if policy not in policies:
             policies.append(policy)
-        return {
-            "state": admission["state"],
-            "max_gpu_share_per_pod": admission["max_gpu_share_per_pod"],
-            "priority_policy": policies.index(policy),
-        }
+        return NamespaceEntry(
+            state=admission["state"],
+            max_gpu_share_per_pod=admission["max_gpu_share_per_pod"],
+            priority_policy=policies.index(policy),
+        )
 
-    return {
-        "version": version,
-        "generated_at": generated_at,
-        "priority_classes": priority_classes,
-        "priority_policies": policies,  # filled in as the entries below are made
-        "default": entry(default),
-        "namespaces": {name: entry(a) for name, a in sorted(namespaces.items()) if a != default},
-    }
+    return AdmissionState(
+        version=version,
+        generated_at=generated_at,
+        priority_classes=priority_classes,
+        priority_policies=policies,  # filled in as the entries below are made
+        default=entry(default),
+        namespaces={name: entry(a) for name, a in sorted(namespaces.items()) if a != default},
+    )
 
 
 def is_exempt(

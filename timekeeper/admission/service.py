@@ -10,7 +10,7 @@ from decimal import Decimal
 import orjson
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpuaccounting.admission_state import AdmissionState
+from gpuaccounting.admission_state import AdmissionState, NamespaceEntry, PriorityClassNames
 from gpuaccounting.wire import format_timestamp
 from timekeeper.domain.states import budget_state
 from timekeeper.settings import Settings
@@ -64,17 +64,19 @@ class AdmissionService:
             return version, built
         default_state = budget_state(budget, Decimal(0), Decimal(0), warn_at_fraction)
         policies, default_share, namespaces = await self.repository.snapshot(default_state)
-        document: AdmissionState = {
-            "version": version,
-            "generated_at": format_timestamp(now),
-            "priority_classes": {
-                "in_budget": self.settings.in_budget_priority_class,
-                "over_budget": self.settings.over_budget_priority_class,
-            },
-            "priority_policies": policies,
-            "default": {"state": default_state, "max_gpu_share_per_pod": default_share, "priority_policy": 0},
-            "namespaces": namespaces,
-        }
+        document = AdmissionState(
+            version=version,
+            generated_at=format_timestamp(now),
+            priority_classes=PriorityClassNames(
+                in_budget=self.settings.in_budget_priority_class,
+                over_budget=self.settings.over_budget_priority_class,
+            ),
+            priority_policies=policies,
+            default=NamespaceEntry(
+                state=default_state, max_gpu_share_per_pod=default_share, priority_policy=0
+            ),
+            namespaces=namespaces,
+        )
         body = orjson.dumps(document)
         if cache is not None:
             cache.put(source, version, body)

@@ -131,11 +131,9 @@ class AdmissionRepository:
         namespaces: dict[str, NamespaceEntry] = {}
         for namespace, state, share, policy, document in rows:
             if namespace is not None:
-                namespaces[namespace] = {
-                    "state": state,
-                    "max_gpu_share_per_pod": share,
-                    "priority_policy": policy,
-                }
+                namespaces[namespace] = NamespaceEntry(
+                    state=state, max_gpu_share_per_pod=share, priority_policy=policy
+                )
             else:
                 policies[policy] = document
                 if policy == 0:

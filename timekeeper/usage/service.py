@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.wire import BudgetState
 from timekeeper.clock import Clock
+from timekeeper.domain.figures import NamespaceFigures
 from timekeeper.domain.measurements import NO_FIGURES, GroupBy
 from timekeeper.domain.periods import period_containing
 from timekeeper.domain.states import figures_state
@@ -24,6 +25,7 @@ from timekeeper.store.budgets.burn import attribute, burn_rows
 from timekeeper.store.budgets.repository import BudgetRepository
 from timekeeper.store.states import BudgetStates
 from timekeeper.store.usage.repository import (
+    BatchRead,
     BatchWritten,
     IngestStatements,
     UsageRepository,
@@ -191,131 +193,35 @@ class IngestService:
         models: Mapping[str, str] | None = None,
         admitted: Mapping[str, Decimal] | None = None,
     ) -> list[IngestOutcome | TimekeeperError]:
-        """Charge a batch of reports, at most one per pod: for each, the part of its interval its pod has
-        not been charged for, split at period boundaries, with its ledger row, its pod's coverage, the
-        running totals and its namespace's state. The same few round trips whatever the batch's size:
-        read (figures, pods locked, repeats), plan, write (ledger, coverage, totals; the stored states
-        locked), and record the states that change, when any do.
-        Answers in the reports' order; a report refused (its pod_uid belongs to another namespace) gets
-        its error and changes nothing. `from_sidecar=False` (the reconciler charging silent time) leaves
-        the pod's last report time alone; `models` (pod_uid -> GPU model, from the pod's node) stand in
-        for reports that name no GPU model, `admitted` (pod_uid -> share read from the pod) for pods
-        whose admitted share is not kept yet. Each report is charged at its rate: its charge share (the
-        namespace's charge basis, of its pod's admitted share) x the weight of its pod's GPU model at each
-        moment (billing/)."""
-        told = models or {}
-        given = admitted or {}
+        """Charge a batch of reports, at most one per pod, in the same few round trips whatever its size:
+        read (pods locked), plan without the database, write, store the states that change. Answers in the
+        reports' order; a refused report gets its error and changes nothing.
+        `from_sidecar=False` (the reconciler charging silent time) leaves the pod's last report time alone;
+        `models` (pod_uid -> GPU model, from the pod's node) stand in for reports that name no GPU model,
+        `admitted` (pod_uid -> share read from the pod) for pods whose admitted share is not kept yet."""
         in_order = sorted(reports, key=lambda report: report.pod_uid)
         statements = await IngestStatements.of(self.session)
-        read = await statements.read(
-            batch_json(
-                [
-                    pod_row(
-                        report, reported_model(report) or told.get(report.pod_uid), given.get(report.pod_uid)
-                    )
-                    for report in in_order
-                ]
-            ),
-            sorted({report.namespace for report in in_order}),
-            (min(r.interval_start for r in in_order), max(r.interval_end for r in in_order)),
-            now,
-            from_sidecar=from_sidecar,
-        )
-        figures = {f.namespace: f for f in read.figures}
-        uncovered = read.uncovered
-        outcomes: dict[str, IngestOutcome | TimekeeperError] = {}
-        refused = [report.pod_uid for report in in_order if report.pod_uid not in uncovered]
-        if refused:
-            for pod_uid, owner in (await self.usage.owners(refused)).items():
-                outcomes[pod_uid] = TimekeeperError(f"pod_uid {pod_uid} reports for namespace {owner}", 409)
-        accepted = [report for report in in_order if report.pod_uid in uncovered]
-        # Each pod's share: the admitted one (kept, else given), else the report's where reports are
-        # trusted (static auth mode); a report stating another is counted and its pod logged once.
-        shares: dict[str, Decimal] = {}
-        for report in accepted:
-            if report.pod_uid in read.repeated:
-                continue
-            share = read.admitted[report.pod_uid]
-            if share is None and self.admitted_required:
-                outcomes[report.pod_uid] = AdmittedShareUnknown(report.pod_uid)
-            else:
-                shares[report.pod_uid] = report.gpu_share if share is None else share
+        read = await self._read(statements, in_order, now, from_sidecar, models or {}, admitted or {})
+        outcomes = await self._refuse_foreign_pods(in_order, read)
+        accepted = [report for report in in_order if report.pod_uid in read.uncovered]
+        shares = self._shares(accepted, read, outcomes)
         fresh = [report for report in accepted if report.pod_uid in shares]
-        differing = {
-            report.pod_uid for report in fresh if from_sidecar and shares[report.pod_uid] != report.gpu_share
-        }
-        measured = {report.pod_uid: measure(report) for report in fresh}
-        rates = {
-            report.pod_uid: Rate(
-                charge_share(
-                    shares[report.pod_uid],
-                    resolve_basis(report.namespace, read.bases)[0],
-                    measured[report.pod_uid].mean_sm_util_pct,
-                ),
-                timeline_of(read.models[report.pod_uid], read.weights),
-            )
-            for report in fresh
-        }
-        charges = plan_charges(fresh, uncovered, {ns: f.config for ns, f in figures.items()}, rates)
+        plan = _plan(fresh, read, shares, from_sidecar)
+        figures = {f.namespace: f for f in read.figures}
         namespaces = sorted({report.namespace for report in fresh})
         # Pool members' states are locked and decided together by BudgetStates.store (all members
         # in name order); the batch locks and compares the others' in its write round trip.
         pooled = any(figures[namespace].config.pool is not None for namespace in namespaces)
         written = BatchWritten([], {})
         if fresh:
-            added = plan_totals(fresh, charges)
-            ledger = [
-                ledger_row(
-                    report,
-                    measured[report.pod_uid],
-                    charges[report.pod_uid].gpu_minutes,
-                    shares[report.pod_uid],
-                    rates[report.pod_uid],
-                    read.models[report.pod_uid],
-                    covers=bool(uncovered[report.pod_uid]),
-                )
-                for report in fresh
-            ]
-            written = await statements.write(
-                batch_json(ledger),
-                len(fresh),
-                batch_json(
-                    [
-                        {"namespace": ns, "period_kind": kind, "period_start": start, "used": str(amount)}
-                        for (ns, kind, start), amount in added.items()
-                    ]
-                )
-                if added
-                else None,
-                [] if pooled else namespaces,
-                now,
-                burn_json(fresh, charges, uncovered),
-                sorted(differing),
+            written = await self._write(
+                statements, fresh, read, plan, shares, [] if pooled else namespaces, now
             )
-        for report in fresh if written.mismatched else ():
-            if report.pod_uid in written.mismatched:  # its first report at another share: logged once
-                log.warning(
-                    "report_share_differs",
-                    extra={
-                        "namespace": report.namespace,
-                        "pod": report.pod,
-                        "reported_share": str(report.gpu_share),
-                        "admitted_share": str(shares[report.pod_uid]),
-                    },
-                )
+            _log_share_mismatches(fresh, written.mismatched, shares)
         after = figures_after(figures, written.totals, now)
-        changed: set[str] = set()
-        if pooled:  # a pool member's state is its pool's: BudgetStates.store decides, for all members
-            states, changed = await self.states.store(
-                [after[namespace] for namespace in namespaces], config_changed=False, now=now
-            )
-        else:
-            states = {namespace: figures_state(after[namespace]) for namespace in namespaces}
-            moved = [after[ns] for ns in namespaces if written.states.get(ns) != states[ns]]
-            if moved:  # BudgetStates.store, for the states that move (the others stay locked as they are)
-                changed = (await self.states.store(moved, config_changed=False, now=now))[1]
-        for namespace in sorted(changed):
-            log.info("namespace_state_changed", extra={"namespace": namespace, "state": states[namespace]})
+        states = await self._store_states(
+            [after[namespace] for namespace in namespaces], written, pooled, now
+        )
         repeated = sorted(
             {report.namespace for report in accepted if report.pod_uid in read.repeated} - set(states)
         )
@@ -328,11 +234,174 @@ class IngestService:
             elif report.pod_uid in shares:
                 outcomes[report.pod_uid] = IngestOutcome(
                     False,
-                    charges[report.pod_uid].gpu_minutes,
+                    plan.charges[report.pod_uid].gpu_minutes,
                     states[report.namespace],
-                    share_differs=report.pod_uid in differing,
+                    share_differs=report.pod_uid in plan.differing,
                 )
         return [outcomes[report.pod_uid] for report in reports]
+
+    async def _read(
+        self,
+        statements: IngestStatements,
+        in_order: Sequence[ReportIn],
+        now: datetime,
+        from_sidecar: bool,
+        models: Mapping[str, str],
+        admitted: Mapping[str, Decimal],
+    ) -> BatchRead:
+        """Lock the batch's pods and read what its plan needs, in one round trip."""
+        pods = [
+            pod_row(
+                report, reported_model(report) or models.get(report.pod_uid), admitted.get(report.pod_uid)
+            )
+            for report in in_order
+        ]
+        return await statements.read(
+            batch_json(pods),
+            sorted({report.namespace for report in in_order}),
+            (min(r.interval_start for r in in_order), max(r.interval_end for r in in_order)),
+            now,
+            from_sidecar=from_sidecar,
+        )
+
+    async def _refuse_foreign_pods(
+        self, in_order: Sequence[ReportIn], read: BatchRead
+    ) -> dict[str, IngestOutcome | TimekeeperError]:
+        """A 409 for each report whose pod_uid belongs to another namespace."""
+        outcomes: dict[str, IngestOutcome | TimekeeperError] = {}
+        refused = [report.pod_uid for report in in_order if report.pod_uid not in read.uncovered]
+        if refused:
+            for pod_uid, owner in (await self.usage.owners(refused)).items():
+                outcomes[pod_uid] = TimekeeperError(f"pod_uid {pod_uid} reports for namespace {owner}", 409)
+        return outcomes
+
+    def _shares(
+        self,
+        accepted: Sequence[ReportIn],
+        read: BatchRead,
+        outcomes: dict[str, IngestOutcome | TimekeeperError],
+    ) -> dict[str, Decimal]:
+        """Each new report's pod share: the admitted one (kept, else given), else the report's where
+        reports are trusted (static auth mode); without one where it is required, the report is refused."""
+        shares: dict[str, Decimal] = {}
+        for report in accepted:
+            if report.pod_uid in read.repeated:
+                continue
+            share = read.admitted[report.pod_uid]
+            if share is None and self.admitted_required:
+                outcomes[report.pod_uid] = AdmittedShareUnknown(report.pod_uid)
+            else:
+                shares[report.pod_uid] = report.gpu_share if share is None else share
+        return shares
+
+    async def _write(
+        self,
+        statements: IngestStatements,
+        fresh: Sequence[ReportIn],
+        read: BatchRead,
+        plan: ChargePlan,
+        shares: Mapping[str, Decimal],
+        lock_states_of: list[str],
+        now: datetime,
+    ) -> BatchWritten:
+        """Write the plan in one round trip: ledger rows, coverage, totals, burn buckets, and the stored
+        states of `lock_states_of` locked."""
+        ledger = [
+            ledger_row(
+                report,
+                plan.measured[report.pod_uid],
+                plan.charges[report.pod_uid].gpu_minutes,
+                shares[report.pod_uid],
+                plan.rates[report.pod_uid],
+                read.models[report.pod_uid],
+                covers=bool(read.uncovered[report.pod_uid]),
+            )
+            for report in fresh
+        ]
+        added = plan_totals(fresh, plan.charges)
+        totals = [
+            {"namespace": ns, "period_kind": kind, "period_start": start, "used": str(amount)}
+            for (ns, kind, start), amount in added.items()
+        ]
+        return await statements.write(
+            batch_json(ledger),
+            len(fresh),
+            batch_json(totals) if added else None,
+            lock_states_of,
+            now,
+            burn_json(fresh, plan.charges, read.uncovered),
+            sorted(plan.differing),
+        )
+
+    async def _store_states(
+        self, after: list[NamespaceFigures], written: BatchWritten, pooled: bool, now: datetime
+    ) -> dict[str, BudgetState]:
+        """The charged namespaces' states from their figures after the batch, stored where they moved."""
+        changed: set[str] = set()
+        if pooled:  # a pool member's state is its pool's: BudgetStates.store decides, for all members
+            states, changed = await self.states.store(after, config_changed=False, now=now)
+        else:
+            states = {figures.namespace: figures_state(figures) for figures in after}
+            moved = [
+                figures
+                for figures in after
+                if written.states.get(figures.namespace) != states[figures.namespace]
+            ]
+            if moved:  # BudgetStates.store, for the states that move (the others stay locked as they are)
+                changed = (await self.states.store(moved, config_changed=False, now=now))[1]
+        for namespace in sorted(changed):
+            log.info("namespace_state_changed", extra={"namespace": namespace, "state": states[namespace]})
+        return states
+
+
+@dataclass(frozen=True, slots=True)
+class ChargePlan:
+    """What a batch charges, decided without the database (usage/planning.py)."""
+
+    measured: dict[str, Measured]  # by pod_uid
+    rates: dict[str, Rate]
+    charges: dict[str, ReportCharge]
+    differing: set[str]  # pod_uids whose report states another share than the admitted one
+
+
+def _plan(
+    fresh: Sequence[ReportIn], read: BatchRead, shares: Mapping[str, Decimal], from_sidecar: bool
+) -> ChargePlan:
+    """Each report's rate (its charge share, of its pod's share, x its GPU model's weight) and charge."""
+    measured = {report.pod_uid: measure(report) for report in fresh}
+    rates = {
+        report.pod_uid: Rate(
+            charge_share(
+                shares[report.pod_uid],
+                resolve_basis(report.namespace, read.bases)[0],
+                measured[report.pod_uid].mean_sm_util_pct,
+            ),
+            timeline_of(read.models[report.pod_uid], read.weights),
+        )
+        for report in fresh
+    }
+    configs = {figures.namespace: figures.config for figures in read.figures}
+    differing = {
+        report.pod_uid for report in fresh if from_sidecar and shares[report.pod_uid] != report.gpu_share
+    }
+    return ChargePlan(measured, rates, plan_charges(fresh, read.uncovered, configs, rates), differing)
+
+
+def _log_share_mismatches(
+    fresh: Sequence[ReportIn], mismatched: set[str], shares: Mapping[str, Decimal]
+) -> None:
+    """A pod's first report at another share than its admitted one is logged, once."""
+    for report in fresh if mismatched else ():
+        if report.pod_uid in mismatched:
+            log.warning(
+                "report_share_differs",
+                extra={
+                    "namespace": report.namespace,
+                    "pod": report.pod,
+                    "reported_share": str(report.gpu_share),
+                    "admitted_share": str(shares[report.pod_uid]),
+                },
+            )
 
 
 class UsageService:

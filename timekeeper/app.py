@@ -90,7 +90,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.read_sessionmaker = build_read_sessionmaker(engine)
     app.state.known_namespaces = lambda: known_namespaces(app.state.sessionmaker)
     app.state.snapshot_cache = SnapshotCache()
-    app.state.chargeback_turns = asyncio.Semaphore(settings.chargeback_exports)
+    app.state.chargeback_export_slots = asyncio.Semaphore(settings.chargeback_exports)
     app.state.access = await build_access_control(settings)
     app.state.pod_shares = None
     if settings.admitted_share_from_pod:  # the Kubernetes client only where it is used

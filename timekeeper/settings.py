@@ -87,7 +87,7 @@ class Settings(BaseSettings):
     chargeback_exports: int = Field(
         default=1,
         ge=1,
-        description="Chargeback exports one timekeeper process streams at once; others wait their turn.",
+        description="Chargeback exports one timekeeper process streams at once; others wait.",
     )
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, description="Largest accepted request body.")
     # What one client may cost the server (docs/security.md, "Hostile clients"), per worker process.

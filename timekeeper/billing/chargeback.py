@@ -71,12 +71,12 @@ def cost(raw_gpu_minutes: Decimal, price_per_gpu_hour: Decimal | None) -> Decima
     return (raw_gpu_minutes / _MINUTES_PER_HOUR * price_per_gpu_hour).quantize(_CENT_FRACTION)
 
 
-async def in_turn(
-    turns: asyncio.Semaphore, rows: AsyncIterator[dict[str, object]]
+async def limited_export(
+    exports: asyncio.Semaphore, rows: AsyncIterator[dict[str, object]]
 ) -> AsyncIterator[dict[str, object]]:
-    """`rows` once a turn is free (TIMEKEEPER_CHARGEBACK_EXPORTS at once): an export reads every ledger
-    row of its range, and several at once would take the database's cores from ingest."""
-    async with turns:
+    """`rows` once `exports` admits one more (TIMEKEEPER_CHARGEBACK_EXPORTS at once): an export reads every
+    ledger row of its range, and several at once would take the database's cores from ingest."""
+    async with exports:
         async for row in rows:
             yield row
 

@@ -100,7 +100,7 @@ def pod_row(
 ) -> dict[str, Any]:
     """A report as the statements that lock and cover its pod read it (IngestStatements), with the GPU
     model and the admitted share given (the lock reads them: the model the report's own, else the one its
-    node told the caller, the share the one the caller read from the pod; the coverage does not)."""
+    node gave the caller, the share the one the caller read from the pod; the coverage does not)."""
     return {
         "pod_uid": report.pod_uid,
         "namespace": report.namespace,

@@ -32,7 +32,7 @@ _WEIGHTS_OF = (
 # What a batch's charges need besides its pods: the weights of the GPU models its reports name (`pods`:
 # the batch's pod rows, batch_json with gpu_model) and those models (NULL when no weight is set at all:
 # then every model counts 1 and nothing is looked up); and the charge basis rows of the batch's namespaces
-# and the cluster. A pod keeps the first model told, so one may have a model its report does not name:
+# and the cluster. A pod keeps the first model known, so one may have a model its report does not name:
 # the caller reads those with WEIGHTS (a round trip, only then). The models come from the reports, not
 # from the pods' rows: a lookup of the batch's pods would be planned once, on a young table, as a scan.
 # Run by the ingest's pipelined read (usage/repository.py IngestStatements), in the driver's style.

@@ -87,8 +87,8 @@ class PodCoverage(Base):
     # Set by the close-out job when the pod stopped reporting; a later report (last_report_at from then on)
     # makes the pod running again.
     closed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    # The GPU model the pod got, from whichever told first: the node's GPU Feature Discovery label (the
-    # reconciler) or the sidecar's NVML device name (a report). Fixed once known.
+    # The GPU model the pod got, from whichever source named it first: the node's GPU Feature Discovery
+    # label (the reconciler) or the sidecar's NVML device name (a report). Fixed once known.
     gpu_model: Mapped[str | None] = mapped_column(Text)
     # The GPU share admission admitted the pod at (the webhook's annotation, else its GPU requests; 0: it
     # holds no GPU), from the pod watch or a read of the pod: what its time is charged at, whatever a

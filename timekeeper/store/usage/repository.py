@@ -57,7 +57,7 @@ _REPORTS = (
 # already known in another namespace is neither touched nor answered. `last_report_at` records a sign of
 # life from the sidecar: a charge made without one (the reconciler's, for silent time) leaves it alone,
 # and a pod first seen that way counts as silent since the start of that charge. The pod's GPU model is the
-# first one told (billing weights), and so is its admitted share (the charge's): kept once known, and
+# first one known (billing weights), and so is its admitted share (the charge's): kept once known, and
 # answered.
 _LOCK_PODS = (
     f"WITH r AS (SELECT * FROM {_PODS}), locked AS ("
@@ -406,7 +406,7 @@ class IngestStatements:
         unread = inputs.unread(models.values())
         if not unread:
             return read
-        # A pod whose model was told before and is not what its report names (or names none).
+        # A pod whose model was known before and is not what its report names (or names none).
         cursor = await connection.execute(WEIGHTS, weights_parameters(sorted(unread), *span))
         row = await cursor.fetchone()
         assert row is not None, "an aggregate answers one row"

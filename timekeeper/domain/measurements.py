@@ -36,7 +36,7 @@ def statuses_of(bits: int) -> list[GpuStatus]:
 
 
 @dataclass(frozen=True, slots=True)
-class FigureSums:
+class MeasurementSums:
     """A usage row's figures as the query adds them up; `+` folds two rows (the namespace's totals)."""
 
     util_seconds: Decimal | None
@@ -48,8 +48,8 @@ class FigureSums:
     energy_joules: Decimal | None
     gpu_status_bits: int
 
-    def __add__(self, other: FigureSums) -> FigureSums:
-        return FigureSums(
+    def __add__(self, other: MeasurementSums) -> MeasurementSums:
+        return MeasurementSums(
             _add(self.util_seconds, other.util_seconds),
             self.util_covered_seconds + other.util_covered_seconds,
             _max(self.peak_sm_util_pct, other.peak_sm_util_pct),
@@ -75,7 +75,7 @@ class FigureSums:
         return {prefix + name: value for name, value in fields.items()}
 
 
-NO_FIGURES = FigureSums(None, Decimal(0), None, None, Decimal(0), None, None, 0)
+NO_MEASUREMENTS = MeasurementSums(None, Decimal(0), None, None, Decimal(0), None, None, 0)
 
 
 def _add(a: _T | None, b: _T | None) -> _T | None:

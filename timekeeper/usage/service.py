@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpuaccounting.wire import BudgetState
 from timekeeper.clock import Clock
 from timekeeper.domain.figures import NamespaceFigures
-from timekeeper.domain.measurements import NO_FIGURES, GroupBy
+from timekeeper.domain.measurements import NO_MEASUREMENTS, GroupBy
 from timekeeper.domain.periods import period_containing
 from timekeeper.domain.states import figures_state
 from timekeeper.domain.weights import charge_share, model_key, resolve_basis, timeline_of
@@ -423,7 +423,7 @@ class UsageService:
         if until <= since:
             raise TimekeeperError("until must be after since", 422)
         found = await self.repository.usage(namespace, since, until, group_by)
-        totals = sum((row.figures for row in found), NO_FIGURES)
+        totals = sum((row.figures for row in found), NO_MEASUREMENTS)
         return UsageOut(
             namespace=namespace,
             since=since,

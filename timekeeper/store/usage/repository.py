@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpuaccounting.wire import BudgetState
 from timekeeper.db.driver import PLANNING_SQL
 from timekeeper.domain.figures import NamespaceFigures, TotalKey
-from timekeeper.domain.measurements import FigureSums, GroupBy
+from timekeeper.domain.measurements import GroupBy, MeasurementSums
 from timekeeper.domain.periods import Interval
 from timekeeper.domain.weights import WeightTimeline
 from timekeeper.store.billing.repository import (
@@ -280,7 +280,7 @@ class UsageFound(NamedTuple):
     gpu_minutes: Decimal
     raw_gpu_minutes: Decimal
     reports: int
-    figures: FigureSums
+    figures: MeasurementSums
 
 
 def usage_found(row: Any) -> UsageFound:
@@ -290,7 +290,7 @@ def usage_found(row: Any) -> UsageFound:
         row.minutes,
         row.raw_minutes,
         int(row.reports),
-        FigureSums(
+        MeasurementSums(
             util_seconds=row.util_seconds,
             util_covered_seconds=row.util_covered_seconds,
             peak_sm_util_pct=row.util_peak,

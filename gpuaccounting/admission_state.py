@@ -92,7 +92,7 @@ class PriorityClassNames(TypedDict):
     over_budget: str
 
 
-class AdmissionState(TypedDict):
+class AdmissionSnapshot(TypedDict):
     version: int
     generated_at: str
     priority_classes: PriorityClassNames
@@ -101,7 +101,7 @@ class AdmissionState(TypedDict):
     namespaces: dict[str, NamespaceEntry]
 
 
-def resolve(state: AdmissionState) -> tuple[NamespaceAdmission, dict[str, NamespaceAdmission]]:
+def resolve(state: AdmissionSnapshot) -> tuple[NamespaceAdmission, dict[str, NamespaceAdmission]]:
     """The default's and every listed namespace's resolved entry (ValueError: an index names no
     policy). Entries with the same policy share one PriorityPolicy object."""
     policies = state["priority_policies"]
@@ -125,7 +125,7 @@ def compact(
     priority_classes: PriorityClassNames,
     default: NamespaceAdmission,
     namespaces: dict[str, NamespaceAdmission],
-) -> AdmissionState:
+) -> AdmissionSnapshot:
     """The snapshot of resolved entries, in the published form: distinct policies listed once (the
     default's first) and the entries that equal the default's left out. (The timekeeper builds the same
     form in SQL; this is the reference for stand-ins and tests.)"""
@@ -141,7 +141,7 @@ def compact(
             priority_policy=policies.index(policy),
         )
 
-    return AdmissionState(
+    return AdmissionSnapshot(
         version=version,
         generated_at=generated_at,
         priority_classes=priority_classes,

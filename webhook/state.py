@@ -16,7 +16,7 @@ from typing import Any, Literal, cast, get_args, get_origin, get_type_hints, is_
 import httpx
 from pydantic import BaseModel, create_model
 
-from gpuaccounting.admission_state import AdmissionState, NamespaceAdmission, resolve
+from gpuaccounting.admission_state import AdmissionSnapshot, NamespaceAdmission, resolve
 from gpuaccounting.backoff import Backoff
 from gpuaccounting.counters import start_at_zero
 from gpuaccounting.names import ADMISSION_STATE_PATH
@@ -44,12 +44,12 @@ class BudgetStateCache:
     def __init__(self, max_age_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_age_seconds = max_age_seconds
         self._clock = clock
-        self.snapshot: AdmissionState | None = None
+        self.snapshot: AdmissionSnapshot | None = None
         self.etag: str | None = None
         self.confirmed_at: float | None = None
         self._resolved: tuple[NamespaceAdmission, dict[str, NamespaceAdmission]] | None = None
 
-    def store(self, snapshot: AdmissionState, etag: str | None) -> None:
+    def store(self, snapshot: AdmissionSnapshot, etag: str | None) -> None:
         """Keep a snapshot (ValueError, and the last one kept, when an entry names no policy)."""
         self._resolved = resolve(snapshot)
         self.snapshot = snapshot
@@ -94,7 +94,7 @@ def _field_type(hint: Any) -> Any:
 
 # Validated strictly (an index is never a string or a float that happens to convert) and checked against
 # its policies by `resolve`.
-_SNAPSHOT = _model_of(AdmissionState)
+_SNAPSHOT = _model_of(AdmissionSnapshot)
 
 
 class StatePoller:
@@ -140,7 +140,8 @@ class StatePoller:
             else:
                 response.raise_for_status()
                 snapshot = cast(
-                    AdmissionState, _SNAPSHOT.model_validate_json(response.content, strict=True).model_dump()
+                    AdmissionSnapshot,
+                    _SNAPSHOT.model_validate_json(response.content, strict=True).model_dump(),
                 )
                 self.cache.store(snapshot, response.headers.get("etag"))
                 self.metrics.state_version.set(snapshot["version"])

@@ -23,7 +23,7 @@ def _etag(version: int) -> str:
 @router.get(
     "/admission-state",
     responses={
-        200: {"description": "gpuaccounting.admission_state.AdmissionState"},
+        200: {"description": "gpuaccounting.admission_state.AdmissionSnapshot"},
         304: {"description": "unchanged"},
     },
 )
@@ -34,7 +34,7 @@ async def admission_state(
         str | None, Header(description="the ETag of the snapshot the caller holds")
     ] = None,
 ) -> Response:
-    """The gpuaccounting.admission_state.AdmissionState snapshot; 304 when If-None-Match names its
+    """The gpuaccounting.admission_state.AdmissionSnapshot snapshot; 304 when If-None-Match names its
     version. Read in autocommit: polling writes nothing."""
     known = (
         set()

@@ -10,7 +10,7 @@ from decimal import Decimal
 import orjson
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpuaccounting.admission_state import AdmissionState, NamespaceEntry, PriorityClassNames
+from gpuaccounting.admission_state import AdmissionSnapshot, NamespaceEntry, PriorityClassNames
 from gpuaccounting.wire import format_timestamp
 from timekeeper.domain.states import budget_state
 from timekeeper.settings import Settings
@@ -49,7 +49,7 @@ class AdmissionService:
         cache: SnapshotCache | None = None,
         source: object = None,
     ) -> tuple[int, bytes | None]:
-        """The snapshot's version and the gpuaccounting.admission_state.AdmissionState document under it,
+        """The snapshot's version and the gpuaccounting.admission_state.AdmissionSnapshot document under it,
         or None for the document when the caller already has that version (`unchanged`: it answers 304).
         With a `cache`, a version's document is built once (`generated_at` says when) and kept until the
         version moves.
@@ -64,7 +64,7 @@ class AdmissionService:
             return version, built
         default_state = budget_state(budget, Decimal(0), Decimal(0), warn_at_fraction)
         policies, default_share, namespaces = await self.repository.snapshot(default_state)
-        document = AdmissionState(
+        document = AdmissionSnapshot(
             version=version,
             generated_at=format_timestamp(now),
             priority_classes=PriorityClassNames(

@@ -15,8 +15,6 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuaccounting.names import API_PREFIX
-from timekeeper.admission.router import router as admission_router
-from timekeeper.admission.service import SnapshotCache
 from timekeeper.audit.router import router as audit_router
 from timekeeper.auth.digests import TokenDigests
 from timekeeper.auth.factory import build_access_control
@@ -40,7 +38,9 @@ from timekeeper.refusals import install_error_handler
 from timekeeper.routing import document_strict_bodies
 from timekeeper.schemas import API_ERRORS
 from timekeeper.settings import Settings, get_settings
-from timekeeper.store.admission.repository import known_namespaces
+from timekeeper.snapshot.router import router as snapshot_router
+from timekeeper.snapshot.service import SnapshotCache
+from timekeeper.store.states.repository import known_namespaces
 from timekeeper.ui import mount_docs, mount_ui
 from timekeeper.usage.batcher import IngestBatcher
 from timekeeper.usage.router import router as usage_router
@@ -161,7 +161,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
         budgets_router,
         pools_router,
         audit_router,
-        admission_router,
+        snapshot_router,
         billing_router,
         billing_namespaced_router,
         auth_router,

@@ -35,7 +35,7 @@ from timekeeper.settings import Settings
 from timekeeper.store.audit.repository import AuditRepository
 from timekeeper.store.budgets.models import Grant
 from timekeeper.store.budgets.repository import BudgetRepository, statuses_on
-from timekeeper.store.states import BudgetStates, unpooled_states
+from timekeeper.store.states.budget_states import BudgetStates, unpooled_states
 
 
 def config_out(config: BudgetConfig) -> BudgetConfigOut:

@@ -18,7 +18,7 @@ from timekeeper.periodic.repository import SchedulerRepository
 from timekeeper.settings import Settings
 from timekeeper.store.budgets.burn import PURGE_MARGIN, BurnRepository
 from timekeeper.store.budgets.repository import BudgetRepository
-from timekeeper.store.states import BudgetStates
+from timekeeper.store.states.budget_states import BudgetStates
 
 
 def floor_to(moment: datetime, step: timedelta) -> datetime:

@@ -12,7 +12,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from timekeeper.periodic.models import JobRun
-from timekeeper.store.admission.models import NamespaceStatus
+from timekeeper.store.states.models import NamespaceStatus
 from timekeeper.store.usage.models import RUNNING_POD, PodCoverage
 
 __all__ = ["RUNNING_POD", "SchedulerRepository"]

@@ -25,7 +25,7 @@ from timekeeper.store.audit.repository import AuditRepository
 from timekeeper.store.budgets.repository import BudgetRepository
 from timekeeper.store.pools.models import BudgetPool
 from timekeeper.store.pools.repository import PoolRepository
-from timekeeper.store.states import BudgetStates
+from timekeeper.store.states.budget_states import BudgetStates
 
 
 def _number(value: Decimal | None) -> str | None:

@@ -16,8 +16,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import InstrumentedAttribute
 
 from gpuaccounting.wire import BudgetState
-from timekeeper.store.admission.models import NamespaceStatus
 from timekeeper.store.budgets.models import DefaultBudget, NamespaceBudget
+from timekeeper.store.states.models import NamespaceStatus
 from timekeeper.store.usage.models import PodCoverage
 
 _UNCOVERED = sa.text(

@@ -23,7 +23,7 @@ from timekeeper.errors import TimekeeperError
 from timekeeper.settings import Settings
 from timekeeper.store.budgets.burn import attribute, burn_rows
 from timekeeper.store.budgets.repository import BudgetRepository
-from timekeeper.store.states import BudgetStates
+from timekeeper.store.states.budget_states import BudgetStates
 from timekeeper.store.usage.repository import (
     BatchRead,
     BatchWritten,

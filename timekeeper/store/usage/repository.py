@@ -133,7 +133,7 @@ _ADD_BURN = (
     "DO UPDATE SET gpu_minutes = usage_burn.gpu_minutes + excluded.gpu_minutes"
 )
 # The namespaces' stored states, locked after the totals and burn buckets in key order (byte order, as
-# Python sorts the names AdmissionRepository.set_states writes in): the lock order.
+# Python sorts the names StateRepository.set_states writes in): the lock order.
 _LOCK_STATES = (
     "SELECT namespace, state FROM namespace_status WHERE namespace = ANY(%(namespaces)s) "
     'ORDER BY namespace COLLATE "C" FOR UPDATE'

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gpuaccounting.admission_state import NamespaceEntry, PriorityPolicy
 from gpuaccounting.wire import BudgetState
 from timekeeper.db.driver import driver_rows
-from timekeeper.store.admission.models import AdmissionVersion, BudgetEvent, NamespaceStatus
+from timekeeper.store.states.models import AdmissionVersion, BudgetEvent, NamespaceStatus
 
 # Inserts a namespace on first sight; touches an existing row only when its state really changes, and
 # then reports it (RETURNING yields a row for an insert or a real update, none otherwise). Two arrays,
@@ -70,7 +70,7 @@ async def known_namespaces(sessions: async_sessionmaker[AsyncSession]) -> list[s
         return list(await session.scalars(sa.select(NamespaceStatus.namespace)))
 
 
-class AdmissionRepository:
+class StateRepository:
     def __init__(self, session: AsyncSession) -> None:
         self.session = session
 

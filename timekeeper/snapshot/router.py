@@ -7,11 +7,11 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request, Response
 from pydantic import AwareDatetime
 
-from timekeeper.admission.schemas import BudgetEventOut
-from timekeeper.admission.service import AdmissionService
 from timekeeper.auth.dependencies import Reader
 from timekeeper.db.session import SessionDep
 from timekeeper.schemas import NamespacePath
+from timekeeper.snapshot.schemas import BudgetEventOut
+from timekeeper.snapshot.service import SnapshotService
 
 router = APIRouter(tags=["admission"])
 
@@ -43,7 +43,7 @@ async def admission_state(
     )
     state = request.app.state
     async with state.read_sessionmaker() as session:
-        version, body = await AdmissionService(session, state.settings).snapshot_json(
+        version, body = await SnapshotService(session, state.settings).snapshot_json(
             state.clock.now(),
             lambda version: _etag(version) in known,
             cache=state.snapshot_cache,
@@ -66,6 +66,6 @@ async def budget_events(
 ) -> list[BudgetEventOut]:
     """The namespace's budget-state transitions (whichever path made them: a report, an admin change,
     a job), newest first; page with before_id."""
-    service = AdmissionService(session, request.app.state.settings)
+    service = SnapshotService(session, request.app.state.settings)
     rows = await service.events(namespace, since, limit, before_id)
     return [BudgetEventOut.model_validate(row, from_attributes=True) for row in rows]

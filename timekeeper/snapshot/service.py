@@ -14,8 +14,8 @@ from gpuaccounting.admission_state import AdmissionSnapshot, NamespaceEntry, Pri
 from gpuaccounting.wire import format_timestamp
 from timekeeper.domain.states import budget_state
 from timekeeper.settings import Settings
-from timekeeper.store.admission.models import BudgetEvent
-from timekeeper.store.admission.repository import AdmissionRepository
+from timekeeper.store.states.models import BudgetEvent
+from timekeeper.store.states.repository import StateRepository
 
 
 @dataclass
@@ -37,9 +37,9 @@ class SnapshotCache:
         self.source, self.version, self.body = source, version, body
 
 
-class AdmissionService:
+class SnapshotService:
     def __init__(self, session: AsyncSession, settings: Settings) -> None:
-        self.repository = AdmissionRepository(session)
+        self.repository = StateRepository(session)
         self.settings = settings
 
     async def snapshot_json(

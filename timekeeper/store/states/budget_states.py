@@ -11,9 +11,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpuaccounting.wire import BudgetState
 from timekeeper.domain.figures import NamespaceFigures
 from timekeeper.domain.states import figures_state, member_state, pool_state
-from timekeeper.store.admission.repository import AdmissionRepository
 from timekeeper.store.budgets.repository import BudgetRepository
 from timekeeper.store.pools.repository import PoolRepository
+from timekeeper.store.states.repository import StateRepository
 
 
 def unpooled_states(figures: Sequence[NamespaceFigures]) -> dict[str, BudgetState] | None:
@@ -26,7 +26,7 @@ def unpooled_states(figures: Sequence[NamespaceFigures]) -> dict[str, BudgetStat
 
 class BudgetStates:
     def __init__(self, session: AsyncSession) -> None:
-        self.repository = AdmissionRepository(session)
+        self.repository = StateRepository(session)
         self.budgets = BudgetRepository(session)
         self.pools = PoolRepository(session)
 

@@ -12,6 +12,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from timekeeper.periodic.models import JobRun
+from timekeeper.store.locks import by_namespace
 from timekeeper.store.states.models import NamespaceStatus
 from timekeeper.store.usage.models import RUNNING_POD, PodCoverage
 
@@ -102,7 +103,9 @@ class SchedulerRepository:
         meanwhile then writes its state after ours, and one that committed first is in the totals we read
         next. Without it, a sweep could overwrite a fresher state with one computed from older totals."""
         await self.session.execute(
-            sa.select(NamespaceStatus.namespace).order_by(NamespaceStatus.namespace).with_for_update()
+            sa.select(NamespaceStatus.namespace)
+            .order_by(by_namespace(NamespaceStatus.namespace))
+            .with_for_update()
         )
 
     async def close_out(self, now: datetime, silent_since: datetime) -> list[tuple[str, str, str]]:

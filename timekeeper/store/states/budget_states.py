@@ -12,6 +12,7 @@ from gpuaccounting.wire import BudgetState
 from timekeeper.domain.figures import NamespaceFigures
 from timekeeper.domain.states import figures_state, member_state, pool_state
 from timekeeper.store.budgets.repository import BudgetRepository
+from timekeeper.store.locks import in_lock_order
 from timekeeper.store.pools.repository import PoolRepository
 from timekeeper.store.states.repository import StateRepository
 
@@ -48,7 +49,7 @@ class BudgetStates:
         members = await self.pools.members(pools, now)
         if lock:
             pooled = {member.namespace for listed in members.values() for member in listed}
-            await self.repository.lock_states(sorted(pooled | {f.namespace for f in figures}))
+            await self.repository.lock_states(in_lock_order(pooled | {f.namespace for f in figures}))
             members = await self.pools.members(pools, now)
         configs = {pool.name: pool for pool in await self.pools.pools(pools)}
         for name, listed in members.items():

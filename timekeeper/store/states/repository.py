@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gpuaccounting.admission_state import NamespaceEntry, PriorityPolicy
 from gpuaccounting.wire import BudgetState
 from timekeeper.db.driver import driver_rows
+from timekeeper.store.locks import by_namespace, in_lock_order
 from timekeeper.store.states.models import AdmissionVersion, BudgetEvent, NamespaceStatus
 
 # Inserts a namespace on first sight; touches an existing row only when its state really changes, and
@@ -79,18 +80,18 @@ class StateRepository:
         any, the snapshot needs a new version)."""
         if not states:
             return set()
-        names = sorted(states)
+        names = in_lock_order(states)
         result = await self.session.execute(
             _SET_STATES, {"namespaces": names, "states": [states[name] for name in names]}
         )
         return set(result.scalars())
 
     async def lock_states(self, namespaces: list[str]) -> None:
-        """Lock the namespaces' stored states, in the given (name) order."""
+        """Lock the namespaces' stored states, in the lock order."""
         await self.session.execute(
             sa.select(NamespaceStatus.namespace)
             .where(NamespaceStatus.namespace.in_(namespaces))
-            .order_by(NamespaceStatus.namespace)
+            .order_by(by_namespace(NamespaceStatus.namespace))
             .with_for_update()
         )
 

@@ -32,14 +32,14 @@ from timekeeper.store.billing.repository import (
     weights_parameters,
 )
 from timekeeper.store.budgets.repository import FIGURES_OF, figures_parameters, namespace_figures
+from timekeeper.store.locks import NAMESPACE_ORDER_SQL
 from timekeeper.store.usage.models import RUNNING_POD, PodCoverage
 
 # The ingest statements run on the session's psycopg connection in pipeline mode (IngestStatements): a
 # batch reads in one round trip and writes in another, without SQLAlchemy's per-statement work. A batch
 # holds at most one report per pod (ON CONFLICT may touch a row once per statement) and travels as one
-# JSON array read by jsonb_to_recordset, in pod_uid order: every writer locks pods, then totals, then
-# burn buckets, then namespace states, then the snapshot version, each in key order, so concurrent
-# batches (and replicas) never deadlock. Multiranges and jsonb_to_recordset keep these statements as text.
+# JSON array read by jsonb_to_recordset, in pod_uid order; every statement takes its locks in the one
+# order of store/locks.py. Multiranges and jsonb_to_recordset keep these statements as text.
 _PODS = (
     "jsonb_to_recordset(CAST(%(pods)s AS jsonb)) AS r(pod_uid text, namespace text, pod text, seq bigint, "
     "interval_start timestamptz, interval_end timestamptz, final boolean, gpu_model text, "
@@ -115,7 +115,7 @@ _MISMATCHED = (
     "UPDATE pod_coverage SET share_mismatch_at = CAST(%(now)s AS timestamptz) "
     "WHERE pod_uid = ANY(%(pod_uids)s) AND share_mismatch_at IS NULL RETURNING pod_uid"
 )
-# Adds to the running totals in key order (the lock order); answers each total afterwards.
+# Adds to the running totals in key order (store/locks.py); answers each total afterwards.
 _ADD_USED = (
     "INSERT INTO usage_totals (namespace, period_kind, period_start, used_gpu_minutes) "
     "SELECT * FROM jsonb_to_recordset(CAST(%(totals)s AS jsonb)) "
@@ -124,7 +124,7 @@ _ADD_USED = (
     "DO UPDATE SET used_gpu_minutes = usage_totals.used_gpu_minutes + excluded.used_gpu_minutes "
     "RETURNING namespace, period_kind, period_start, used_gpu_minutes, granted_gpu_minutes"
 )
-# Adds to the forecast's burn buckets (budgets/burn.py), after the totals, in key order (the lock order).
+# Adds to the forecast's burn buckets (budgets/burn.py), after the totals, in key order (store/locks.py).
 _ADD_BURN = (
     "INSERT INTO usage_burn (namespace, bucket_start, gpu_minutes) "
     "SELECT * FROM jsonb_to_recordset(CAST(%(burn)s AS jsonb)) "
@@ -132,11 +132,10 @@ _ADD_BURN = (
     "ON CONFLICT (namespace, bucket_start) "
     "DO UPDATE SET gpu_minutes = usage_burn.gpu_minutes + excluded.gpu_minutes"
 )
-# The namespaces' stored states, locked after the totals and burn buckets in key order (byte order, as
-# Python sorts the names StateRepository.set_states writes in): the lock order.
+# The namespaces' stored states, locked after the totals and burn buckets (store/locks.py).
 _LOCK_STATES = (
     "SELECT namespace, state FROM namespace_status WHERE namespace = ANY(%(namespaces)s) "
-    'ORDER BY namespace COLLATE "C" FOR UPDATE'
+    f"ORDER BY {NAMESPACE_ORDER_SQL} FOR UPDATE"
 )
 # The budgets' figures, as BudgetRepository reads them, in the driver's parameter style.
 _FIGURES = str(FIGURES_OF.compile(dialect=psycopg_dialect()))

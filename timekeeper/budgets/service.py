@@ -285,10 +285,9 @@ class BudgetService:
         ]
 
     async def revoke(self, namespace: str, grant_id: int, principal: Principal) -> GrantOut:
-        """The grant stops counting from now: the current period's granted total is recomputed and the
-        namespace state refreshed in this transaction, so the snapshot follows at once. Revoking a revoked
-        grant changes nothing and answers it as it is (no second audit entry); a grant that is not the
-        namespace's is 404."""
+        """The grant stops counting from now: the period's granted total is recomputed and the state refreshed
+        in this transaction. Revoking a revoked grant changes nothing (no second audit entry); another
+        namespace's grant is 404."""
         now = self.clock.now()
         grant = await self.repository.grant_for_update(namespace, grant_id)
         if grant is None:

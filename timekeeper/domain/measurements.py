@@ -1,11 +1,6 @@
-"""The measured figures, decided without the database: what one report contributes (stored on its ledger
-row at ingest), and the answer's means, peaks, energy and statuses from the sums the usage query adds up.
-
-Every figure is kept as something that adds exactly, so the hourly roll-up changes no answer: utilisation
-and memory as figure x seconds beside the seconds that had the figure (a report without one adds no time,
-so it never drags a mean towards zero), energy as the report's mean power (its energy over its interval)
-x the seconds charged in each bucket (time already charged by another report adds no energy, so nothing
-is counted twice), peaks as maxima, statuses as a bit per status seen."""
+"""The measured figures' sums, decided without the database. Every one adds exactly, so the hourly
+roll-up changes no answer: utilisation and memory as figure x seconds beside the seconds that had it,
+energy as mean power x the seconds charged, peaks as maxima, statuses as a bit per status seen."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""What a GPU-minute on each GPU model counts for, over time, decided without the database.
-
-A weight applies from the moment it is set (`effective_from`) until the next change of the same model; a
-model with no weight in force counts 1. The same rule is the SQL function `gpu_weighted_seconds`
-(migrations/versions/*_billing_weights.py) the usage queries use, so a charge made at ingest and the usage
-answers agree; tests/timekeeper/test_billing_weights.py holds the two side by side.
-"""
+"""What a GPU-minute on each GPU model counts for, over time: a weight applies from `effective_from`
+until the model's next change, an unweighted model counts 1. The SQL function `gpu_weighted_seconds` is
+the same rule (tests/timekeeper/test_billing_weights.py holds the two side by side)."""
 
 from __future__ import annotations
 
@@ -38,11 +34,8 @@ class WeightChange:
 
 @dataclass(frozen=True, slots=True)
 class WeightTimeline:
-    """One model's weight changes in time order; before the first, and for a model never weighted, 1.
-
-    Charging uses `weighted_microseconds`: integers (each weight as a whole number of 10^-scale, the
-    finest its changes need), so splitting a report at weight changes costs a few integer products and
-    stays exact."""
+    """One model's weight changes in time order; 1 before the first. Charging uses
+    `weighted_microseconds`, in integers, so splitting a report at weight changes stays exact."""
 
     changes: tuple[WeightChange, ...] = ()
     _starts: tuple[datetime, ...] = field(init=False, repr=False, compare=False)

@@ -1,10 +1,6 @@
-"""The one place the timekeeper talks to the Kubernetes API.
-
-`KubeClient` wraps kubernetes_asyncio behind typed coroutines, so the rest of the timekeeper never sees
-client models or `ApiException`s, and nothing of it needs a thread: the pod watch is an async iterator that
-a task consumes and cancellation ends. Pods are read as raw JSON rather than deserialised into client
-models, which is both faster (a large cluster lists 100,000 pods) and what the share computation takes.
-"""
+"""The one place the timekeeper talks to the Kubernetes API: kubernetes_asyncio behind typed coroutines,
+so nothing else sees client models or `ApiException`s; pods are read as raw JSON, what the share
+computation takes."""
 
 from __future__ import annotations
 
@@ -295,10 +291,9 @@ class KubeClient:
         timeout_seconds: int = 300,
         backoff: Backoff | None = None,
     ) -> AsyncGenerator[PodSnapshot | PodEvent, None]:
-        """A snapshot, then every change, until the consumer stops (cancelling the task that iterates
-        ends the open request at once): list, watch from its resourceVersion, resume each watch from the
-        last event or bookmark seen, list again when that is too old (410), back off on errors. A consumer
-        treats each snapshot as the full truth (pods missing from it are gone)."""
+        """A snapshot, then every change, until the consumer stops: list, watch from its resourceVersion,
+        resume from the last event or bookmark, list again on 410, back off on errors. Each snapshot is the
+        full truth (pods missing from it are gone)."""
         backoff = backoff or Backoff(WATCH_BACKOFF_BASE_SECONDS, WATCH_BACKOFF_CAP_SECONDS)
         resource_version: str | None = None
         while True:

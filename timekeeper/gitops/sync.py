@@ -1,7 +1,6 @@
-"""The sync from GPUBudget objects to the database, the scheduler leader's alone: on every watched
-change and every gitops_interval_seconds, apply each spec that differs through BudgetService (as a
-REST PUT), return namespaces whose object is gone to the default, write changed statuses. Level-based:
-the next pass repairs whatever a pass missed."""
+"""The sync from GPUBudget objects to the database, the scheduler leader's alone: each spec that
+differs is applied through BudgetService (as a REST PUT), a namespace whose object is gone returns to the
+default, changed statuses are written. Level-based: the next pass repairs whatever a pass missed."""
 
 from __future__ import annotations
 

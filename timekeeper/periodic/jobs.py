@@ -37,14 +37,9 @@ class SchedulerService:
         self.settings = settings
 
     async def refresh_all_states(self, now: datetime, window: datetime) -> dict[str, Any]:
-        """Recompute every known namespace's state (the rule a report uses too) against the totals of
-        the period it is in now. This is the period roll-over: every period begins at a UTC midnight, and
-        the totals keyed by the new period start at zero used and zero granted (grants lapse with their
-        period), so the first run after a midnight returns exhausted namespaces to in_budget; any other
-        run records a change no report has made yet (a budget's new period kind, say). Changes become
-        events (trigger) and bump the snapshot version. The `rollover` job runs it once per UTC day
-        (alerting watches that), the `states` job every states_interval. Grants whose expiry passed
-        stop counting first, so a grant's expiry shows within one states_interval."""
+        """Recompute every known namespace's state against the totals of its current period, grants past their
+        expiry ended first. After a UTC midnight this is the period roll-over (new totals start at zero);
+        otherwise it stores what no report has yet (a budget's new period kind, say)."""
         await self.repository.lock_states()
         expired = await end_expired_grants(self.budgets, now)
         await self.states.refresh(now, None, config_changed=False)
@@ -60,10 +55,8 @@ class SchedulerService:
         }
 
     async def roll_up(self, now: datetime, window: datetime) -> dict[str, Any]:
-        """Ledger rows that ended by the window's start (now - rollup_retention, floored to the job's
-        interval) are folded into hourly per-pod aggregates, merging with those of earlier windows;
-        pod coverage and running totals are untouched. The forecast's burn buckets older than its window
-        (and a margin) are dropped: no read reaches them."""
+        """Fold the ledger rows that ended before the window's start into hourly per-pod aggregates (coverage
+        and totals untouched), and drop the burn buckets older than the forecast's window and a margin."""
         folded, hours = await self.repository.roll_up(window)
         oldest = now - timedelta(minutes=self.settings.forecast_window_minutes) - PURGE_MARGIN
         purged = await self.burn.purge(oldest)

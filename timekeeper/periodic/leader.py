@@ -65,11 +65,9 @@ class LeaderElection:
         )
 
     async def _attempt(self) -> None:
-        """One round: connect if needed; a follower tries the lock, the leader checks its connection.
-        Each step has its own time limit, in this task (asyncio.timeout): asyncio.wait_for in Python
-        3.11 runs the step in a task of its own and loses a cancellation that arrives as that task
-        finishes, after which `run` never ended and the runner's stop() hung. Becoming leader (starting
-        the jobs) is not part of the check's time."""
+        """One round: connect if needed; a follower tries the lock, the leader checks its connection. Each
+        step is limited with asyncio.timeout in this task (3.11's wait_for can lose a cancellation); becoming
+        leader is not part of the check's time."""
         if self._connection is None or self._connection.closed:
             async with asyncio.timeout(self._connect_seconds + 1):
                 self._connection = await self._connect()

@@ -78,10 +78,9 @@ class SchedulerRepository:
         self.session = session
 
     async def claim(self, job: str, window_start: datetime, now: datetime, replica: str) -> bool:
-        """Record the job's run for the window; False when the window already ran (nothing to do).
-
-        A second claim of the same window conflicts: at once when the first is committed, after waiting
-        on the first's row lock when it is not (and it goes ahead if the first rolled back)."""
+        """Record the job's run for the window; False when the window already ran. A second claim of the same
+        window conflicts: at once after the first commits, after waiting on its row lock before (and goes
+        ahead if the first rolled back)."""
         claimed = await self.session.execute(
             insert(JobRun)
             .values(job=job, window_start=window_start, ran_at=now, replica=replica, detail={})

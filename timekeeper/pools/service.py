@@ -144,10 +144,9 @@ class PoolService:
         await self._refresh_after_change(before, now)
 
     async def sync_labels(self, labels: dict[str, dict[str, str]]) -> list[str]:
-        """The namespaces' labels as the reconciler just listed them: stored when they changed, and the
-        namespaces whose pool that changed (a selector now matches, or no longer) are settled as a pool
-        change settles its members, with the other members of the pools they left or joined. Answers the
-        namespaces that moved."""
+        """Store the namespaces' labels as the reconciler listed them; the namespaces whose pool that changed
+        have their totals and states refreshed as a pool change does, with their old and new pools' members.
+        Answers the namespaces that moved."""
         now = self.clock.now()
         known = await self.repository.labels()
         changed = sorted(ns for ns in known.keys() | labels.keys() if known.get(ns) != labels.get(ns))

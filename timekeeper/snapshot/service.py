@@ -20,11 +20,9 @@ from timekeeper.store.states.repository import StateRepository
 
 @dataclass
 class SnapshotCache:
-    """The last snapshot document this replica built, under its version. Every change to what the
-    snapshot holds bumps the version in the same transaction (the ETag's 304 relies on that already), so
-    the document of a version never changes: the webhooks that poll after a change all get the bytes
-    built for the first of them. `source` is what the version was read from (the app's sessionmaker):
-    another database's version numbers mean other documents."""
+    """The last snapshot document this replica built, under its version. Every change bumps the version in
+    its transaction, so a version's document never changes; `source` (the sessionmaker the version was
+    read from) keeps another database's versions apart."""
 
     source: object = None
     version: int | None = None
@@ -49,14 +47,9 @@ class SnapshotService:
         cache: SnapshotCache | None = None,
         source: object = None,
     ) -> tuple[int, bytes | None]:
-        """The snapshot's version and the gpuaccounting.admission_state.AdmissionSnapshot document under it,
-        or None for the document when the caller already has that version (`unchanged`: it answers 304).
-        With a `cache`, a version's document is built once (`generated_at` says when) and kept until the
-        version moves.
-        Reading writes nothing: the roll-over at midnight UTC (when every period begins) is the
-        scheduler's `rollover` job's, which refreshes every namespace's state. The entries are read after the
-        version, so a change racing this read shows up under the next version rather than hiding under
-        this one; the entries left out are those equal to the default entry built from the same read."""
+        """The snapshot's version and document (None when `unchanged(version)`: a 304), read after the version
+        so a racing change shows under the next one; entries equal to the default are left out. Reading writes
+        nothing. With a `cache`, a version's document is built once."""
         version, budget, warn_at_fraction = await self.repository.version_and_default()
         if unchanged(version):
             return version, None

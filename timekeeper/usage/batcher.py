@@ -1,22 +1,8 @@
-"""Group commit for report ingest: the reports that arrive while a transaction is committing are charged
-together in the next one, and each is answered only after the commit that made its charge durable.
-
-One commit (and a handful of set-based statements) per batch instead of several round trips and a commit
-per report is what lets one timekeeper acknowledge thousands of reports a second. A batch holds at most
-one report per pod (a pod's second report waits for the next batch, so it sees the first one's coverage).
-
-Two batches may be in flight, but only one is gathered and charged at a time: a runner takes the charging
-lock, takes the queued reports, charges them and releases the lock when its statements are written, so the
-next batch is gathered and charged while this one commits, and a report that arrives meanwhile waits for
-that next batch, not for a commit. Without the lock the runners would split the waiting reports into small
-batches, and a batch costs much the same whatever its size (docs/performance.md).
-
-A failed batch is logged and counted. When the database refused it (a single report's data, say; the
-validation in front is meant to stop such reports before they get here), each report is charged again on
-its own, so a bad report fails only itself and costs the others one retry. When the database does not
-answer (an outage), every report of the batch is answered 503 with Retry-After at once: retrying them one
-by one would only multiply the failing round trips.
-"""
+"""Group commit for report ingest: the reports that arrive while a transaction commits are charged
+together in the next, each answered after the commit that made its charge durable; a batch holds at
+most one report per pod. One batch is gathered and charged at a time (the charging lock), the next
+while the previous commits. A batch the database refused is charged again report by report, so a bad
+report fails only itself; in an outage every report of the batch is answered 503 at once."""
 
 from __future__ import annotations
 

@@ -193,12 +193,9 @@ class IngestService:
         models: Mapping[str, str] | None = None,
         admitted: Mapping[str, Decimal] | None = None,
     ) -> list[IngestOutcome | TimekeeperError]:
-        """Charge a batch of reports, at most one per pod, in the same few round trips whatever its size:
-        read (pods locked), plan without the database, write, store the states that change. Answers in the
-        reports' order; a refused report gets its error and changes nothing.
-        `from_sidecar=False` (the reconciler charging silent time) leaves the pod's last report time alone;
-        `models` (pod_uid -> GPU model, from the pod's node) stand in for reports that name no GPU model,
-        `admitted` (pod_uid -> share read from the pod) for pods whose admitted share is not kept yet."""
+        """Charge a batch of reports, one per pod at most, in a few round trips whatever its size; answers in
+        the reports' order, a refused report changing nothing. `from_sidecar=False` (silent time) keeps the
+        pod's last report time; `models` and `admitted` (by pod_uid) stand in for what is not known yet."""
         in_order = sorted(reports, key=lambda report: report.pod_uid)
         statements = await IngestStatements.of(self.session)
         read = await self._read(statements, in_order, now, from_sidecar, models or {}, admitted or {})

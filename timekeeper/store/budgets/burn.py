@@ -1,19 +1,8 @@
-"""The forecast's burn: GPU-minutes charged per namespace in fixed 5-minute buckets of time (`usage_burn`),
-kept by ingest in the same transaction as the ledger rows, and summed over a recent window on every
-budget read.
-
-Why buckets: the burn used to be recomputed from the ledger on each read, every row of the namespace in
-the window (pods x window / 30 s: 14,400 rows for 20 pods over six hours, 144,000 for 200), so a read's
-cost grew with the namespace. A six-hour window is now 72 rows of one primary-key range whatever the
-namespace's size. Why 5 minutes: a 30 s report lands in one bucket (two when it straddles a boundary),
-so ingest upserts about one row per namespace per batch; a read sums window / 5 min rows; and the only
-approximation, the oldest bucket prorated by the part of it inside the window (as if its charge were
-spread evenly over its 5 minutes), moves a six-hour rate by at most 5/360 of one bucket's charge.
-
-The rule ingest follows (`attribute`): each report's charge (its weighted GPU-minutes, as the ledger
-records) goes to the buckets its charged time overlaps in proportion to that time, rounded to the
-ledger's scale with the remainder in the last bucket, so the buckets sum to exactly the ledger's charge.
-Only charges burn: grants and rebuilt totals do not."""
+"""The forecast's burn: GPU-minutes charged per namespace in 5-minute buckets (`usage_burn`), kept by
+ingest with the ledger rows, so a budget read sums a window's few buckets instead of the ledger.
+The rule (`attribute`): a report's charge goes to the buckets its charged time overlaps, in proportion,
+rounded to the ledger's scale with the remainder in the last bucket, so the buckets sum to the ledger's
+charge exactly; a read prorates the oldest bucket by its part inside the window. Only charges burn."""
 
 from __future__ import annotations
 

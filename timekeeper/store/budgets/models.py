@@ -65,10 +65,8 @@ class DefaultBudget(_BudgetColumns, Base):
 
 
 class Grant(Base):
-    """A one-off top-up; it counts for the period (of the namespace's budget) in which it was granted,
-    until it ends: revoked by an admin, or its `expires_at` passed. `ended_at` is set by whichever
-    happened (the revocation, or the scheduler's sweep when the expiry passes), and the running totals
-    count exactly the grants not ended, so a rebuild from this table agrees with them."""
+    """A one-off top-up, counted in the period it was granted in until it ends (revoked, or `expires_at`
+    passed: `ended_at` says when). The running totals count exactly the grants not ended."""
 
     __tablename__ = "grants"
     __table_args__ = (
@@ -98,11 +96,8 @@ class Grant(Base):
 
 
 class UsageTotal(Base):
-    """Running totals per namespace and period, updated in the same transaction as the ledger row.
-
-    Keyed by the period kind as well, so a namespace whose period changes gets a fresh row for the new
-    kind, rebuilt from the ledger at that moment.
-    """
+    """Running totals per namespace and period, updated in the ledger row's transaction; keyed by period
+    kind too, so a namespace whose period changes gets a fresh row rebuilt from the ledger."""
 
     __tablename__ = "usage_totals"
 
@@ -114,10 +109,8 @@ class UsageTotal(Base):
 
 
 class UsageBurn(Base):
-    """GPU-minutes charged per namespace in fixed 5-minute buckets of time (budgets/burn.py), kept by
-    ingest in the same transaction as the ledger row, so the forecast's burn over a window reads a few
-    dozen rows instead of the ledger. Buckets older than the largest forecast window are purged by the
-    roll-up job."""
+    """GPU-minutes charged per namespace in 5-minute buckets (budgets/burn.py), kept with the ledger
+    rows; the roll-up job purges buckets older than the largest forecast window."""
 
     __tablename__ = "usage_burn"
 

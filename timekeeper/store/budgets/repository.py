@@ -103,7 +103,7 @@ _UPDATE_DEFAULT = sa.text(
 # Each wanted namespace with its effective budget and the totals of the period it is in now. Two
 # statements, not one with `:namespaces IS NULL` deciding at run time: PostgreSQL could not plan that one
 # once (a plan for any parameters had to include reading every known namespace, so it planned it anew on
-# each run: ~500 µs of server CPU per ingest batch and per budget read, docs/performance.md).
+# each run; docs/performance.md).
 def _figures(wanted: str, pool: str) -> sa.TextClause:
     return sa.text(
         f"""
@@ -206,9 +206,7 @@ async def statuses_on(
     namespaces: list[str] | None = None,
 ) -> tuple[list[NamespaceFigures], dict[str, Decimal]]:
     """The figures (`BudgetRepository.figures`) and the GPU-minutes each namespace burnt since
-    `burn_since` (the forecast's burn buckets; absent: none), in one round trip (the two statements
-    pipelined; for listed namespaces, planned as index probes, once: PLANNING), on a session's own psycopg
-    connection (`session_driver`)."""
+    `burn_since`, in one round trip on the session's own psycopg connection (`session_driver`)."""
     queries = [figures_query(now, namespaces), burned_query(burn_since, now, namespaces)]
     if namespaces is not None:
         queries.insert(0, (PLANNING, {}))

@@ -65,12 +65,9 @@ class NamespaceLabels(Base):
 
 
 def membership_sql(namespace: str | None = None) -> str:
-    """Every namespace in a pool, with its pool and cap: its listing when listed (a listing wins), else the
-    first pool by name whose selector its labels match. One rule, used wherever a budget is resolved.
-    Without `namespace`, a derived table of every member joined on `namespace` (a hash join over the
-    members, for every namespace at once); with it (an SQL expression, e.g. `w.namespace` of a LATERAL
-    join), that one namespace's membership or no row, found by key (for a few namespaces, instead of
-    reading every member and every namespace's labels)."""
+    """Every namespace in a pool, with its pool and cap: its listing when listed (a listing wins), else
+    the first pool by name whose selector its labels match; one rule, wherever a budget is resolved. With
+    `namespace` (an SQL expression), that one namespace's membership by key; without, every member."""
     member = "" if namespace is None else f" WHERE m.namespace = {namespace}"
     labelled = "" if namespace is None else f" AND l.namespace = {namespace}"
     rows = (

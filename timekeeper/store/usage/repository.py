@@ -364,11 +364,9 @@ class IngestStatements:
     async def read(
         self, pods: str, namespaces: list[str], span: Interval, now: datetime, *, from_sidecar: bool
     ) -> BatchRead:
-        """The namespaces' figures and charge bases; locks (creating on first sight) the pods of `pods`
-        (batch_json rows of _PODS' columns) and answers the part of each report's interval not yet
-        charged, each pod's GPU model and admitted share, the weights of those models over `span` (the
-        batch's intervals) and which reports are repeats. One round trip; two when a pod's model is not
-        the one its report names."""
+        """Lock (creating on first sight) the batch's pods and read, in one round trip (two when a pod's model
+        is not the one its report names): the namespaces' figures and charge bases, each report's time not yet
+        charged, each pod's GPU model and admitted share, the models' weights, and which reports repeat."""
         connection = self.connection
         # The pipeline's exit sends the one Sync and reads every result into its cursor: a sync() inside
         # the block would cost a round trip of its own, the exit's (docs/performance.md, "One sync").
@@ -421,13 +419,9 @@ class IngestStatements:
         burn: str | None = None,
         mismatched: Sequence[str] = (),
     ) -> BatchWritten:
-        """Inserts the `count` new reports' ledger rows (`reports`: batch_json rows of _REPORTS'
-        columns, each charged the part of its interval its pod has not covered), adds the intervals of
-        those that `covers` to their pods' charged time and the `totals` (rows of namespace, period_kind,
-        period_start, used) to the running totals and the `burn` (rows of namespace, bucket_start,
-        gpu_minutes) to the forecast's burn buckets; marks the `mismatched` pods' share mismatch once;
-        answers each total afterwards, the stored states of `namespaces`, locked until the commit (so the
-        caller writes only states that really change, and none when none do), and the pods marked now."""
+        """Write a batch's plan in one round trip: ledger rows, coverage, totals, burn buckets, share
+        mismatches marked once. Answers each total afterwards, the stored states of `namespaces` locked until
+        the commit (so the caller writes only states that change), and the pods marked now."""
         connection = self.connection
         async with connection.pipeline():  # one Sync, at the exit (as in read)
             inserted = await connection.execute(_CHARGE, {"reports": reports, "now": now})
@@ -474,11 +468,9 @@ class UsageRepository:
     async def usage(
         self, namespace: str, since: datetime, until: datetime, group_by: GroupBy
     ) -> list[UsageFound]:
-        """Charged GPU-minutes (what the budget counts: weighted, at the charge basis) and raw ones (share x
-        time) inside [since, until), exactly (charged time clipped to the window and to
-        each bucket, share x seconds summed exactly and rounded once per row), grouped by pod, hour or day,
-        with the figures' sums over the same seconds. Raw ledger rows and the hourly aggregates old rows
-        were folded into answer alike."""
+        """Charged GPU-minutes (weighted, at the charge basis) and raw ones (share x time) inside
+        [since, until), exactly, grouped by pod, hour, day or model, with the measurements' sums over the same
+        seconds; ledger rows and hourly aggregates answer alike."""
         key, piece, bucket = _USAGE_PIECE[group_by]
         query = sa.text(
             f"WITH source AS ({_USAGE_SOURCE}), per_source AS ("

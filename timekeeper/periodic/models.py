@@ -63,7 +63,7 @@ class UsageHourly(Base):
     gpu_share: Mapped[Decimal] = mapped_column(Numeric)
     charged: Mapped[Any] = mapped_column(TSTZMULTIRANGE)
     reports: Mapped[int] = mapped_column(Integer)
-    # The folded reports' figures as sums that fold again exactly (usage/figures.py): figure x seconds
+    # The folded reports' figures as sums that fold again exactly (domain/measurements.py): figure x seconds
     # beside the seconds that had the figure, maxima, energy, the statuses seen.
     util_seconds: Mapped[Decimal | None] = mapped_column(Numeric)
     util_covered_seconds: Mapped[Decimal] = mapped_column(Numeric, server_default=text("0"))

@@ -21,7 +21,7 @@ __all__ = ["RUNNING_POD", "SchedulerRepository"]
 # is added to the (pod, hour, share, charge share, model) aggregate, in one statement: exactly the deleted
 # rows are folded.
 # A row counts once in each hour its charged time touches (as the usage query's hour grouping does); its
-# figures are added as figure x its seconds in the hour (usage/figures.py), so they fold exactly.
+# figures are added as figure x its seconds in the hour (domain/measurements.py), so they fold exactly.
 _ROLL_UP = sa.text(
     """
     WITH folded AS (

@@ -148,7 +148,7 @@ def ledger_row(
 def burn_json(
     reports: Sequence[ReportIn], charges: Mapping[str, ReportCharge], uncovered: Mapping[str, list[Interval]]
 ) -> str | None:
-    """The forecast's burn buckets the reports' charges add to (budgets/burn.py), as the write reads them."""
+    """The burn buckets the reports' charges add to (store/budgets/burn.py), as the write reads them."""
     added = attribute(
         (report.namespace, charges[report.pod_uid].gpu_minutes, uncovered[report.pod_uid])
         for report in reports

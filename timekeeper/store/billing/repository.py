@@ -35,7 +35,7 @@ _WEIGHTS_OF = (
 # and the cluster. A pod keeps the first model known, so one may have a model its report does not name:
 # the caller reads those with WEIGHTS (a round trip, only then). The models come from the reports, not
 # from the pods' rows: a lookup of the batch's pods would be planned once, on a young table, as a scan.
-# Run by the ingest's pipelined read (usage/repository.py IngestStatements), in the driver's style.
+# Run by the ingest's pipelined read (store/usage/repository.py IngestStatements), in the driver's style.
 CHARGE_INPUTS = (
     "WITH a AS MATERIALIZED (SELECT CASE WHEN EXISTS (SELECT FROM gpu_weights) THEN ARRAY(SELECT DISTINCT "
     "jsonb_array_elements_text(jsonb_path_query_array(CAST(%(pods)s AS jsonb), "

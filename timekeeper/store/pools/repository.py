@@ -1,5 +1,5 @@
 """SQL for pools: the pools and their listed members, and each member's totals in its pool's current
-period (a member's running totals are kept in its pool's period kind: budgets/repository.py)."""
+period (a member's running totals are kept in its pool's period kind: store/budgets/repository.py)."""
 
 from __future__ import annotations
 

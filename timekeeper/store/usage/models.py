@@ -58,7 +58,7 @@ class LedgerEntry(Base):
     mean_sm_util_pct: Mapped[Decimal | None] = mapped_column(Numeric(6, 3))
     max_mem_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
     gpus: Mapped[Any] = mapped_column(JSONB)
-    # The figures the usage answers add up (usage/figures.py): per second of charged time, utilisation,
+    # The figures the usage answers add up (domain/measurements.py): per second of charged time, utilisation,
     # memory on all the pod's GPUs and mean power; the GPU statuses seen as one bit each.
     peak_sm_util_pct: Mapped[Decimal | None] = mapped_column(Numeric(6, 3))
     mem_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
@@ -67,7 +67,7 @@ class LedgerEntry(Base):
     # What the budget is charged per second of charged time, before the GPU model's weight: gpu_share under
     # the allocation basis, gpu_share x max(floor, utilisation) under the measured one (billing/).
     charge_share: Mapped[Decimal] = mapped_column(Numeric)
-    # The pod's GPU model (billing/weights.py's model_key) when known at ingest; None counts weight 1.
+    # The pod's GPU model (domain/weights.py's model_key) when known at ingest; None counts weight 1.
     gpu_model: Mapped[str | None] = mapped_column(Text)
 
 

@@ -124,7 +124,7 @@ _ADD_USED = (
     "DO UPDATE SET used_gpu_minutes = usage_totals.used_gpu_minutes + excluded.used_gpu_minutes "
     "RETURNING namespace, period_kind, period_start, used_gpu_minutes, granted_gpu_minutes"
 )
-# Adds to the forecast's burn buckets (budgets/burn.py), after the totals, in key order (store/locks.py).
+# Adds to the forecast's burn buckets (store/budgets/burn.py), after the totals (store/locks.py).
 _ADD_BURN = (
     "INSERT INTO usage_burn (namespace, bucket_start, gpu_minutes) "
     "SELECT * FROM jsonb_to_recordset(CAST(%(burn)s AS jsonb)) "

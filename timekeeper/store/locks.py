@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import sqlalchemy as sa
+from sqlalchemy.orm import InstrumentedAttribute
 
 LOCK_ORDER = ("pod_coverage", "usage_totals", "usage_burn", "namespace_status", "admission_version")
 
@@ -18,6 +19,6 @@ def in_lock_order(namespaces: Iterable[str]) -> list[str]:
     return sorted(set(namespaces))
 
 
-def by_namespace(column: sa.ColumnElement[str]) -> sa.ColumnElement[str]:
+def by_namespace(column: InstrumentedAttribute[str]) -> sa.ColumnElement[str]:
     """`column` (a namespace) as an ORDER BY in the lock order."""
     return column.collate("C")

@@ -30,7 +30,7 @@ from bench.common import (
     write_results,
 )
 from bench.wrk import WrkResult, run_wrk
-from gpuaccounting.admission_state import AdmissionState, compact, default_priority_policy
+from gpuaccounting.admission_state import AdmissionSnapshot, compact, default_priority_policy
 from tests.support.pods import review
 from webhook.app import create_app
 from webhook.review import AdmissionReview, parse_review
@@ -88,7 +88,7 @@ def _review(path: str, gpu: bool) -> bytes:
     return orjson.dumps(review(pod, username="system:serviceaccount:kube-system:job-controller"))
 
 
-def _snapshot(namespaces: int) -> AdmissionState:
+def _snapshot(namespaces: int) -> AdmissionSnapshot:
     policy = default_priority_policy()
     return compact(
         1,

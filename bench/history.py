@@ -32,7 +32,7 @@ from bench.common import PYTHON, REPO_ROOT, RESULTS_FILE, free_port, machine_des
 from tests.support.timekeeper import Tokens, alembic_config, bearer, migrate, report_body
 from timekeeper.app import create_app
 from timekeeper.clock import ManualClock
-from timekeeper.scheduler.jobs import JOBS_BY_NAME, run_job
+from timekeeper.periodic.jobs import JOBS_BY_NAME, run_job
 from timekeeper.settings import Settings
 
 STEP = 30  # seconds between a pod's reports

@@ -3,7 +3,8 @@
 Served at `GET /api/v1/admission-state` with `ETag: "<version>"`; a poll with `If-None-Match` answers 304
 while nothing changed, so polling is cheap. The version only grows.
 
-Shape (JSON):
+The TypedDicts below are its one schema: the timekeeper builds the document with them, the webhook
+validates a poll's answer against them (webhook/state.py), `compact` builds it for stand-ins. Shape (JSON):
     {
       "version": 42,
       "generated_at": "2026-11-22T00:00:00Z",
@@ -91,7 +92,7 @@ class PriorityClassNames(TypedDict):
     over_budget: str
 
 
-class AdmissionState(TypedDict):
+class AdmissionSnapshot(TypedDict):
     version: int
     generated_at: str
     priority_classes: PriorityClassNames
@@ -100,7 +101,7 @@ class AdmissionState(TypedDict):
     namespaces: dict[str, NamespaceEntry]
 
 
-def resolve(state: AdmissionState) -> tuple[NamespaceAdmission, dict[str, NamespaceAdmission]]:
+def resolve(state: AdmissionSnapshot) -> tuple[NamespaceAdmission, dict[str, NamespaceAdmission]]:
     """The default's and every listed namespace's resolved entry (ValueError: an index names no
     policy). Entries with the same policy share one PriorityPolicy object."""
     policies = state["priority_policies"]
@@ -109,11 +110,11 @@ def resolve(state: AdmissionState) -> tuple[NamespaceAdmission, dict[str, Namesp
         index = entry["priority_policy"]
         if not 0 <= index < len(policies):
             raise ValueError(f"priority_policy {index} is not an index into {len(policies)} policies")
-        return {
-            "state": entry["state"],
-            "max_gpu_share_per_pod": entry["max_gpu_share_per_pod"],
-            "priority_policy": policies[index],
-        }
+        return NamespaceAdmission(
+            state=entry["state"],
+            max_gpu_share_per_pod=entry["max_gpu_share_per_pod"],
+            priority_policy=policies[index],
+        )
 
     return resolved(state["default"]), {name: resolved(e) for name, e in state["namespaces"].items()}
 
@@ -124,7 +125,7 @@ def compact(
     priority_classes: PriorityClassNames,
     default: NamespaceAdmission,
     namespaces: dict[str, NamespaceAdmission],
-) -> AdmissionState:
+) -> AdmissionSnapshot:
     """The snapshot of resolved entries, in the published form: distinct policies listed once (the
     default's first) and the entries that equal the default's left out. (The timekeeper builds the same
     form in SQL; this is the reference for stand-ins and tests.)"""
@@ -134,20 +135,20 @@ def compact(
         policy = admission["priority_policy"]
         if policy not in policies:
             policies.append(policy)
-        return {
-            "state": admission["state"],
-            "max_gpu_share_per_pod": admission["max_gpu_share_per_pod"],
-            "priority_policy": policies.index(policy),
-        }
+        return NamespaceEntry(
+            state=admission["state"],
+            max_gpu_share_per_pod=admission["max_gpu_share_per_pod"],
+            priority_policy=policies.index(policy),
+        )
 
-    return {
-        "version": version,
-        "generated_at": generated_at,
-        "priority_classes": priority_classes,
-        "priority_policies": policies,  # filled in as the entries below are made
-        "default": entry(default),
-        "namespaces": {name: entry(a) for name, a in sorted(namespaces.items()) if a != default},
-    }
+    return AdmissionSnapshot(
+        version=version,
+        generated_at=generated_at,
+        priority_classes=priority_classes,
+        priority_policies=policies,  # filled in as the entries below are made
+        default=entry(default),
+        namespaces={name: entry(a) for name, a in sorted(namespaces.items()) if a != default},
+    )
 
 
 def is_exempt(

@@ -22,6 +22,10 @@ SIDECAR_PODINFO_VOLUME: Final = "gpu-timekeeper-podinfo"
 
 TOKEN_AUDIENCE: Final = "gpu-timekeeper"
 
+# Kubernetes object names: a namespace is a DNS label, a pod a DNS subdomain.
+DNS_LABEL: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
 DEFAULT_IN_BUDGET_PRIORITY_CLASS: Final = "gpu-in-budget"
 DEFAULT_OVER_BUDGET_PRIORITY_CLASS: Final = "gpu-over-budget"
 

@@ -8,17 +8,17 @@ from logging.config import fileConfig
 import sqlalchemy as sa
 from alembic import context
 
-from timekeeper.admission import models as admission
-from timekeeper.audit import models as audit
-from timekeeper.billing import models as billing
-from timekeeper.budgets import models as budgets
 from timekeeper.db.base import Base
 from timekeeper.db.embedded import embedded_database_url
-from timekeeper.gitops import models as gitops
-from timekeeper.pools import models as pools
-from timekeeper.scheduler import models as scheduler
+from timekeeper.periodic import models as scheduler
 from timekeeper.settings import Settings, normalise_database_url
-from timekeeper.usage import models as usage
+from timekeeper.store.audit import models as audit
+from timekeeper.store.billing import models as billing
+from timekeeper.store.budgets import models as budgets
+from timekeeper.store.gitops import models as gitops
+from timekeeper.store.pools import models as pools
+from timekeeper.store.states import models as states
+from timekeeper.store.usage import models as usage
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logging", True):
@@ -26,7 +26,7 @@ if config.config_file_name is not None and config.attributes.get("configure_logg
 
 # Every domain's models, gathered here (not in timekeeper/db/, which the domains build on): importing a
 # models module registers its tables on Base.metadata, the schema autogenerate and `alembic check` compare.
-MODELS = (admission, audit, billing, budgets, gitops, pools, scheduler, usage)
+MODELS = (audit, billing, budgets, gitops, pools, scheduler, states, usage)
 target_metadata = Base.metadata
 
 

@@ -1,7 +1,5 @@
-"""`python -m timekeeper --host 0.0.0.0 --port 8080`: serve the API with uvicorn.
-
-uvicorn's own settings bound idle connections; what it has no setting for (head size and time, body time,
-connections in all and per address) is `gpuserving.connections.GuardedHttp`, in every worker."""
+"""`python -m timekeeper --host 0.0.0.0 --port 8080`: serve the API with uvicorn. What uvicorn has no
+setting for (head size and time, body time, connections) is `gpuserving.connections.GuardedHttp`."""
 
 from __future__ import annotations
 
@@ -27,14 +25,8 @@ Lifespan = Callable[[Any], AbstractAsyncContextManager[Any]]
 
 def frozen_after_startup(lifespan: Lifespan) -> Lifespan:
     """`lifespan`, followed by `gc.freeze()` of everything start-up made and a higher threshold for the
-    youngest generation: what the garbage collector cost the server under the ingest load
-    (docs/performance.md, "Ingest: the garbage collector"). Per replica and 10 s of `make bench`'s load,
-    ~200-290 young collections (~100 ms of CPU) that found next to nothing (a report's objects are freed
-    by reference counting; the count passes 700 only because a batch's objects are alive at once), and
-    one or two full collections of 75-120 ms of CPU each, a pause of every request of the replica, spent
-    walking the modules, the app and the ORM that start-up built and nothing ever frees. Frozen, a full
-    collection walks only what was made since; at 10,000 the young collections run when garbage that
-    reference counting cannot free (cycles) has piled up, not at every batch."""
+    youngest generation, so collections walk only what was made since and run when cycles pile up
+    (docs/performance.md, "Ingest: the garbage collector")."""
 
     @asynccontextmanager
     async def frozen(app: Any) -> AsyncIterator[Any]:

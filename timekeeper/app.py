@@ -9,12 +9,12 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from prometheus_client.registry import Collector
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuaccounting.names import API_PREFIX
-from timekeeper.admission.router import router as admission_router
-from timekeeper.admission.service import SnapshotCache
 from timekeeper.audit.router import router as audit_router
 from timekeeper.auth.digests import TokenDigests
 from timekeeper.auth.factory import build_access_control
@@ -29,14 +29,18 @@ from timekeeper.db.session import (
     build_sessionmaker,
     resolve_database_url,
 )
-from timekeeper.errors import install_error_handler
 from timekeeper.health.router import router as health_router
 from timekeeper.metrics import Metrics
+from timekeeper.periodic.jobs import Job, reconcile_job
+from timekeeper.periodic.runner import LeaderService, LeaderWork, with_scheduler
 from timekeeper.pools.router import router as pools_router
+from timekeeper.refusals import install_error_handler
 from timekeeper.routing import document_strict_bodies
-from timekeeper.scheduler.runner import with_scheduler
 from timekeeper.schemas import API_ERRORS
 from timekeeper.settings import Settings, get_settings
+from timekeeper.snapshot.router import router as snapshot_router
+from timekeeper.snapshot.service import SnapshotCache
+from timekeeper.store.states.repository import known_namespaces
 from timekeeper.ui import mount_docs, mount_ui
 from timekeeper.usage.batcher import IngestBatcher
 from timekeeper.usage.router import router as usage_router
@@ -84,8 +88,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.engine = engine
     app.state.sessionmaker = build_sessionmaker(engine)
     app.state.read_sessionmaker = build_read_sessionmaker(engine)
+    app.state.known_namespaces = lambda: known_namespaces(app.state.sessionmaker)
     app.state.snapshot_cache = SnapshotCache()
-    app.state.chargeback_turns = asyncio.Semaphore(settings.chargeback_exports)
+    app.state.chargeback_export_slots = asyncio.Semaphore(settings.chargeback_exports)
     app.state.access = await build_access_control(settings)
     app.state.pod_shares = None
     if settings.admitted_share_from_pod:  # the Kubernetes client only where it is used
@@ -107,13 +112,36 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.dispose()
 
 
+async def leader_work(
+    settings: Settings, sessionmaker: async_sessionmaker[AsyncSession], clock: Clock
+) -> LeaderWork:
+    """With `reconcile`, the reconcile pass and the pod watch it needs; with `gitops`, the GPUBudget sync."""
+    jobs: tuple[Job, ...] = ()
+    services: tuple[LeaderService, ...] = ()
+    collectors: tuple[Collector, ...] = ()
+    # Imported only when asked for: they need a cluster, and the Kubernetes client costs a process about
+    # 50 MB and seconds of start-up (docs/kubernetes.md).
+    if settings.reconcile:
+        from timekeeper.reconcile.service import build_reconciler
+
+        reconciler = await build_reconciler(settings, sessionmaker, clock)
+        jobs, services = (*jobs, reconcile_job(reconciler)), (*services, reconciler)
+        collectors = (*collectors, reconciler.pod_metrics)
+    if settings.gitops:
+        from timekeeper.gitops.sync import build_gitops_sync
+
+        sync = await build_gitops_sync(settings, sessionmaker, clock)
+        services, collectors = (*services, sync), (*collectors, sync.metrics)
+    return LeaderWork(jobs, services, collectors)
+
+
 def create_app(settings: Settings | None = None, clock: Clock | None = None) -> FastAPI:
     settings = settings or get_settings()
     app = FastAPI(
         title="GPU Timekeeper",
         version="1",
         summary="Per-namespace GPU-minute budgets, the usage ledger and the admission snapshot.",
-        lifespan=with_scheduler(lifespan),
+        lifespan=with_scheduler(lifespan, leader_work),
         # Its OpenTelemetry hooks would ask the environment for a tracer on every request; the
         # timekeeper's metrics are Prometheus' (timekeeper/metrics.py).
         telemetry={"tracing": False, "metrics": False, "logs": False},
@@ -133,7 +161,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
         budgets_router,
         pools_router,
         audit_router,
-        admission_router,
+        snapshot_router,
         billing_router,
         billing_namespaced_router,
         auth_router,

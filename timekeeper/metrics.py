@@ -140,10 +140,8 @@ class IdleCollector(Collector):
 
 
 class PodWatchCollector(Collector):
-    """Running GPU pods and those whose sidecar has gone silent, per namespace, as the scheduler leader's
-    last reconcile pass found them. Only the pod watch can tell a silent sidecar (the API says the pod
-    runs) from a finished pod, and only the leader watches: a follower, or a leader before its first
-    pass, exports no samples (an alert takes the max over replicas)."""
+    """Running GPU pods and those whose sidecar has gone silent, per namespace, as the leader's last
+    reconcile pass found them (only its pod watch can tell the two apart); a follower exports no samples."""
 
     def __init__(self) -> None:
         # namespace -> (running GPU pods, of which silent); None: not leading, or no pass yet.

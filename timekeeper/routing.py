@@ -1,17 +1,7 @@
-"""Request bodies parsed as strict JSON (RFC 8259) by a dependency, so nothing malformed reaches
-validation, and only once the caller is known to be allowed to send them.
-
-Python's json module accepts `NaN` and `Infinity`, reads `1e400` as infinity and lone surrogates
-(`"\\ud800"`) as text; pydantic then refuses them, but the 422 that echoes the input back cannot be
-rendered (non-finite floats and surrogates are not JSON), so the client got a 500. orjson refuses all of them
-while parsing, answered as a 422 `json_invalid`. Every JSON parser keeps the last of duplicate keys
-(`"gpu_share": 0.5, "gpu_share": 200` would charge 200), so an object with a repeated key is refused too.
-
-FastAPI parses a declared body before it resolves the route's dependencies, which would tell an anonymous
-client about the body's shape (422 before 401). A `strict_body(Model, guard)` dependency depends on its
-guard (the caller's authorization), so 401 or 403 come before any 422; `document_strict_bodies` puts the
-model in the OpenAPI document as FastAPI would a declared body.
-"""
+"""Request bodies parsed as strict JSON (RFC 8259) by a dependency, after the caller is authorized.
+Rules: orjson refuses NaN, Infinity, 1e400 and lone surrogates (422 `json_invalid`, never a 500 that
+cannot echo them back); an object with a repeated key is refused (`"gpu_share": 0.5, "gpu_share": 200`
+would charge 200); `strict_body(Model, guard)` depends on its guard, so 401 and 403 come before any 422."""
 
 from __future__ import annotations
 
@@ -76,21 +66,17 @@ def _colons(value: Any) -> int:
 
 
 def _repeats_a_key(value: Any, body: bytes) -> bool:
-    """Whether the body wrote more object members than the parsed value kept. Without a backslash in
-    the body no string has an escape, so its strings parsed are its strings written and their colons
-    are counted from the parsed value, with no pass over the text in Python (the regex that takes the
-    strings out costs several times orjson's parse); with one, the strings are taken out of the text."""
+    """Whether the body wrote more object members than the parsed value kept: counted on the parsed
+    strings when the body has no backslash, else on the strings taken out of the text."""
     if b"\\" not in body:
         return _colons(value) != body.count(b":")
     return _members(value) != _STRING.sub(b"", body).count(b":")
 
 
 def loads_strict(body: bytes) -> Any:
-    """The body as JSON, or json.JSONDecodeError (orjson's is one) for anything not strict RFC 8259
-    JSON or with a key repeated in one object. orjson decides strictness. A repeated key is found by
-    counting: fewer members parsed than written means one was repeated (a few µs, where a second parse
-    with the standard parser cost four times orjson's); only then does the standard parser, given only
-    what orjson accepted, name the key."""
+    """The body as JSON, or json.JSONDecodeError for anything not strict RFC 8259 JSON or with a key
+    repeated in one object: orjson decides strictness, member counts find a repeat, and only then does
+    the standard parser name the repeated key."""
     value = orjson.loads(body)
     if isinstance(value, dict | list) and _repeats_a_key(value, body):
         try:

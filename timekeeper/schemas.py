@@ -19,12 +19,11 @@ from pydantic import (
 )
 from pydantic_core import CoreSchema
 
+from gpuaccounting.names import DNS_LABEL, DNS_SUBDOMAIN
 from gpuaccounting.wire import parse_timestamp
+from timekeeper.domain.periods import EPOCH, PeriodKind, period_containing
+from timekeeper.settings import NamespaceName as NamespaceName  # defined with the settings that need it first
 
-DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-
-NamespaceName = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)]
 PodName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
 PodUid = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9-]+$")]
 # Free text stored in PostgreSQL, whose text and jsonb refuse the NUL character.
@@ -137,3 +136,17 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 # Every operation under /api/v1 authenticates and validates its parameters; one with a body limits its size.
 API_ERRORS = error_responses(401, 403, 422)
 BODY_ERRORS = error_responses(413)
+
+
+LARGEST_AMOUNT = Decimal("1e12")  # a trillion GPU-minutes: anything above is a typo
+
+
+class PeriodOut(BaseModel):
+    kind: PeriodKind
+    start: datetime | None  # None for `none`: one open-ended period
+    end: datetime | None
+
+
+def period_out(kind: PeriodKind, moment: datetime) -> PeriodOut:
+    period = period_containing(kind, moment)
+    return PeriodOut(kind=kind, start=None if period.start == EPOCH else period.start, end=period.end)

@@ -13,10 +13,14 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from gpuaccounting.admission_state import DEFAULT_EXEMPT_NAMESPACES
 from gpuaccounting.clock import WallClock, build_clock
 from gpuaccounting.hardware import load_hardware
-from gpuaccounting.names import DEFAULT_IN_BUDGET_PRIORITY_CLASS, DEFAULT_OVER_BUDGET_PRIORITY_CLASS
+from gpuaccounting.names import (
+    DEFAULT_IN_BUDGET_PRIORITY_CLASS,
+    DEFAULT_OVER_BUDGET_PRIORITY_CLASS,
+    DNS_LABEL,
+)
 from gpuaccounting.shares import GpuHardware
-from timekeeper.schemas import NamespaceName
 
+NamespaceName = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)]
 TokenDigests = Annotated[tuple[str, ...], NoDecode]
 
 
@@ -83,7 +87,7 @@ class Settings(BaseSettings):
     chargeback_exports: int = Field(
         default=1,
         ge=1,
-        description="Chargeback exports one timekeeper process streams at once; others wait their turn.",
+        description="Chargeback exports one timekeeper process streams at once; others wait.",
     )
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, description="Largest accepted request body.")
     # What one client may cost the server (docs/security.md, "Hostile clients"), per worker process.

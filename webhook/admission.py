@@ -14,7 +14,7 @@ from webhook import governance
 from webhook.dra import DraObjects, DraWatch
 from webhook.injection import SidecarTemplate
 from webhook.patch import diff
-from webhook.priority import PriorityPolicy
+from webhook.priority import PriorityDecider
 from webhook.priorityclasses import PriorityClassCatalog
 from webhook.review import AdmissionRequest, AdmissionResponse, Denial, PodRequest
 from webhook.settings import WebhookSettings
@@ -62,7 +62,7 @@ class Admission:
         self.cache = cache
         self.hardware = settings.hardware
         self.sidecar = SidecarTemplate(settings)
-        self.priority = PriorityPolicy(settings, priority_classes)
+        self.priority = PriorityDecider(settings, priority_classes)
         self.dra = dra
         self.workloads = workloads or WorkloadClasses()  # filled by the app's lifespan when it watches pods
         self.dra_watch: DraWatch | None = None  # set by the app's lifespan when it watches DRA objects

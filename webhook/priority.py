@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from gpuaccounting.admission_state import PriorityPolicy as Policy
-from gpuaccounting.admission_state import default_priority_policy, is_exempt, is_over_budget
+from gpuaccounting.admission_state import PriorityPolicy, default_priority_policy, is_exempt, is_over_budget
 from gpuaccounting.counters import start_at_zero
 from gpuaccounting.wire import BudgetState
 from webhook.metrics import WebhookMetrics
@@ -76,7 +75,7 @@ class _Class:
     preemption_policy: str
 
 
-class PriorityPolicy:
+class PriorityDecider:
     def __init__(self, settings: WebhookSettings, catalog: PriorityClassCatalog) -> None:
         self.settings = settings
         self.catalog = catalog
@@ -100,7 +99,7 @@ class PriorityPolicy:
         )
 
     def _rule(
-        self, arrived: str | None, namespace: str, exhausted: bool, policy: Policy
+        self, arrived: str | None, namespace: str, exhausted: bool, policy: PriorityPolicy
     ) -> tuple[PriorityRule, str]:
         if is_exempt(arrived, namespace, policy["exempt_classes"], self.settings.exempt_namespaces):
             return PriorityRule.EXEMPT, f"class {arrived} is exempt"

@@ -8,16 +8,15 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, cast, get_args
+from typing import Any, Literal, cast, get_args, get_origin, get_type_hints, is_typeddict
 
 import httpx
-from pydantic import BaseModel, Field, StrictInt
+from pydantic import BaseModel, create_model
 
-from gpuaccounting.admission_state import AdmissionState, NamespaceAdmission, UserClassRule, resolve
+from gpuaccounting.admission_state import AdmissionSnapshot, NamespaceAdmission, resolve
 from gpuaccounting.backoff import Backoff
 from gpuaccounting.counters import start_at_zero
 from gpuaccounting.names import ADMISSION_STATE_PATH
-from gpuaccounting.wire import BudgetState
 from webhook.metrics import WebhookMetrics
 from webhook.settings import WebhookSettings
 
@@ -42,12 +41,12 @@ class BudgetStateCache:
     def __init__(self, max_age_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_age_seconds = max_age_seconds
         self._clock = clock
-        self.snapshot: AdmissionState | None = None
+        self.snapshot: AdmissionSnapshot | None = None
         self.etag: str | None = None
         self.confirmed_at: float | None = None
         self._resolved: tuple[NamespaceAdmission, dict[str, NamespaceAdmission]] | None = None
 
-    def store(self, snapshot: AdmissionState, etag: str | None) -> None:
+    def store(self, snapshot: AdmissionSnapshot, etag: str | None) -> None:
         """Keep a snapshot (ValueError, and the last one kept, when an entry names no policy)."""
         self._resolved = resolve(snapshot)
         self.snapshot = snapshot
@@ -75,29 +74,24 @@ PollResult = Literal["updated", "not_modified", "error"]
 STATE_POLL_RETRY_BASE_SECONDS = 1.0
 
 
-# The snapshot's shape (gpuaccounting.admission_state) as pydantic models: pydantic cannot check a
-# typing.TypedDict on Python 3.11, and the shared module stays stdlib-only.
-class _PriorityPolicyModel(BaseModel):
-    exempt_classes: list[str]
-    user_classes: UserClassRule
-    ceiling: int | None
+def _model_of(typed: Any) -> type[BaseModel]:
+    """The pydantic model of a gpuaccounting TypedDict, field for field (pydantic takes no typing.TypedDict
+    on Python 3.11, and gpuaccounting imports nothing): the snapshot's schema stays written once."""
+    fields: dict[str, Any] = {name: (_field_type(hint), ...) for name, hint in get_type_hints(typed).items()}
+    return create_model(typed.__name__, **fields)
 
 
-class _NamespaceModel(BaseModel):
-    state: BudgetState
-    max_gpu_share_per_pod: float | None = None
-    # Required: a webhook never guesses a namespace's policy. An index into priority_policies (strict:
-    # never a string or a float that happens to convert), checked against it by `resolve`.
-    priority_policy: StrictInt
+def _field_type(hint: Any) -> Any:
+    if is_typeddict(hint):
+        return _model_of(hint)
+    if get_origin(hint) in (list, dict):
+        return get_origin(hint)[tuple(_field_type(arg) for arg in get_args(hint))]
+    return hint
 
 
-class _SnapshotModel(BaseModel):
-    version: int
-    generated_at: str
-    priority_classes: dict[str, str]
-    priority_policies: list[_PriorityPolicyModel] = Field(min_length=1)
-    default: _NamespaceModel
-    namespaces: dict[str, _NamespaceModel]
+# Validated strictly (an index is never a string or a float that happens to convert) and checked against
+# its policies by `resolve`.
+_SNAPSHOT = _model_of(AdmissionSnapshot)
 
 
 class StatePoller:
@@ -142,8 +136,10 @@ class StatePoller:
                 result: PollResult = "not_modified"
             else:
                 response.raise_for_status()
-                model = _SnapshotModel.model_validate_json(response.content)
-                snapshot = cast(AdmissionState, model.model_dump())
+                snapshot = cast(
+                    AdmissionSnapshot,
+                    _SNAPSHOT.model_validate_json(response.content, strict=True).model_dump(),
+                )
                 self.cache.store(snapshot, response.headers.get("etag"))
                 self.metrics.state_version.set(snapshot["version"])
                 result = "updated"

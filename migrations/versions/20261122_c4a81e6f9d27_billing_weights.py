@@ -1,6 +1,6 @@
 """Billing: weights per GPU model with their history, prices per GPU-hour, the charge basis; each ledger
 row and hourly aggregate records its charge rate and GPU model; `gpu_weighted_seconds`, the one SQL
-spelling of "a weight applies from its time on" (timekeeper/billing/weights.py is the Python one).
+spelling of "a weight applies from its time on" (timekeeper/domain/weights.py is the Python one).
 
 Revision ID: c4a81e6f9d27
 Revises: 5e8b3d0a7c14

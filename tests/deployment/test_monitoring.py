@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from tests.deployment.conftest import DEPLOYMENT, ROOT, required
 from tests.test_docs import _anchors
 from timekeeper.metrics import Metrics, PodWatchCollector
-from timekeeper.scheduler.runner import SchedulerCollector
+from timekeeper.periodic.runner import SchedulerCollector
 from webhook.metrics import WebhookMetrics
 
 COMPONENT = DEPLOYMENT / "components" / "prometheus"

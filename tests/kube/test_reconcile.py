@@ -25,17 +25,17 @@ from tests.support.timekeeper import report_body
 from tests.timekeeper.conftest import START
 from timekeeper.app import create_app
 from timekeeper.auth.base import Principal
-from timekeeper.billing.repository import BillingRepository
 from timekeeper.budgets.schemas import BudgetIn
 from timekeeper.budgets.service import BudgetService
 from timekeeper.clock import ManualClock
 from timekeeper.kube import KubeClient, KubeUnavailableError, QuotaChange
 from timekeeper.kube.client import QUOTA_NAME
+from timekeeper.periodic.jobs import JOBS_BY_NAME, reconcile_job, run_job
+from timekeeper.periodic.repository import RUNNING_POD
 from timekeeper.reconcile.service import Reconciler
-from timekeeper.scheduler.jobs import JOBS_BY_NAME, reconcile_job, run_job
-from timekeeper.scheduler.repository import RUNNING_POD
 from timekeeper.settings import Settings
-from timekeeper.usage.models import PodCoverage
+from timekeeper.store.billing.repository import BillingRepository
+from timekeeper.store.usage.models import PodCoverage
 from timekeeper.usage.schemas import ReportIn
 from timekeeper.usage.service import IngestService
 

@@ -28,9 +28,9 @@ from tests.timekeeper.conftest import START
 from timekeeper.app import create_app
 from timekeeper.clock import ManualClock
 from timekeeper.db.session import build_engine
+from timekeeper.periodic.jobs import floor_to
+from timekeeper.periodic.runner import SchedulerRunner
 from timekeeper.reconcile.service import Reconciler
-from timekeeper.scheduler.jobs import floor_to
-from timekeeper.scheduler.runner import SchedulerRunner
 from timekeeper.settings import Settings
 
 LOCK_KEY = 4243  # not the other tests' scheduler lock

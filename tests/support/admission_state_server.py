@@ -16,7 +16,7 @@ from typing import Any, cast
 import orjson
 
 from gpuaccounting.admission_state import (
-    AdmissionState,
+    AdmissionSnapshot,
     NamespaceAdmission,
     PriorityPolicy,
     compact,
@@ -41,7 +41,7 @@ def snapshot(
     version: int = 1,
     namespaces: dict[str, NamespaceAdmission] | None = None,
     default: NamespaceAdmission | None = None,
-) -> AdmissionState:
+) -> AdmissionSnapshot:
     """The published form of these resolved entries (admission_state.compact)."""
     return compact(
         version,
@@ -55,12 +55,12 @@ def snapshot(
 @dataclass
 class StateServer:
     url: str = ""
-    state: AdmissionState | None = None
+    state: AdmissionSnapshot | None = None
     failing: bool = False
     body_override: bytes | None = None  # serve this (e.g. garbage) instead of the snapshot
     seen: list[dict[str, str]] = field(default_factory=list)  # headers of every request received
 
-    def publish(self, state: AdmissionState) -> None:
+    def publish(self, state: AdmissionSnapshot) -> None:
         self.state = state
 
 
@@ -95,7 +95,7 @@ def _handler(server: StateServer) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def run_state_server(state: AdmissionState | None = None) -> Iterator[StateServer]:
+def run_state_server(state: AdmissionSnapshot | None = None) -> Iterator[StateServer]:
     served = StateServer(state=state)
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(served))
     served.url = f"http://127.0.0.1:{httpd.server_address[1]}"

@@ -8,16 +8,16 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from gpuaccounting.admission_state import AdmissionState, default_priority_policy
+from gpuaccounting.admission_state import AdmissionSnapshot, default_priority_policy
 from tests.support.timekeeper import Api, ok
 from tests.timekeeper.conftest import START
 from timekeeper.clock import ManualClock
-from timekeeper.scheduler.jobs import JOBS_BY_NAME, run_job
+from timekeeper.periodic.jobs import JOBS_BY_NAME, run_job
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
-async def snapshot(api: Api) -> tuple[AdmissionState, str]:
+async def snapshot(api: Api) -> tuple[AdmissionSnapshot, str]:
     response = await api.get("/admission-state")
     return ok(response), response.headers["etag"]
 

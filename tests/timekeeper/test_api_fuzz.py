@@ -36,8 +36,8 @@ from tests.support.postgres import url_string
 from tests.support.timekeeper import Tokens, bearer, migrated_database, report_body
 from tests.timekeeper.conftest import START
 from timekeeper.app import create_app
-from timekeeper.budgets.periods import PeriodKind, period_containing
 from timekeeper.clock import ManualClock
+from timekeeper.domain.periods import PeriodKind, period_containing
 from timekeeper.settings import Settings
 
 # Bounded for CI and reproducible: the same examples on every run.

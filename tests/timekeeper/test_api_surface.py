@@ -15,7 +15,7 @@ from fastapi import FastAPI
 
 from tests.support.timekeeper import Tokens, bearer
 from timekeeper.clock import ManualClock
-from timekeeper.scheduler.runner import SchedulerRunner, replica_name
+from timekeeper.periodic.runner import SchedulerRunner, replica_name
 from timekeeper.settings import Settings
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

@@ -1,4 +1,4 @@
-"""The batcher's turn: two batches in flight, but one gathered and charged at a time. A batch's reports are
+"""The charging lock: two batches in flight, one gathered and charged at a time. A batch's reports are
 those that arrived while the previous one charged (not a share of them split between two runners), and
 the next batch still charges while the previous one commits. The database is stood in for, so each step
 happens when the test says (what a batch charges is tests/timekeeper/test_group_commit.py's)."""
@@ -128,7 +128,7 @@ async def test_one_batch_charges_at_a_time_and_the_next_charges_while_it_commits
 ) -> None:
     first = [asyncio.ensure_future(batcher.submit(report(f"uid-{i}"))) for i in range(3)]
     await steps.batches_started(1)
-    # Arriving while the first batch charges: the other runner is free, but waits for the turn.
+    # Arriving while the first batch charges: the other runner is free, but waits for the charging lock.
     second = [asyncio.ensure_future(batcher.submit(report(f"uid-{i}"))) for i in range(3, 6)]
     await settle()
     assert steps.charged == [["uid-0", "uid-1", "uid-2"]]

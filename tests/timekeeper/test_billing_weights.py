@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from timekeeper.billing.weights import (
+from timekeeper.domain.weights import (
     SHIPPED_BASIS,
     Basis,
     WeightChange,

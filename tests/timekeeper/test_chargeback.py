@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tests.support.postgres import url_string
 from tests.support.timekeeper import Api, Tokens, bearer, ok, sha256
-from timekeeper.billing.chargeback import escape_formula, in_turn
+from timekeeper.billing.chargeback import escape_formula, limited_export
 from timekeeper.clock import ManualClock
 from timekeeper.settings import Settings
 
@@ -172,10 +172,10 @@ async def test_a_second_export_waits_until_the_first_has_ended() -> None:
         yield {"name": name}
         log.append(f"{name} ends")
 
-    turns = asyncio.Semaphore(1)
-    first = in_turn(turns, rows("first"))
+    exports = asyncio.Semaphore(1)
+    first = limited_export(exports, rows("first"))
     await anext(first)
-    second = asyncio.create_task(anext(in_turn(turns, rows("second"))))
+    second = asyncio.create_task(anext(limited_export(exports, rows("second"))))
     for _ in range(10):
         await asyncio.sleep(0)
     waited = list(log)

@@ -7,7 +7,8 @@ from decimal import Decimal
 
 import pytest
 
-from timekeeper.budgets.periods import EPOCH, PeriodKind, budget_state, period_containing, periods_overlapping
+from timekeeper.domain.periods import EPOCH, PeriodKind, period_containing, periods_overlapping
+from timekeeper.domain.states import budget_state
 from timekeeper.usage.charging import gpu_minutes, split_charge
 
 

@@ -9,8 +9,7 @@ from fastapi import FastAPI
 
 from tests.support.timekeeper import Api, ok
 from tests.timekeeper.conftest import START
-from timekeeper.gitops.objects import ObjectRef
-from timekeeper.gitops.repository import ManagedRepository
+from timekeeper.store.gitops.repository import ManagedRepository, ObjectRef
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from gpuaccounting.admission_state import default_priority_policy
-from timekeeper.budgets.periods import PeriodKind
-from timekeeper.budgets.schemas import ForecastOut, NamespaceBudgetOut, PeriodOut, PriorityPolicyBody
+from timekeeper.budgets.schemas import ForecastOut, NamespaceBudgetOut, PriorityPolicyBody
+from timekeeper.domain.periods import PeriodKind
 from timekeeper.gitops.objects import (
     SPEC_FIELDS,
     ObjectRef,
@@ -28,6 +28,7 @@ from timekeeper.gitops.objects import (
     stored_json,
     substance,
 )
+from timekeeper.schemas import PeriodOut
 
 NOW = datetime(2026, 3, 18, 12, 0, tzinfo=UTC)
 CRDS = Path(__file__).resolve().parents[2] / "deployment" / "base" / "crds"

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from tests.support.timekeeper import Api, bearer, ok
 from tests.timekeeper.conftest import START
 from timekeeper.clock import ManualClock
-from timekeeper.scheduler.jobs import JOBS_BY_NAME, run_job
+from timekeeper.periodic.jobs import JOBS_BY_NAME, run_job
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -8,8 +8,8 @@ from decimal import Decimal
 
 from gpuaccounting.admission_state import default_priority_policy
 from tests.support.timekeeper import report_body
-from timekeeper.budgets.periods import PeriodKind
-from timekeeper.budgets.repository import BudgetConfig, NamespaceFigures
+from timekeeper.domain.figures import BudgetConfig, NamespaceFigures
+from timekeeper.domain.periods import PeriodKind
 from timekeeper.usage.planning import Rate, figures_after, plan_charges, plan_totals
 from timekeeper.usage.schemas import ReportIn
 

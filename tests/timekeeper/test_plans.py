@@ -17,12 +17,17 @@ from psycopg import sql
 from sqlalchemy import TextClause
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from timekeeper.billing.repository import CHARGE_INPUTS, WEIGHTS, charge_inputs_parameters, weights_parameters
-from timekeeper.budgets.burn import burned_query
-from timekeeper.budgets.repository import figures_parameters, statuses_on
 from timekeeper.db.driver import PLANNING_SQL
-from timekeeper.usage import repository
-from timekeeper.usage.repository import batch_json
+from timekeeper.store.billing.repository import (
+    CHARGE_INPUTS,
+    WEIGHTS,
+    charge_inputs_parameters,
+    weights_parameters,
+)
+from timekeeper.store.budgets.burn import burned_query
+from timekeeper.store.budgets.repository import figures_parameters, statuses_on
+from timekeeper.store.usage import repository
+from timekeeper.store.usage.repository import batch_json
 
 NOW = datetime(2026, 3, 18, 12, 0, tzinfo=UTC)
 START, END = NOW - timedelta(minutes=2), NOW - timedelta(minutes=1, seconds=30)

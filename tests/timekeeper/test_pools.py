@@ -15,9 +15,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from tests.support.postgres import url_string
 from tests.support.timekeeper import Api, Tokens, bearer, ok, sha256
 from timekeeper.clock import ManualClock
-from timekeeper.pools.repository import PoolRepository
 from timekeeper.settings import Settings
-from webhook.priority import PriorityPolicy, PriorityRule
+from timekeeper.store.pools.repository import PoolRepository
+from webhook.priority import PriorityDecider, PriorityRule
 from webhook.priorityclasses import PriorityClassCatalog
 from webhook.settings import WebhookSettings
 from webhook.state import BudgetStateCache
@@ -62,7 +62,7 @@ async def next_pod(api: Api, namespace: str) -> PriorityRule:
     """The rule the webhook applies to the namespace's next GPU pod, from the snapshot it would cache."""
     cache = BudgetStateCache(max_age_seconds=60)
     cache.store(await snapshot(api), None)  # type: ignore[arg-type]
-    policy = PriorityPolicy(WebhookSettings(watch_priority_classes=False), PriorityClassCatalog())
+    policy = PriorityDecider(WebhookSettings(watch_priority_classes=False), PriorityClassCatalog())
     return policy.decide({}, cache.view(namespace), namespace=namespace).rule
 
 

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tests.support.timekeeper import Api, ok
 from timekeeper.clock import ManualClock
-from timekeeper.scheduler.jobs import JOBS_BY_NAME, JobResult, floor_to, run_job
+from timekeeper.periodic.jobs import JOBS_BY_NAME, JobResult, floor_to, run_job
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -20,9 +20,9 @@ from tests.support.replicas import scheduler_process
 from tests.support.timekeeper import migrated_database
 from timekeeper.clock import ManualClock, SystemClock
 from timekeeper.db.session import build_engine, build_sessionmaker
-from timekeeper.scheduler.jobs import JOBS_BY_NAME, run_job
-from timekeeper.scheduler.leader import LeaderElection
-from timekeeper.scheduler.runner import SchedulerRunner
+from timekeeper.periodic.jobs import JOBS_BY_NAME, run_job
+from timekeeper.periodic.leader import LeaderElection
+from timekeeper.periodic.runner import SchedulerRunner
 from timekeeper.settings import Settings
 
 on_session_loop = pytest.mark.asyncio(loop_scope="session")

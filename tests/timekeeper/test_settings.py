@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from gpuaccounting import clock
 from timekeeper.app import default_clock
 from timekeeper.clock import AcceleratedClock, SystemClock
-from timekeeper.scheduler.runner import SchedulerRunner
+from timekeeper.periodic.runner import SchedulerRunner
 from timekeeper.settings import Settings
 
 

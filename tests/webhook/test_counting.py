@@ -19,7 +19,7 @@ import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from gpuaccounting.admission_state import AdmissionState
+from gpuaccounting.admission_state import AdmissionSnapshot
 from tests.support.admission_state_server import entry, snapshot
 from tests.support.pods import container, pod, review
 from webhook.app import create_app
@@ -27,7 +27,7 @@ from webhook.priority import PriorityRule
 from webhook.review import parse_review
 from webhook.settings import WebhookSettings
 
-STATE: AdmissionState = snapshot(
+STATE: AdmissionSnapshot = snapshot(
     namespaces={"team-a": entry("in_budget"), "team-x": entry("exhausted"), "team-s": entry("in_budget")}
 )
 GPU_POD = pod(container("main", {"nvidia.com/gpu": 1}))

@@ -11,7 +11,7 @@ import pytest
 from gpuaccounting.wire import BudgetState
 from tests.support.admission_state_server import entry
 from webhook.metrics import WebhookMetrics
-from webhook.priority import DecisionRecorder, PriorityDecision, PriorityPolicy, PriorityRule
+from webhook.priority import DecisionRecorder, PriorityDecider, PriorityDecision, PriorityRule
 from webhook.priorityclasses import PriorityClassCatalog, PriorityClassInfo
 from webhook.settings import WebhookSettings
 from webhook.state import Freshness, NamespaceView
@@ -49,7 +49,7 @@ def decide(
     name: str = "team-a",
 ) -> PriorityDecision:
     spec = {} if arrived is None else {"priorityClassName": arrived, "priority": 7}
-    return PriorityPolicy(settings, classes or catalog()).decide(spec, namespace, namespace=name)
+    return PriorityDecider(settings, classes or catalog()).decide(spec, namespace, namespace=name)
 
 
 def outcome(decision: PriorityDecision) -> tuple[PriorityRule, str | None, int | None, str | None]:
@@ -265,7 +265,7 @@ def test_never_loaded_state_uses_the_default_priority_policy() -> None:
 
 
 def test_a_reinvoked_pod_keeps_the_words_of_the_decision_that_set_its_class() -> None:
-    policy = PriorityPolicy(SETTINGS, catalog())
+    policy = PriorityDecider(SETTINGS, catalog())
     first = policy.decide({"priorityClassName": "high"}, view(), namespace="team-a")
     spec: dict[str, Any] = {"priorityClassName": "high"}
     first.apply(spec)
@@ -274,7 +274,7 @@ def test_a_reinvoked_pod_keeps_the_words_of_the_decision_that_set_its_class() ->
 
 
 def test_a_previous_decision_that_set_another_class_is_not_kept() -> None:
-    policy = PriorityPolicy(SETTINGS, catalog())
+    policy = PriorityDecider(SETTINGS, catalog())
     # The namespace ran out between the two passes: the reduced class, and the words of now.
     exhausted = policy.decide(
         {"priorityClassName": "gpu-in-budget"},

@@ -10,7 +10,7 @@ from kubernetes_asyncio import client
 
 from gpuaccounting import names
 from tests.webhook.test_priority import IN_BUDGET, REDUCED, catalog, outcome, view
-from webhook.priority import PriorityPolicy, PriorityRule
+from webhook.priority import PriorityDecider, PriorityRule
 from webhook.settings import WebhookSettings
 from webhook.workloads import WorkloadClass, WorkloadClasses
 
@@ -124,7 +124,7 @@ def kept_class(name: str) -> WorkloadClass:
 
 
 def test_a_later_pod_of_an_in_budget_workload_keeps_the_in_budget_class_when_exhausted() -> None:
-    decision = PriorityPolicy(SETTINGS, catalog()).decide(
+    decision = PriorityDecider(SETTINGS, catalog()).decide(
         {}, view("exhausted"), namespace="team-a", workload="Job/train", kept=kept_class("gpu-in-budget")
     )
 
@@ -133,7 +133,7 @@ def test_a_later_pod_of_an_in_budget_workload_keeps_the_in_budget_class_when_exh
 
 
 def test_a_later_pod_of_a_reduced_workload_stays_reduced_back_in_budget() -> None:
-    decision = PriorityPolicy(SETTINGS, catalog()).decide(
+    decision = PriorityDecider(SETTINGS, catalog()).decide(
         {}, view("in_budget"), namespace="team-a", workload="Job/train", kept=kept_class("gpu-over-budget")
     )
 
@@ -141,7 +141,7 @@ def test_a_later_pod_of_a_reduced_workload_stays_reduced_back_in_budget() -> Non
 
 
 def test_a_kept_user_class_takes_the_listed_objects_numbers() -> None:
-    decision = PriorityPolicy(SETTINGS, catalog()).decide(
+    decision = PriorityDecider(SETTINGS, catalog()).decide(
         {"priorityClassName": "high"},
         view("exhausted"),
         namespace="team-a",
@@ -153,7 +153,7 @@ def test_a_kept_user_class_takes_the_listed_objects_numbers() -> None:
 
 
 def test_an_exempt_class_stays_exempt_in_a_workload() -> None:
-    policy = PriorityPolicy(SETTINGS, catalog())
+    policy = PriorityDecider(SETTINGS, catalog())
     decision = policy.decide(
         {"priorityClassName": "system-node-critical"},
         view("exhausted"),
@@ -166,7 +166,7 @@ def test_an_exempt_class_stays_exempt_in_a_workload() -> None:
 
 
 def test_the_first_pod_of_a_workload_is_decided_by_the_budget() -> None:
-    decision = PriorityPolicy(SETTINGS, catalog()).decide(
+    decision = PriorityDecider(SETTINGS, catalog()).decide(
         {}, view("exhausted"), namespace="team-a", workload="Job/train", kept=None
     )
 

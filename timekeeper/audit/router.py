@@ -7,11 +7,11 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from pydantic import AwareDatetime
 
-from timekeeper.audit.repository import AuditRepository
+from gpuaccounting.names import DNS_LABEL
 from timekeeper.audit.schemas import AuditEntryOut
+from timekeeper.audit.service import AuditService
 from timekeeper.auth.dependencies import Admin
 from timekeeper.db.session import SessionDep
-from timekeeper.schemas import DNS_LABEL
 
 router = APIRouter(tags=["audit"])
 
@@ -25,5 +25,5 @@ async def list_audit(
     before_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,  # a bigint id
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[AuditEntryOut]:
-    rows = await AuditRepository(session).entries(namespace, since, limit, before_id)
+    rows = await AuditService(session).entries(namespace, since, limit, before_id)
     return [AuditEntryOut.model_validate(row, from_attributes=True) for row in rows]

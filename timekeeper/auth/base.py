@@ -1,10 +1,6 @@
-"""The access-control interface every auth mode implements.
-
-A request's bearer token is first turned into a Principal (authentication), then each endpoint asks
-whether that principal may perform one Action, on one namespace where the action concerns one
-(authorization). Static mode answers from hashed tokens in settings; Kubernetes mode answers with
-TokenReview and SubjectAccessReview. Endpoints never look at tokens themselves.
-"""
+"""The access-control interface every auth mode implements: a bearer token becomes a Principal
+(authentication), then each endpoint asks whether it may perform one Action, on one namespace where the
+action concerns one (authorization). Endpoints never look at tokens themselves."""
 
 from __future__ import annotations
 
@@ -30,12 +26,9 @@ class PodIdentity:
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """An authenticated caller.
-
-    `name` is what the audit log records. `pod` is set when the credential is bound to one pod, which may
-    then report only for itself; a static reporter token has no pod and is trusted for every pod (the
-    documented shared-token mode for clusters-less runs).
-    """
+    """An authenticated caller: `name` is what the audit log records; `pod`, when the credential is bound
+    to one pod, which may then report only for itself (a static reporter token has none: trusted for every
+    pod)."""
 
     name: str
     pod: PodIdentity | None = None

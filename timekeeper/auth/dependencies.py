@@ -13,7 +13,7 @@ from starlette.requests import HTTPConnection
 
 from gpuaccounting.names import PROXIED_AUTHORIZATION_HEADER
 from timekeeper.auth.base import AccessControl, Action, Principal
-from timekeeper.auth.scope import known_namespaces, readable_namespaces
+from timekeeper.auth.scope import readable_namespaces
 from timekeeper.errors import TimekeeperError
 
 ANONYMOUS = Principal(name="anonymous")
@@ -108,7 +108,7 @@ async def read_scope(request: Request, principal: AuthenticatedPrincipal) -> fro
 async def readable_known_namespaces(request: Request, principal: Principal) -> frozenset[str]:
     """The known namespaces `principal` may read, one authorization each (timekeeper/auth/scope.py)."""
     state = request.app.state
-    known = await known_namespaces(state.sessionmaker)
+    known = await state.known_namespaces()  # the app's: store.admission.repository.known_namespaces
     return await readable_namespaces(state.access, principal, known, state.settings.read_scope_concurrency)
 
 

@@ -1,25 +1,12 @@
 """Kubernetes auth mode: TokenReview for who is calling, SubjectAccessReview for what they may do.
 
-Sidecars present their pod's projected ServiceAccount token (audience `gpu-timekeeper`). A TokenReview
-turns it into `system:serviceaccount:<namespace>:<sa>` plus the `pod-name` / `pod-uid` extras the API
-server adds to pod-bound tokens: that pod, and only it, may report. People and tools present any token the
-API server accepts; what they may do is RBAC's answer about a virtual resource, `gpubudgets` in the API
-group `gpu-timekeeper.io` (no CRD needed: RBAC rules may name any resource):
-
-- read a namespace's budget and usage: `get gpubudgets` in that namespace (`list` at cluster scope for
-  every namespace), which the `view` ClusterRole carries through aggregation, so a namespace's members can
-  read their own namespace;
-- change budgets, defaults and grants, read the audit log: `update gpubudgets` (in the namespace for a
-  namespace's budget, at cluster scope for defaults and the audit log).
-
-People's tokens (kubectl's OIDC or static tokens) are not issued for our audience: a token the first
-review (audience `gpu-timekeeper`) refuses is reviewed again for the API server's own audiences and, if
-accepted, stands for a user with no pod, who may then read or administer as RBAC allows but never report
-(`accept_api_tokens=False` turns this off, e.g. behind an authenticating proxy).
-
-Both reviews are cached briefly, keyed by a SHA-256 of the token (tokens never sit in memory as keys) or by
-the user, groups and question, so steady traffic costs the API server almost nothing.
-"""
+Rules:
+- a sidecar's projected token (audience `gpu-timekeeper`) stands for its pod, which alone may report;
+- any token the API server accepts for its own audiences stands for a user with no pod, who never reports
+  (`accept_api_tokens=False` turns this off);
+- reading a namespace is `get gpubudgets` there (`list` at cluster scope for all); changing budgets,
+  defaults and grants, and reading the audit log, is `update gpubudgets` (cluster scope for the last two).
+Both reviews are cached briefly, keyed by a SHA-256 of the token or by the user, groups and question."""
 
 from __future__ import annotations
 

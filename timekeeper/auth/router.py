@@ -9,9 +9,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel
 
+from gpuaccounting.names import DNS_LABEL
 from timekeeper.auth.base import AccessControl, Action, Principal
 from timekeeper.auth.dependencies import ANONYMOUS, AuthenticatedPrincipal, authorize
-from timekeeper.schemas import DNS_LABEL
 
 router = APIRouter(tags=["auth"])
 

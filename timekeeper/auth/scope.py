@@ -1,44 +1,20 @@
-"""Which namespaces a listing shows a caller who may not read every namespace.
-
-A scoped credential (static mode's scoped reader and reporter tokens) names its namespaces itself.
-Anyone else who is refused the cluster-wide read (Kubernetes mode: a namespace member, who has `get
-gpubudgets` in some namespaces but not `list` at cluster scope) is shown the known namespaces (those `GET
-/namespaces` lists for a cluster-wide reader: `namespace_status`) that the access control lets them read,
-each asked as
-`authorize(principal, READ, namespace)` would be for that namespace's own budget, so the list and the
-single reads can never disagree.
-
-Cost (docs/kubernetes.md, "Listing for namespace members"): one question per known namespace, at most
-`concurrency` in flight; the access control's decision cache (Kubernetes mode: SubjectAccessReview
-answers, 10 s, keyed by user, groups, verb and namespace) makes a repeat within that time free of reviews.
-"""
+"""Which namespaces a listing shows a caller who may not read every namespace: a scoped credential's
+own; anyone else refused the cluster-wide read sees the known namespaces it may read, each asked as a
+single read would ask, so the list and the single reads never disagree (docs/kubernetes.md)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
 
-import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-
-from timekeeper.admission.models import NamespaceStatus
 from timekeeper.auth.base import AccessControl, Action, Principal
-
-
-async def known_namespaces(sessions: async_sessionmaker[AsyncSession]) -> list[str]:
-    """Every namespace the timekeeper has state for: what `GET /namespaces` lists for a cluster-wide
-    reader (BudgetRepository.figures without a list)."""
-    async with sessions() as session:
-        return list(await session.scalars(sa.select(NamespaceStatus.namespace)))
 
 
 async def readable_namespaces(
     access: AccessControl, principal: Principal, candidates: Sequence[str], concurrency: int
 ) -> frozenset[str]:
-    """The candidates `principal` may read. `concurrency` workers share the candidates: a cached answer
-    costs no await on I/O, so a repeat listing is a loop, and a first one keeps at most `concurrency`
-    reviews in flight (a per-namespace task would cost a task each even when cached). The first error (a
-    503: the API server cannot review now) cancels the other workers and is raised as it is."""
+    """The candidates `principal` may read, asked by `concurrency` workers sharing them; the first error
+    (a 503: the API server cannot review now) cancels the others and is raised as it is."""
     readable: set[str] = set()
     pending = iter(candidates)
 

@@ -1,11 +1,6 @@
-"""Static mode: bearer tokens checked against SHA-256 digests kept in settings, for clusters-less runs.
-
-Roles: admin tokens may do everything; reporter tokens may report and read; reader tokens may read.
-Reporter and reader tokens hold every namespace (`TIMEKEEPER_REPORTER_TOKEN_SHA256`,
-`TIMEKEEPER_READER_TOKEN_SHA256`) or only those they are scoped to (`TIMEKEEPER_REPORTER_TOKENS`,
-`TIMEKEEPER_READER_TOKENS`). The principal's name (what the audit log records) names the role and the
-digest's first characters, never the token.
-"""
+"""Static mode: bearer tokens checked against SHA-256 digests in settings, for clusters-less runs. Admin
+tokens may do everything, reporter tokens report and read, reader tokens read; reporter and reader tokens
+hold every namespace or only those they are scoped to. A principal's name never holds the token."""
 
 from __future__ import annotations
 

@@ -16,10 +16,10 @@ from typing import Literal
 import orjson
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from timekeeper.billing.repository import BillingRepository
-from timekeeper.budgets.periods import Period, PeriodKind, periods_overlapping
+from timekeeper.domain.periods import Period, PeriodKind, periods_overlapping
 from timekeeper.errors import TimekeeperError
-from timekeeper.usage.repository import UNKNOWN_MODEL, UsageRepository
+from timekeeper.store.billing.repository import BillingRepository
+from timekeeper.store.usage.repository import UNKNOWN_MODEL, UsageRepository
 
 ExportFormat = Literal["json", "csv"]
 BucketKind = Literal["daily", "weekly", "monthly"]
@@ -71,12 +71,12 @@ def cost(raw_gpu_minutes: Decimal, price_per_gpu_hour: Decimal | None) -> Decima
     return (raw_gpu_minutes / _MINUTES_PER_HOUR * price_per_gpu_hour).quantize(_CENT_FRACTION)
 
 
-async def in_turn(
-    turns: asyncio.Semaphore, rows: AsyncIterator[dict[str, object]]
+async def limited_export(
+    exports: asyncio.Semaphore, rows: AsyncIterator[dict[str, object]]
 ) -> AsyncIterator[dict[str, object]]:
-    """`rows` once a turn is free (TIMEKEEPER_CHARGEBACK_EXPORTS at once): an export reads every ledger
-    row of its range, and several at once would take the database's cores from ingest."""
-    async with turns:
+    """`rows` once `exports` admits one more (TIMEKEEPER_CHARGEBACK_EXPORTS at once): an export reads every
+    ledger row of its range, and several at once would take the database's cores from ingest."""
+    async with exports:
         async for row in rows:
             yield row
 

@@ -16,7 +16,7 @@ from timekeeper.billing.chargeback import (
     as_json,
     chargeback_range,
     chargeback_rows,
-    in_turn,
+    limited_export,
 )
 from timekeeper.billing.schemas import (
     ChargeBasisIn,
@@ -29,8 +29,8 @@ from timekeeper.billing.schemas import (
     WeightsOut,
 )
 from timekeeper.billing.service import BillingService
-from timekeeper.budgets.periods import PeriodKind, period_containing
 from timekeeper.db.session import SessionDep
+from timekeeper.domain.periods import PeriodKind, period_containing
 from timekeeper.routing import admin_body
 from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
 
@@ -124,8 +124,8 @@ async def export_chargeback(
     settings, now = request.app.state.settings, request.app.state.clock.now()
     span = chargeback_range(period, since or period_containing(PeriodKind(period), now).start, until or now)
     namespaces = None if scope is None else sorted(scope)
-    rows = in_turn(
-        request.app.state.chargeback_turns,
+    rows = limited_export(
+        request.app.state.chargeback_export_slots,
         chargeback_rows(request.app.state.sessionmaker, span, namespaces, settings.billing_currency),
     )
     wanted = export_format or ("csv" if _CSV in request.headers.get("accept", "") else "json")

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field
 
-from timekeeper.billing.weights import ChargeBasisKind
+from timekeeper.domain.weights import ChargeBasisKind
 from timekeeper.schemas import Amount, DecimalIn, Timestamp
 
 # A GPU model as NVML or GPU Feature Discovery spell it ("NVIDIA H100 80GB HBM3", "NVIDIA-A100-SXM4-40GB-

@@ -18,7 +18,6 @@ from timekeeper.budgets.schemas import (
 )
 from timekeeper.budgets.service import BudgetReads, BudgetService
 from timekeeper.db.session import SessionDep
-from timekeeper.gitops.guard import refuse_if_managed
 from timekeeper.routing import admin_body
 from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
 
@@ -66,19 +65,16 @@ async def put_budget(
     body: BudgetBody,
     service: Service,
     admin: Admin,
-    session: SessionDep,
 ) -> NamespaceBudgetOut:
-    await refuse_if_managed(session, namespace)
+    await service.refuse_if_managed(namespace)
     return await service.put(namespace, body, admin)
 
 
 @router.delete(
     "/namespaces/{namespace}/budget", response_model=NamespaceBudgetOut, responses=error_responses(404, 409)
 )
-async def delete_budget(
-    namespace: NamespacePath, service: Service, admin: Admin, session: SessionDep
-) -> NamespaceBudgetOut:
-    await refuse_if_managed(session, namespace)
+async def delete_budget(namespace: NamespacePath, service: Service, admin: Admin) -> NamespaceBudgetOut:
+    await service.refuse_if_managed(namespace)
     return await service.delete(namespace, admin)
 
 
@@ -88,10 +84,8 @@ async def get_defaults(service: Service, _: Admin) -> BudgetConfigOut:
 
 
 @router.put("/defaults", response_model=BudgetConfigOut, responses={**BODY_ERRORS, **error_responses(409)})
-async def put_defaults(
-    body: BudgetBody, service: Service, admin: Admin, session: SessionDep
-) -> BudgetConfigOut:
-    await refuse_if_managed(session, None)
+async def put_defaults(body: BudgetBody, service: Service, admin: Admin) -> BudgetConfigOut:
+    await service.refuse_if_managed(None)
     return await service.put_default(body, admin)
 
 

@@ -10,19 +10,20 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from gpuaccounting.admission_state import PriorityPolicy, UserClassRule
 from gpuaccounting.wire import BudgetState
-from timekeeper.budgets.models import RunningPodAction
-from timekeeper.budgets.periods import PeriodKind
+from timekeeper.domain.figures import RunningPodAction
+from timekeeper.domain.periods import PeriodKind
 from timekeeper.schemas import (
     DNS_SUBDOMAIN,
+    LARGEST_AMOUNT,
     Amount,
     DecimalIn,
     OptionalAmount,
     OptionalDecimalIn,
+    PeriodOut,
     StoredText,
     Timestamp,
 )
 
-LARGEST_AMOUNT = Decimal("1e12")  # a trillion GPU-minutes: anything above is a typo
 INT32_MAX = 2**31 - 1  # a PriorityClass value is an int32
 
 PriorityClassName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
@@ -75,12 +76,6 @@ class BudgetConfigOut(BaseModel):
     concurrent_gpu_limit: OptionalAmount
     priority_policy: PriorityPolicyBody
     running_pod_action: RunningPodAction
-
-
-class PeriodOut(BaseModel):
-    kind: PeriodKind
-    start: datetime | None  # None for `none`: one open-ended period
-    end: datetime | None
 
 
 class ForecastOut(BaseModel):

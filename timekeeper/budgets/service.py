@@ -1,5 +1,5 @@
-"""Budget status, budget changes, defaults and grants. Every change is audited, re-states the namespaces
-it affects and gives the admission snapshot a new version, all in the request's transaction."""
+"""Budget status, budget changes, defaults and grants. Every change is audited, refreshes the states of
+the namespaces it affects and gives the admission snapshot a new version, in the request's transaction."""
 
 from __future__ import annotations
 
@@ -11,13 +11,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.admission_state import default_priority_policy, is_over_budget
 from gpuaccounting.wire import BudgetState
-from timekeeper.admission.service import AdmissionService, unpooled_states
-from timekeeper.audit.repository import AuditRepository
 from timekeeper.auth.base import Principal
 from timekeeper.budgets.forecast import forecast
-from timekeeper.budgets.models import SHIPPED_RUNNING_POD_ACTION, Grant
-from timekeeper.budgets.periods import EPOCH, PeriodKind, period_containing
-from timekeeper.budgets.repository import BudgetConfig, BudgetRepository, NamespaceFigures, statuses_on
+from timekeeper.budgets.guard import refuse_if_managed
 from timekeeper.budgets.schemas import (
     BudgetConfigOut,
     BudgetIn,
@@ -27,18 +23,19 @@ from timekeeper.budgets.schemas import (
     GrantOut,
     GrantStatus,
     NamespaceBudgetOut,
-    PeriodOut,
     PriorityPolicyBody,
 )
 from timekeeper.clock import Clock
 from timekeeper.db.driver import session_driver
+from timekeeper.domain.figures import SHIPPED_RUNNING_POD_ACTION, BudgetConfig, NamespaceFigures
+from timekeeper.domain.periods import PeriodKind, period_containing
 from timekeeper.errors import TimekeeperError
+from timekeeper.schemas import period_out
 from timekeeper.settings import Settings
-
-
-def period_out(kind: PeriodKind, moment: datetime) -> PeriodOut:
-    period = period_containing(kind, moment)
-    return PeriodOut(kind=kind, start=None if period.start == EPOCH else period.start, end=period.end)
+from timekeeper.store.audit.repository import AuditRepository
+from timekeeper.store.budgets.models import Grant
+from timekeeper.store.budgets.repository import BudgetRepository, statuses_on
+from timekeeper.store.states.budget_states import BudgetStates, unpooled_states
 
 
 def config_out(config: BudgetConfig) -> BudgetConfigOut:
@@ -132,7 +129,7 @@ class BudgetReads:
         )
         states = unpooled_states(found)
         if states is None:
-            states = await AdmissionService(self.session, self.settings).states(found, now)
+            states = await BudgetStates(self.session).decide(found, now)
         return [
             status_out(
                 figures,
@@ -159,9 +156,10 @@ class BudgetReads:
 
 class BudgetService:
     def __init__(self, session: AsyncSession, settings: Settings, clock: Clock) -> None:
+        self.session = session
         self.repository = BudgetRepository(session)
         self.audit = AuditRepository(session)
-        self.admission = AdmissionService(session, settings)
+        self.states = BudgetStates(session)
         self.reads = BudgetReads(session, settings, clock)
         self.settings = settings
         self.clock = clock
@@ -169,17 +167,22 @@ class BudgetService:
     async def status(self, namespace: str) -> NamespaceBudgetOut:
         return await self.reads.status(namespace)
 
+    async def refuse_if_managed(self, namespace: str | None) -> None:
+        """409 when a Kubernetes object governs the budget (None: the default) a REST call would change."""
+        await refuse_if_managed(self.session, namespace)
+
     async def all(self) -> list[NamespaceBudgetOut]:
         return await self.reads.all()
 
     async def some(self, namespaces: list[str]) -> list[NamespaceBudgetOut]:
         return await self.reads.some(namespaces)
 
-    async def _settle(
+    async def _refresh_after_change(
         self, namespaces: list[str] | None, kind_before: PeriodKind, kind_after: PeriodKind
     ) -> None:
         """After a change: a new period kind gets its current totals rebuilt from the ledger (the running
-        total for that kind missed charges made under the old one); then re-state and bump the version."""
+        total for that kind missed charges made under the old one); then refresh the states and bump the
+        version."""
         now = self.clock.now()
         if kind_before != kind_after:
             targets = (
@@ -187,7 +190,7 @@ class BudgetService:
             )
             period = period_containing(kind_after, now)
             await self.repository.rebuild_totals(targets, kind_after, period.start, period.end)
-        await self.admission.restate(now, namespaces, config_changed=True)
+        await self.states.refresh(now, namespaces, config_changed=True)
 
     async def put(self, namespace: str, body: BudgetIn, principal: Principal) -> NamespaceBudgetOut:
         previous = await self.repository.own(namespace)
@@ -204,7 +207,7 @@ class BudgetService:
             None if previous is None else previous.as_json(),
             after.as_json(),
         )
-        await self._settle([namespace], before.period, after.period)
+        await self._refresh_after_change([namespace], before.period, after.period)
         return await self.status(namespace)
 
     async def delete(self, namespace: str, principal: Principal) -> NamespaceBudgetOut:
@@ -217,7 +220,7 @@ class BudgetService:
         await self.audit.record(
             self.clock.now(), principal.name, "budget.delete", namespace, previous.as_json(), None
         )
-        await self._settle([namespace], previous.period, after.period)
+        await self._refresh_after_change([namespace], previous.period, after.period)
         return await self.status(namespace)
 
     async def default(self) -> BudgetConfigOut:
@@ -234,7 +237,7 @@ class BudgetService:
         await self.audit.record(
             self.clock.now(), principal.name, "defaults.put", None, previous.as_json(), after.as_json()
         )
-        await self._settle(None, previous.period, after.period)
+        await self._refresh_after_change(None, previous.period, after.period)
         return config_out(after)
 
     async def grant(self, namespace: str, body: GrantIn, principal: Principal) -> GrantOut:
@@ -269,7 +272,7 @@ class BudgetService:
                 "expires_at": None if expires_at is None else expires_at.isoformat(),
             },
         )
-        await self.admission.restate(now, [namespace], config_changed=True)
+        await self.states.refresh(now, [namespace], config_changed=True)
         return await self._grant_out(grant, config.period, now)
 
     async def grants(self, namespace: str, limit: int, before_id: int | None) -> list[GrantEntryOut]:
@@ -282,10 +285,9 @@ class BudgetService:
         ]
 
     async def revoke(self, namespace: str, grant_id: int, principal: Principal) -> GrantOut:
-        """The grant stops counting from now: the current period's granted total is recomputed and the
-        namespace re-stated in this transaction, so the snapshot follows at once. Revoking a revoked
-        grant changes nothing and answers it as it is (no second audit entry); a grant that is not the
-        namespace's is 404."""
+        """The grant stops counting from now: the period's granted total is recomputed and the state refreshed
+        in this transaction. Revoking a revoked grant changes nothing (no second audit entry); another
+        namespace's grant is 404."""
         now = self.clock.now()
         grant = await self.repository.grant_for_update(namespace, grant_id)
         if grant is None:
@@ -304,7 +306,7 @@ class BudgetService:
             {"id": grant_id, "status": "revoked", "gpu_minutes": format(grant.gpu_minutes.normalize(), "f")},
         )
         await refresh_granted(self.repository, namespace, config.period, now)
-        await self.admission.restate(now, [namespace], config_changed=True)
+        await self.states.refresh(now, [namespace], config_changed=True)
         return await self._grant_out(grant, config.period, now)
 
     async def _grant_out(self, grant: Grant, kind: PeriodKind, now: datetime) -> GrantOut:
@@ -326,7 +328,7 @@ async def refresh_granted(
 
 async def end_expired_grants(repository: BudgetRepository, now: datetime) -> list[str]:
     """The scheduler's sweep: grants whose expiry passed stop counting and their namespaces' granted
-    totals are recomputed (the caller re-states them). Answers those namespaces."""
+    totals are recomputed (the caller refreshes their states). Answers those namespaces."""
     namespaces = await repository.end_expired_grants(now)
     for namespace in namespaces:
         await refresh_granted(repository, namespace, (await repository.effective(namespace)).period, now)

@@ -13,8 +13,9 @@ from pydantic import ValidationError
 
 from gpuaccounting.admission_state import default_priority_policy
 from gpuaccounting.names import DOMAIN
-from timekeeper.budgets.models import SHIPPED_RUNNING_POD_ACTION
 from timekeeper.budgets.schemas import BudgetIn, NamespaceBudgetOut
+from timekeeper.domain.figures import SHIPPED_RUNNING_POD_ACTION
+from timekeeper.store.gitops.repository import ObjectRef
 
 GROUP = DOMAIN
 VERSION = "v1alpha1"
@@ -46,31 +47,6 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 
 class SpecError(ValueError):
     """A spec the budget API would refuse: reported in the object's Ready condition, nothing applied."""
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectRef:
-    """Which object a budget comes from: named in the audit log, the 409 and the status."""
-
-    kind: str
-    namespace: str | None
-    name: str
-    uid: str
-    generation: int
-
-    @property
-    def key(self) -> str:
-        """What it governs: its namespace, or "" for the cluster default (no namespace is named "")."""
-        return self.namespace or ""
-
-    @property
-    def display(self) -> str:
-        return f"{self.kind} {self.namespace}/{self.name}" if self.namespace else f"{self.kind} {self.name}"
-
-    @property
-    def actor(self) -> str:
-        """The audit log's `actor` for changes the sync makes on this object's behalf."""
-        return f"gitops:{self.display}"
 
 
 def object_ref(kind: str, obj: dict[str, Any]) -> ObjectRef:

@@ -1,10 +1,6 @@
-"""The sync between GPUBudget objects and the database, run by the scheduler's leader alone: whenever a
-watch sees an object change, and at least every gitops_interval_seconds, it lists the objects, applies
-each spec that differs from the budget in force through BudgetService (so a change is audited, re-states
-the namespace and bumps the admission snapshot, as a REST PUT does), returns namespaces whose object is
-gone to the default, and writes every object's status subresource where it changed. Level-based: a new
-leader, a missed pass, a lost watch or a crash mid-pass is repaired by the next pass, and a pass that
-finds nothing to change writes nothing."""
+"""The sync from GPUBudget objects to the database, the scheduler leader's alone: each spec that
+differs is applied through BudgetService (as a REST PUT), a namespace whose object is gone returns to the
+default, changed statuses are written. Level-based: the next pass repairs whatever a pass missed."""
 
 from __future__ import annotations
 
@@ -44,10 +40,10 @@ from timekeeper.gitops.objects import (
     stored_json,
     substance,
 )
-from timekeeper.gitops.repository import ManagedRepository
 from timekeeper.kube import KubeApiError, KubeClient, KubeConfig
 from timekeeper.metrics import GitOpsMetrics
 from timekeeper.settings import Settings
+from timekeeper.store.gitops.repository import ManagedRepository
 
 log = logging.getLogger(__name__)
 HTTP_NOT_FOUND = 404
@@ -281,10 +277,9 @@ class GitOpsSync:
             await ManagedRepository(session).release(key)
 
     async def _write_status(self, plural: str, obj: dict[str, Any], status: dict[str, Any]) -> int:
-        """Write the status where it says something new; 1 when written. Figures alone (a namespace
-        charging) are written at most every gitops_status_interval_seconds per object; anything else (a
-        state, a condition, a generation) at once. A conflict (the object changed since the list) or a
-        deletion is left to the next pass."""
+        """Write the status where it says something new; 1 when written. Figures alone are written at most
+        every gitops_status_interval_seconds per object, anything else at once; a conflict or a deletion is
+        left to the next pass."""
         before = obj.get("status") or {}
         if before == status:
             return 0

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from timekeeper.billing.repository import BillingRepository
 from timekeeper.budgets.service import BudgetService
 from timekeeper.clock import Clock
 from timekeeper.metrics import BudgetReadout, NamespaceRow
 from timekeeper.pools.service import PoolService
 from timekeeper.settings import Settings
+from timekeeper.store.billing.repository import BillingRepository
 from timekeeper.usage.efficiency import EfficiencyService
 
 

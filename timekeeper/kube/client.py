@@ -1,10 +1,6 @@
-"""The one place the timekeeper talks to the Kubernetes API.
-
-`KubeClient` wraps kubernetes_asyncio behind typed coroutines, so the rest of the timekeeper never sees
-client models or `ApiException`s, and nothing of it needs a thread: the pod watch is an async iterator that
-a task consumes and cancellation ends. Pods are read as raw JSON rather than deserialised into client
-models, which is both faster (a large cluster lists 100,000 pods) and what the share computation takes.
-"""
+"""The one place the timekeeper talks to the Kubernetes API: kubernetes_asyncio behind typed coroutines,
+so nothing else sees client models or `ApiException`s; pods are read as raw JSON, what the share
+computation takes."""
 
 from __future__ import annotations
 
@@ -18,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 from kubernetes_asyncio import client, config
@@ -43,7 +39,6 @@ from timekeeper.kube.types import (
     QuotaChange,
     TokenReviewResult,
 )
-from timekeeper.settings import Settings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -61,6 +56,19 @@ WATCH_BACKOFF_BASE_SECONDS = 0.5
 WATCH_BACKOFF_CAP_SECONDS = 30.0
 
 
+class KubeSettings(Protocol):
+    """The settings a KubeConfig is read from (timekeeper.settings.Settings has them)."""
+
+    @property
+    def kube_in_cluster(self) -> bool | None: ...
+    @property
+    def kubeconfig(self) -> Path | None: ...
+    @property
+    def kube_context(self) -> str | None: ...
+    @property
+    def kube_request_timeout_seconds(self) -> float: ...
+
+
 @dataclass(frozen=True, slots=True)
 class KubeConfig:
     """Where the cluster is: in-cluster service account, else a kubeconfig (the default one when unset)."""
@@ -71,7 +79,7 @@ class KubeConfig:
     request_timeout_seconds: float = 10.0
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> KubeConfig:
+    def from_settings(cls, settings: KubeSettings) -> KubeConfig:
         return cls(
             settings.kube_in_cluster,
             settings.kubeconfig,
@@ -283,10 +291,9 @@ class KubeClient:
         timeout_seconds: int = 300,
         backoff: Backoff | None = None,
     ) -> AsyncGenerator[PodSnapshot | PodEvent, None]:
-        """A snapshot, then every change, until the consumer stops (cancelling the task that iterates
-        ends the open request at once): list, watch from its resourceVersion, resume each watch from the
-        last event or bookmark seen, list again when that is too old (410), back off on errors. A consumer
-        treats each snapshot as the full truth (pods missing from it are gone)."""
+        """A snapshot, then every change, until the consumer stops: list, watch from its resourceVersion,
+        resume from the last event or bookmark, list again on 410, back off on errors. Each snapshot is the
+        full truth (pods missing from it are gone)."""
         backoff = backoff or Backoff(WATCH_BACKOFF_BASE_SECONDS, WATCH_BACKOFF_CAP_SECONDS)
         resource_version: str | None = None
         while True:

@@ -9,9 +9,16 @@ from typing import Annotated, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpuaccounting.wire import BudgetState
-from timekeeper.budgets.periods import PeriodKind
-from timekeeper.budgets.schemas import LARGEST_AMOUNT, PeriodOut
-from timekeeper.schemas import Amount, DecimalIn, NamespaceName, OptionalAmount, OptionalDecimalIn
+from timekeeper.domain.periods import PeriodKind
+from timekeeper.schemas import (
+    LARGEST_AMOUNT,
+    Amount,
+    DecimalIn,
+    NamespaceName,
+    OptionalAmount,
+    OptionalDecimalIn,
+    PeriodOut,
+)
 
 # Kubernetes label keys (an optional DNS-subdomain prefix and a name) and values.
 _LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"

@@ -1,6 +1,6 @@
 """Pools: admins create, replace and delete them (audited); members' readers read them. A change moves
 namespaces in or out of a pool, so it rebuilds the current totals of every namespace whose period kind it
-changes (a member counts in its pool's period) and re-states them all in the request's transaction."""
+changes (a member counts in its pool's period) and refreshes all their states in the request's transaction."""
 
 from __future__ import annotations
 
@@ -12,19 +12,20 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from timekeeper.admission.service import AdmissionService
-from timekeeper.audit.repository import AuditRepository
 from timekeeper.auth.base import Principal
-from timekeeper.budgets.periods import PeriodKind, period_containing
-from timekeeper.budgets.repository import BudgetRepository
-from timekeeper.budgets.service import period_out
 from timekeeper.clock import Clock
+from timekeeper.domain.figures import MemberFigures
+from timekeeper.domain.periods import PeriodKind, period_containing
+from timekeeper.domain.states import member_state, pool_state
 from timekeeper.errors import TimekeeperError
-from timekeeper.pools.models import BudgetPool
-from timekeeper.pools.repository import MemberFigures, PoolRepository
-from timekeeper.pools.rules import member_state, pool_state
 from timekeeper.pools.schemas import NamespaceSelectorBody, PoolIn, PoolMemberOut, PoolOut
+from timekeeper.schemas import period_out
 from timekeeper.settings import Settings
+from timekeeper.store.audit.repository import AuditRepository
+from timekeeper.store.budgets.repository import BudgetRepository
+from timekeeper.store.pools.models import BudgetPool
+from timekeeper.store.pools.repository import PoolRepository
+from timekeeper.store.states.budget_states import BudgetStates
 
 
 def _number(value: Decimal | None) -> str | None:
@@ -78,7 +79,7 @@ class PoolService:
         self.repository = PoolRepository(session)
         self.budgets = BudgetRepository(session)
         self.audit = AuditRepository(session)
-        self.admission = AdmissionService(session, settings)
+        self.states = BudgetStates(session)
         self.clock = clock
 
     async def pools(self, names: Sequence[str] | None = None) -> list[PoolOut]:
@@ -128,7 +129,7 @@ class PoolService:
         await self.audit.record(
             now, principal.name, "pool.put", None, old, audited(pool, listed) | {"name": name}
         )
-        await self._settle(before, now)
+        await self._refresh_after_change(before, now)
         return await self.pool(name)
 
     async def delete(self, name: str, principal: Principal) -> None:
@@ -140,13 +141,12 @@ class PoolService:
         before = await self._periods(name, [], now)
         await self.repository.delete(name)
         await self.audit.record(now, principal.name, "pool.delete", None, old, None)
-        await self._settle(before, now)
+        await self._refresh_after_change(before, now)
 
     async def sync_labels(self, labels: dict[str, dict[str, str]]) -> list[str]:
-        """The namespaces' labels as the reconciler just listed them: stored when they changed, and the
-        namespaces whose pool that changed (a selector now matches, or no longer) are settled as a pool
-        change settles its members, with the other members of the pools they left or joined. Answers the
-        namespaces that moved."""
+        """Store the namespaces' labels as the reconciler listed them; the namespaces whose pool that changed
+        have their totals and states refreshed as a pool change does, with their old and new pools' members.
+        Answers the namespaces that moved."""
         now = self.clock.now()
         known = await self.repository.labels()
         changed = sorted(ns for ns in known.keys() | labels.keys() if known.get(ns) != labels.get(ns))
@@ -166,7 +166,7 @@ class PoolService:
                 f.namespace: f.config.period
                 for f in await self.budgets.figures(now, sorted(others - set(moved)))
             }
-            await self._settle(periods, now)
+            await self._refresh_after_change(periods, now)
         return moved
 
     async def _periods(self, name: str, also: Sequence[str], now: datetime) -> dict[str, PeriodKind]:
@@ -177,10 +177,10 @@ class PoolService:
         figures = await self.budgets.figures(now, namespaces) if namespaces else []
         return {f.namespace: f.config.period for f in figures}
 
-    async def _settle(self, before: dict[str, PeriodKind], now: datetime) -> None:
+    async def _refresh_after_change(self, before: dict[str, PeriodKind], now: datetime) -> None:
         """Rebuild the current totals of the namespaces whose period kind the change moved (each now counts
-        in another kind, whose running total missed what it charged under the old one), then re-state
-        them (their pool's other members with them) and bump the snapshot version."""
+        in another kind, whose running total missed what it charged under the old one), then refresh
+        their states (their pool's other members with them) and bump the snapshot version."""
         namespaces = sorted(before)
         if not namespaces:
             return
@@ -191,4 +191,4 @@ class PoolService:
         for kind, targets in moved.items():
             period = period_containing(kind, now)
             await self.budgets.rebuild_totals(targets, kind, period.start, period.end)
-        await self.admission.restate(now, namespaces, config_changed=True)
+        await self.states.refresh(now, namespaces, config_changed=True)

@@ -22,9 +22,9 @@ from typing import Any, Final
 from gpuaccounting.catalogue import SharingSystem
 from gpuaccounting.quantity import QuantityError, parse_quantity
 from gpuaccounting.shares import GpuHardware, mig_gpu_slices
-from timekeeper.billing.weights import model_key
+from timekeeper.domain.periods import Interval
+from timekeeper.domain.weights import model_key
 from timekeeper.reconcile.pods import TrackedPod
-from timekeeper.usage.planning import Interval
 
 EXTENDED_RESOURCE_CLAIM: Final = "resource.kubernetes.io/extended-resource-claim"
 CLAIM_POD_PREFIX: Final = "claim."  # a claim's rows in the ledger: `claim.<name>` beside the pods' names

@@ -26,12 +26,12 @@ from gpuaccounting.admission_state import is_exempt
 from gpuaccounting.dra import claim_refs
 from gpuaccounting.names import DOMAIN
 from gpuaccounting.shares import read_pod
-from timekeeper.admission.models import NamespaceStatus
-from timekeeper.audit.repository import AuditRepository
-from timekeeper.budgets.models import DefaultBudget, NamespaceBudget
 from timekeeper.clock import Clock
 from timekeeper.kube import KubeApiError, KubeClient, KubeError, ObjectReference
 from timekeeper.settings import Settings
+from timekeeper.store.audit.repository import AuditRepository
+from timekeeper.store.budgets.models import DefaultBudget, NamespaceBudget
+from timekeeper.store.states.models import NamespaceStatus
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import InstrumentedAttribute
 
 from gpuaccounting.wire import BudgetState
-from timekeeper.admission.models import NamespaceStatus
-from timekeeper.budgets.models import DefaultBudget, NamespaceBudget
-from timekeeper.usage.models import PodCoverage
+from timekeeper.store.budgets.models import DefaultBudget, NamespaceBudget
+from timekeeper.store.states.models import NamespaceStatus
+from timekeeper.store.usage.models import PodCoverage
 
 _UNCOVERED = sa.text(
     "SELECT c.n - 1 FROM unnest(CAST(:uids AS text[]), CAST(:starts AS timestamptz[]), "

@@ -28,8 +28,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpuaccounting.admission_state import is_exempt
 from gpuaccounting.wire import BudgetState
-from timekeeper.billing.weights import model_key
 from timekeeper.clock import Clock
+from timekeeper.domain.periods import Interval
+from timekeeper.domain.weights import model_key
 from timekeeper.kube import (
     EvictionResult,
     KubeClient,
@@ -56,7 +57,6 @@ from timekeeper.reconcile.quotas import quota_hard
 from timekeeper.reconcile.repository import ReconcileRepository
 from timekeeper.reconcile.workloads import workload_key
 from timekeeper.settings import Settings
-from timekeeper.usage.planning import Interval
 from timekeeper.usage.schemas import SilentInterval
 from timekeeper.usage.service import IngestService
 

@@ -11,8 +11,9 @@ import signal
 
 from prometheus_client import CollectorRegistry, start_http_server
 
+from timekeeper.app import leader_work
 from timekeeper.db.session import build_engine, build_sessionmaker, resolve_database_url
-from timekeeper.scheduler.runner import build_runner
+from timekeeper.periodic.runner import build_runner
 from timekeeper.settings import get_settings
 
 
@@ -24,7 +25,7 @@ async def serve(metrics_port: int | None) -> None:
     if metrics_port is not None:
         start_http_server(metrics_port, registry=registry)
     runner = await build_runner(
-        database_url, build_sessionmaker(engine), settings, settings.clock(), registry
+        database_url, build_sessionmaker(engine), settings, settings.clock(), registry, leader_work
     )
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

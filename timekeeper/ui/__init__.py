@@ -1,15 +1,6 @@
-"""The web dashboard: committed static files (HTML, CSS, JavaScript modules; no build step) served under
-/ui by the timekeeper itself. The page calls the same /api/v1 with the user's bearer token, so it shows
-exactly what that identity may read (docs/dashboard.md).
-
-Every answer under /ui carries a strict Content-Security-Policy: scripts, styles and connections only from
-this origin, no inline script or style, no framing, and Trusted Types required, so the page cannot turn
-text from the API (namespace names, grant reasons, audit values) into markup or script.
-
-The API's page, /docs (Swagger UI), is served the same way: its script and style come from the
-`fastapi-offline` package inside the image, never from a CDN, so it works offline under the same policy.
-ReDoc is not served: it needs inline styles, which the policy refuses.
-"""
+"""The web dashboard: static files served under /ui, calling /api/v1 with the user's own token
+(docs/dashboard.md). Every answer under /ui and /docs carries a strict Content-Security-Policy (no
+inline script or style, no framing, Trusted Types), and /docs' files come from the image, never a CDN."""
 
 from __future__ import annotations
 

@@ -1,24 +1,8 @@
-"""Group commit for report ingest: the reports that arrive while a transaction is committing are charged
-together in the next one, and each is answered only after the commit that made its charge durable.
-
-One commit (and a handful of set-based statements) per batch instead of several round trips and a commit
-per report is what lets one timekeeper acknowledge thousands of reports a second. A batch holds at most
-one report per pod (a pod's second report waits for the next batch, so it sees the first one's coverage).
-
-Two batches may be in flight, but only one is gathered and charged at a time: a runner takes the turn,
-takes the queued reports, charges them and gives the turn up when its statements are written, so the next
-batch is gathered and charged while this one commits, and a report that arrives meanwhile waits for that
-next batch, not for a commit. Without the turn the two runners took the queue in turns as they came
-free, each with a third of a replica's waiting reports (batches of 11 where 16 waited, under `make
-bench`'s load), and a batch costs much the same whatever its size (docs/performance.md, "Ingest: one
-batch charged at a time").
-
-A failed batch is logged and counted. When the database refused it (a single report's data, say; the
-validation in front is meant to stop such reports before they get here), each report is charged again on
-its own, so a bad report fails only itself and costs the others one retry. When the database does not
-answer (an outage), every report of the batch is answered 503 with Retry-After at once: retrying them one
-by one would only multiply the failing round trips.
-"""
+"""Group commit for report ingest: the reports that arrive while a transaction commits are charged
+together in the next, each answered after the commit that made its charge durable; a batch holds at
+most one report per pod. One batch is gathered and charged at a time (the charging lock), the next
+while the previous commits. A batch the database refused is charged again report by report, so a bad
+report fails only itself; in an outage every report of the batch is answered 503 at once."""
 
 from __future__ import annotations
 
@@ -34,8 +18,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from timekeeper.clock import Clock
 from timekeeper.db.outage import is_outage
 from timekeeper.db.session import transaction
-from timekeeper.errors import TimekeeperError, unavailable
+from timekeeper.errors import TimekeeperError
 from timekeeper.metrics import Metrics
+from timekeeper.refusals import unavailable
 from timekeeper.settings import Settings
 from timekeeper.usage.schemas import ReportIn
 from timekeeper.usage.service import IngestOutcome, IngestService
@@ -56,9 +41,8 @@ class IngestBatcher:
         in_flight: int = 2,
     ) -> None:
         """`sessions` is looked up for every batch (tests swap the app's sessionmaker after startup).
-        `in_flight` batches run at once, one of them gathering and charging (the turn), the others
-        committing: while one commits the next gathers and charges, instead of the reports that arrive
-        during a commit waiting for it."""
+        `in_flight` batches run at once, one gathering and charging (holding the charging lock), the others
+        committing."""
         self._sessions = sessions
         self._settings = settings
         self._clock = clock
@@ -69,7 +53,7 @@ class IngestBatcher:
         self._arrived = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._charging: dict[int, list[Pending]] = {}
-        self._turn = asyncio.Lock()
+        self._charging_lock = asyncio.Lock()
 
     def start(self) -> None:
         self._tasks = [
@@ -119,15 +103,15 @@ class IngestBatcher:
                 self._arrived.clear()
                 await self._arrived.wait()
                 continue
-            await self._turn.acquire()
-            turn = _Turn(self._turn)
+            await self._charging_lock.acquire()
+            held = _HeldLock(self._charging_lock)
             try:
                 batch = self._charging[runner] = self._take()
                 if batch:
-                    await self._charge(batch, turn.give_up)
+                    await self._charge(batch, held.release)
                 del self._charging[runner]
             finally:
-                turn.give_up()
+                held.release()
 
     async def _charge(self, batch: list[Pending], charged: Callable[[], None] = lambda: None) -> None:
         """Charges the batch and answers its reports; `charged` is called once its statements are written
@@ -171,15 +155,15 @@ class IngestBatcher:
                 future.set_result(outcome)
 
 
-class _Turn:
-    """The batcher's turn to gather and charge, held by one runner and given up once."""
+class _HeldLock:
+    """The charging lock as one runner holds it: released once, by whichever comes first."""
 
     __slots__ = ("_lock",)
 
     def __init__(self, lock: asyncio.Lock) -> None:
         self._lock: asyncio.Lock | None = lock
 
-    def give_up(self) -> None:
+    def release(self) -> None:
         if self._lock is not None:
             self._lock.release()
             self._lock = None

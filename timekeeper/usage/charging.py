@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
-from timekeeper.billing.weights import UNWEIGHTED, WeightTimeline, microseconds
-from timekeeper.budgets.periods import Period, PeriodKind, periods_overlapping
+from timekeeper.domain.periods import Period, PeriodKind, periods_overlapping
+from timekeeper.domain.weights import UNWEIGHTED, WeightTimeline, microseconds
 
 NANO = Decimal("0.000000001")
 MICROSECONDS_PER_MINUTE = Decimal(60_000_000)

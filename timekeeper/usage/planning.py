@@ -10,15 +10,11 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
 
-from timekeeper.billing.weights import UNWEIGHTED, WeightTimeline
-from timekeeper.budgets.periods import Period, period_containing
-from timekeeper.budgets.repository import BudgetConfig, NamespaceFigures
+from timekeeper.domain.figures import BudgetConfig, NamespaceFigures, TotalKey
+from timekeeper.domain.periods import Interval, Period, period_containing
+from timekeeper.domain.weights import UNWEIGHTED, WeightTimeline
 from timekeeper.usage.charging import split_charge
 from timekeeper.usage.schemas import ReportIn
-
-Interval = tuple[datetime, datetime]
-# (namespace, period kind, period start): one running total, in the lock order.
-TotalKey = tuple[str, str, datetime]
 
 
 @dataclass(frozen=True, slots=True)

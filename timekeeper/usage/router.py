@@ -20,12 +20,12 @@ from timekeeper.auth.dependencies import (
     check_pod_identity,
 )
 from timekeeper.db.session import SessionDep
-from timekeeper.errors import REFUSALS
+from timekeeper.domain.measurements import GroupBy
 from timekeeper.metrics import Metrics
+from timekeeper.refusals import REFUSALS
 from timekeeper.routing import json_body, reads_body
 from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
 from timekeeper.usage.efficiency import EfficiencyService
-from timekeeper.usage.repository import GroupBy
 from timekeeper.usage.schemas import EfficiencyOut, IdleReportOut, ReportAck, ReportIn, UsageOut
 from timekeeper.usage.service import AdmittedShareUnknown, IngestOutcome, UsageService, check_report
 

@@ -13,16 +13,25 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.wire import BudgetState
-from timekeeper.admission.repository import AdmissionRepository
-from timekeeper.admission.service import AdmissionService, figures_state
-from timekeeper.billing.weights import charge_share, model_key, resolve_basis, timeline_of
-from timekeeper.budgets.burn import attribute, burn_rows
-from timekeeper.budgets.periods import period_containing
-from timekeeper.budgets.repository import BudgetRepository
 from timekeeper.clock import Clock
+from timekeeper.domain.figures import NamespaceFigures
+from timekeeper.domain.measurements import NO_MEASUREMENTS, GroupBy
+from timekeeper.domain.periods import period_containing
+from timekeeper.domain.states import figures_state
+from timekeeper.domain.weights import charge_share, model_key, resolve_basis, timeline_of
 from timekeeper.errors import TimekeeperError
 from timekeeper.settings import Settings
-from timekeeper.usage.figures import NO_FIGURES, Measured, measure
+from timekeeper.store.budgets.burn import attribute, burn_rows
+from timekeeper.store.budgets.repository import BudgetRepository
+from timekeeper.store.states.budget_states import BudgetStates
+from timekeeper.store.usage.repository import (
+    BatchRead,
+    BatchWritten,
+    IngestStatements,
+    UsageRepository,
+    batch_json,
+)
+from timekeeper.usage.measure import Measured, measure
 from timekeeper.usage.planning import (
     Interval,
     Rate,
@@ -31,7 +40,6 @@ from timekeeper.usage.planning import (
     plan_charges,
     plan_totals,
 )
-from timekeeper.usage.repository import BatchWritten, GroupBy, IngestStatements, UsageRepository, batch_json
 from timekeeper.usage.schemas import ReportIn, UsageOut, UsageRow
 
 log = logging.getLogger(__name__)
@@ -92,7 +100,7 @@ def pod_row(
 ) -> dict[str, Any]:
     """A report as the statements that lock and cover its pod read it (IngestStatements), with the GPU
     model and the admitted share given (the lock reads them: the model the report's own, else the one its
-    node told the caller, the share the one the caller read from the pod; the coverage does not)."""
+    node gave the caller, the share the one the caller read from the pod; the coverage does not)."""
     return {
         "pod_uid": report.pod_uid,
         "namespace": report.namespace,
@@ -140,7 +148,7 @@ def ledger_row(
 def burn_json(
     reports: Sequence[ReportIn], charges: Mapping[str, ReportCharge], uncovered: Mapping[str, list[Interval]]
 ) -> str | None:
-    """The forecast's burn buckets the reports' charges add to (budgets/burn.py), as the write reads them."""
+    """The burn buckets the reports' charges add to (store/budgets/burn.py), as the write reads them."""
     added = attribute(
         (report.namespace, charges[report.pod_uid].gpu_minutes, uncovered[report.pod_uid])
         for report in reports
@@ -154,8 +162,7 @@ class IngestService:
     def __init__(self, session: AsyncSession, settings: Settings) -> None:
         self.session = session
         self.usage = UsageRepository(session)
-        self.admission = AdmissionService(session, settings)
-        self.states = AdmissionRepository(session)
+        self.states = BudgetStates(session)
         self.admitted_required = settings.admitted_share_from_pod
 
     async def charge_one(
@@ -186,46 +193,93 @@ class IngestService:
         models: Mapping[str, str] | None = None,
         admitted: Mapping[str, Decimal] | None = None,
     ) -> list[IngestOutcome | TimekeeperError]:
-        """Charge a batch of reports, at most one per pod: for each, the part of its interval its pod has
-        not been charged for, split at period boundaries, with its ledger row, its pod's coverage, the
-        running totals and its namespace's state. The same few round trips whatever the batch's size:
-        read (figures, pods locked, repeats), plan, write (ledger, coverage, totals; the stored states
-        locked), and record the states that change, when any do.
-        Answers in the reports' order; a report refused (its pod_uid belongs to another namespace) gets
-        its error and changes nothing. `from_sidecar=False` (the reconciler charging silent time) leaves
-        the pod's last report time alone; `models` (pod_uid -> GPU model, from the pod's node) stand in
-        for reports that name no GPU model, `admitted` (pod_uid -> share read from the pod) for pods
-        whose admitted share is not kept yet. Each report is charged at its rate: its charge share (the
-        namespace's charge basis, of its pod's admitted share) x the weight of its pod's GPU model at each
-        moment (billing/)."""
-        told = models or {}
-        given = admitted or {}
+        """Charge a batch of reports, one per pod at most, in a few round trips whatever its size; answers in
+        the reports' order, a refused report changing nothing. `from_sidecar=False` (silent time) keeps the
+        pod's last report time; `models` and `admitted` (by pod_uid) stand in for what is not known yet."""
         in_order = sorted(reports, key=lambda report: report.pod_uid)
         statements = await IngestStatements.of(self.session)
-        read = await statements.read(
-            batch_json(
-                [
-                    pod_row(
-                        report, reported_model(report) or told.get(report.pod_uid), given.get(report.pod_uid)
-                    )
-                    for report in in_order
-                ]
-            ),
+        read = await self._read(statements, in_order, now, from_sidecar, models or {}, admitted or {})
+        outcomes = await self._refuse_foreign_pods(in_order, read)
+        accepted = [report for report in in_order if report.pod_uid in read.uncovered]
+        shares = self._shares(accepted, read, outcomes)
+        fresh = [report for report in accepted if report.pod_uid in shares]
+        plan = _plan(fresh, read, shares, from_sidecar)
+        figures = {f.namespace: f for f in read.figures}
+        namespaces = sorted({report.namespace for report in fresh})
+        # Pool members' states are locked and decided together by BudgetStates.store (all members
+        # in name order); the batch locks and compares the others' in its write round trip.
+        pooled = any(figures[namespace].config.pool is not None for namespace in namespaces)
+        written = BatchWritten([], {})
+        if fresh:
+            written = await self._write(
+                statements, fresh, read, plan, shares, [] if pooled else namespaces, now
+            )
+            _log_share_mismatches(fresh, written.mismatched, shares)
+        after = figures_after(figures, written.totals, now)
+        states = await self._store_states(
+            [after[namespace] for namespace in namespaces], written, pooled, now
+        )
+        repeated = sorted(
+            {report.namespace for report in accepted if report.pod_uid in read.repeated} - set(states)
+        )
+        states |= await self.states.repository.stored_states(repeated)
+        for report in accepted:
+            if report.pod_uid in read.repeated:
+                outcomes[report.pod_uid] = IngestOutcome(
+                    True, Decimal(0), states.get(report.namespace, "in_budget")
+                )
+            elif report.pod_uid in shares:
+                outcomes[report.pod_uid] = IngestOutcome(
+                    False,
+                    plan.charges[report.pod_uid].gpu_minutes,
+                    states[report.namespace],
+                    share_differs=report.pod_uid in plan.differing,
+                )
+        return [outcomes[report.pod_uid] for report in reports]
+
+    async def _read(
+        self,
+        statements: IngestStatements,
+        in_order: Sequence[ReportIn],
+        now: datetime,
+        from_sidecar: bool,
+        models: Mapping[str, str],
+        admitted: Mapping[str, Decimal],
+    ) -> BatchRead:
+        """Lock the batch's pods and read what its plan needs, in one round trip."""
+        pods = [
+            pod_row(
+                report, reported_model(report) or models.get(report.pod_uid), admitted.get(report.pod_uid)
+            )
+            for report in in_order
+        ]
+        return await statements.read(
+            batch_json(pods),
             sorted({report.namespace for report in in_order}),
             (min(r.interval_start for r in in_order), max(r.interval_end for r in in_order)),
             now,
             from_sidecar=from_sidecar,
         )
-        figures = {f.namespace: f for f in read.figures}
-        uncovered = read.uncovered
+
+    async def _refuse_foreign_pods(
+        self, in_order: Sequence[ReportIn], read: BatchRead
+    ) -> dict[str, IngestOutcome | TimekeeperError]:
+        """A 409 for each report whose pod_uid belongs to another namespace."""
         outcomes: dict[str, IngestOutcome | TimekeeperError] = {}
-        refused = [report.pod_uid for report in in_order if report.pod_uid not in uncovered]
+        refused = [report.pod_uid for report in in_order if report.pod_uid not in read.uncovered]
         if refused:
             for pod_uid, owner in (await self.usage.owners(refused)).items():
                 outcomes[pod_uid] = TimekeeperError(f"pod_uid {pod_uid} reports for namespace {owner}", 409)
-        accepted = [report for report in in_order if report.pod_uid in uncovered]
-        # Each pod's share: the admitted one (kept, else given), else the report's where reports are
-        # trusted (static auth mode); a report stating another is counted and its pod logged once.
+        return outcomes
+
+    def _shares(
+        self,
+        accepted: Sequence[ReportIn],
+        read: BatchRead,
+        outcomes: dict[str, IngestOutcome | TimekeeperError],
+    ) -> dict[str, Decimal]:
+        """Each new report's pod share: the admitted one (kept, else given), else the report's where
+        reports are trusted (static auth mode); without one where it is required, the report is refused."""
         shares: dict[str, Decimal] = {}
         for report in accepted:
             if report.pod_uid in read.repeated:
@@ -235,99 +289,116 @@ class IngestService:
                 outcomes[report.pod_uid] = AdmittedShareUnknown(report.pod_uid)
             else:
                 shares[report.pod_uid] = report.gpu_share if share is None else share
-        fresh = [report for report in accepted if report.pod_uid in shares]
-        differing = {
-            report.pod_uid for report in fresh if from_sidecar and shares[report.pod_uid] != report.gpu_share
-        }
-        measured = {report.pod_uid: measure(report) for report in fresh}
-        rates = {
-            report.pod_uid: Rate(
-                charge_share(
-                    shares[report.pod_uid],
-                    resolve_basis(report.namespace, read.bases)[0],
-                    measured[report.pod_uid].mean_sm_util_pct,
-                ),
-                timeline_of(read.models[report.pod_uid], read.weights),
+        return shares
+
+    async def _write(
+        self,
+        statements: IngestStatements,
+        fresh: Sequence[ReportIn],
+        read: BatchRead,
+        plan: ChargePlan,
+        shares: Mapping[str, Decimal],
+        lock_states_of: list[str],
+        now: datetime,
+    ) -> BatchWritten:
+        """Write the plan in one round trip: ledger rows, coverage, totals, burn buckets, and the stored
+        states of `lock_states_of` locked."""
+        ledger = [
+            ledger_row(
+                report,
+                plan.measured[report.pod_uid],
+                plan.charges[report.pod_uid].gpu_minutes,
+                shares[report.pod_uid],
+                plan.rates[report.pod_uid],
+                read.models[report.pod_uid],
+                covers=bool(read.uncovered[report.pod_uid]),
             )
             for report in fresh
-        }
-        charges = plan_charges(fresh, uncovered, {ns: f.config for ns, f in figures.items()}, rates)
-        namespaces = sorted({report.namespace for report in fresh})
-        # Pool members' states are locked and decided together by AdmissionService.record (all members
-        # in name order); the batch locks and compares the others' in its write round trip.
-        pooled = any(figures[namespace].config.pool is not None for namespace in namespaces)
-        written = BatchWritten([], {})
-        if fresh:
-            added = plan_totals(fresh, charges)
-            ledger = [
-                ledger_row(
-                    report,
-                    measured[report.pod_uid],
-                    charges[report.pod_uid].gpu_minutes,
-                    shares[report.pod_uid],
-                    rates[report.pod_uid],
-                    read.models[report.pod_uid],
-                    covers=bool(uncovered[report.pod_uid]),
-                )
-                for report in fresh
-            ]
-            written = await statements.write(
-                batch_json(ledger),
-                len(fresh),
-                batch_json(
-                    [
-                        {"namespace": ns, "period_kind": kind, "period_start": start, "used": str(amount)}
-                        for (ns, kind, start), amount in added.items()
-                    ]
-                )
-                if added
-                else None,
-                [] if pooled else namespaces,
-                now,
-                burn_json(fresh, charges, uncovered),
-                sorted(differing),
-            )
-        for report in fresh if written.mismatched else ():
-            if report.pod_uid in written.mismatched:  # its first report at another share: logged once
-                log.warning(
-                    "report_share_differs",
-                    extra={
-                        "namespace": report.namespace,
-                        "pod": report.pod,
-                        "reported_share": str(report.gpu_share),
-                        "admitted_share": str(shares[report.pod_uid]),
-                    },
-                )
-        after = figures_after(figures, written.totals, now)
+        ]
+        added = plan_totals(fresh, plan.charges)
+        totals = [
+            {"namespace": ns, "period_kind": kind, "period_start": start, "used": str(amount)}
+            for (ns, kind, start), amount in added.items()
+        ]
+        return await statements.write(
+            batch_json(ledger),
+            len(fresh),
+            batch_json(totals) if added else None,
+            lock_states_of,
+            now,
+            burn_json(fresh, plan.charges, read.uncovered),
+            sorted(plan.differing),
+        )
+
+    async def _store_states(
+        self, after: list[NamespaceFigures], written: BatchWritten, pooled: bool, now: datetime
+    ) -> dict[str, BudgetState]:
+        """The charged namespaces' states from their figures after the batch, stored where they moved."""
         changed: set[str] = set()
-        if pooled:  # a pool member's state is its pool's: the one restate path decides, for all members
-            states, changed = await self.admission.record(
-                [after[namespace] for namespace in namespaces], config_changed=False, now=now
-            )
+        if pooled:  # a pool member's state is its pool's: BudgetStates.store decides, for all members
+            states, changed = await self.states.store(after, config_changed=False, now=now)
         else:
-            states = {namespace: figures_state(after[namespace]) for namespace in namespaces}
-            moved = [after[ns] for ns in namespaces if written.states.get(ns) != states[ns]]
-            if moved:  # the one restate path, for the states that move (the others stay locked as they are)
-                changed = (await self.admission.record(moved, config_changed=False, now=now))[1]
+            states = {figures.namespace: figures_state(figures) for figures in after}
+            moved = [
+                figures
+                for figures in after
+                if written.states.get(figures.namespace) != states[figures.namespace]
+            ]
+            if moved:  # BudgetStates.store, for the states that move (the others stay locked as they are)
+                changed = (await self.states.store(moved, config_changed=False, now=now))[1]
         for namespace in sorted(changed):
             log.info("namespace_state_changed", extra={"namespace": namespace, "state": states[namespace]})
-        repeated = sorted(
-            {report.namespace for report in accepted if report.pod_uid in read.repeated} - set(states)
+        return states
+
+
+@dataclass(frozen=True, slots=True)
+class ChargePlan:
+    """What a batch charges, decided without the database (usage/planning.py)."""
+
+    measured: dict[str, Measured]  # by pod_uid
+    rates: dict[str, Rate]
+    charges: dict[str, ReportCharge]
+    differing: set[str]  # pod_uids whose report states another share than the admitted one
+
+
+def _plan(
+    fresh: Sequence[ReportIn], read: BatchRead, shares: Mapping[str, Decimal], from_sidecar: bool
+) -> ChargePlan:
+    """Each report's rate (its charge share, of its pod's share, x its GPU model's weight) and charge."""
+    measured = {report.pod_uid: measure(report) for report in fresh}
+    rates = {
+        report.pod_uid: Rate(
+            charge_share(
+                shares[report.pod_uid],
+                resolve_basis(report.namespace, read.bases)[0],
+                measured[report.pod_uid].mean_sm_util_pct,
+            ),
+            timeline_of(read.models[report.pod_uid], read.weights),
         )
-        states |= await self.states.stored_states(repeated)
-        for report in accepted:
-            if report.pod_uid in read.repeated:
-                outcomes[report.pod_uid] = IngestOutcome(
-                    True, Decimal(0), states.get(report.namespace, "in_budget")
-                )
-            elif report.pod_uid in shares:
-                outcomes[report.pod_uid] = IngestOutcome(
-                    False,
-                    charges[report.pod_uid].gpu_minutes,
-                    states[report.namespace],
-                    share_differs=report.pod_uid in differing,
-                )
-        return [outcomes[report.pod_uid] for report in reports]
+        for report in fresh
+    }
+    configs = {figures.namespace: figures.config for figures in read.figures}
+    differing = {
+        report.pod_uid for report in fresh if from_sidecar and shares[report.pod_uid] != report.gpu_share
+    }
+    return ChargePlan(measured, rates, plan_charges(fresh, read.uncovered, configs, rates), differing)
+
+
+def _log_share_mismatches(
+    fresh: Sequence[ReportIn], mismatched: set[str], shares: Mapping[str, Decimal]
+) -> None:
+    """A pod's first report at another share than its admitted one is logged, once."""
+    for report in fresh if mismatched else ():
+        if report.pod_uid in mismatched:
+            log.warning(
+                "report_share_differs",
+                extra={
+                    "namespace": report.namespace,
+                    "pod": report.pod,
+                    "reported_share": str(report.gpu_share),
+                    "admitted_share": str(shares[report.pod_uid]),
+                },
+            )
 
 
 class UsageService:
@@ -349,7 +420,7 @@ class UsageService:
         if until <= since:
             raise TimekeeperError("until must be after since", 422)
         found = await self.repository.usage(namespace, since, until, group_by)
-        totals = sum((row.figures for row in found), NO_FIGURES)
+        totals = sum((row.figures for row in found), NO_MEASUREMENTS)
         return UsageOut(
             namespace=namespace,
             since=since,

@@ -1,1 +1,0 @@
-"""Namespace states and the admission snapshot webhooks cache."""

@@ -1,0 +1,161 @@
+"""The periodic jobs. Each has a window (the stretch of time one execution is responsible for) and does
+its work in one transaction together with the job_runs row of that window, so a re-run, a crash mid-run
+or a second replica running the same window changes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from timekeeper.budgets.service import end_expired_grants
+from timekeeper.clock import Clock
+from timekeeper.domain.periods import EPOCH, PeriodKind, period_containing
+from timekeeper.periodic.repository import SchedulerRepository
+from timekeeper.settings import Settings
+from timekeeper.store.budgets.burn import PURGE_MARGIN, BurnRepository
+from timekeeper.store.budgets.repository import BudgetRepository
+from timekeeper.store.states.budget_states import BudgetStates
+
+
+def floor_to(moment: datetime, step: timedelta) -> datetime:
+    """The start of the step-long slot (counted from the Unix epoch) that the moment falls in."""
+    return EPOCH + (moment - EPOCH) // step * step
+
+
+class SchedulerService:
+    """The jobs' work; the caller owns the transaction (run_job commits it)."""
+
+    def __init__(self, session: AsyncSession, settings: Settings) -> None:
+        self.repository = SchedulerRepository(session)
+        self.states = BudgetStates(session)
+        self.budgets = BudgetRepository(session)
+        self.burn = BurnRepository(session)
+        self.settings = settings
+
+    async def refresh_all_states(self, now: datetime, window: datetime) -> dict[str, Any]:
+        """Recompute every known namespace's state against the totals of its current period, grants past their
+        expiry ended first. After a UTC midnight this is the period roll-over (new totals start at zero);
+        otherwise it stores what no report has yet (a budget's new period kind, say)."""
+        await self.repository.lock_states()
+        expired = await end_expired_grants(self.budgets, now)
+        await self.states.refresh(now, None, config_changed=False)
+        return {"grants_expired_in": expired} if expired else {}
+
+    async def close_out(self, now: datetime, window: datetime) -> dict[str, Any]:
+        """Pods silent for closeout_after_intervals report intervals stop counting as running."""
+        silence = self.settings.report_interval * self.settings.closeout_after_intervals
+        closed = await self.repository.close_out(now, now - silence)
+        return {
+            "closed": [{"namespace": ns, "pod": pod, "pod_uid": uid} for ns, pod, uid in closed],
+            "running": await self.repository.running_pods(),
+        }
+
+    async def roll_up(self, now: datetime, window: datetime) -> dict[str, Any]:
+        """Fold the ledger rows that ended before the window's start into hourly per-pod aggregates (coverage
+        and totals untouched), and drop the burn buckets older than the forecast's window and a margin."""
+        folded, hours = await self.repository.roll_up(window)
+        oldest = now - timedelta(minutes=self.settings.forecast_window_minutes) - PURGE_MARGIN
+        purged = await self.burn.purge(oldest)
+        return {"folded_rows": folded, "hourly_rows": hours, "burn_buckets_purged": purged}
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    name: str
+    interval: Callable[[Settings], timedelta]
+    window: Callable[[datetime, Settings], datetime]
+    work: Callable[[SchedulerService, datetime, datetime], Awaitable[dict[str, Any]]]
+    # Awaited before the window is claimed, outside any transaction (the reconcile pass waits there for
+    # a new leader's pod watch to list the pods); raising fails the execution.
+    prepare: Callable[[], Awaitable[None]] | None = None
+
+
+JOBS: tuple[Job, ...] = (
+    Job(
+        "rollover",
+        lambda s: s.rollover_interval,
+        lambda now, s: period_containing(PeriodKind.DAILY, now).start,
+        SchedulerService.refresh_all_states,
+    ),
+    Job(
+        "states",
+        lambda s: s.states_interval,
+        lambda now, s: floor_to(now, s.states_interval),
+        SchedulerService.refresh_all_states,
+    ),
+    Job(
+        "closeout",
+        lambda s: s.closeout_interval,
+        lambda now, s: floor_to(now, s.closeout_interval),
+        SchedulerService.close_out,
+    ),
+    Job(
+        "rollup",
+        lambda s: s.rollup_interval,
+        lambda now, s: floor_to(now - s.rollup_retention, s.rollup_interval),
+        SchedulerService.roll_up,
+    ),
+)
+JOBS_BY_NAME = {job.name: job for job in JOBS}
+
+
+class PassResult(Protocol):
+    def as_detail(self) -> dict[str, Any]: ...
+
+
+class LeaderPass(Protocol):
+    """A pass that needs state of the leader's own before it runs (the reconciler's pod watch)."""
+
+    async def wait_synced(self) -> None: ...
+
+    async def run_pass(self) -> PassResult: ...
+
+
+def reconcile_job(reconciler: LeaderPass) -> Job:
+    """The reconcile pass as a job: every reconcile interval, on the leader, once per window; no window is
+    claimed before the leader's pod watch has listed the pods."""
+
+    def interval(settings: Settings) -> timedelta:
+        return timedelta(seconds=settings.reconcile_interval_seconds)
+
+    async def work(service: SchedulerService, now: datetime, window: datetime) -> dict[str, Any]:
+        return (await reconciler.run_pass()).as_detail()
+
+    return Job(
+        "reconcile",
+        interval,
+        lambda now, settings: floor_to(now, interval(settings)),
+        work,
+        prepare=reconciler.wait_synced,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    window: datetime
+    detail: dict[str, Any] | None  # None: the window had already run
+
+
+async def run_job(
+    job: Job,
+    sessionmaker: async_sessionmaker[AsyncSession],
+    settings: Settings,
+    clock: Clock,
+    replica: str,
+) -> JobResult:
+    """One execution: claim the window, do the work, record it, commit, all or nothing."""
+    if job.prepare is not None:
+        await job.prepare()
+    now = clock.now()
+    window = job.window(now, settings)
+    async with sessionmaker() as session, session.begin():
+        service = SchedulerService(session, settings)
+        if not await service.repository.claim(job.name, window, now, replica):
+            return JobResult(window, None)
+        detail = await job.work(service, now, window)
+        await service.repository.record(job.name, window, detail)
+        return JobResult(window, detail)

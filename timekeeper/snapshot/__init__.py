@@ -1,0 +1,1 @@
+"""The admission snapshot the webhooks cache, and the history of the namespaces' states."""

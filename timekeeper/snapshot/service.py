@@ -1,0 +1,82 @@
+"""The admission snapshot the webhooks cache, built from the stored states."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+import orjson
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpuaccounting.admission_state import AdmissionSnapshot, NamespaceEntry, PriorityClassNames
+from gpuaccounting.wire import format_timestamp
+from timekeeper.domain.states import budget_state
+from timekeeper.settings import Settings
+from timekeeper.store.states.models import BudgetEvent
+from timekeeper.store.states.repository import StateRepository
+
+
+@dataclass
+class SnapshotCache:
+    """The last snapshot document this replica built, under its version. Every change bumps the version in
+    its transaction, so a version's document never changes; `source` (the sessionmaker the version was
+    read from) keeps another database's versions apart."""
+
+    source: object = None
+    version: int | None = None
+    body: bytes = b""
+
+    def get(self, source: object, version: int) -> bytes | None:
+        return self.body if self.source is source and self.version == version else None
+
+    def put(self, source: object, version: int, body: bytes) -> None:
+        self.source, self.version, self.body = source, version, body
+
+
+class SnapshotService:
+    def __init__(self, session: AsyncSession, settings: Settings) -> None:
+        self.repository = StateRepository(session)
+        self.settings = settings
+
+    async def snapshot_json(
+        self,
+        now: datetime,
+        unchanged: Callable[[int], bool] = lambda version: False,
+        cache: SnapshotCache | None = None,
+        source: object = None,
+    ) -> tuple[int, bytes | None]:
+        """The snapshot's version and document (None when `unchanged(version)`: a 304), read after the version
+        so a racing change shows under the next one; entries equal to the default are left out. Reading writes
+        nothing. With a `cache`, a version's document is built once."""
+        version, budget, warn_at_fraction = await self.repository.version_and_default()
+        if unchanged(version):
+            return version, None
+        if cache is not None and (built := cache.get(source, version)) is not None:
+            return version, built
+        default_state = budget_state(budget, Decimal(0), Decimal(0), warn_at_fraction)
+        policies, default_share, namespaces = await self.repository.snapshot(default_state)
+        document = AdmissionSnapshot(
+            version=version,
+            generated_at=format_timestamp(now),
+            priority_classes=PriorityClassNames(
+                in_budget=self.settings.in_budget_priority_class,
+                over_budget=self.settings.over_budget_priority_class,
+            ),
+            priority_policies=policies,
+            default=NamespaceEntry(
+                state=default_state, max_gpu_share_per_pod=default_share, priority_policy=0
+            ),
+            namespaces=namespaces,
+        )
+        body = orjson.dumps(document)
+        if cache is not None:
+            cache.put(source, version, body)
+        return version, body
+
+    async def events(
+        self, namespace: str, since: datetime | None, limit: int, before_id: int | None
+    ) -> Sequence[BudgetEvent]:
+        """The namespace's state transitions, newest first; page with before_id."""
+        return await self.repository.events(namespace, since, limit, before_id)

@@ -1,0 +1,1 @@
+"""The namespaces' budget states as stored, their history, and the snapshot version."""

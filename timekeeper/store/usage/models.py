@@ -1,0 +1,108 @@
+"""The append-only usage ledger and, per pod, the time already charged."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Index,
+    Integer,
+    Numeric,
+    SmallInteger,
+    Text,
+    UniqueConstraint,
+    and_,
+    func,
+    not_,
+    or_,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, TSTZMULTIRANGE
+from sqlalchemy.orm import Mapped, mapped_column
+
+from timekeeper.db.base import Base
+from timekeeper.store.budgets.models import GPU_MINUTES
+
+
+class LedgerEntry(Base):
+    """One accepted report interval: what was charged (and exactly which time) beside what was measured."""
+
+    __tablename__ = "usage_ledger"
+    __table_args__ = (
+        # Same seq and same interval is a retry; a re-used seq with another interval is new data.
+        UniqueConstraint("pod_uid", "seq", "interval_start", "interval_end", name="uq_usage_ledger_report"),
+        # Recent windows (the forecast's burn, the current period's usage) ask for rows ending after a moment.
+        Index("ix_usage_ledger_namespace_interval_end", "namespace", "interval_end"),
+        # For the roll-up's "ended before the cutoff": BRIN, nearly free on inserts in time order.
+        Index("ix_usage_ledger_interval_end", "interval_end", postgresql_using="brin"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    namespace: Mapped[str] = mapped_column(Text)
+    pod: Mapped[str] = mapped_column(Text)
+    pod_uid: Mapped[str] = mapped_column(Text)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    interval_start: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    interval_end: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    gpu_share: Mapped[Decimal] = mapped_column(Numeric)
+    charged: Mapped[Any] = mapped_column(TSTZMULTIRANGE)
+    gpu_minutes: Mapped[Decimal] = mapped_column(GPU_MINUTES)
+    final: Mapped[bool] = mapped_column(Boolean)
+    received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    gpu_count: Mapped[int] = mapped_column(Integer)
+    mean_sm_util_pct: Mapped[Decimal | None] = mapped_column(Numeric(6, 3))
+    max_mem_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    gpus: Mapped[Any] = mapped_column(JSONB)
+    # The figures the usage answers add up (domain/measurements.py): per second of charged time, utilisation,
+    # memory on all the pod's GPUs and mean power; the GPU statuses seen as one bit each.
+    peak_sm_util_pct: Mapped[Decimal | None] = mapped_column(Numeric(6, 3))
+    mem_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    mean_power_w: Mapped[Decimal | None] = mapped_column(Numeric)
+    gpu_status_bits: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
+    # What the budget is charged per second of charged time, before the GPU model's weight: gpu_share under
+    # the allocation basis, gpu_share x max(floor, utilisation) under the measured one (billing/).
+    charge_share: Mapped[Decimal] = mapped_column(Numeric)
+    # The pod's GPU model (domain/weights.py's model_key) when known at ingest; None counts weight 1.
+    gpu_model: Mapped[str | None] = mapped_column(Text)
+
+
+class PodCoverage(Base):
+    """The time of each pod already charged; its row lock serialises one pod's reports."""
+
+    __tablename__ = "pod_coverage"
+    __table_args__ = (Index("ix_pod_coverage_namespace", "namespace"),)
+
+    pod_uid: Mapped[str] = mapped_column(Text, primary_key=True)
+    namespace: Mapped[str] = mapped_column(Text)
+    pod: Mapped[str] = mapped_column(Text)
+    covered: Mapped[Any] = mapped_column(TSTZMULTIRANGE)
+    last_seq: Mapped[int] = mapped_column(BigInteger)
+    last_report_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    final: Mapped[bool] = mapped_column(Boolean)
+    # Set by the close-out job when the pod stopped reporting; a later report (last_report_at from then on)
+    # makes the pod running again.
+    closed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The GPU model the pod got, from whichever source named it first: the node's GPU Feature Discovery
+    # label (the reconciler) or the sidecar's NVML device name (a report). Fixed once known.
+    gpu_model: Mapped[str | None] = mapped_column(Text)
+    # The GPU share admission admitted the pod at (the webhook's annotation, else its GPU requests; 0: it
+    # holds no GPU), from the pod watch or a read of the pod: what its time is charged at, whatever a
+    # report states. Fixed once known; None: not known (static auth mode charges the reported share).
+    admitted_share: Mapped[Decimal | None] = mapped_column(Numeric)
+    # When a report first stated another share than the admitted one (logged then, once per pod).
+    share_mismatch_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The workload the pod belongs to (the webhook's gpu-timekeeper.io/workload annotation, `Job/train`),
+    # from the pod watch; None: a bare pod, or not known (usage by workload counts it as `Pod/<name>`).
+    workload: Mapped[str | None] = mapped_column(Text)
+
+
+# A pod counts as running until it sent its final report or was closed out after its last report.
+RUNNING_POD = and_(
+    not_(PodCoverage.final),
+    or_(PodCoverage.closed_at.is_(None), PodCoverage.closed_at <= PodCoverage.last_report_at),
+)

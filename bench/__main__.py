@@ -4,6 +4,8 @@ Sections: timekeeper ingest, budget reads and the admission snapshot (bench.inge
 (bench.admission) and the webhook under hostile clients (bench.hostile); the sidecar's footprint
 (bench.sidecar_bench). Each runs on its own so they never compete for the cores; the machine's load
 average before and after is recorded, because figures taken on a busy machine are lower than it can do.
+The timekeeper runs on a private PostgreSQL configured like production (bench.common.POSTGRES_SETTINGS,
+written beside the figures).
 """
 
 from __future__ import annotations

@@ -8,13 +8,11 @@ from decimal import Decimal
 from typing import cast
 
 import sqlalchemy as sa
-from psycopg.rows import tuple_row
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.admission_state import NamespaceEntry, PriorityPolicy
 from gpuaccounting.wire import BudgetState
 from timekeeper.admission.models import AdmissionVersion, BudgetEvent, NamespaceStatus
-from timekeeper.db.driver import driver_rows
 
 # Inserts a namespace on first sight; touches an existing row only when its state really changes, and
 # then reports it (RETURNING yields a row for an insert or a real update, none otherwise). Two arrays,
@@ -118,7 +116,7 @@ class AdmissionRepository:
         """The distinct resolved policies (the default's first), the default's per-pod cap, and the
         entries of the namespaces whose entry differs from the default's (whose state is
         `default_state`), each naming its policy by index."""
-        rows = await driver_rows(self.session, _SNAPSHOT, {"default_state": default_state}, tuple_row)
+        rows = await self.session.execute(_SNAPSHOT, {"default_state": default_state})
         policies: dict[int, PriorityPolicy] = {}
         default_share: float | None = None
         namespaces: dict[str, NamespaceEntry] = {}

@@ -17,7 +17,7 @@ from timekeeper.auth.base import Principal
 from timekeeper.budgets.forecast import forecast
 from timekeeper.budgets.models import SHIPPED_RUNNING_POD_ACTION, Grant
 from timekeeper.budgets.periods import EPOCH, PeriodKind, period_containing
-from timekeeper.budgets.repository import BudgetConfig, BudgetRepository, NamespaceFigures, statuses_on
+from timekeeper.budgets.repository import BudgetConfig, BudgetRepository, NamespaceFigures, statuses
 from timekeeper.budgets.schemas import (
     BudgetConfigOut,
     BudgetIn,
@@ -31,7 +31,6 @@ from timekeeper.budgets.schemas import (
     PriorityPolicyBody,
 )
 from timekeeper.clock import Clock
-from timekeeper.db.driver import session_driver
 from timekeeper.errors import TimekeeperError
 from timekeeper.settings import Settings
 
@@ -125,11 +124,9 @@ class BudgetReads:
 
     async def _statuses(self, namespaces: list[str] | None) -> list[NamespaceBudgetOut]:
         """The figures and each namespace's charge over the forecast window (its burn buckets), read in
-        one round trip."""
+        one statement."""
         now = self.clock.now()
-        found, burned = await statuses_on(
-            await session_driver(self.session), now, now - forecast_window(self.settings), namespaces
-        )
+        found, burned = await statuses(self.session, now, now - forecast_window(self.settings), namespaces)
         states = unpooled_states(found)
         if states is None:
             states = await AdmissionService(self.session, self.settings).states(found, now)

@@ -1,7 +1,7 @@
 """psycopg's pipeline mode on a session's own connection: the one place the timekeeper sends SQL beside
 SQLAlchemy, for ingest alone. A batch's statements travel together, one round trip to read and one to
 write whatever their number, in the session's transaction; through SQLAlchemy each statement is a round
-trip of its own (the measured difference: docs/performance.md, "Ingest")."""
+trip of its own, with more CPU per batch (measured by bench/ingest_pipeline.py)."""
 
 from __future__ import annotations
 

@@ -73,14 +73,15 @@ def attribute(
     return dict(sorted(added.items()))
 
 
-# The GPU-minutes namespace `{namespace}` (an SQL expression) burnt in the window [since, until), from its
-# buckets (one primary-key range): every bucket from the one holding `since` (counted for the part of it
-# inside the window, `oldest_part`) up to the one holding `until`; charged time after `until` in that
-# newest bucket (a report ending within the clock-skew allowance) counts too. One row; NULL: none.
+# The GPU-minutes each namespace burnt in the window [since, until), from its buckets: every bucket from
+# the one holding `since` (counted for the part of it inside the window, `oldest_part`) up to the one
+# holding `until`; charged time after `until` in that newest bucket (a report ending within the
+# clock-skew allowance) counts too. Of the namespaces `{namespaces}` keeps (a condition and AND, or
+# nothing: every one), one primary-key range each; no row for a namespace that burnt nothing.
 BURNED_SQL = (
-    "SELECT round(sum(CASE WHEN bucket_start = :oldest THEN gpu_minutes * :oldest_part "
+    "SELECT namespace, round(sum(CASE WHEN bucket_start = :oldest THEN gpu_minutes * :oldest_part "
     "ELSE gpu_minutes END), 9) AS burned FROM usage_burn "
-    "WHERE namespace = {namespace} AND bucket_start >= :oldest AND bucket_start < :until"
+    "WHERE {namespaces} bucket_start >= :oldest AND bucket_start < :until GROUP BY namespace"
 )
 
 

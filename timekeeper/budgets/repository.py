@@ -158,11 +158,11 @@ _UPDATE_DEFAULT = sa.text(
 )
 
 
-# Each wanted namespace with its effective budget and the totals of the period it is in now; `burn`: with
-# the GPU-minutes it burnt in the forecast's window too (budgets/burn.py), for a budget read in one
-# statement. Listed namespaces and every known one are two statements, not one with `:namespaces IS NULL`
-# deciding at run time: a plan for any parameters would read every known namespace (docs/performance.md).
-def _figures(wanted: str, pool: str, burn: bool) -> sa.TextClause:
+# Each wanted namespace with its effective budget and the totals of the period it is in now; with `burn`
+# (a join of BURNED_SQL as `u`), the GPU-minutes it burnt in the forecast's window too, for a budget read
+# in one statement. Listed namespaces and every known one are two statements, not one with `:namespaces
+# IS NULL` deciding at run time: a plan for any parameters would read every known namespace.
+def _figures(wanted: str, pool: str, burn: str = "") -> sa.TextClause:
     return sa.text(
         f"""
         WITH wanted AS ({wanted}), effective AS (
@@ -178,7 +178,7 @@ def _figures(wanted: str, pool: str, burn: bool) -> sa.TextClause:
         LEFT JOIN usage_totals t ON t.namespace = e.namespace AND t.period_kind = e.period
             AND t.period_start = CASE e.period WHEN 'daily' THEN :daily WHEN 'weekly' THEN :weekly
                                                WHEN 'monthly' THEN :monthly ELSE :none END
-        {f"LEFT JOIN LATERAL ({BURNED_SQL.format(namespace='e.namespace')}) u ON true" if burn else ""}
+        {burn}
         ORDER BY e.namespace
         """
     )
@@ -187,13 +187,19 @@ def _figures(wanted: str, pool: str, burn: bool) -> sa.TextClause:
 @cache
 def figures_of(arity: int | None, burn: bool = False) -> sa.TextClause:
     """The figures of exactly the listed namespaces, known or not (`:namespace`, bound as lists.arity
-    says)."""
-    return _figures(f"SELECT DISTINCT unnest({array_sql('namespace', arity)}) AS namespace", _POOL, burn)
+    says); with `burn`, each one's burn found by key."""
+    wanted = f"SELECT DISTINCT unnest({array_sql('namespace', arity)}) AS namespace"
+    burned = BURNED_SQL.format(namespaces="namespace = e.namespace AND")
+    return _figures(wanted, _POOL, f"LEFT JOIN LATERAL ({burned}) u ON true" if burn else "")
 
 
-# Of every known namespace.
-FIGURES_ALL = _figures("SELECT namespace FROM namespace_status", _POOL_ALL, burn=False)
-_STATUSES_ALL = _figures("SELECT namespace FROM namespace_status", _POOL_ALL, burn=True)
+# Of every known namespace; with the burn, every namespace's at once.
+FIGURES_ALL = _figures("SELECT namespace FROM namespace_status", _POOL_ALL)
+_STATUSES_ALL = _figures(
+    "SELECT namespace FROM namespace_status",
+    _POOL_ALL,
+    f"LEFT JOIN ({BURNED_SQL.format(namespaces='')}) u ON u.namespace = e.namespace",
+)
 _TOTALS = sa.text(
     "SELECT used_gpu_minutes, granted_gpu_minutes FROM usage_totals "
     "WHERE namespace = :namespace AND period_kind = :kind AND period_start = :start"

@@ -12,8 +12,9 @@ from timekeeper.db.lists import ONE_BY_ONE, arity
 NOW = datetime(2026, 3, 18, 12, 0, tzinfo=UTC)
 
 
-def test_short_lists_are_bound_item_by_item_and_long_ones_as_one_array() -> None:
-    assert (arity(0), arity(ONE_BY_ONE), arity(ONE_BY_ONE + 1)) == (0, ONE_BY_ONE, None)
+def test_short_lists_are_bound_item_by_item_padded_to_a_power_of_two_long_ones_as_one_array() -> None:
+    counts = (0, 1, 2, 3, 5, ONE_BY_ONE, ONE_BY_ONE + 1)
+    assert [arity(count) for count in counts] == [0, 1, 2, 4, 8, ONE_BY_ONE, None]
 
 
 async def test_figures_of_a_long_list_are_those_of_its_parts(connection: AsyncConnection) -> None:

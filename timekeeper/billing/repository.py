@@ -19,13 +19,14 @@ from timekeeper.billing.weights import WeightTimeline, timelines
 from timekeeper.db.lists import array_parameters, array_sql
 from timekeeper.usage.models import RUNNING_POD, PodCoverage
 
-# The weight changes of the models in `models` (a text[] expression) that can apply to time in [since,
-# until): each model's last change at or before since (the weight in force when the time starts) and those
-# inside; the primary key (model, effective_from) finds both with one index search each. As text in a
-# fixed order, so the same changes read by a later batch are parsed once (weight_timelines).
+# The weight changes of the models in `models` (a text[] expression, read as a set) that can apply to time
+# in [since, until): each model's last change at or before since (the weight in force when the time
+# starts) and those inside; the primary key (model, effective_from) finds both with one index search each.
+# As text in a fixed order, so the same changes read by a later batch are parsed once (weight_timelines).
 _WEIGHTS_OF = (
     "SELECT coalesce(jsonb_agg(jsonb_build_array(w.model, w.effective_from, w.weight::text) "
-    "ORDER BY w.model, w.effective_from), '[]')::text FROM unnest({models}) AS m(model) CROSS JOIN LATERAL ("
+    "ORDER BY w.model, w.effective_from), '[]')::text FROM (SELECT DISTINCT unnest({models})) AS m(model) "
+    "CROSS JOIN LATERAL ("
     "(SELECT x.model, x.effective_from, x.weight FROM gpu_weights x WHERE x.model = m.model "
     "AND x.effective_from <= %(since)s ORDER BY x.effective_from DESC LIMIT 1) UNION ALL "
     "SELECT x.model, x.effective_from, x.weight FROM gpu_weights x WHERE x.model = m.model "

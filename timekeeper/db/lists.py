@@ -1,7 +1,9 @@
 """Lists of names bound one parameter per item (`ARRAY[:name_0, :name_1]`), so that the plan PostgreSQL
 keeps for a prepared statement counts the list as a fresh plan does. Bound as one array parameter, a list
 counts as 10 items (`= ANY`) or 100 (`unnest`) in the kept plan and as its own length in a fresh one,
-which then looks cheaper on every run: the statement is planned anew each time (docs/performance.md)."""
+which then looks cheaper on every run: the statement is planned anew each time (docs/performance.md).
+A list is padded to a power of two by repeating its last item, so a few statements serve every length;
+the statements read the list as a set."""
 
 from __future__ import annotations
 
@@ -12,8 +14,11 @@ ONE_BY_ONE = 64
 
 
 def arity(count: int) -> int | None:
-    """How a list of `count` items is bound: that many parameters, or None for one array parameter."""
-    return count if count <= ONE_BY_ONE else None
+    """How a list of `count` items is bound: as many parameters (the next power of two), or None for one
+    array parameter."""
+    if count > ONE_BY_ONE:
+        return None
+    return 1 << (count - 1).bit_length() if count else 0
 
 
 def array_sql(name: str, arity: int | None, parameter: str = ":{}") -> str:
@@ -27,6 +32,8 @@ def array_sql(name: str, arity: int | None, parameter: str = ":{}") -> str:
 
 def array_parameters(name: str, values: Sequence[str]) -> dict[str, object]:
     """The parameters of list `name` (array_sql's, for `arity(len(values))`)."""
-    if arity(len(values)) is None:
+    bound = arity(len(values))
+    if bound is None:
         return {name: list(values)}
-    return {f"{name}_{index}": value for index, value in enumerate(values)}
+    padded = [*values, *values[-1:] * (bound - len(values))]
+    return {f"{name}_{index}": value for index, value in enumerate(padded)}

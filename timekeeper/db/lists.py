@@ -35,5 +35,5 @@ def array_parameters(name: str, values: Sequence[str]) -> dict[str, object]:
     bound = arity(len(values))
     if bound is None:
         return {name: list(values)}
-    padded = [*values, *values[-1:] * (bound - len(values))]
+    padded = [*values, *[values[-1]] * (bound - len(values))] if values else []
     return {f"{name}_{index}": value for index, value in enumerate(padded)}

@@ -1,5 +1,6 @@
 """`make bench`: every benchmark section, one after the other so they never compete for the cores, into
-bench/RESULTS.md with the machine's load average before and after (docs/performance.md)."""
+bench/RESULTS.md with the machine's load average before and after; the timekeeper's on a private
+PostgreSQL configured like production (bench.common.POSTGRES_SETTINGS, written beside the figures)."""
 
 from __future__ import annotations
 

@@ -4,20 +4,27 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psycopg
+from sqlalchemy.engine import URL, make_url
+
+from tests.support.postgres import url_string
 from tests.support.processes import (
     free_port as free_port,
 )  # re-exported: the one helper, shared with the tests
+from tests.support.timekeeper import migrate
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_FILE = REPO_ROOT / "bench" / "RESULTS.md"
@@ -199,3 +206,103 @@ def asgi_caller(
         return sent[0]
 
     return call
+
+
+# The benchmarks' PostgreSQL, configured as production would run it on a small machine (2 cores, 23 GiB,
+# shared with other work): autovacuum on at its default thresholds, durable commits. Written into the
+# results beside the figures.
+POSTGRES_SETTINGS = {
+    "autovacuum": "on",
+    # A benchmark lives seconds where a timekeeper lives days: autovacuum looks every second (production:
+    # every minute), so tables are analysed as they grow, as a long-running server's are.
+    "autovacuum_naptime": "1s",
+    "autovacuum_vacuum_threshold": "50",
+    "autovacuum_analyze_threshold": "50",
+    "autovacuum_vacuum_scale_factor": "0.2",
+    "autovacuum_analyze_scale_factor": "0.1",
+    "shared_buffers": "1GB",
+    "effective_cache_size": "4GB",
+    "work_mem": "16MB",
+    "maintenance_work_mem": "256MB",
+    "max_wal_size": "4GB",
+    "checkpoint_timeout": "15min",
+    "wal_compression": "on",
+    "random_page_cost": "1.1",
+    "synchronous_commit": "on",
+    "fsync": "on",
+    "max_connections": "100",
+}
+
+
+def postgres_settings_note(settings: Mapping[str, str] = POSTGRES_SETTINGS) -> str:
+    return "PostgreSQL, a private server started for the run: " + ", ".join(
+        f"{key}={value}" for key, value in settings.items()
+    )
+
+
+@contextmanager
+def postgres_server(settings: Mapping[str, str] = POSTGRES_SETTINGS) -> Iterator[URL]:
+    """A private server with `settings` (initdb from the machine's binaries, run as `postgres` when we
+    are root), stopped and removed afterwards; yields its maintenance database's URL."""
+    binaries = Path(subprocess.check_output(["pg_config", "--bindir"], text=True).strip())
+    if not (binaries / "initdb").exists():
+        binaries = max(Path("/usr/lib/postgresql").glob("*/bin"))
+    data = Path(tempfile.mkdtemp(prefix="gtk-bench-pg-"))
+    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    if as_user:
+        shutil.chown(data, "postgres")
+    port = free_port()
+    options = " ".join(f"-c {key}={value}" for key, value in settings.items())
+    subprocess.run(
+        [*as_user, binaries / "initdb", "-D", data / "pg", "-U", "postgres", "-A", "trust", "--no-sync"],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [
+            *as_user,
+            binaries / "pg_ctl",
+            "-D",
+            data / "pg",
+            "-w",
+            "-l",
+            data / "pg.log",
+            "-o",
+            f"-p {port} -k {data} -c listen_addresses=127.0.0.1 {options}",
+            "start",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield make_url(f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres")
+    finally:
+        subprocess.run(
+            [*as_user, binaries / "pg_ctl", "-D", data / "pg", "-m", "fast", "stop"], capture_output=True
+        )
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def dsn(url: URL) -> str:
+    """The URL as libpq takes it."""
+    return url_string(url).replace("postgresql+psycopg://", "postgresql://")
+
+
+def new_database(server: URL, name: str) -> URL:
+    """A database `name` on the server, migrated to head."""
+    with psycopg.connect(dsn(server), autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{name}"')
+    url = server.set(database=name)
+    migrate(url)
+    return url
+
+
+@contextmanager
+def fresh_database(server: URL, name: str) -> Iterator[URL]:
+    """new_database, dropped when the block ends (whoever is still connected is disconnected)."""
+    url = new_database(server, name)
+    try:
+        yield url
+    finally:
+        with psycopg.connect(dsn(server), autocommit=True) as connection:
+            connection.execute(f'DROP DATABASE "{name}" WITH (FORCE)')

@@ -1,6 +1,6 @@
 """A month of history: a timekeeper on day 1, 7 and 30 of N GPU pods reporting every 30 s, bulk-loaded a day
 per statement in ingest's shapes (proved row by row against the ingest path on a sample), the roll-up run
-as scheduled, on a private PostgreSQL with autovacuum on. `make bench-history ARGS=--quick`."""
+as scheduled, on a private PostgreSQL configured like production. `make bench-history ARGS=--quick`."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -26,10 +26,21 @@ from typing import Any
 
 import httpx
 import psycopg
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL
 
-from bench.common import PYTHON, REPO_ROOT, RESULTS_FILE, free_port, machine_description, percentile, progress
-from tests.support.timekeeper import Tokens, alembic_config, bearer, migrate, report_body
+from bench.common import (
+    PYTHON,
+    REPO_ROOT,
+    RESULTS_FILE,
+    machine_description,
+    new_database,
+    percentile,
+    postgres_server,
+    postgres_settings_note,
+    progress,
+)
+from bench.common import dsn as _dsn
+from tests.support.timekeeper import Tokens, alembic_config, bearer, report_body
 from timekeeper.app import create_app
 from timekeeper.clock import ManualClock
 from timekeeper.periodic.jobs import JOBS_BY_NAME, run_job
@@ -40,24 +51,6 @@ MODEL = "NVIDIA H100 80GB HBM3"
 # One section per pod count: a quick run and a larger one stand side by side.
 SECTION = "## History: a month of reports at {pods:,} GPU pods (make bench-history)"
 MEASURED_DAYS = (1, 7, 30)
-# Production-like settings for a 2-core, 23 GiB machine shared with other work; written into the results.
-POSTGRES_SETTINGS = {
-    "autovacuum": "on",
-    # A simulated day passes in seconds: autovacuum looks every second (production: every minute of a
-    # real day), so it gets a comparable chance to follow the roll-up's deletes.
-    "autovacuum_naptime": "1s",
-    "shared_buffers": "1GB",
-    "effective_cache_size": "4GB",
-    "work_mem": "16MB",
-    "maintenance_work_mem": "256MB",
-    "max_wal_size": "4GB",
-    "checkpoint_timeout": "15min",
-    "wal_compression": "on",
-    "random_page_cost": "1.1",
-    "synchronous_commit": "on",
-    "fsync": "on",
-    "max_connections": "100",
-}
 
 
 # --- the pods: slot i holds one pod at a time; each lives 1-8 lives' units, then the next one starts ---
@@ -205,61 +198,6 @@ def template_figures(dsn: str) -> dict[str, Any]:
         ).fetchone()
     assert row is not None, "the proof's ingest wrote rows"
     return dict(zip(_FIGURE_COLUMNS, row, strict=True))
-
-
-# --- PostgreSQL of our own ---
-@contextmanager
-def postgres() -> Iterator[URL]:
-    """A private server (initdb from the machine's binaries, run as `postgres` when we are root)."""
-    binaries = Path(subprocess.check_output(["pg_config", "--bindir"], text=True).strip())
-    if not (binaries / "initdb").exists():
-        binaries = max(Path("/usr/lib/postgresql").glob("*/bin"))
-    data = Path(tempfile.mkdtemp(prefix="gtk-history-"))
-    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    if as_user:
-        shutil.chown(data, "postgres")
-    port = free_port()
-    options = " ".join(f"-c {key}={value}" for key, value in POSTGRES_SETTINGS.items())
-    subprocess.run(
-        [*as_user, binaries / "initdb", "-D", data / "pg", "-U", "postgres", "-A", "trust", "--no-sync"],
-        check=True,
-        capture_output=True,
-    )
-    subprocess.run(
-        [
-            *as_user,
-            binaries / "pg_ctl",
-            "-D",
-            data / "pg",
-            "-w",
-            "-l",
-            data / "pg.log",
-            "-o",
-            f"-p {port} -k {data} -c listen_addresses=127.0.0.1 {options}",
-            "start",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    try:
-        yield make_url(f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres")
-    finally:
-        subprocess.run(
-            [*as_user, binaries / "pg_ctl", "-D", data / "pg", "-m", "fast", "stop"], capture_output=True
-        )
-        shutil.rmtree(data, ignore_errors=True)
-
-
-def _dsn(url: URL) -> str:
-    return url.render_as_string(hide_password=False).replace("postgresql+psycopg://", "postgresql://")
-
-
-def new_database(server: URL, name: str) -> URL:
-    with psycopg.connect(_dsn(server), autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    url = server.set(database=name)
-    migrate(url)
-    return url
 
 
 # --- the app in-process ---
@@ -778,7 +716,7 @@ def write(run: Run, proof: str, load: tuple[str, str], seconds: float) -> str:
         "commit each, one connection (its rows deleted after)",
         *[f"- day {d.day}: {note}" for d in run.days for note in d.notes],
         *[f"- {note}" for note in run.notes],
-        "- PostgreSQL 15, private server: " + ", ".join(f"{k}={v}" for k, v in POSTGRES_SETTINGS.items()),
+        f"- {postgres_settings_note()}",
         "",
     ]
     text = RESULTS_FILE.read_text()
@@ -834,7 +772,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the private server stops on a kill too
     started, load_before = time.perf_counter(), _load()
     base = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=40)
-    with postgres() as server:
+    with postgres_server() as server:
         progress("proof: a sample through ingest and through the bulk loader")
         figures, proof = prove(server, base - timedelta(days=2, minutes=45))  # across a midnight
         progress(proof)

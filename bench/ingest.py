@@ -1,6 +1,6 @@
 """Timekeeper benchmarks: report ingest, budget reads and the admission snapshot against `python -m
-timekeeper` under wrk, beside the bare ASGI endpoint (bench/bare_asgi.py) and a bare INSERT + COMMIT loop
-(bench/baseline_db.py). Run: `python -m bench.ingest [--seconds 10]`; writes bench/out/ingest.md."""
+timekeeper` on a private production-configured PostgreSQL, under wrk, beside the bare ASGI endpoint and a
+bare INSERT + COMMIT loop. Run: `python -m bench.ingest [--seconds 10]`; writes bench/out/ingest.md."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import httpx
 import psycopg
+from sqlalchemy.engine import URL
 
 from bench.baseline_db import insert_commit_rate
 from bench.common import (
@@ -25,14 +26,16 @@ from bench.common import (
     Figure,
     Section,
     free_port,
+    fresh_database,
     percentile,
+    postgres_server,
+    postgres_settings_note,
     process,
     progress,
     write_results,
 )
 from bench.wrk import WrkResult, combine, one_after_another, run_wrk
 from tests.support.postgres import url_string
-from tests.support.timekeeper import migrated_database
 
 OUT = REPO_ROOT / "bench" / "out" / "ingest.md"
 UVICORN_OPTIONS = ["--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning"]
@@ -65,14 +68,21 @@ class Server:
 
 @contextmanager
 def timekeeper(
-    workers: int = 1, replicas: int = 1, settings: dict[str, str] | None = None
+    workers: int = 1,
+    replicas: int = 1,
+    settings: dict[str, str] | None = None,
+    server: URL | None = None,
 ) -> Iterator[Server]:
     """`python -m timekeeper` (`replicas` processes, each with `workers` workers, `settings` added to their
-    environment) on a fresh migrated database, with a reporter and an admin token made for this run."""
+    environment) on a fresh migrated database of `server` (None: a private server of its own), with a
+    reporter and an admin token made for this run."""
     token, reader = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     digest = hashlib.sha256(token.encode()).hexdigest()
     admin_digest = hashlib.sha256(reader.encode()).hexdigest()
-    with migrated_database("gtk_bench") as url, ExitStack() as processes:
+    with ExitStack() as processes:
+        if server is None:
+            server = processes.enter_context(postgres_server())
+        url = processes.enter_context(fresh_database(server, f"gtk_bench_{secrets.token_hex(6)}"))
         env = {
             "TIMEKEEPER_DATABASE_URL": url_string(url),
             "TIMEKEEPER_ADMIN_TOKEN_SHA256": admin_digest,
@@ -233,6 +243,11 @@ def _crossing(result: WrkResult, clients: int, offsets: Sequence[float] = WEIGHT
 
 
 def run(seconds: int = 10, connections: int = 64, workers: int = 1, replicas: int = 2) -> list[Section]:
+    with postgres_server() as server:
+        return _run(server, seconds, connections, workers, replicas)
+
+
+def _run(server_url: URL, seconds: int, connections: int, workers: int, replicas: int) -> list[Section]:
     light = max(1, connections // 4)
     with bare_asgi() as url:
         progress(f"ingest: bare ASGI baseline, {seconds}s of reports and {seconds}s of GETs")
@@ -242,7 +257,7 @@ def run(seconds: int = 10, connections: int = 64, workers: int = 1, replicas: in
     poison_codes: Counter[int] = Counter()
     crossing = 0
     for number, variant in enumerate(ROUNDS, 1):
-        with timekeeper(workers, replicas) as server:
+        with timekeeper(workers, replicas, server=server_url) as server:
             if number == 1:
                 progress("ingest: bare INSERT+COMMIT baseline")
                 db_rate = insert_commit_rate(server.dsn, connections=16, seconds=seconds / 2)
@@ -347,6 +362,7 @@ def run(seconds: int = 10, connections: int = 64, workers: int = 1, replicas: in
             f"{replicas} x `python -m timekeeper --workers {workers}` (replicas on one database, each"
             f" driven by its own wrk with {connections // replicas} of the connections); PostgreSQL on the"
             " same machine",
+            postgres_settings_note(),
             f"rounds, each on a fresh migrated database and fresh timekeeper processes, each measured after"
             f" {WARM_UP_SECONDS}s of the same load an hour of report time earlier (the pods' first reports,"
             " psycopg's prepared statements: a timekeeper runs for days), in this order: "

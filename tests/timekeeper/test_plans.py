@@ -1,31 +1,34 @@
-"""How PostgreSQL plans the ingest statements: index probes whatever a table's size, and plans made once.
+"""How PostgreSQL plans the ingest statements and the budget read, as a production server would: with the
+tables at a cluster's size and analysed, each statement finds its rows by index and keeps one plan.
 
-psycopg prepares a statement after five runs and PostgreSQL keeps the generic plan it then makes, so a plan
-made on young tables stays as they grow (until an ANALYZE, never where autovacuum is off), and a statement
-whose generic plan looks dearer than a custom one is planned again on every run (docs/performance.md,
-"Plans"). Both cost the ingest batch and the budget read server CPU on every run; these tests pin them.
+psycopg prepares a statement after five runs; PostgreSQL then keeps its generic plan where that looks no
+dearer than planning each run anew (docs/performance.md, "Plans"). The test server runs without
+autovacuum, so the fixture runs the ANALYZE a production server's autovacuum would have run after the
+tables grew. No planner setting is changed: what is checked is what production gets.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg import sql
-from sqlalchemy import TextClause
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from timekeeper.db.driver import PLANNING_SQL
+from timekeeper.db.lists import arity, array_parameters
+from timekeeper.db.pipeline import pipeline_sql
 from timekeeper.store.billing.repository import (
     CHARGE_INPUTS,
-    WEIGHTS,
     charge_inputs_parameters,
+    weights,
     weights_parameters,
 )
-from timekeeper.store.budgets.burn import burned_query
-from timekeeper.store.budgets.repository import figures_parameters, statuses_on
+from timekeeper.store.budgets.burn import window_parameters
+from timekeeper.store.budgets.repository import figures_of, figures_parameters
 from timekeeper.store.usage import repository
 from timekeeper.store.usage.repository import batch_json
 
@@ -56,15 +59,58 @@ REPORT = {
     "gpu_status_bits": 0,
     "covers": True,
 }
-NAMESPACES = ["team-a", "team-b"]
-# Tables read whole by design, small whatever the cluster's size: the default budget (one row) and the
-# pools (an admin's few, each selector matched against a namespace's labels).
-READ_WHOLE = {"default_budget", "budget_pools"}
+# Tables small whatever the cluster's size, which PostgreSQL may rightly read whole: the default budget
+# (one row), the pools (an admin's few, each selector matched against a namespace's labels), the charge
+# bases and the GPU weights (an admin's models and their changes).
+READ_WHOLE = {"default_budget", "budget_pools", "charge_basis", "gpu_weights"}
+RUNS = 8  # psycopg prepares on the fifth run; PostgreSQL chooses its kept plan on the sixth
+
+# A large cluster's tables: 10,000 namespaces (5,000 with budgets of their own, 1,000 listed in a pool,
+# each with a monthly total and 1,000 with six hours of burn buckets), 5,000 pods with four reports each,
+# labelled namespaces, 20 weighted GPU models.
+_GROWN = (
+    "INSERT INTO namespace_status (namespace, state) SELECT 'ns-' || i, 'in_budget' "
+    "FROM generate_series(1, 10000) AS i",
+    "INSERT INTO namespace_budgets (namespace, budget_gpu_minutes, period, warn_at_fraction, updated_at, "
+    "updated_by) SELECT 'ns-' || i, 1000, 'monthly', 0.8, now(), 'test' FROM generate_series(1, 5000) AS i",
+    "INSERT INTO usage_totals (namespace, period_kind, period_start, used_gpu_minutes, granted_gpu_minutes) "
+    "SELECT 'ns-' || i, 'monthly', date_trunc('month', now()), 1, 0 FROM generate_series(1, 10000) AS i",
+    "INSERT INTO usage_burn (namespace, bucket_start, gpu_minutes) "
+    "SELECT 'ns-' || i, to_timestamp(1773835200 - 300 * b), 1 "
+    "FROM generate_series(1, 1000) AS i, generate_series(0, 71) AS b",
+    "INSERT INTO pod_coverage (pod_uid, namespace, pod, covered, last_seq, last_report_at, final) "
+    "SELECT 'uid-' || i, 'ns-' || (i % 10000), 'pod-' || i, "
+    "tstzmultirange(tstzrange(now() - interval '2 minutes', now())), 4, now(), false "
+    "FROM generate_series(2, 5000) AS i",
+    "INSERT INTO usage_ledger (namespace, pod, pod_uid, seq, interval_start, interval_end, gpu_share, "
+    "charged, gpu_minutes, final, gpu_count, gpus, charge_share) "
+    "SELECT 'ns-' || (i % 10000), 'pod-' || i, 'uid-' || i, s, t, t + interval '30 seconds', 1, "
+    "tstzmultirange(tstzrange(t, t + interval '30 seconds')), 0.5, false, 1, '[]', 1 "
+    "FROM generate_series(2, 5000) AS i, generate_series(1, 4) AS s, "
+    "LATERAL (SELECT now() - s * interval '30 seconds' AS t) AS at",
+    "INSERT INTO budget_pools (name, budget_gpu_minutes, period, warn_at_fraction, namespace_selector, "
+    "updated_by) VALUES ('research', 1000, 'monthly', 0.8, '{\"team\": \"research\"}', 'test'), "
+    "('listed', 1000, 'monthly', 0.8, NULL, 'test')",
+    "INSERT INTO budget_pool_members (namespace, pool) SELECT 'ns-' || i, 'listed' "
+    "FROM generate_series(9001, 10000) AS i",
+    "INSERT INTO namespace_labels (namespace, labels, seen_at) SELECT 'ns-' || i, "
+    "jsonb_build_object('team', CASE WHEN i % 10 = 0 THEN 'research' ELSE 'other' END), now() "
+    "FROM generate_series(1, 10000) AS i",
+    "INSERT INTO gpu_weights (model, effective_from, weight, set_by) "
+    "SELECT 'MODEL-' || m, now() - d * interval '1 day', 2, 'test' "
+    "FROM generate_series(1, 20) AS m, generate_series(1, 10) AS d",
+)
 
 
-async def _driver(connection: AsyncConnection) -> psycopg.AsyncConnection[Any]:
+@pytest.fixture
+async def grown(connection: AsyncConnection) -> psycopg.AsyncConnection[Any]:
+    """The test database's tables grown to a cluster's size, then analysed (as autovacuum would have),
+    on the test's connection (its rows and statistics rolled back with it)."""
     driver = (await connection.get_raw_connection()).driver_connection
     assert isinstance(driver, psycopg.AsyncConnection)
+    for statement in _GROWN:
+        await driver.execute(statement)
+    await driver.execute("ANALYZE")
     return driver
 
 
@@ -76,104 +122,132 @@ def _scanned(plan: dict[str, Any]) -> Iterator[str]:
         yield from _scanned(child)
 
 
-def _planned_statements() -> dict[str, tuple[str, dict[str, Any]]]:
-    pods = batch_json([POD])
+def _planned_statements() -> dict[str, tuple[str, list[dict[str, Any]]]]:
+    """Each statement of a batch (IngestStatements) and of a budget read, with the parameters of
+    several runs (different namespaces and pods, as successive batches and reads have)."""
+    runs = range(RUNS)
+    pods = [batch_json([{**POD, "pod_uid": f"uid-{n + 1}", "namespace": f"ns-{n + 1}"}]) for n in runs]
+    lists = [[f"ns-{n + 1}", f"ns-{n + 900}", f"team-{n}"] for n in runs]
+
+    window = window_parameters(NOW - timedelta(hours=6), NOW)
     return {
-        "figures": (repository._FIGURES, figures_parameters(NOW, NAMESPACES)),
-        "lock pods": (repository._LOCK_PODS, {"pods": pods, "now": NOW, "from_sidecar": True}),
-        "charge inputs": (CHARGE_INPUTS, charge_inputs_parameters(pods, NAMESPACES, START, END)),
-        "weights": (WEIGHTS, weights_parameters(["NVIDIA-H100"], START, END)),
-        "repeats": (repository._REPEATED, {"pods": pods}),
-        "charge": (repository._CHARGE, {"reports": batch_json([REPORT]), "now": NOW}),
+        "figures": (pipeline_sql(figures_of(arity(3))), [figures_parameters(NOW, names) for names in lists]),
+        # A budget read's (budgets.repository.statuses): one namespace's figures and burn.
+        "budget read": (
+            pipeline_sql(figures_of(arity(1), burn=True)),
+            [{**figures_parameters(NOW, names[:1]), **window} for names in lists],
+        ),
+        "lock pods": (
+            repository._LOCK_PODS,
+            [{"pods": p, "now": NOW, "from_sidecar": True} for p in pods],
+        ),
+        "charge inputs": (
+            CHARGE_INPUTS,
+            [charge_inputs_parameters(p, names, START, END) for p, names in zip(pods, lists, strict=True)],
+        ),
+        "weights": (weights(arity(1)), [weights_parameters([f"MODEL-{n}"], START, END) for n in runs]),
+        "repeats": (repository._REPEATED, [{"pods": p} for p in pods]),
+        "charge": (
+            repository._CHARGE,
+            [
+                {
+                    "reports": batch_json([{**REPORT, "pod_uid": f"uid-{n + 2}"}]),
+                    "now": NOW + timedelta(seconds=n),
+                }
+                for n in runs
+            ],
+        ),
         "add used": (
             repository._ADD_USED,
-            {
-                "totals": batch_json(
-                    [{"namespace": "team-a", "period_kind": "monthly", "period_start": NOW, "used": "1"}]
-                )
-            },
+            [
+                {
+                    "totals": batch_json(
+                        [{"namespace": f"ns-{n}", "period_kind": "monthly", "period_start": NOW, "used": "1"}]
+                    )
+                }
+                for n in runs
+            ],
         ),
         "add burn": (
             repository._ADD_BURN,
-            {"burn": batch_json([{"namespace": "team-a", "bucket_start": NOW, "gpu_minutes": "1"}])},
+            [
+                {"burn": batch_json([{"namespace": f"ns-{n}", "bucket_start": NOW, "gpu_minutes": "1"}])}
+                for n in runs
+            ],
         ),
-        "lock states": (repository._LOCK_STATES, {"namespaces": NAMESPACES}),
-        # A budget read's (budgets.repository.statuses_on), beside the figures above.
-        "burned": _compiled(*burned_query(NOW - timedelta(hours=6), NOW, NAMESPACES)),
+        "lock states": (
+            repository.lock_states(arity(3)),
+            [array_parameters("namespace", names) for names in lists],
+        ),
     }
 
 
-def _compiled(statement: TextClause, parameters: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    return str(statement.compile(dialect=repository.psycopg_dialect())), parameters
+def _numbered(statement: str) -> tuple[str, list[str]]:
+    """The statement with `%(name)s` parameters numbered in order of first appearance (as psycopg sends
+    it), and their names in that order."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) is None:
+            return "%"
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    return re.sub(r"%\((\w+)\)s|%%", number, statement), names
 
 
-async def test_planned_statements_read_no_table_by_sequential_scan(connection: AsyncConnection) -> None:
-    """On the near-empty tables of a fresh install (where a sequential scan is cheapest, and the plan then
-    kept), each statement of a batch and of a budget read finds its rows by index."""
-    driver = await _driver(connection)
-    await driver.execute(PLANNING_SQL, prepare=False)
-    for name, (statement, parameters) in _planned_statements().items():
-        cursor = await driver.execute(f"EXPLAIN (FORMAT JSON) {statement}", parameters)
-        row = await cursor.fetchone()
-        assert row is not None
-        scanned = set(_scanned(row[0][0]["Plan"])) - READ_WHOLE
-        assert not scanned, f"{name} reads {sorted(scanned)} by sequential scan"
-
-
-async def test_a_batch_plans_its_transaction_for_index_probes(connection: AsyncConnection) -> None:
-    """The batch's read says so to the planner for its transaction (the plans above are the batch's)."""
-    driver = await _driver(connection)
-    await driver.execute("SET LOCAL enable_seqscan = on")
-    await driver.execute("SET LOCAL plan_cache_mode = auto")
-    statements = repository.IngestStatements(driver)
-    read = await statements.read(batch_json([POD]), ["team-a"], (START, END), NOW, from_sidecar=True)
-    assert read.uncovered == {"uid-1": [(START, END)]}
+async def kept_plan(
+    driver: psycopg.AsyncConnection[Any], statement: str, runs: list[dict[str, Any]]
+) -> tuple[int, dict[str, Any]]:
+    """Runs the statement prepared by psycopg (as it runs a statement from its fifth run on) once per
+    parameters; answers the plans PostgreSQL made for those runs and the plan it keeps for the next."""
+    for parameters in runs:
+        await driver.execute(statement, parameters, prepare=True)
+    text, names = _numbered(statement)
     cursor = await driver.execute(
-        "SELECT current_setting('enable_seqscan'), current_setting('plan_cache_mode')"
-    )
-    assert await cursor.fetchone() == ("off", "force_generic_plan")
-
-
-async def test_a_budget_read_plans_its_statements_for_index_probes(connection: AsyncConnection) -> None:
-    """A budget read's figures and burn (one pipeline: one implicit transaction in autocommit) are
-    planned as the batch's."""
-    await connection.exec_driver_sql("SET LOCAL enable_seqscan = on")
-    driver = await _driver(connection)
-    figures, burned = await statuses_on(driver, NOW, NOW - timedelta(hours=6), ["team-a"])
-    assert [f.namespace for f in figures] == ["team-a"] and burned == {}
-    cursor = await (await _driver(connection)).execute("SELECT current_setting('enable_seqscan')")
-    assert await cursor.fetchone() == ("off",)
-
-
-async def test_figures_of_listed_namespaces_keep_one_plan_by_index(connection: AsyncConnection) -> None:
-    """The figures of listed namespaces (every ingest batch's) are planned once and that plan is kept,
-    with many namespaces known, and the kept plan finds them by index."""
-    driver = await _driver(connection)
-    await driver.execute(
-        "INSERT INTO namespace_status (namespace, state) SELECT 'known-' || i, 'in_budget' "
-        "FROM generate_series(1, 5000) AS i"
-    )
-    await driver.execute("ANALYZE namespace_status")
-    await driver.execute(PLANNING_SQL, prepare=False)
-    for run in range(12):
-        names = [f"known-{run}", f"team-{run}"]
-        await driver.execute(repository._FIGURES, figures_parameters(NOW, names), prepare=True)
-    cursor = await driver.execute(
-        "SELECT name, generic_plans, custom_plans FROM pg_prepared_statements WHERE statement LIKE %s",
-        ("%WITH wanted AS (SELECT DISTINCT unnest%",),
+        "SELECT name, custom_plans FROM pg_prepared_statements WHERE statement = %s", (text,)
     )
     found = await cursor.fetchone()
-    assert found is not None, "the statement was prepared"
-    name, generic, custom = found
-    assert custom == 0 and generic == 12, f"{custom} custom plans, {generic} runs of the kept one"
-    # Its parameters in the order they first appear: the namespaces, then each period kind's start.
-    starts = figures_parameters(NOW)
-    values = [["known-1"], starts["daily"], starts["weekly"], starts["monthly"], starts["none"]]
+    assert found is not None, "psycopg prepared it"
+    name, custom_plans = found
+    values = sql.SQL(", ").join(sql.Literal(runs[-1][key]) for key in names)
     explained = await driver.execute(
-        sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE {}({})").format(
-            sql.Identifier(name), sql.SQL(", ").join(sql.Literal(value) for value in values)
-        )
+        sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE {}({})").format(sql.Identifier(name), values)
     )
     row = await explained.fetchone()
     assert row is not None
-    assert not set(_scanned(row[0][0]["Plan"])) - READ_WHOLE
+    return custom_plans, row[0][0]["Plan"]
+
+
+def assert_planned_once_by_index(name: str, custom_plans: int, plan: dict[str, Any]) -> None:
+    """The statement's runs after psycopg prepared it were planned once, and that plan reads no table by
+    sequential scan but those read whole by design."""
+    assert custom_plans <= 5, f"{name}: planned anew on every run ({custom_plans} custom plans)"
+    scanned = set(_scanned(plan)) - READ_WHOLE
+    assert not scanned, f"{name} reads {sorted(scanned)} by sequential scan"
+
+
+async def test_each_statement_keeps_one_plan_that_finds_rows_by_index(
+    grown: psycopg.AsyncConnection[Any],
+) -> None:
+    """Each statement of an ingest batch and of a budget read, on a large cluster's tables: after the
+    five custom plans PostgreSQL always makes first, one kept plan, reading no table whole."""
+    failed = []
+    for name, (statement, runs) in _planned_statements().items():
+        custom_plans, plan = await kept_plan(grown, statement, runs)
+        try:
+            assert_planned_once_by_index(name, custom_plans, plan)
+        except AssertionError as error:
+            failed.append(str(error).splitlines()[0])
+    assert not failed, "\n".join(failed)
+
+
+async def test_a_plan_that_scans_a_grown_table_fails_the_check(grown: psycopg.AsyncConnection[Any]) -> None:
+    """The check above catches a regression: without the index its probes use, a budget read scans the
+    burn buckets."""
+    await grown.execute("ALTER TABLE usage_burn DROP CONSTRAINT pk_usage_burn")
+    statement, runs = _planned_statements()["budget read"]
+    custom_plans, plan = await kept_plan(grown, statement, runs)
+    with pytest.raises(AssertionError, match="usage_burn"):
+        assert_planned_once_by_index("budget read", custom_plans, plan)

@@ -26,7 +26,6 @@ from timekeeper.budgets.schemas import (
     PriorityPolicyBody,
 )
 from timekeeper.clock import Clock
-from timekeeper.db.driver import session_driver
 from timekeeper.domain.figures import SHIPPED_RUNNING_POD_ACTION, BudgetConfig, NamespaceFigures
 from timekeeper.domain.periods import PeriodKind, period_containing
 from timekeeper.errors import TimekeeperError
@@ -34,7 +33,7 @@ from timekeeper.schemas import period_out
 from timekeeper.settings import Settings
 from timekeeper.store.audit.repository import AuditRepository
 from timekeeper.store.budgets.models import Grant
-from timekeeper.store.budgets.repository import BudgetRepository, statuses_on
+from timekeeper.store.budgets.repository import BudgetRepository, statuses
 from timekeeper.store.states.budget_states import BudgetStates, unpooled_states
 
 
@@ -122,11 +121,9 @@ class BudgetReads:
 
     async def _statuses(self, namespaces: list[str] | None) -> list[NamespaceBudgetOut]:
         """The figures and each namespace's charge over the forecast window (its burn buckets), read in
-        one round trip."""
+        one statement."""
         now = self.clock.now()
-        found, burned = await statuses_on(
-            await session_driver(self.session), now, now - forecast_window(self.settings), namespaces
-        )
+        found, burned = await statuses(self.session, now, now - forecast_window(self.settings), namespaces)
         states = unpooled_states(found)
         if states is None:
             states = await BudgetStates(self.session).decide(found, now)

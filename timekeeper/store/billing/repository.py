@@ -7,23 +7,26 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from functools import cache
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from timekeeper.db.lists import array_parameters, array_sql
 from timekeeper.domain.weights import WeightTimeline, timelines
 from timekeeper.store.billing.models import CLUSTER_SCOPE, ChargeBasis, GpuPrice, GpuWeight
 from timekeeper.store.usage.models import RUNNING_POD, PodCoverage
 
-# The weight changes of the models in `models` (a text[] expression) that can apply to time in [since,
-# until): each model's last change at or before since (the weight in force when the time starts) and those
-# inside; the primary key (model, effective_from) finds both with one index search each. As text in a
-# fixed order, so the same changes read by a later batch are parsed once (weight_timelines).
+# The weight changes of the models in `models` (a text[] expression, read as a set) that can apply to time
+# in [since, until): each model's last change at or before since (the weight in force when the time
+# starts) and those inside; the primary key (model, effective_from) finds both with one index search each.
+# As text in a fixed order, so the same changes read by a later batch are parsed once (weight_timelines).
 _WEIGHTS_OF = (
     "SELECT coalesce(jsonb_agg(jsonb_build_array(w.model, w.effective_from, w.weight::text) "
-    "ORDER BY w.model, w.effective_from), '[]')::text FROM unnest({models}) AS m(model) CROSS JOIN LATERAL ("
+    "ORDER BY w.model, w.effective_from), '[]')::text FROM (SELECT DISTINCT unnest({models})) AS m(model) "
+    "CROSS JOIN LATERAL ("
     "(SELECT x.model, x.effective_from, x.weight FROM gpu_weights x WHERE x.model = m.model "
     "AND x.effective_from <= %(since)s ORDER BY x.effective_from DESC LIMIT 1) UNION ALL "
     "SELECT x.model, x.effective_from, x.weight FROM gpu_weights x WHERE x.model = m.model "
@@ -33,7 +36,7 @@ _WEIGHTS_OF = (
 # the batch's pod rows, batch_json with gpu_model) and those models (NULL when no weight is set at all:
 # then every model counts 1 and nothing is looked up); and the charge basis rows of the batch's namespaces
 # and the cluster. A pod keeps the first model known, so one may have a model its report does not name:
-# the caller reads those with WEIGHTS (a round trip, only then). The models come from the reports, not
+# the caller reads those with `weights` (a round trip, only then). The models come from the reports, not
 # from the pods' rows: a lookup of the batch's pods would be planned once, on a young table, as a scan.
 # Run by the ingest's pipelined read (store/usage/repository.py IngestStatements), in the driver's style.
 CHARGE_INPUTS = (
@@ -43,7 +46,12 @@ CHARGE_INPUTS = (
     "SELECT ({weights}) AS weights, a.models, (SELECT coalesce(jsonb_agg(jsonb_build_array(scope, basis, "
     "floor::text)), '[]') FROM charge_basis WHERE scope = ANY(%(scopes)s)) AS bases FROM a"
 ).format(weights=_WEIGHTS_OF.format(models="a.models"))
-WEIGHTS = _WEIGHTS_OF.format(models="CAST(%(models)s AS text[])")
+
+
+@cache
+def weights(arity: int | None) -> str:
+    """The weights of the listed models (`models`, bound as lists.arity says)."""
+    return _WEIGHTS_OF.format(models=array_sql("models", arity, "%({})s"))
 
 
 def charge_inputs_parameters(
@@ -54,10 +62,10 @@ def charge_inputs_parameters(
 
 
 def weights_parameters(models: Sequence[str], since: datetime, until: datetime) -> dict[str, Any]:
-    return {"models": list(models), "since": since, "until": until}
+    return {**array_parameters("models", models), "since": since, "until": until}
 
 
-# Parsed weight timelines by their text (CHARGE_INPUTS, WEIGHTS): batches in a row mostly read the same
+# Parsed weight timelines by their text (CHARGE_INPUTS, `weights`): batches in a row mostly read the same
 # changes (the models and the weights in force do not change from one batch to the next), so each
 # distinct answer is parsed once per process; a change set since reads as another text, so a cached
 # answer is never stale. Bounded: a process forgets the answers it saw long ago.
@@ -66,7 +74,7 @@ _TIMELINES_KEPT = 256
 
 
 def weight_timelines(text: str) -> Mapping[str, WeightTimeline]:
-    """A CHARGE_INPUTS or WEIGHTS answer's text as timelines by model (shared: not to be changed)."""
+    """A CHARGE_INPUTS or `weights` answer's text as timelines by model (shared: not to be changed)."""
     known = _TIMELINES.get(text)
     if known is None:
         known = timelines(

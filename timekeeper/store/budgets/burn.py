@@ -65,31 +65,17 @@ def attribute(
 # The GPU-minutes each namespace burnt in the window [since, until), from its buckets: every bucket from
 # the one holding `since` (counted for the part of it inside the window, `oldest_part`) up to the one
 # holding `until`; charged time after `until` in that newest bucket (a report ending within the
-# clock-skew allowance) counts too. Of exactly the listed namespaces (one primary-key range each), or of
-# every one: two statements, so neither's cached plan serves the other's case.
-_WINDOW = (
+# clock-skew allowance) counts too. Of the namespaces `{namespaces}` keeps (a condition and AND, or
+# nothing: every one), one primary-key range each; no row for a namespace that burnt nothing.
+BURNED_SQL = (
     "SELECT namespace, round(sum(CASE WHEN bucket_start = :oldest THEN gpu_minutes * :oldest_part "
     "ELSE gpu_minutes END), 9) AS burned FROM usage_burn "
     "WHERE {namespaces} bucket_start >= :oldest AND bucket_start < :until GROUP BY namespace"
 )
-_BURNED_IN = sa.text(_WINDOW.format(namespaces="namespace = ANY(CAST(:namespaces AS text[])) AND"))
-_BURNED_ALL = sa.text(_WINDOW.format(namespaces=""))
-
-
-def burned_query(
-    since: datetime, until: datetime, namespaces: list[str] | None
-) -> tuple[sa.TextClause, dict[str, object]]:
-    """The statement, with its parameters, of the GPU-minutes each namespace (every one, or exactly the
-    listed ones) burnt in [since, until): rows of (namespace, burned), none for a namespace that charged
-    nothing there."""
-    parameters = window_parameters(since, until)
-    if namespaces is None:
-        return _BURNED_ALL, parameters
-    return _BURNED_IN, {**parameters, "namespaces": namespaces}
 
 
 def window_parameters(since: datetime, until: datetime) -> dict[str, object]:
-    """The burn statements' window: its oldest bucket, the part of that bucket inside it, its end."""
+    """BURNED_SQL's parameters: the window's oldest bucket, the part of that bucket inside it, its end."""
     oldest = bucket_of(since)
     inside = _microseconds(oldest + BUCKET - since)
     return {"oldest": oldest, "oldest_part": Decimal(inside) / _microseconds(BUCKET), "until": until}

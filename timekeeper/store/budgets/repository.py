@@ -6,16 +6,16 @@ import json
 from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
+from functools import cache
 from typing import Any
 
-import psycopg
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from timekeeper.db.driver import PLANNING, driver_rows, driver_rows_pipelined
+from timekeeper.db.lists import arity, array_parameters, array_sql
 from timekeeper.domain.figures import BUDGET_FIELDS, BudgetConfig, NamespaceFigures
 from timekeeper.domain.periods import PeriodKind, current_period_starts
-from timekeeper.store.budgets.burn import burned_query
+from timekeeper.store.budgets.burn import BURNED_SQL, window_parameters
 from timekeeper.store.budgets.models import Grant
 from timekeeper.store.pools.models import MEMBERSHIP_SQL, membership_sql
 
@@ -100,11 +100,11 @@ _UPDATE_DEFAULT = sa.text(
 )
 
 
-# Each wanted namespace with its effective budget and the totals of the period it is in now. Two
-# statements, not one with `:namespaces IS NULL` deciding at run time: PostgreSQL could not plan that one
-# once (a plan for any parameters had to include reading every known namespace, so it planned it anew on
-# each run; docs/performance.md).
-def _figures(wanted: str, pool: str) -> sa.TextClause:
+# Each wanted namespace with its effective budget and the totals of the period it is in now; with `burn`
+# (a join of BURNED_SQL as `u`), the GPU-minutes it burnt in the forecast's window too, for a budget read
+# in one statement. Listed namespaces and every known one are two statements, not one with `:namespaces
+# IS NULL` deciding at run time: a plan for any parameters would read every known namespace.
+def _figures(wanted: str, pool: str, burn: str = "") -> sa.TextClause:
     return sa.text(
         f"""
         WITH wanted AS ({wanted}), effective AS (
@@ -115,18 +115,33 @@ def _figures(wanted: str, pool: str) -> sa.TextClause:
             {pool}
         )
         SELECT e.*, coalesce(t.used_gpu_minutes, 0) AS used, coalesce(t.granted_gpu_minutes, 0) AS granted
+            {", coalesce(u.burned, 0) AS burned" if burn else ""}
         FROM effective e
         LEFT JOIN usage_totals t ON t.namespace = e.namespace AND t.period_kind = e.period
             AND t.period_start = CASE e.period WHEN 'daily' THEN :daily WHEN 'weekly' THEN :weekly
                                                WHEN 'monthly' THEN :monthly ELSE :none END
+        {burn}
         ORDER BY e.namespace
         """
     )
 
 
-# Exactly the listed namespaces (:namespaces), known or not; every known namespace.
-FIGURES_OF = _figures("SELECT DISTINCT unnest(CAST(:namespaces AS text[])) AS namespace", _POOL)
+@cache
+def figures_of(arity: int | None, burn: bool = False) -> sa.TextClause:
+    """The figures of exactly the listed namespaces, known or not (`:namespace`, bound as lists.arity
+    says); with `burn`, each one's burn found by key."""
+    wanted = f"SELECT DISTINCT unnest({array_sql('namespace', arity)}) AS namespace"
+    burned = BURNED_SQL.format(namespaces="namespace = e.namespace AND")
+    return _figures(wanted, _POOL, f"LEFT JOIN LATERAL ({burned}) u ON true" if burn else "")
+
+
+# Of every known namespace; with the burn, every namespace's at once.
 FIGURES_ALL = _figures("SELECT namespace FROM namespace_status", _POOL_ALL)
+_STATUSES_ALL = _figures(
+    "SELECT namespace FROM namespace_status",
+    _POOL_ALL,
+    f"LEFT JOIN ({BURNED_SQL.format(namespaces='')}) u ON u.namespace = e.namespace",
+)
 _TOTALS = sa.text(
     "SELECT used_gpu_minutes, granted_gpu_minutes FROM usage_totals "
     "WHERE namespace = :namespace AND period_kind = :kind AND period_start = :start"
@@ -183,15 +198,16 @@ _REBUILD = sa.text(
 
 def figures_parameters(now: datetime, namespaces: list[str] | None = None) -> dict[str, Any]:
     """A figures statement's parameters: the current period's start of every kind at `now`, and the
-    listed namespaces (FIGURES_OF's)."""
+    listed namespaces (figures_of's)."""
     starts: dict[str, Any] = {kind.value: start for kind, start in current_period_starts(now).items()}
-    return starts if namespaces is None else {**starts, "namespaces": namespaces}
+    return starts if namespaces is None else {**starts, **array_parameters("namespace", namespaces)}
 
 
 def figures_query(now: datetime, namespaces: list[str] | None) -> tuple[sa.TextClause, dict[str, Any]]:
     """The figures statement of exactly the listed namespaces (every known one: None), with its
     parameters."""
-    return FIGURES_ALL if namespaces is None else FIGURES_OF, figures_parameters(now, namespaces)
+    statement = FIGURES_ALL if namespaces is None else figures_of(arity(len(namespaces)))
+    return statement, figures_parameters(now, namespaces)
 
 
 def namespace_figures(row: Any) -> NamespaceFigures:
@@ -199,19 +215,15 @@ def namespace_figures(row: Any) -> NamespaceFigures:
     return NamespaceFigures(row.namespace, _config(row), row.used, row.granted)
 
 
-async def statuses_on(
-    driver: psycopg.AsyncConnection[Any],
-    now: datetime,
-    burn_since: datetime,
-    namespaces: list[str] | None = None,
+async def statuses(
+    session: AsyncSession, now: datetime, burn_since: datetime, namespaces: list[str] | None = None
 ) -> tuple[list[NamespaceFigures], dict[str, Decimal]]:
     """The figures (`BudgetRepository.figures`) and the GPU-minutes each namespace burnt since
-    `burn_since`, in one round trip on the session's own psycopg connection (`session_driver`)."""
-    queries = [figures_query(now, namespaces), burned_query(burn_since, now, namespaces)]
-    if namespaces is not None:
-        queries.insert(0, (PLANNING, {}))
-    *_, figures, burned = await driver_rows_pipelined(driver, *queries)
-    return [namespace_figures(row) for row in figures], {row.namespace: row.burned for row in burned}
+    `burn_since` (the forecast's burn buckets), in one statement."""
+    statement = _STATUSES_ALL if namespaces is None else figures_of(arity(len(namespaces)), burn=True)
+    parameters = {**figures_parameters(now, namespaces), **window_parameters(burn_since, now)}
+    rows = (await session.execute(statement, parameters)).all()
+    return [namespace_figures(row) for row in rows], {row.namespace: row.burned for row in rows}
 
 
 def _stored(values: dict[str, Any]) -> dict[str, Any]:
@@ -258,8 +270,8 @@ class BudgetRepository:
 
     async def figures(self, now: datetime, namespaces: list[str] | None = None) -> list[NamespaceFigures]:
         """Every known namespace's (or exactly the listed ones') budget and current-period totals."""
-        rows = await driver_rows(self.session, *figures_query(now, namespaces))
-        return [namespace_figures(row) for row in rows]
+        result = await self.session.execute(*figures_query(now, namespaces))
+        return [namespace_figures(row) for row in result]
 
     async def totals(self, namespace: str, kind: PeriodKind, start: datetime) -> tuple[Decimal, Decimal]:
         """(used, granted) of one namespace's period."""

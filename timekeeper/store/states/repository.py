@@ -8,12 +8,10 @@ from decimal import Decimal
 from typing import cast
 
 import sqlalchemy as sa
-from psycopg.rows import tuple_row
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpuaccounting.admission_state import NamespaceEntry, PriorityPolicy
 from gpuaccounting.wire import BudgetState
-from timekeeper.db.driver import driver_rows
 from timekeeper.store.locks import by_namespace, in_lock_order
 from timekeeper.store.states.models import AdmissionVersion, BudgetEvent, NamespaceStatus
 
@@ -126,7 +124,7 @@ class StateRepository:
         """The distinct resolved policies (the default's first), the default's per-pod cap, and the
         entries of the namespaces whose entry differs from the default's (whose state is
         `default_state`), each naming its policy by index."""
-        rows = await driver_rows(self.session, _SNAPSHOT, {"default_state": default_state}, tuple_row)
+        rows = await self.session.execute(_SNAPSHOT, {"default_state": default_state})
         policies: dict[int, PriorityPolicy] = {}
         default_share: float | None = None
         namespaces: dict[str, NamespaceEntry] = {}

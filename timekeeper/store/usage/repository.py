@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
+from functools import cache
 from typing import Any, NamedTuple, cast
 
 import orjson
@@ -14,29 +15,29 @@ import psycopg
 import sqlalchemy as sa
 from psycopg.rows import namedtuple_row
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.wire import BudgetState
-from timekeeper.db.driver import PLANNING_SQL
+from timekeeper.db.lists import arity, array_parameters, array_sql
+from timekeeper.db.pipeline import pipeline_connection, pipeline_sql
 from timekeeper.domain.figures import NamespaceFigures, TotalKey
 from timekeeper.domain.measurements import GroupBy, MeasurementSums
 from timekeeper.domain.periods import Interval
 from timekeeper.domain.weights import WeightTimeline
 from timekeeper.store.billing.repository import (
     CHARGE_INPUTS,
-    WEIGHTS,
     charge_inputs,
     charge_inputs_parameters,
     weight_timelines,
+    weights,
     weights_parameters,
 )
-from timekeeper.store.budgets.repository import FIGURES_OF, figures_parameters, namespace_figures
+from timekeeper.store.budgets.repository import figures_of, figures_parameters, namespace_figures
 from timekeeper.store.locks import NAMESPACE_ORDER_SQL
 from timekeeper.store.usage.models import RUNNING_POD, PodCoverage
 
-# The ingest statements run on the session's psycopg connection in pipeline mode (IngestStatements): a
-# batch reads in one round trip and writes in another, without SQLAlchemy's per-statement work. A batch
+# The ingest statements run on the session's psycopg connection in pipeline mode (IngestStatements,
+# timekeeper/db/pipeline.py): a batch reads in one round trip and writes in another. A batch
 # holds at most one report per pod (ON CONFLICT may touch a row once per statement) and travels as one
 # JSON array read by jsonb_to_recordset, in pod_uid order; every statement takes its locks in the one
 # order of store/locks.py. Multiranges and jsonb_to_recordset keep these statements as text.
@@ -132,13 +133,19 @@ _ADD_BURN = (
     "ON CONFLICT (namespace, bucket_start) "
     "DO UPDATE SET gpu_minutes = usage_burn.gpu_minutes + excluded.gpu_minutes"
 )
+
+
 # The namespaces' stored states, locked after the totals and burn buckets (store/locks.py).
-_LOCK_STATES = (
-    "SELECT namespace, state FROM namespace_status WHERE namespace = ANY(%(namespaces)s) "
-    f"ORDER BY {NAMESPACE_ORDER_SQL} FOR UPDATE"
-)
-# The budgets' figures, as BudgetRepository reads them, in the driver's parameter style.
-_FIGURES = str(FIGURES_OF.compile(dialect=psycopg_dialect()))
+@cache
+def lock_states(arity: int | None) -> str:
+    return pipeline_sql(
+        sa.text(
+            "SELECT namespace, state FROM namespace_status "
+            f"WHERE namespace = ANY({array_sql('namespace', arity)}) "
+            f"ORDER BY {NAMESPACE_ORDER_SQL} FOR UPDATE"
+        )
+    )
+
 
 # Raw ledger rows and the hourly per-pod aggregates the roll-up job folds old rows into, in one shape:
 # a report counts once per aggregate (an aggregate row counts the reports folded into its hour). Each
@@ -374,9 +381,7 @@ class IngestStatements:
 
     @classmethod
     async def of(cls, session: AsyncSession) -> IngestStatements:
-        connection = (await (await session.connection()).get_raw_connection()).driver_connection
-        assert isinstance(connection, psycopg.AsyncConnection), "the engine's driver is psycopg"
-        return cls(connection)
+        return cls(await pipeline_connection(session))
 
     async def read(
         self, pods: str, namespaces: list[str], span: Interval, now: datetime, *, from_sidecar: bool
@@ -388,9 +393,10 @@ class IngestStatements:
         # The pipeline's exit sends the one Sync and reads every result into its cursor: a sync() inside
         # the block would cost a round trip of its own, the exit's (docs/performance.md, "One sync").
         async with connection.pipeline():
-            await connection.execute(PLANNING_SQL, prepare=False)
             figures = connection.cursor(row_factory=namedtuple_row)
-            await figures.execute(_FIGURES, figures_parameters(now, namespaces))
+            await figures.execute(
+                pipeline_sql(figures_of(arity(len(namespaces)))), figures_parameters(now, namespaces)
+            )
             locked = await connection.execute(
                 _LOCK_PODS, {"pods": pods, "now": now, "from_sidecar": from_sidecar}
             )
@@ -421,7 +427,9 @@ class IngestStatements:
         if not unread:
             return read
         # A pod whose model was known before and is not what its report names (or names none).
-        cursor = await connection.execute(WEIGHTS, weights_parameters(sorted(unread), *span))
+        cursor = await connection.execute(
+            weights(arity(len(unread))), weights_parameters(sorted(unread), *span)
+        )
         row = await cursor.fetchone()
         assert row is not None, "an aggregate answers one row"
         return replace(read, weights={**read.weights, **weight_timelines(row[0])})
@@ -446,7 +454,11 @@ class IngestStatements:
             if burn is not None:
                 await connection.execute(_ADD_BURN, {"burn": burn})
             states = (
-                await connection.execute(_LOCK_STATES, {"namespaces": namespaces}) if namespaces else None
+                await connection.execute(
+                    lock_states(arity(len(namespaces))), array_parameters("namespace", namespaces)
+                )
+                if namespaces
+                else None
             )
             marked = (
                 await connection.execute(_MISMATCHED, {"pod_uids": list(mismatched), "now": now})

@@ -44,6 +44,7 @@ def _expects_continue(headers: Iterable[tuple[bytes, bytes]]) -> bool:
     return any(name == b"expect" and value.lower() == b"100-continue" for name, value in headers)
 
 
+@dataclass(slots=True)
 class BodyLimit:
     """Answers 413 with `render(refusal)` (a JSON body) for a body over `max_bytes`.
 
@@ -53,22 +54,12 @@ class BodyLimit:
     rather than a reset (a socket closed with unread data resets). The server's body deadline bounds
     that wait; without `close` the server throws the rest away itself and keeps the connection."""
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        max_bytes: int,
-        render: Callable[[BodyTooLarge], bytes],
-        *,
-        close: bool = False,
-        on_refused: Callable[[], None] = _nothing,
-        linger_bytes: int = LINGER_BYTES,
-    ) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-        self.render = render
-        self.close = close
-        self.on_refused = on_refused
-        self.linger_bytes = linger_bytes
+    app: ASGIApp
+    max_bytes: int
+    render: Callable[[BodyTooLarge], bytes]
+    close: bool = False
+    on_refused: Callable[[], None] = _nothing
+    linger_bytes: int = LINGER_BYTES
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -17,6 +17,7 @@ from gpuaccounting.shares import PodShare, Violation, format_share, read_pod
 from gpuaccounting.workloads import workload_of
 from webhook import governance
 from webhook.dra import DraObjects, DraWatch
+from webhook.gangs import Gangs, pod_label
 from webhook.injection import SidecarTemplate
 from webhook.patch import diff
 from webhook.priority import PriorityPolicy
@@ -70,6 +71,7 @@ class Admission:
         self.priority = PriorityPolicy(settings, priority_classes)
         self.dra = dra
         self.workloads = workloads or WorkloadClasses()  # filled by the app's lifespan when it watches pods
+        self.gangs = Gangs(self.hardware, cache, self.priority, self.workloads)
         self.dra_watch: DraWatch | None = None  # set by the app's lifespan when it watches DRA objects
 
     def read(self, pod: dict[str, Any], namespace: str) -> PodShare:
@@ -103,7 +105,9 @@ class Admission:
         return AdmissionResponse("denied", denial=Denial(message, (CONTAINER_CAP_RULE,)))
 
     def mutate(self, request: AdmissionRequest) -> AdmissionResponse:
-        """Only a Pod CREATE of a GPU pod is ever changed."""
+        """Only a Pod CREATE of a GPU pod is ever changed, and what gang schedulers read a class from."""
+        if not request.is_pod:
+            return self.gangs.mutate(request)
         pod = _new_pod(request)
         if pod is None:
             return SKIPPED
@@ -134,7 +138,8 @@ class Admission:
             names.ANNOTATION_INJECTED: self.settings.sidecar_image,
             names.ANNOTATION_WORKLOAD: workload.annotation,
         }
-        metadata["labels"] = {**(metadata.get("labels") or {}), names.LABEL_GPU_POD: "true"}
+        labels = {**(metadata.get("labels") or {}), names.LABEL_GPU_POD: "true"}
+        metadata["labels"] = pod_label(labels, spec.get("priorityClassName"))
         self.sidecar.inject(spec, share_text, share.claims)
         patch = diff(pod, {**pod, "metadata": metadata, "spec": spec})
         if patch:

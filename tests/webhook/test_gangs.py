@@ -1,0 +1,95 @@
+"""Where gang schedulers read a class (webhook/gangs.py), over real HTTPS: a Volcano PodGroup's
+`spec.priorityClassName` is decided as a GPU pod's class, a GPU owner's KAI label `priorityClassName` is
+removed, a GPU pod's KAI label names the pod's class; what asks for no GPU is left alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jsonpatch
+
+from gpuaccounting import names
+from tests.support.admission_state_server import entry
+from tests.support.pods import container, pod, review
+from tests.webhook.conftest import Publish, Webhook
+
+VOLCANO = ("scheduling.volcano.sh", "v1beta1", "PodGroup")
+JOB = ("batch", "v1", "Job")
+GPU = {"nvidia.com/gpu": 1}
+
+
+def podgroup(
+    name: str = "gang", class_name: str | None = None, resources: dict[str, Any] | None = GPU
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {"minMember": 4}
+    if class_name:
+        spec["priorityClassName"] = class_name
+    if resources:
+        spec["minResources"] = resources
+    metadata = {"name": name, "namespace": "team-a"}
+    return {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "PodGroup",
+        "metadata": metadata,
+        "spec": spec,
+    }
+
+
+def job(label: str | None, requests: dict[str, Any] | None = GPU) -> dict[str, Any]:
+    template = pod(container("train", requests), name=None)
+    template.pop("apiVersion"), template.pop("kind")
+    labels = {"app": "train", **({"priorityClassName": label} if label else {})}
+    metadata = {"name": "train", "namespace": "team-a", "labels": labels}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": {"template": template}}
+
+
+def mutated(
+    webhook: Webhook, obj: dict[str, Any], kind: tuple[str, str, str], **kwargs: Any
+) -> dict[str, Any]:
+    answer = webhook.post("/mutate", review(obj, kind=kind, **kwargs))
+    assert answer.status_code == 200 and answer.allowed, answer.body
+    return jsonpatch.apply_patch(obj, answer.patch)
+
+
+def test_a_gpu_podgroups_class_is_decided_as_a_gpu_pods(webhook: Webhook, publish: Publish) -> None:
+    in_budget = mutated(webhook, podgroup(class_name="high"), VOLCANO)
+    publish(namespaces={"team-a": entry("exhausted")})
+    exhausted = mutated(webhook, podgroup(), VOLCANO)
+    raised = mutated(webhook, podgroup(class_name="high"), VOLCANO, operation="UPDATE", old=exhausted)
+
+    assert in_budget["spec"]["priorityClassName"] == "gpu-in-budget"  # above the ceiling: replaced
+    assert exhausted["spec"]["priorityClassName"] == raised["spec"]["priorityClassName"] == "gpu-over-budget"
+    assert exhausted["metadata"]["annotations"][names.ANNOTATION_PRIORITY_DECISION] == (
+        "exhausted: namespace exhausted; workload PodGroup/gang"
+    )
+    assert mutated(webhook, raised, VOLCANO, operation="UPDATE", old=raised) == raised  # idempotent
+
+
+def test_a_podgroup_asking_for_no_gpu_is_left_alone(webhook: Webhook, publish: Publish) -> None:
+    publish(namespaces={"team-a": entry("exhausted")})
+    cpu = podgroup(class_name="high", resources={"cpu": "4"})
+
+    assert mutated(webhook, cpu, VOLCANO) == cpu
+
+
+def test_a_gpu_owners_kai_label_is_removed_and_a_cpu_owners_kept(webhook: Webhook) -> None:
+    answer = webhook.post("/mutate", review(job("high"), kind=JOB))
+    stripped = jsonpatch.apply_patch(job("high"), answer.patch)
+
+    assert "priorityClassName" not in stripped["metadata"]["labels"]
+    (warning,) = answer.response["warnings"]
+    assert warning.startswith("label priorityClassName removed by gpu-timekeeper")
+    assert mutated(webhook, job("high", {"cpu": "1"}), JOB) == job("high", {"cpu": "1"})
+
+
+def test_a_gpu_pods_kai_label_names_its_class_and_may_not_be_raised(
+    webhook: Webhook, publish: Publish
+) -> None:
+    publish(namespaces={"team-a": entry("exhausted")})
+    admitted = webhook.admit(pod(container("main", GPU), labels={"priorityClassName": "high"}))
+    raised = {**admitted, "metadata": {**admitted["metadata"], "labels": {"priorityClassName": "high"}}}
+
+    assert admitted["metadata"]["labels"]["priorityClassName"] == "gpu-over-budget"
+    refused = webhook.validate(raised, operation="UPDATE", old=admitted)
+    assert not refused.allowed and "label priorityClassName" in refused.message
+    assert webhook.validate(admitted, operation="UPDATE", old=admitted).allowed

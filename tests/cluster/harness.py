@@ -228,12 +228,20 @@ def _render_pointed_at(
         {
             "target": {"kind": kind, "name": "gpu-timekeeper"},
             "patch": json.dumps(
-                [{"op": "replace", "path": "/webhooks/0/clientConfig/url", "value": f"{webhook_url}{path}"}]
+                [
+                    {
+                        "op": "replace",
+                        "path": f"/webhooks/{index}/clientConfig/url",
+                        "value": f"{webhook_url}{path}",
+                    }
+                    for index in range(webhooks)
+                ]
             ),
         }
-        for kind, path in (
-            ("MutatingWebhookConfiguration", "/mutate"),
-            ("ValidatingWebhookConfiguration", "/validate"),
+        # The mutating configuration's pod, PodGroup and owner webhooks all call /mutate.
+        for kind, path, webhooks in (
+            ("MutatingWebhookConfiguration", "/mutate", 3),
+            ("ValidatingWebhookConfiguration", "/validate", 1),
         )
     ]
     # kustomize takes only relative paths to other kustomizations.

@@ -24,7 +24,7 @@ from webhook.workloads import WorkloadClasses
 
 KAI_PRIORITY_LABEL: Final = "priorityClassName"  # KAI-Scheduler's podgrouper (constants.PriorityLabelKey)
 VOLCANO_GROUP: Final = ("scheduling.volcano.sh", "PodGroup")
-MAX_DEPTH: Final = 12  # how deep an owner's pod templates are looked for (a JobSet's lie at depth 6)
+MAX_DEPTH: Final = 12  # how deep pod templates are looked for: deeper than workload kinds nest them
 
 UNCHANGED: Final = AdmissionResponse("unchanged")
 
@@ -106,7 +106,8 @@ class Gangs:
         spec = dict(_mapping(group.get("spec")))
         workload = Workload("PodGroup", str(metadata.get("name") or name or "")).annotation
         kept = self.workloads.class_of(namespace, workload)
-        resources = {"containers": [{"name": "group", "resources": {"requests": spec.get("minResources")}}]}
+        asked = _mapping(spec.get("minResources"))
+        resources = {"containers": [{"name": "group", "resources": {"requests": dict(asked)}}]}
         if kept is None and not self._uses_gpu({"spec": resources}):
             return group, ""  # not known to be a GPU gang: its class is not ours to decide
         annotations = dict(_mapping(metadata.get("annotations")))
@@ -118,18 +119,13 @@ class Gangs:
             decided, view, previous, namespace=namespace, workload=workload, kept=kept
         )
         decision.apply(decided)
-        spec["priorityClassName"] = decided.get("priorityClassName")
-        if not spec["priorityClassName"]:
-            del spec["priorityClassName"]
+        class_name = decided.get("priorityClassName")
+        if class_name:
+            spec["priorityClassName"] = class_name
         annotations[names.ANNOTATION_PRIORITY_DECISION] = decision.annotation
         metadata["annotations"] = annotations
-        changed = spec.get("priorityClassName") != arrived
-        warning = (
-            f"spec.priorityClassName set to {spec.get('priorityClassName')} by gpu-timekeeper"
-            if changed
-            else ""
-        )
-        return {**group, "metadata": metadata, "spec": spec}, warning
+        changed = f"spec.priorityClassName set to {class_name} by gpu-timekeeper"
+        return {**group, "metadata": metadata, "spec": spec}, changed if class_name != arrived else ""
 
     def _owner(self, owner: dict[str, Any], namespace: str) -> tuple[dict[str, Any], str]:
         metadata = dict(_mapping(owner.get("metadata")))

@@ -68,8 +68,10 @@ def test_a_gpu_podgroups_class_is_decided_as_a_gpu_pods(webhook: Webhook, publis
 def test_a_podgroup_asking_for_no_gpu_is_left_alone(webhook: Webhook, publish: Publish) -> None:
     publish(namespaces={"team-a": entry("exhausted")})
     cpu = podgroup(class_name="high", resources={"cpu": "4"})
+    unsized = podgroup(class_name="high", resources=None)
 
     assert mutated(webhook, cpu, VOLCANO) == cpu
+    assert mutated(webhook, unsized, VOLCANO) == unsized
 
 
 def test_a_gpu_owners_kai_label_is_removed_and_a_cpu_owners_kept(webhook: Webhook) -> None:

@@ -8,14 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-ANY: dict[str, Any] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-QUANTITIES = {
-    "type": "object",
-    "additionalProperties": {
-        "x-kubernetes-int-or-string": True,
-        "anyOf": [{"type": "integer"}, {"type": "string"}],
-    },
-}
+from tests.cluster.dra_crds import ANY, QUANTITIES
 
 
 def _crd(group: str, kind: str, plural: str, version: str, schema: dict[str, Any]) -> dict[str, Any]:

@@ -92,6 +92,15 @@ def admits(kubectl: Kubectl, obj: dict[str, Any]) -> bool:
     return True
 
 
+def serve_crds(kubectl: Kubectl, definitions: tuple[dict[str, Any], ...]) -> list[str]:
+    """Create CustomResourceDefinitions and wait until they are served; their `crd/<name>` references."""
+    for definition in definitions:
+        kubectl.create(definition)
+    served = [f"crd/{definition['metadata']['name']}" for definition in definitions]
+    kubectl.run("wait", "--for=condition=established", "--timeout=60s", *served)
+    return served
+
+
 def kubeconfig_for_token(control_plane: ControlPlane, token: str, path: Path) -> Path:
     """A kubeconfig that authenticates with a bearer token, as `kubectl config set-credentials` writes one."""
     config = {

@@ -21,6 +21,7 @@ from tests.cluster.harness import (
     Tenant,
     TimekeeperApi,
     gpu_probe,
+    serve_crds,
     wait_for_admission_state,
 )
 
@@ -32,10 +33,7 @@ GPU = {"nvidia.com/gpu": "1"}
 @pytest.fixture(scope="module")
 def gang_api(kubectl: Kubectl) -> Iterator[None]:
     """Volcano's PodGroup and Kubeflow's PyTorchJob served, and a PriorityClass above ours to ask for."""
-    for definition in CRDS:
-        kubectl.create(definition)
-    crds = [f"crd/{definition['metadata']['name']}" for definition in CRDS]
-    kubectl.run("wait", "--for=condition=established", "--timeout=60s", *crds)
+    crds = serve_crds(kubectl, CRDS)
     kubectl.create(
         {
             "apiVersion": "scheduling.k8s.io/v1",

@@ -17,7 +17,7 @@ from gpuaccounting.shares import PodShare, Violation, format_share, read_pod
 from gpuaccounting.workloads import workload_of
 from webhook import governance
 from webhook.dra import DraObjects, DraWatch
-from webhook.gangs import Gangs, pod_label
+from webhook.gangs import Gangs
 from webhook.injection import SidecarTemplate
 from webhook.patch import diff
 from webhook.priority import PriorityPolicy
@@ -138,8 +138,7 @@ class Admission:
             names.ANNOTATION_INJECTED: self.settings.sidecar_image,
             names.ANNOTATION_WORKLOAD: workload.annotation,
         }
-        labels = {**(metadata.get("labels") or {}), names.LABEL_GPU_POD: "true"}
-        metadata["labels"] = pod_label(labels, spec.get("priorityClassName"))
+        metadata["labels"] = {**(metadata.get("labels") or {}), names.LABEL_GPU_POD: "true"}
         self.sidecar.inject(spec, share_text, share.claims)
         patch = diff(pod, {**pod, "metadata": metadata, "spec": spec})
         if patch:
@@ -160,9 +159,15 @@ class Admission:
         if request.subresource:
             return []
         if request.operation == "UPDATE":
-            return governance.on_update(request, self.settings, self.hardware.catalogue)
-        namespace = self._namespace(request, pod)
-        return governance.on_create(pod, self.read(pod, namespace), self.cache.view(namespace), self.sidecar)
+            found = governance.on_update(request, self.settings, self.hardware.catalogue)
+        else:
+            namespace = self._namespace(request, pod)
+            found = governance.on_create(
+                pod, self.read(pod, namespace), self.cache.view(namespace), self.sidecar
+            )
+        if (label := self.gangs.pod_label_violation(request)) is not None:
+            found.append(label)
+        return found
 
     def validate(self, request: AdmissionRequest) -> AdmissionResponse:
         pod = _new_pod(request)

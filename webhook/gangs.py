@@ -1,9 +1,10 @@
-"""Where gang schedulers read a workload's priority, kept to what GPU pods are given (docs/webhook.md,
-"Gang schedulers"), so that no one keeps a higher class through the group or its owner:
+"""Where gang schedulers read a workload's priority, kept at or below what GPU pods are given
+(docs/webhook.md, "Gang schedulers"), so that no one keeps a higher class through the group or its owner:
 
 - KAI-Scheduler's podgrouper takes the `priorityClassName` label of the pod's top owner, else the pod's
-  label, else the pod's class. A GPU owner's label is removed (an exempt class stays): the pods, whose
-  class is decided when they are admitted, speak for it; a GPU pod's label is set to its class.
+  label, else the pod's class. A GPU owner's label naming a class above the reduced one is removed (an
+  exempt class stays); a GPU pod whose label names a class above its own is refused (changing a pod's
+  labels could take it out of its controller's selector).
 - Volcano takes its PodGroup's `spec.priorityClassName`: a GPU group's is decided as a GPU pod's class.
 """
 
@@ -48,31 +49,6 @@ def pod_templates(obj: Any, depth: int = 0) -> Iterator[Mapping[str, Any]]:
             yield from pod_templates(item, depth + 1)
 
 
-def pod_label(labels: dict[str, Any], class_name: str | None) -> dict[str, Any]:
-    """A GPU pod's labels with KAI's priority label, where the tenant set one, naming the pod's class."""
-    if KAI_PRIORITY_LABEL in labels and class_name:
-        return {**labels, KAI_PRIORITY_LABEL: class_name}
-    return labels
-
-
-def pod_label_violation(old: Mapping[str, Any], new: Mapping[str, Any]) -> Violation | None:
-    """A change to a decided GPU pod's KAI label that names another class than the pod's."""
-    old_metadata, metadata = _mapping(old.get("metadata")), _mapping(new.get("metadata"))
-    label = _mapping(metadata.get("labels")).get(KAI_PRIORITY_LABEL)
-    decided = names.ANNOTATION_PRIORITY_DECISION in _mapping(old_metadata.get("annotations"))
-    class_name = _mapping(new.get("spec")).get("priorityClassName")
-    if not decided or label is None or label == class_name:
-        return None
-    if label == _mapping(old_metadata.get("labels")).get(KAI_PRIORITY_LABEL):
-        return None  # unchanged: not this update's doing
-    return Violation(
-        Rule.PROTECTED_ANNOTATIONS,
-        f"names the class gang schedulers read, and may only name the pod's own ({class_name})",
-        resource=f"label {KAI_PRIORITY_LABEL}",
-        value=repr(label),
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class Gangs:
     """The mutation of the objects gang schedulers read a workload's priority from (not pods)."""
@@ -84,6 +60,44 @@ class Gangs:
 
     def _uses_gpu(self, pod: Mapping[str, Any]) -> bool:
         return read_pod(pod, self.hardware).uses_gpu
+
+    def _value(self, class_name: str) -> int | None:
+        """A class's value: ours from the settings or the object, another's once the watch listed it."""
+        for ours in (self.priority.in_budget_class(), self.priority.reduced_class()):
+            if ours.name == class_name:
+                return ours.value
+        info = self.priority.catalog.get(class_name)
+        return None if info is None else info.value
+
+    def _above(self, class_name: str, ceiling: int | None) -> bool:
+        """Whether `class_name` may be above `ceiling` (a class of unknown value may)."""
+        value = self._value(class_name)
+        return value is None or ceiling is None or value > ceiling
+
+    def pod_label_violation(self, request: AdmissionRequest) -> Violation | None:
+        """A GPU pod of ours whose KAI label names a class above its own, set by this request."""
+        new, old = request.object or {}, request.old_object or {}
+        metadata = _mapping(new.get("metadata"))
+        decided = (old or new).get("metadata") or {}
+        label = _mapping(metadata.get("labels")).get(KAI_PRIORITY_LABEL)
+        spec = _mapping(new.get("spec"))
+        class_name = spec.get("priorityClassName")
+        if names.ANNOTATION_PRIORITY_DECISION not in _mapping(_mapping(decided).get("annotations")):
+            return None
+        if label is None or label == class_name:
+            return None
+        if old and label == _mapping(_mapping(old.get("metadata")).get("labels")).get(KAI_PRIORITY_LABEL):
+            return None  # unchanged: not this update's doing
+        own = spec.get("priority")
+        if not self._above(str(label), own if isinstance(own, int) else None):
+            return None
+        return Violation(
+            Rule.PROTECTED_ANNOTATIONS,
+            f"is the class KAI-Scheduler reads for the gang, and may not name one above the pod's own"
+            f" ({class_name}): remove it from the pod (template)",
+            resource=f"label {KAI_PRIORITY_LABEL}",
+            value=repr(label),
+        )
 
     def mutate(self, request: AdmissionRequest) -> AdmissionResponse:
         obj = request.object
@@ -137,12 +151,15 @@ class Gangs:
         decision = self.priority.decide(
             {"priorityClassName": arrived}, self.cache.view(namespace), namespace=namespace
         )
-        if decision.rule == PriorityRule.EXEMPT:
+        # At or below the reduced class it is never above what the pods get, in any state.
+        if decision.rule == PriorityRule.EXEMPT or not self._above(
+            arrived, self.priority.reduced_class().value
+        ):
             return owner, ""
         del labels[KAI_PRIORITY_LABEL]
         metadata["labels"] = labels
         warning = (
-            f"label {KAI_PRIORITY_LABEL} removed by gpu-timekeeper: a GPU workload's class is the one"
-            " its pods are given"
+            f"label {KAI_PRIORITY_LABEL} ({arrived}) removed by gpu-timekeeper: a GPU workload's class is"
+            " the one its pods are given"
         )
         return {**owner, "metadata": metadata}, warning

@@ -16,7 +16,6 @@ from gpuaccounting.catalogue import GpuCatalogue
 from gpuaccounting.quantity import shorten
 from gpuaccounting.shares import PodShare, Rule, Violation, format_share, share_inputs
 from gpuaccounting.workloads import workload_of
-from webhook.gangs import pod_label_violation
 from webhook.injection import SidecarTemplate, claim_list, differing_fields
 from webhook.review import AdmissionRequest
 from webhook.settings import WebhookSettings
@@ -234,8 +233,6 @@ def on_update(
                     value=repr(new.get(key)),
                 )
             )
-    if (label := pod_label_violation(request.old_object, request.object or {})) is not None:
-        found.append(label)
     old_spec, new_spec = _spec(request.old_object), _spec(request.object)
     if _sidecar(old_spec) != _sidecar(new_spec):
         found.append(

@@ -136,7 +136,7 @@ def test_a_kai_gang_runs_at_its_pods_class_whatever_its_owner_and_pods_are_label
     kubectl: Kubectl, exhausted_tenant: Tenant
 ) -> None:
     tenant, namespace = exhausted_tenant, exhausted_tenant.namespace
-    worker = {"metadata": {"labels": {"priorityClassName": HIGH}}, "spec": gpu_probe(namespace)["spec"]}
+    worker = {"metadata": {"labels": {"app": "train"}}, "spec": gpu_probe(namespace)["spec"]}
     job = {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
@@ -156,20 +156,21 @@ def test_a_kai_gang_runs_at_its_pods_class_whatever_its_owner_and_pods_are_label
         "uid": created["metadata"]["uid"],
         "controller": True,
     }
-    pods = [
-        tenant.kubectl.create(
-            gang_pod(
-                namespace, f"train-worker-{i}", labels={"priorityClassName": HIGH}, ownerReferences=[owner]
-            )
-        )
+    labelled = gang_pod(
+        namespace, "train-worker-x", labels={"priorityClassName": HIGH}, ownerReferences=[owner]
+    )
+    refused_pod = tenant.kubectl.refusal(labelled)
+    members = [
+        gang_pod(namespace, f"train-worker-{i}", labels={"app": "train"}, ownerReferences=[owner])
         for i in range(2)
     ]
+    pods = [tenant.kubectl.create(member) for member in members]
     stored = kubectl.json("get", "pytorchjobs.kubeflow.org", "train", "-n", namespace)
 
     assert "priorityClassName" not in created["metadata"].get("labels", {})
     assert "priorityClassName" not in relabelled["metadata"].get("labels", {})
+    assert "label priorityClassName" in refused_pod
     assert {kai_priority_class(stored, pod) for pod in pods} == {REDUCED}
-    assert {pod["metadata"]["labels"]["priorityClassName"] for pod in pods} == {REDUCED}
     assert {pod["metadata"]["annotations"][names.ANNOTATION_WORKLOAD] for pod in pods} == {"PyTorchJob/train"}
     with pytest.raises(KubectlError) as refused:
         merge(

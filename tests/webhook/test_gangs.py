@@ -1,6 +1,6 @@
 """Where gang schedulers read a class (webhook/gangs.py), over real HTTPS: a Volcano PodGroup's
-`spec.priorityClassName` is decided as a GPU pod's class, a GPU owner's KAI label `priorityClassName` is
-removed, a GPU pod's KAI label names the pod's class; what asks for no GPU is left alone."""
+`spec.priorityClassName` is decided as a GPU pod's class; KAI's label `priorityClassName` is removed from a
+GPU owner and refused on a GPU pod where it names a higher class; what asks for no GPU is left alone."""
 
 from __future__ import annotations
 
@@ -74,24 +74,31 @@ def test_a_podgroup_asking_for_no_gpu_is_left_alone(webhook: Webhook, publish: P
     assert mutated(webhook, unsized, VOLCANO) == unsized
 
 
-def test_a_gpu_owners_kai_label_is_removed_and_a_cpu_owners_kept(webhook: Webhook) -> None:
+def test_a_gpu_owners_kai_label_above_the_reduced_class_is_removed(webhook: Webhook) -> None:
     answer = webhook.post("/mutate", review(job("high"), kind=JOB))
     stripped = jsonpatch.apply_patch(job("high"), answer.patch)
 
     assert "priorityClassName" not in stripped["metadata"]["labels"]
     (warning,) = answer.response["warnings"]
-    assert warning.startswith("label priorityClassName removed by gpu-timekeeper")
+    assert warning.startswith("label priorityClassName (high) removed by gpu-timekeeper")
+    # Never above what the pods get: the reduced class itself; a CPU owner's label is its own.
+    assert mutated(webhook, job("gpu-over-budget"), JOB) == job("gpu-over-budget")
     assert mutated(webhook, job("high", {"cpu": "1"}), JOB) == job("high", {"cpu": "1"})
 
 
-def test_a_gpu_pods_kai_label_names_its_class_and_may_not_be_raised(
-    webhook: Webhook, publish: Publish
-) -> None:
+def test_a_gpu_pods_kai_label_may_not_name_a_class_above_its_own(webhook: Webhook, publish: Publish) -> None:
     publish(namespaces={"team-a": entry("exhausted")})
-    admitted = webhook.admit(pod(container("main", GPU), labels={"priorityClassName": "high"}))
+    labelled = webhook.admit(pod(container("main", GPU), labels={"priorityClassName": "high"}))
+    admitted = webhook.admit(pod(container("main", GPU)))
     raised = {**admitted, "metadata": {**admitted["metadata"], "labels": {"priorityClassName": "high"}}}
+    same = {
+        **admitted,
+        "metadata": {**admitted["metadata"], "labels": {"priorityClassName": "gpu-over-budget"}},
+    }
 
-    assert admitted["metadata"]["labels"]["priorityClassName"] == "gpu-over-budget"
-    refused = webhook.validate(raised, operation="UPDATE", old=admitted)
+    assert labelled["metadata"]["labels"]["priorityClassName"] == "high"  # labels are never changed
+    refused = webhook.validate(labelled)
     assert not refused.allowed and "label priorityClassName" in refused.message
+    assert not webhook.validate(raised, operation="UPDATE", old=admitted).allowed
+    assert webhook.validate(same, operation="UPDATE", old=admitted).allowed
     assert webhook.validate(admitted, operation="UPDATE", old=admitted).allowed

@@ -5,7 +5,8 @@
   label, else the pod's class. A GPU owner's label naming a class above the reduced one is removed (an
   exempt class stays); a GPU pod whose label names a class above its own is refused (changing a pod's
   labels could take it out of its controller's selector).
-- Volcano takes its PodGroup's `spec.priorityClassName`: a GPU group's is decided as a GPU pod's class.
+- Volcano takes its PodGroup's `spec.priorityClassName`: a GPU group's, and a GPU VolcanoJob's (which its
+  job controller copies to the group), are decided as a GPU pod's class.
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ from webhook.patch import diff
 from webhook.priority import PriorityPolicy, PriorityRule
 from webhook.review import AdmissionRequest, AdmissionResponse
 from webhook.state import BudgetStateCache
-from webhook.workloads import WorkloadClasses
+from webhook.workloads import WorkloadClass, WorkloadClasses
 
 KAI_PRIORITY_LABEL: Final = "priorityClassName"  # KAI-Scheduler's podgrouper (constants.PriorityLabelKey)
 VOLCANO_GROUP: Final = ("scheduling.volcano.sh", "PodGroup")
+# Volcano's job controller creates the job's PodGroup with the job's class and keeps it in step: a
+# VolcanoJob's class is decided alike, so the controller and the webhook agree on the group's.
+VOLCANO_JOB: Final = ("batch.volcano.sh", "Job")
 MAX_DEPTH: Final = 12  # how deep pod templates are looked for: deeper than workload kinds nest them
 
 UNCHANGED: Final = AdmissionResponse("unchanged")
@@ -104,8 +108,11 @@ class Gangs:
         if request.operation not in ("CREATE", "UPDATE") or request.subresource or not isinstance(obj, dict):
             return UNCHANGED
         namespace = request.namespace or _mapping(obj.get("metadata")).get("namespace") or ""
-        if (request.kind.group, request.kind.kind) == VOLCANO_GROUP:
+        kind = (request.kind.group, request.kind.kind)
+        if kind == VOLCANO_GROUP:
             mutated, warning = self._volcano_group(obj, namespace, request.name)
+        elif kind == VOLCANO_JOB:
+            mutated, warning = self._volcano_job(obj, namespace)
         else:
             mutated, warning = self._owner(obj, namespace)
         patch = diff(obj, mutated)
@@ -116,14 +123,31 @@ class Gangs:
     def _volcano_group(
         self, group: dict[str, Any], namespace: str, name: str | None
     ) -> tuple[dict[str, Any], str]:
-        metadata = dict(_mapping(group.get("metadata")))
-        spec = dict(_mapping(group.get("spec")))
+        metadata = _mapping(group.get("metadata"))
         workload = Workload("PodGroup", str(metadata.get("name") or name or "")).annotation
         kept = self.workloads.class_of(namespace, workload)
-        asked = _mapping(spec.get("minResources"))
+        asked = _mapping(_mapping(group.get("spec")).get("minResources"))
         resources = {"containers": [{"name": "group", "resources": {"requests": dict(asked)}}]}
         if kept is None and not self._uses_gpu({"spec": resources}):
             return group, ""  # not known to be a GPU gang: its class is not ours to decide
+        return self._decided(group, namespace, workload, kept)
+
+    def _volcano_job(self, job: dict[str, Any], namespace: str) -> tuple[dict[str, Any], str]:
+        metadata = _mapping(job.get("metadata"))
+        # The group Volcano's job controller makes is named `<job>-<uid>` (known from the job's UPDATE).
+        group = f"{metadata.get('name')}-{metadata.get('uid')}" if metadata.get("uid") else ""
+        workload = Workload("PodGroup", group).annotation if group else ""
+        kept = self.workloads.class_of(namespace, workload) if group else None
+        if kept is None and not any(self._uses_gpu(t) for t in pod_templates(job.get("spec"))):
+            return job, ""
+        return self._decided(job, namespace, workload, kept)
+
+    def _decided(
+        self, obj: dict[str, Any], namespace: str, workload: str, kept: WorkloadClass | None
+    ) -> tuple[dict[str, Any], str]:
+        """`obj` with its `spec.priorityClassName` decided as a GPU pod's class, and the decision."""
+        metadata = dict(_mapping(obj.get("metadata")))
+        spec = dict(_mapping(obj.get("spec")))
         annotations = dict(_mapping(metadata.get("annotations")))
         arrived = spec.get("priorityClassName") or None
         decided = {"priorityClassName": arrived} if arrived else {}
@@ -139,7 +163,7 @@ class Gangs:
         annotations[names.ANNOTATION_PRIORITY_DECISION] = decision.annotation
         metadata["annotations"] = annotations
         changed = f"spec.priorityClassName set to {class_name} by gpu-timekeeper"
-        return {**group, "metadata": metadata, "spec": spec}, changed if class_name != arrived else ""
+        return {**obj, "metadata": metadata, "spec": spec}, changed if class_name != arrived else ""
 
     def _owner(self, owner: dict[str, Any], namespace: str) -> tuple[dict[str, Any], str]:
         metadata = dict(_mapping(owner.get("metadata")))

@@ -368,7 +368,8 @@ def test_the_gang_webhooks_mutate_podgroups_and_labelled_owners_beside_the_pod_w
         assert (webhook["failurePolicy"], webhook["sideEffects"]) == (pods["failurePolicy"], "None")
         assert 2 <= webhook["timeoutSeconds"] <= 3
     assert [(r["apiGroups"], r["resources"], r["operations"]) for r in groups["rules"]] == [
-        (["scheduling.volcano.sh"], ["podgroups"], ["CREATE", "UPDATE"])
+        (["scheduling.volcano.sh"], ["podgroups"], ["CREATE", "UPDATE"]),
+        (["batch.volcano.sh"], ["jobs"], ["CREATE", "UPDATE"]),
     ]
     assert [(r["resources"], r["operations"], r["scope"]) for r in owners["rules"]] == [
         (["*"], ["CREATE", "UPDATE"], "Namespaced")

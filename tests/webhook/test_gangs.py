@@ -15,6 +15,7 @@ from tests.webhook.conftest import Publish, Webhook
 
 VOLCANO = ("scheduling.volcano.sh", "v1beta1", "PodGroup")
 JOB = ("batch", "v1", "Job")
+VOLCANO_JOB = ("batch.volcano.sh", "v1alpha1", "Job")
 GPU = {"nvidia.com/gpu": 1}
 
 
@@ -63,6 +64,26 @@ def test_a_gpu_podgroups_class_is_decided_as_a_gpu_pods(webhook: Webhook, publis
         "exhausted: namespace exhausted; workload PodGroup/gang"
     )
     assert mutated(webhook, raised, VOLCANO, operation="UPDATE", old=raised) == raised  # idempotent
+
+
+def volcano_job(class_name: str, requests: dict[str, Any]) -> dict[str, Any]:
+    template = {"spec": {"containers": [container("train", requests)], "restartPolicy": "Never"}}
+    tasks = [{"name": "worker", "replicas": 2, "template": template}]
+    metadata = {"name": "train", "namespace": "team-a"}
+    spec = {"minAvailable": 2, "priorityClassName": class_name, "tasks": tasks}
+    return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": metadata, "spec": spec}
+
+
+def test_a_gpu_volcano_jobs_class_is_decided_alike_for_its_controller_to_copy(
+    webhook: Webhook, publish: Publish
+) -> None:
+    publish(namespaces={"team-a": entry("exhausted")})
+    gpu = mutated(webhook, volcano_job("high", GPU), VOLCANO_JOB)
+
+    assert gpu["spec"]["priorityClassName"] == "gpu-over-budget"
+    assert mutated(webhook, volcano_job("high", {"cpu": "1"}), VOLCANO_JOB) == volcano_job(
+        "high", {"cpu": "1"}
+    )
 
 
 def test_a_podgroup_asking_for_no_gpu_is_left_alone(webhook: Webhook, publish: Publish) -> None:

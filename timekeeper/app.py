@@ -4,17 +4,16 @@ the lifespan; the factory itself only wires objects together."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
 from prometheus_client.registry import Collector
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuaccounting.names import API_PREFIX
+from gpuserving.bodies import BodyLimit, BodyTooLarge
 from timekeeper.audit.router import router as audit_router
 from timekeeper.auth.digests import TokenDigests
 from timekeeper.auth.factory import build_access_control
@@ -46,35 +45,9 @@ from timekeeper.usage.batcher import IngestBatcher
 from timekeeper.usage.router import router as usage_router
 
 
-class BodySizeLimit:
-    """Refuses a body above the limit with 413: by Content-Length before reading, or while streaming
-    (chunked uploads) by failing the read with an HTTPException, which the app's handler answers."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        too_large = HTTPException(413, f"request body larger than {self.max_bytes} bytes")
-        for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                await JSONResponse({"detail": too_large.detail}, status_code=413)(scope, receive, send)
-                return
-        received = 0
-
-        async def limited() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise too_large
-            return message
-
-        await self.app(scope, limited, send)
+def _too_large(refusal: BodyTooLarge) -> bytes:
+    detail = f"request body larger than {refusal.limit} bytes"
+    return json.dumps({"detail": detail}, separators=(",", ":")).encode()
 
 
 def default_clock(settings: Settings) -> Clock:
@@ -174,6 +147,6 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
     mount_docs(app)
     if settings.ui_enabled:
         mount_ui(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, render=_too_large)
     document_strict_bodies(app, API_PREFIX, routers)
     return app

@@ -12,6 +12,7 @@ from gpuaccounting.shares import PodShare, Violation, format_share, read_pod
 from gpuaccounting.workloads import workload_of
 from webhook import governance
 from webhook.dra import DraObjects, DraWatch
+from webhook.gangs import Gangs
 from webhook.injection import SidecarTemplate
 from webhook.patch import diff
 from webhook.priority import PriorityDecider
@@ -65,6 +66,7 @@ class Admission:
         self.priority = PriorityDecider(settings, priority_classes)
         self.dra = dra
         self.workloads = workloads or WorkloadClasses()  # filled by the app's lifespan when it watches pods
+        self.gangs = Gangs(self.hardware, cache, self.priority, self.workloads)
         self.dra_watch: DraWatch | None = None  # set by the app's lifespan when it watches DRA objects
 
     def read(self, pod: dict[str, Any], namespace: str) -> PodShare:
@@ -96,7 +98,9 @@ class Admission:
         return AdmissionResponse("denied", denial=Denial(message, (CONTAINER_CAP_RULE,)))
 
     def mutate(self, request: AdmissionRequest) -> AdmissionResponse:
-        """Only a Pod CREATE of a GPU pod is ever changed."""
+        """Only a Pod CREATE of a GPU pod is ever changed, and what gang schedulers read a class from."""
+        if not request.is_pod:
+            return self.gangs.mutate(request)
         pod = _new_pod(request)
         if pod is None:
             return SKIPPED
@@ -148,9 +152,15 @@ class Admission:
         if request.subresource:
             return []
         if request.operation == "UPDATE":
-            return governance.on_update(request, self.settings, self.hardware.catalogue)
-        namespace = self._namespace(request, pod)
-        return governance.on_create(pod, self.read(pod, namespace), self.cache.view(namespace), self.sidecar)
+            found = governance.on_update(request, self.settings, self.hardware.catalogue)
+        else:
+            namespace = self._namespace(request, pod)
+            found = governance.on_create(
+                pod, self.read(pod, namespace), self.cache.view(namespace), self.sidecar
+            )
+        if (label := self.gangs.pod_label_violation(request)) is not None:
+            found.append(label)
+        return found
 
     def validate(self, request: AdmissionRequest) -> AdmissionResponse:
         pod = _new_pod(request)

@@ -1,9 +1,10 @@
 """The ASGI app: `/mutate`, `/validate`, `/healthz`, `/metrics`; the state poller and the PriorityClass
 watch run in its lifespan.
 
-An admission endpoint reads the body within `max_body_bytes`, parses the review once, lets the decision
-return a typed answer, encodes it, and counts and logs it: the admission by result, the priority decision
-the answer carries by rule, a denial's log line (a dryRun request leaves no trace but latency).
+An admission endpoint reads the body (`gpuserving.bodies.BodyLimit` bounds it), parses the review once,
+lets the decision return a typed answer, encodes it, and counts and logs it: the admission by result, the
+priority decision the answer carries by rule, a denial's log line (a dryRun request leaves no trace but
+latency).
 """
 
 from __future__ import annotations
@@ -13,19 +14,21 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, get_args
+from typing import get_args
 
 import httpx
 import orjson
 from kubernetes_asyncio import client
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect, Request
+from starlette.middleware import Middleware
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from gpuaccounting.counters import start_at_zero
+from gpuserving.bodies import BodyLimit, BodyTooLarge
 from webhook.admission import Admission
 from webhook.certificates import CertificateReloader
 from webhook.dra import DraObjects, DraWatch
@@ -53,32 +56,21 @@ log = logging.getLogger("webhook.admission")
 ADMITTED_OPERATIONS = ("CREATE", "UPDATE")
 
 
-class BodyTooLarge(WebhookError):
-    status_code = 413
-
-
-async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
-    """The body, or BodyTooLarge as soon as it is known to exceed `limit`: by Content-Length before a byte
-    is read, else counted as it streams (a chunked body), so an oversized body is never held whole.
-    ClientDisconnect when the client goes away before the body is whole."""
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            if value.isdigit() and (len(value) > len(str(limit)) or int(value) > limit):
-                raise BodyTooLarge(f"the body ({value.decode()} bytes) is over the limit of {limit} bytes")
-            break
+async def read_body(receive: Receive) -> bytes | None:
+    """The whole body (its size bounded by `BodyLimit` around the app); None when the client left first."""
     chunks: list[bytes] = []
-    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise ClientDisconnect()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"the body is over the limit of {limit} bytes")
-        chunks.append(chunk)
+            return None
+        chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _too_large(refusal: BodyTooLarge) -> bytes:
+    size = "" if refusal.declared is None else f" ({refusal.declared} bytes)"
+    return orjson.dumps({"detail": f"the body{size} is over the limit of {refusal.limit} bytes"})
 
 
 async def _answer(send: Send, status: int, body: bytes, *extra: tuple[bytes, bytes]) -> None:
@@ -112,7 +104,7 @@ def _log_denial(endpoint: str, request: AdmissionRequest, answer: AdmissionRespo
 
 class AdmissionEndpoint:
     """One admission endpoint as a plain ASGI app (Starlette routes to it; no Request or Response object
-    is built per admission): read the body within `max_body_bytes`, parse the review once, let the
+    is built per admission): read the body, parse the review once, let the
     decision return a typed answer, encode it, then count it, its priority decision and a denial's log
     line, unless the review is a dryRun (which leaves no trace but latency)."""
 
@@ -129,12 +121,10 @@ class AdmissionEndpoint:
         self.decide = decide
         self.prepare = prepare
         self.decisions = decisions
-        self.limit = settings.max_body_bytes
         self.max_containers = settings.max_containers
         self.admissions = metrics.admissions
         self.latency = metrics.latency.labels(endpoint=name)
         self.malformed = metrics.malformed.labels(endpoint=name)
-        self.too_large = metrics.refused.labels(reason="body_too_large")
         # The admissions counter's children by (operation, result), bound on first use: `labels()`
         # costs more than the increment.
         self._counted: dict[tuple[str, str], Counter] = {}
@@ -157,14 +147,8 @@ class AdmissionEndpoint:
             _log_denial(self.name, request, answer)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            body = await read_body(scope, receive, self.limit)
-        except BodyTooLarge as error:
-            self.too_large.inc()
-            # The rest of the body may still be on its way: close rather than read it to reuse the connection.
-            await _answer(send, error.status_code, _refusal_body(error), (b"connection", b"close"))
-            return
-        except ClientDisconnect:  # closed mid-body (e.g. by the request timeout): no one to answer
+        body = await read_body(receive)
+        if body is None:  # closed mid-body (e.g. by the body deadline): no one to answer
             await _answer(send, 400, b"")
             return
         started = time.perf_counter()
@@ -181,30 +165,6 @@ class AdmissionEndpoint:
         if not review.request.dry_run:
             self.count(review.request, answer)
         await _answer(send, 200, encoded)
-
-
-class WebhookApp(Starlette):
-    """Starlette, with a POST to an admission path handed straight to its endpoint: the endpoints answer
-    every outcome themselves, so the middleware and router around them would be spent for nothing (their
-    instructions: bench/RESULTS.md, "Profiles measured by hand"). Everything else is Starlette's."""
-
-    def __init__(self, admission_endpoints: dict[str, AdmissionEndpoint], **options: Any) -> None:
-        super().__init__(
-            routes=[
-                *(Route(path, endpoint, methods=["POST"]) for path, endpoint in admission_endpoints.items()),
-                *options.pop("routes", ()),
-            ],
-            **options,
-        )
-        self.admission_endpoints = admission_endpoints
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
-            endpoint = self.admission_endpoints.get(scope["path"])
-            if endpoint is not None:
-                await endpoint(scope, receive, send)
-                return
-        await super().__call__(scope, receive, send)
 
 
 @contextlib.asynccontextmanager
@@ -264,19 +224,23 @@ def create_app(settings: WebhookSettings | None = None) -> Starlette:
     async def metrics_endpoint(request: Request) -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    app = WebhookApp(
-        {
-            "/mutate": AdmissionEndpoint(
-                "mutate", admission.mutate, metrics, decisions, settings, admission.prepare
-            ),
-            "/validate": AdmissionEndpoint(
-                "validate", admission.validate, metrics, decisions, settings, admission.prepare
-            ),
-        },
+    def endpoint(name: str, decide: Callable[[AdmissionRequest], AdmissionResponse]) -> Route:
+        admitting = AdmissionEndpoint(name, decide, metrics, decisions, settings, admission.prepare)
+        return Route(f"/{name}", admitting, methods=["POST"])
+
+    too_large = metrics.refused.labels(reason="body_too_large")
+    # The 413 closes the connection: the rest of an oversized body is not worth a connection kept open.
+    body_limit = Middleware(
+        BodyLimit, max_bytes=settings.max_body_bytes, render=_too_large, close=True, on_refused=too_large.inc
+    )
+    app = Starlette(
         routes=[
+            endpoint("mutate", admission.mutate),
+            endpoint("validate", admission.validate),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
         ],
+        middleware=[body_limit],
         lifespan=lifespan,
     )
     app.state.admission = admission

@@ -174,6 +174,8 @@ class PriorityDecider:
                 PriorityRule.WORKLOAD_CLASS_KEPT,
                 f"workload {workload} keeps class {kept.class_name}",
             )
+        elif workload and not workload.startswith("Pod/"):  # a bare pod is its own workload
+            words += f"; workload {workload}"
         outcome = _OUTCOME[rule]
         if kept is not None and outcome == "workload":
             ours: _Class | None = self.workload_class(kept)

@@ -92,6 +92,15 @@ def admits(kubectl: Kubectl, obj: dict[str, Any]) -> bool:
     return True
 
 
+def serve_crds(kubectl: Kubectl, definitions: tuple[dict[str, Any], ...]) -> list[str]:
+    """Create CustomResourceDefinitions and wait until they are served; their `crd/<name>` references."""
+    for definition in definitions:
+        kubectl.create(definition)
+    served = [f"crd/{definition['metadata']['name']}" for definition in definitions]
+    kubectl.run("wait", "--for=condition=established", "--timeout=60s", *served)
+    return served
+
+
 def kubeconfig_for_token(control_plane: ControlPlane, token: str, path: Path) -> Path:
     """A kubeconfig that authenticates with a bearer token, as `kubectl config set-credentials` writes one."""
     config = {
@@ -228,12 +237,20 @@ def _render_pointed_at(
         {
             "target": {"kind": kind, "name": "gpu-timekeeper"},
             "patch": json.dumps(
-                [{"op": "replace", "path": "/webhooks/0/clientConfig/url", "value": f"{webhook_url}{path}"}]
+                [
+                    {
+                        "op": "replace",
+                        "path": f"/webhooks/{index}/clientConfig/url",
+                        "value": f"{webhook_url}{path}",
+                    }
+                    for index in range(webhooks)
+                ]
             ),
         }
-        for kind, path in (
-            ("MutatingWebhookConfiguration", "/mutate"),
-            ("ValidatingWebhookConfiguration", "/validate"),
+        # The mutating configuration's pod, PodGroup and owner webhooks all call /mutate.
+        for kind, path, webhooks in (
+            ("MutatingWebhookConfiguration", "/mutate", 3),
+            ("ValidatingWebhookConfiguration", "/validate", 1),
         )
     ]
     # kustomize takes only relative paths to other kustomizations.

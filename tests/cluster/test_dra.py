@@ -28,6 +28,7 @@ from tests.cluster.harness import (
     TimekeeperApi,
     gpu_probe,
     placed,
+    serve_crds,
     set_status,
     stamp,
     wait_for_admission_state,
@@ -54,10 +55,7 @@ from timekeeper.reconcile.claims import EXTENDED_RESOURCE_CLAIM
 @pytest.fixture(scope="module")
 def resource_api(kubectl: Kubectl) -> Iterator[None]:
     """resource.k8s.io/v1 served, with NVIDIA's and HAMi's DeviceClasses in it."""
-    for definition in CRDS:
-        kubectl.create(definition)
-    names_ = [f"crd/{definition['metadata']['name']}" for definition in CRDS]
-    kubectl.run("wait", "--for=condition=established", "--timeout=60s", *names_)
+    names_ = serve_crds(kubectl, CRDS)
     for device_class in DEVICE_CLASSES:
         kubectl.create(device_class)
     yield

@@ -55,12 +55,22 @@ def containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return [*spec.get("initContainers", []), *spec["containers"]]
 
 
-def webhook_configurations(objects) -> list[tuple[str, dict[str, Any]]]:
+GANG_WEBHOOKS = ("podgroups.gpu-timekeeper.io", "owners.gpu-timekeeper.io")
+
+
+def all_webhooks(objects) -> list[tuple[str, dict[str, Any]]]:
     return [
         (obj["kind"], webhook)
         for obj in objects
         if obj["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
         for webhook in obj["webhooks"]
+    ]
+
+
+def webhook_configurations(objects) -> list[tuple[str, dict[str, Any]]]:
+    """The pod webhooks (the gang schedulers' are `GANG_WEBHOOKS`)."""
+    return [
+        (kind, webhook) for kind, webhook in all_webhooks(objects) if webhook["name"] not in GANG_WEBHOOKS
     ]
 
 
@@ -346,9 +356,32 @@ def test_webhooks_are_bounded_and_never_see_system_or_their_own_namespace(build)
     assert mutating["matchConditions"] == validating["matchConditions"]
 
 
+@pytest.mark.parametrize("build", RENDERS)
+def test_the_gang_webhooks_mutate_podgroups_and_labelled_owners_beside_the_pod_webhook(build):
+    """Where gang schedulers read a class (docs/webhook.md, "Gang schedulers"): never system namespaces."""
+    webhooks = {webhook["name"]: webhook for kind, webhook in all_webhooks(render(build))}
+    pods = webhooks["mutate.gpu-timekeeper.io"]
+    groups, owners = (webhooks[name] for name in GANG_WEBHOOKS)
+    for webhook in (groups, owners):
+        assert webhook["clientConfig"] == pods["clientConfig"]
+        assert webhook["namespaceSelector"] == pods["namespaceSelector"]
+        assert (webhook["failurePolicy"], webhook["sideEffects"]) == (pods["failurePolicy"], "None")
+        assert 2 <= webhook["timeoutSeconds"] <= 3
+    assert [(r["apiGroups"], r["resources"], r["operations"]) for r in groups["rules"]] == [
+        (["scheduling.volcano.sh"], ["podgroups"], ["CREATE", "UPDATE"]),
+        (["batch.volcano.sh"], ["jobs"], ["CREATE", "UPDATE"]),
+    ]
+    assert [(r["resources"], r["operations"], r["scope"]) for r in owners["rules"]] == [
+        (["*"], ["CREATE", "UPDATE"], "Namespaced")
+    ]
+    assert owners["objectSelector"] == {
+        "matchExpressions": [{"key": "priorityClassName", "operator": "Exists"}]
+    }
+
+
 def test_production_fails_closed_and_dev_fails_open():
     for build, policy in (("overlays/production", "Fail"), ("overlays/dev", "Ignore")):
-        assert {w["failurePolicy"] for _, w in webhook_configurations(render(build))} == {policy}
+        assert {w["failurePolicy"] for _, w in all_webhooks(render(build))} == {policy}
 
 
 def _webhook_tls_sources(objects) -> list[str]:

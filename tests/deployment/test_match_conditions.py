@@ -66,6 +66,7 @@ def conditions(build: str) -> list[str]:
         for obj in render(build)
         if obj["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
         for webhook in obj["webhooks"]
+        if webhook["name"] in ("mutate.gpu-timekeeper.io", "validate.gpu-timekeeper.io")  # the pod webhooks
         for condition in webhook["matchConditions"]
     ]
 
@@ -159,6 +160,7 @@ def conditions_of(build: str, kind: str) -> list[str]:
         for obj in render(build)
         if obj["kind"] == kind
         for webhook in obj["webhooks"]
+        if webhook["name"] in ("mutate.gpu-timekeeper.io", "validate.gpu-timekeeper.io")  # the pod webhooks
         for condition in webhook["matchConditions"]
     ]
 

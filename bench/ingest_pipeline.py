@@ -1,10 +1,6 @@
-"""Why ingest keeps psycopg's pipeline (timekeeper/db/pipeline.py): a batch's read, its statements sent in
-one pipeline (IngestStatements.read) and the same statements sent one by one through SQLAlchemy
-(`exec_driver_sql`), alternately on one private PostgreSQL configured like production. Each batch is a
-transaction of its own (the pool's checkout, BEGIN and COMMIT included); process CPU and wall per batch.
-
-`python -m bench.ingest_pipeline [--batches 300] [--rounds 4]`
-"""
+"""Why ingest keeps psycopg's pipeline (timekeeper/db/pipeline.py): a batch's read sent in one pipeline and
+sent statement by statement through SQLAlchemy, alternately, on a private production-configured
+PostgreSQL; CPU and wall per batch. `python -m bench.ingest_pipeline [--batches 300] [--rounds 4]`"""
 
 from __future__ import annotations
 

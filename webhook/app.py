@@ -1,11 +1,6 @@
-"""The ASGI app: `/mutate`, `/validate`, `/healthz`, `/metrics`; the state poller and the PriorityClass
-watch run in its lifespan.
-
-An admission endpoint reads the body (`gpuserving.bodies.BodyLimit` bounds it), parses the review once,
-lets the decision return a typed answer, encodes it, and counts and logs it: the admission by result, the
-priority decision the answer carries by rule, a denial's log line (a dryRun request leaves no trace but
-latency).
-"""
+"""The ASGI app: `/mutate`, `/validate`, `/healthz`, `/metrics`, the state poller and the PriorityClass
+watch in its lifespan. An admission is read within `gpuserving.bodies.BodyLimit`, parsed once, decided,
+encoded, then counted and logged (a dryRun leaves no trace but latency)."""
 
 from __future__ import annotations
 

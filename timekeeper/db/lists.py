@@ -1,9 +1,6 @@
-"""Lists of names bound one parameter per item (`ARRAY[:name_0, :name_1]`), so that the plan PostgreSQL
-keeps for a prepared statement counts the list as a fresh plan does. Bound as one array parameter, a list
-counts as 10 items (`= ANY`) or 100 (`unnest`) in the kept plan and as its own length in a fresh one,
-which then looks cheaper on every run: the statement is planned anew each time (docs/performance.md).
-A list is padded to a power of two by repeating its last item, so a few statements serve every length;
-the statements read the list as a set."""
+"""Lists of names bound one parameter per item (`ARRAY[:name_0, :name_1]`), padded to a power of two, so
+the plan PostgreSQL keeps for a prepared statement counts the list as a fresh plan does and is kept
+(docs/performance.md, "Plans"); the statements read the list as a set."""
 
 from __future__ import annotations
 

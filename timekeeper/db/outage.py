@@ -1,8 +1,6 @@
-"""Telling a database outage (the server cannot be reached or cut the connection) from a statement the
-database refused, and watching outages: each is logged once when it begins and once when it ends (not once
-per request), and shown as metrics. Requests during an outage are answered 503 with Retry-After; the pool
-(its pre-ping, at checkout) replaces broken connections, so service resumes by itself when the server is
-back."""
+"""An outage (the server unreachable or gone) told apart from a statement the database refused; each
+outage logged once when it begins and ends and shown as metrics, its requests answered 503 with
+Retry-After, while the pool's pre-ping replaces broken connections."""
 
 from __future__ import annotations
 

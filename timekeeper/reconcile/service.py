@@ -1,17 +1,6 @@
-"""The reconciler: the `reconcile` job of the scheduler, run by its elected leader alone. While this replica
-leads, the pod watch (a task on the event loop) feeds a PodRegistry; each pass charges, closes out,
-announces, downgrades and applies quotas.
-
-Charging goes through the very function reports use (`IngestService.charge`), so each pod's coverage
-ranges decide what is still uncharged: the pass charges a running pod's silent time (older than the
-grace), a late sidecar report afterwards charges only what the pass did not, and vice versa. A charge by
-the pass is not a report: the pod's `last_report_at` (the scheduler's close-out reads it) is left as the
-sidecar last set it. An ended pod is closed at its real end: `final`, `closed_at` = that end.
-
-The pass also counts, per namespace, the running GPU pods and those whose sidecar has been silent for
-`sidecar_silent_after_seconds` (`timekeeper_silent_gpu_pods`): the API server says the pod still runs,
-so the silence is the sidecar's, not a pod that finished (which the close-out job cannot tell apart).
-"""
+"""The reconciler, the scheduler's `reconcile` job, run by the elected leader alone: its pod watch feeds a
+PodRegistry and each pass charges silent time through `IngestService.charge` (so reports and passes never
+charge the same time twice), closes out ended pods, counts silent sidecars, downgrades and applies quotas."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ metrics and logs are the endpoint's. Work is bounded by `max_containers` and the
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from gpuaccounting import names
@@ -64,7 +65,7 @@ class Admission:
         self.sidecar = SidecarTemplate(settings)
         self.priority = PriorityPolicy(settings, priority_classes)
         self.dra = dra
-        self.workloads = workloads or WorkloadClasses()  # filled by the app's lifespan when it watches pods
+        self.workloads = workloads or WorkloadClasses(settings)  # filled by the lifespan's pod watch
         self.dra_watch: DraWatch | None = None  # set by the app's lifespan when it watches DRA objects
 
     def read(self, pod: dict[str, Any], namespace: str) -> PodShare:
@@ -74,10 +75,13 @@ class Admission:
         return with_claims(share, claims, self.hardware)
 
     async def prepare(self, request: AdmissionRequest) -> None:
-        """Before a pod naming DRA claims is judged, fetch those the watch has not brought yet."""
+        """Before a pod naming DRA claims is judged, fetch those the watch has not brought yet; before a
+        workload's first pod is, read the size the workload declares."""
         pod = _new_pod(request)
         if pod is not None and self.dra_watch is not None and (pod.get("spec") or {}).get("resourceClaims"):
             await self.dra_watch.fetch_missing(self._namespace(request, pod), pod)
+        if pod is not None:
+            await self.workloads.prepare(self._namespace(request, pod), workload_of(pod, request.name))
 
     def _namespace(self, request: AdmissionRequest, pod: dict[str, Any]) -> str:
         return request.namespace or (pod.get("metadata") or {}).get("namespace", "")
@@ -112,9 +116,21 @@ class Admission:
         view = self.cache.view(namespace)
         previous = annotations.get(names.ANNOTATION_PRIORITY_DECISION)
         workload = workload_of(pod, request.name)
-        kept = None if workload.is_bare_pod else self.workloads.class_of(namespace, workload.annotation)
+        reuse = self.workloads.admit(
+            namespace,
+            workload,
+            datetime.now(UTC),
+            arrived_decided=previous is not None,
+            dry_run=request.dry_run,
+        )
         decision = self.priority.decide(
-            spec, view, previous, namespace=namespace, workload=workload.annotation, kept=kept
+            spec,
+            view,
+            previous,
+            namespace=namespace,
+            workload=workload.annotation,
+            kept=reuse.kept,
+            refused=reuse.refused,
         )
         decision.apply(spec)
         share_text = format_share(share.share)
@@ -126,7 +142,11 @@ class Admission:
             names.ANNOTATION_PRIORITY_DECISION: decision.annotation,
             names.ANNOTATION_INJECTED: self.settings.sidecar_image,
             names.ANNOTATION_WORKLOAD: workload.annotation,
+            **reuse.annotations,
         }
+        if workload.is_bare_pod:  # the bounds of a workload's reuse: ours to write, on a workload's pods only
+            metadata["annotations"].pop(names.ANNOTATION_WORKLOAD_SIZE, None)
+            metadata["annotations"].pop(names.ANNOTATION_WORKLOAD_SINCE, None)
         metadata["labels"] = {**(metadata.get("labels") or {}), names.LABEL_GPU_POD: "true"}
         self.sidecar.inject(spec, share_text, share.claims)
         patch = diff(pod, {**pod, "metadata": metadata, "spec": spec})

@@ -2,7 +2,9 @@
 whose namespace becomes exhausted after its first pods were admitted keeps all its pods, the later and the
 recreated ones included, at the class its first pods got; a Job created after that is a new workload and
 gets the reduced class. The webhook learns the Job's pods through its own pod watch, as its own
-ServiceAccount (the RBAC deployment/ ships)."""
+ServiceAccount (the RBAC deployment/ ships), on by default. The reuse is bounded by the size the Job
+declared when its first pod was admitted: a tenant's pods claiming the Job past it, or the pods of a
+parallelism it raised after, are decided by the budget."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from gpuaccounting import names
 from tests.cluster.harness import (
     Kubectl,
     KubectlError,
+    Tenant,
     TimekeeperApi,
     gpu_probe,
     placed,
@@ -28,7 +31,7 @@ from tests.cluster.harness import (
 from tests.support.processes import wait_until
 
 
-def job(namespace: str, name: str, parallelism: int, completions: int) -> dict[str, Any]:
+def job(namespace: str, name: str, parallelism: int, completions: int | None) -> dict[str, Any]:
     spec = gpu_probe(namespace)["spec"]
     template = {"metadata": {"labels": {"app": name}}, "spec": {**spec, "restartPolicy": "Never"}}
     return {
@@ -100,10 +103,76 @@ def test_a_job_keeps_one_class_when_its_namespace_is_exhausted_between_its_pods(
     }
     # The first pod was decided by the budget; its sibling, created a moment later, may already follow it.
     assert "in-budget: no class chosen" in {decision(pod) for pod in first}
+    # Each pod carries the size the Job declared at its first admission (its completions) and that time.
+    assert {pod["metadata"]["annotations"][names.ANNOTATION_WORKLOAD_SIZE] for pod in final} == {"4"}
+    assert len({pod["metadata"]["annotations"][names.ANNOTATION_WORKLOAD_SINCE] for pod in final}) == 1
 
     # The budget's change applies to the next workload.
     kubectl.create(job(namespace, "next", parallelism=2, completions=2))
     assert classes(wait_for_pods(kubectl, namespace, "next", 2)) == {("gpu-over-budget", 100)}
+
+
+def in_budget_job(kubectl: Kubectl, api: TimekeeperApi, namespace: str, parallelism: int) -> dict[str, Any]:
+    """A work-queue Job admitted in budget, its pods up; then the namespace exhausted."""
+    api.set_budget(namespace, 1000)
+    wait_for_admission_state(kubectl, namespace, "in_budget")
+    created = kubectl.create(job(namespace, "train", parallelism=parallelism, completions=None))
+    assert classes(wait_for_pods(kubectl, namespace, "train", parallelism)) == {("gpu-in-budget", 1000)}
+    api.set_budget(namespace, 0)
+    wait_for_admission_state(kubectl, namespace, "exhausted")
+    return created
+
+
+def test_pods_claiming_a_workload_past_its_declared_size_get_the_reduced_class(
+    kubectl: Kubectl, api: TimekeeperApi, tenant: Tenant, namespace: str
+) -> None:
+    """A tenant with `edit` writes a pod owned by the in-budget Job (its real uid, `controller: true`): the
+    Job's 2 declared pods are up, so the claim is decided by the budget. Gang markers name another workload,
+    new, decided by the budget as well."""
+    train = in_budget_job(kubectl, api, namespace, parallelism=2)
+    owner = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "name": "train",
+        "uid": train["metadata"]["uid"],
+        "controller": True,
+    }
+    claim = placed(gpu_probe(namespace), namespace, "claim")
+    claim["metadata"]["ownerReferences"] = [owner]
+    marked = placed(gpu_probe(namespace), namespace, "marked")
+    marked["metadata"] |= {"ownerReferences": [owner], "labels": {"scheduling.x-k8s.io/pod-group": "train"}}
+
+    stored = [tenant.kubectl.create(claim), tenant.kubectl.create(marked)]
+
+    assert classes(stored) == {("gpu-over-budget", 100)}
+    assert (
+        decision(stored[0]) == "exhausted: namespace exhausted; workload Job/train has all 2 pods it declared"
+    )
+    assert stored[1]["metadata"]["annotations"][names.ANNOTATION_WORKLOAD] == "PodGroup/train"
+    assert decision(stored[1]) == "exhausted: namespace exhausted"
+
+
+def test_a_parallelism_raised_after_the_first_admission_is_not_declared(
+    kubectl: Kubectl, api: TimekeeperApi, tenant: Tenant, namespace: str
+) -> None:
+    """The tenant raises its in-budget Job's parallelism once its namespace is exhausted: the size recorded
+    at the first admission stands, and the real Job controller's new pods get the reduced class."""
+    in_budget_job(kubectl, api, namespace, parallelism=2)
+
+    raised = '{"spec":{"parallelism":4}}'
+    tenant.kubectl.run("patch", "job", "train", "-n", namespace, "--type=merge", "-p", raised)
+    pods = wait_for_pods(kubectl, namespace, "train", 4)
+
+    assert sorted(pod["spec"]["priorityClassName"] for pod in pods) == [
+        "gpu-in-budget",
+        "gpu-in-budget",
+        "gpu-over-budget",
+        "gpu-over-budget",
+    ]
+    reduced = [pod for pod in pods if pod["spec"]["priorityClassName"] == "gpu-over-budget"]
+    assert {decision(pod) for pod in reduced} == {
+        "exhausted: namespace exhausted; workload Job/train has all 2 pods it declared"
+    }
 
 
 def test_a_workloads_pods_may_not_rename_their_workload(

@@ -213,6 +213,7 @@ class WorkloadClasses:
         self._pods: dict[Key, dict[str, tuple[WorkloadClass, Role]]] = {}
         self._keys: dict[str, Key] = {}  # pod uid: its workload
         self._pending: dict[Key, list[_Pending]] = {}
+        self._pruned = time.monotonic()
         self._declared: dict[Key, tuple[int | None, float]] = {}  # size read, monotonic time read
         self._reading: dict[Key, asyncio.Task[None]] = {}
         self.objects: client.CustomObjectsApi | None = None  # set with the watch: reads declared sizes
@@ -258,6 +259,16 @@ class WorkloadClasses:
             pending.pop(0)
             if not pending:
                 self._pending.pop(key, None)
+
+    def _prune(self) -> None:
+        """Forget the expired admissions of every workload, at most once a pending period: those of a
+        workload that never admits again (its pod denied after us) would stay."""
+        now = time.monotonic()
+        if now < self._pruned + PENDING_SECONDS:
+            return
+        self._pruned = now
+        for key in list(self._pending):
+            self._pending_now(key)
 
     def _pending_now(self, key: Key) -> list[_Pending]:
         now = time.monotonic()
@@ -314,8 +325,9 @@ class WorkloadClasses:
         shows it. `arrived_decided`: the pod arrives with a decision of ours, as a re-invocation does (or a
         tenant's copy of one): it claims one admission pending for the workload rather than counting
         twice, so each admission counted excuses at most one more pod, and only until the watch shows it."""
-        if workload.is_bare_pod:
+        if workload.is_bare_pod or not self.loaded:  # before the first list (or with no watch): alone
             return Reuse(None, None, {})
+        self._prune()
         key = (namespace, workload.annotation)
         source = self.class_of(*key)
         pending = self._pending_now(key)

@@ -175,6 +175,41 @@ def test_a_parallelism_raised_after_the_first_admission_is_not_declared(
     }
 
 
+def test_a_replacement_racing_an_eviction_keeps_no_class(
+    kubectl: Kubectl, api: TimekeeperApi, namespace: str
+) -> None:
+    """From 1.26 the Eviction API writes a pod's DisruptionTarget condition before it deletes the pod (this
+    1.20 API server does not: the test writes it as the eviction would). While a pod of the Job carries it,
+    the replacement the real Job controller creates for a sibling keeps no class from the pod still up."""
+    train = in_budget_job(kubectl, api, namespace, parallelism=3)
+    evicting, other, _ = (pod["metadata"]["name"] for pod in pods_of(kubectl, namespace, "train"))
+    condition = {
+        "type": "DisruptionTarget",
+        "status": "True",
+        "reason": "EvictionByEvictionAPI",
+        "message": "Eviction API: evicting",
+        "lastTransitionTime": stamp(datetime.now(UTC)),
+    }
+    set_status(kubectl, namespace, evicting, {"conditions": [condition]})
+    probe = placed(gpu_probe(namespace), namespace, "probe")
+    probe["metadata"]["ownerReferences"] = [
+        {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": train["metadata"]["uid"]}
+        | {"controller": True}
+    ]
+    wait_until(
+        lambda: "is being evicted" in decision(kubectl.create(probe, "--dry-run=server")),
+        timeout=10,
+        what="the webhook's watch to show the eviction",
+    )
+
+    kubectl.run("delete", "pod", other, "-n", namespace, "--wait=true")
+    replaced = wait_for_pods(kubectl, namespace, "train", 3)
+
+    replacement = next(pod for pod in replaced if pod["metadata"]["name"] not in (evicting, other))
+    assert classes([replacement]) == {("gpu-over-budget", 100)}
+    assert decision(replacement) == "exhausted: namespace exhausted; workload Job/train is being evicted"
+
+
 def test_a_workloads_pods_may_not_rename_their_workload(
     kubectl: Kubectl, api: TimekeeperApi, namespace: str
 ) -> None:

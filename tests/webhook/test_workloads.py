@@ -321,8 +321,9 @@ def test_a_declared_size_is_capped() -> None:
     )
 
 
-def test_a_bare_pod_records_no_bounds() -> None:
+def test_a_bare_pod_or_a_pod_before_the_first_list_records_no_bounds() -> None:
     assert reuse(view_of(), workload=Workload("Pod", "solo")) == Reuse(None, None, {})
+    assert reuse(WorkloadClasses(SETTINGS)) == Reuse(None, None, {})
 
 
 EVICTED = client.V1PodCondition(type="DisruptionTarget", status="True", reason="EvictionByEvictionAPI")

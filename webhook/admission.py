@@ -20,7 +20,7 @@ from webhook.priorityclasses import PriorityClassCatalog
 from webhook.review import AdmissionRequest, AdmissionResponse, Denial, PodRequest
 from webhook.settings import WebhookSettings
 from webhook.state import BudgetStateCache
-from webhook.workloads import WorkloadClasses
+from webhook.workloads import BOUND_ANNOTATIONS, WorkloadClasses
 
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
 CONTAINER_CAP_RULE: Final = "max-containers"
@@ -135,7 +135,7 @@ class Admission:
         decision.apply(spec)
         share_text = format_share(share.share)
         metadata["annotations"] = {
-            **annotations,
+            **{key: value for key, value in annotations.items() if key not in BOUND_ANNOTATIONS},
             names.ANNOTATION_GPU_SHARE: share_text,
             names.ANNOTATION_SHARING_SYSTEM: str(share.system),
             names.ANNOTATION_BUDGET_STATE: decision.budget_state or "unknown",
@@ -144,9 +144,6 @@ class Admission:
             names.ANNOTATION_WORKLOAD: workload.annotation,
             **reuse.annotations,
         }
-        if workload.is_bare_pod:  # the bounds of a workload's reuse: ours to write, on a workload's pods only
-            metadata["annotations"].pop(names.ANNOTATION_WORKLOAD_SIZE, None)
-            metadata["annotations"].pop(names.ANNOTATION_WORKLOAD_SINCE, None)
         metadata["labels"] = {**(metadata.get("labels") or {}), names.LABEL_GPU_POD: "true"}
         self.sidecar.inject(spec, share_text, share.claims)
         patch = diff(pod, {**pod, "metadata": metadata, "spec": spec})

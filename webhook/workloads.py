@@ -30,6 +30,10 @@ PENDING_SECONDS: Final = 10.0
 DECLARED_SECONDS: Final = 60.0
 EVICTION_REASON: Final = "EvictionByEvictionAPI"  # a DisruptionTarget condition's, set before the delete
 
+# Ours alone to write (a tenant's are dropped at admission, and /validate protects ours after it): only
+# where the webhook recorded them, on a workload's pods admitted with the watch listed.
+BOUND_ANNOTATIONS: Final = (names.ANNOTATION_WORKLOAD_SIZE, names.ANNOTATION_WORKLOAD_SINCE)
+
 Key = tuple[str, str]  # namespace, workload annotation (kind/name)
 Role = Literal["source", "follower", "evicted"]
 

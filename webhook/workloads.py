@@ -50,7 +50,7 @@ DECLARING_OBJECTS: Final[dict[tuple[str, str], tuple[str, str, str]]] = {
     ("PodGroup", "scheduling.volcano.sh/group-name"): _VOLCANO,
     ("PodGroup", "pod-group-name"): ("scheduling.run.ai", "v2alpha2", "podgroups"),
     ("PodGroup", "scheduling.x-k8s.io/pod-group"): _COSCHEDULING,
-    ("PodGroup", "pod-group.scheduling.sigs.k8s.io"): _COSCHEDULING,
+    ("PodGroup", "pod-group.scheduling.sigs.k8s.io"): ("scheduling.sigs.k8s.io", "v1alpha1", "podgroups"),
 }
 
 
@@ -355,42 +355,49 @@ class WorkloadClasses:
         """Before a workload's first pod is decided, read the size its object declares (one GET, short
         timeout, shared by the siblings admitted meanwhile); its later pods carry the size recorded."""
         key = (namespace, workload.annotation)
-        if workload.is_bare_pod or self.objects is None or self.class_of(*key) is not None:
-            return
+        target = DECLARING_OBJECTS.get((workload.kind, workload.via))
+        if target is None or self.objects is None or self.class_of(*key) is not None:
+            return  # nothing to read (a bare pod, an undeclared kind, no watch), or a pod of it carries it
         read = self._declared.get(key)
         if read is not None and time.monotonic() - read[1] < DECLARED_SECONDS:
             return
         task = self._reading.get(key)
         if task is None:
-            task = self._reading[key] = asyncio.create_task(self._read(self.objects, namespace, workload))
+            task = self._reading[key] = asyncio.create_task(
+                self._read(self.objects, namespace, workload, target)
+            )
             task.add_done_callback(lambda _: self._reading.pop(key, None))
         await asyncio.shield(task)
 
-    async def _read(self, objects: client.CustomObjectsApi, namespace: str, workload: Workload) -> None:
+    async def _read(
+        self,
+        objects: client.CustomObjectsApi,
+        namespace: str,
+        workload: Workload,
+        target: tuple[str, str, str],
+    ) -> None:
         now = time.monotonic()
         self._declared = {
             key: read for key, read in self._declared.items() if now - read[1] < DECLARED_SECONDS
         }
+        group, version, plural = target
         size = None
-        target = DECLARING_OBJECTS.get((workload.kind, workload.via))
-        if target is not None:
-            group, version, plural = target
-            try:
-                obj = await objects.get_namespaced_custom_object(
-                    group,
-                    version,
-                    namespace,
-                    plural,
-                    workload.name,
-                    _request_timeout=self.settings.workload_fetch_timeout_seconds,
-                )
-            except Exception as error:  # absent, not served, forbidden, a timeout: the undeclared cap
-                log.info(
-                    "workload_size_unread",
-                    extra={"namespace": namespace, "workload": workload.annotation, "error": str(error)},
-                )
-            else:
-                size = declared_size(workload.kind, _mapping(obj))
+        try:
+            obj = await objects.get_namespaced_custom_object(
+                group,
+                version,
+                namespace,
+                plural,
+                workload.name,
+                _request_timeout=self.settings.workload_fetch_timeout_seconds,
+            )
+        except Exception as error:  # absent, not served, forbidden, a timeout: the undeclared cap
+            log.info(
+                "workload_size_unread",
+                extra={"namespace": namespace, "workload": workload.annotation, "error": str(error)},
+            )
+        else:
+            size = declared_size(workload.kind, _mapping(obj))
         self._declared[(namespace, workload.annotation)] = (size, time.monotonic())
 
 

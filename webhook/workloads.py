@@ -319,7 +319,7 @@ class WorkloadClasses:
             return f"was first admitted more than {age:g} s ago"
         size = self._size(key, source)
         if sum(role != "evicted" for _, role in siblings.values()) + pending >= size:
-            return f"has all {size} pods it declared"
+            return f"has as many pods as it declared ({size})"
         return None
 
     def admit(
@@ -345,6 +345,11 @@ class WorkloadClasses:
             names.ANNOTATION_WORKLOAD_SINCE: (since or now).isoformat(timespec="seconds"),
         }
         if not dry_run:
+            if refused is not None:  # a tenant's pods claiming a workload past its bounds show here
+                log.info(
+                    "workload_class_refused",
+                    extra={"namespace": namespace, "workload": workload.annotation, "bound": refused},
+                )
             if claimed is not None:
                 claimed.claimed = True
             else:

@@ -146,7 +146,8 @@ def test_pods_claiming_a_workload_past_its_declared_size_get_the_reduced_class(
 
     assert classes(stored) == {("gpu-over-budget", 100)}
     assert (
-        decision(stored[0]) == "exhausted: namespace exhausted; workload Job/train has all 2 pods it declared"
+        decision(stored[0])
+        == "exhausted: namespace exhausted; workload Job/train has as many pods as it declared (2)"
     )
     assert stored[1]["metadata"]["annotations"][names.ANNOTATION_WORKLOAD] == "PodGroup/train"
     assert decision(stored[1]) == "exhausted: namespace exhausted"
@@ -171,7 +172,7 @@ def test_a_parallelism_raised_after_the_first_admission_is_not_declared(
     ]
     reduced = [pod for pod in pods if pod["spec"]["priorityClassName"] == "gpu-over-budget"]
     assert {decision(pod) for pod in reduced} == {
-        "exhausted: namespace exhausted; workload Job/train has all 2 pods it declared"
+        "exhausted: namespace exhausted; workload Job/train has as many pods as it declared (2)"
     }
 
 

@@ -5,6 +5,7 @@ recorded them), by time from its first admission, and not at all while the workl
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -229,13 +230,14 @@ def test_a_workload_keeps_its_class_for_as_many_pods_as_it_declared() -> None:
         names.ANNOTATION_WORKLOAD_SINCE: START.isoformat(),  # the workload's first admission, carried on
     }
     fifth = reuse(classes)  # the 4th is counted from its admission on, before the watch shows it
-    assert fifth.kept is None and fifth.refused == "has all 4 pods it declared"
+    assert fifth.kept is None and fifth.refused == "has as many pods as it declared (4)"
     decision = PriorityPolicy(SETTINGS, catalog()).decide(
         {}, view("exhausted"), namespace="team-a", workload="Job/train", refused=fifth.refused
     )
     assert outcome(decision) == (PriorityRule.EXHAUSTED, *REDUCED)
     assert (
-        decision.annotation == "exhausted: namespace exhausted; workload Job/train has all 4 pods it declared"
+        decision.annotation
+        == "exhausted: namespace exhausted; workload Job/train has as many pods as it declared (4)"
     )
 
 
@@ -256,7 +258,7 @@ def test_the_watch_showing_an_admitted_pod_does_not_count_it_twice() -> None:
     classes.put(follower("b", 2, size=3))  # ... now shown
 
     assert reuse(classes).kept is not None  # the 3rd
-    assert reuse(classes).refused == "has all 3 pods it declared"
+    assert reuse(classes).refused == "has as many pods as it declared (3)"
 
 
 def test_a_dry_run_or_a_re_invocation_counts_no_pod() -> None:
@@ -267,7 +269,7 @@ def test_a_dry_run_or_a_re_invocation_counts_no_pod() -> None:
     assert again.kept is not None
 
     # A pod that merely arrives with a decision claims nothing more: the one admission is claimed.
-    assert reuse(classes, arrived_decided=True).refused == "has all 2 pods it declared"
+    assert reuse(classes, arrived_decided=True).refused == "has as many pods as it declared (2)"
 
 
 def test_a_workloads_first_pod_re_invoked_counts_once() -> None:
@@ -301,7 +303,7 @@ def test_a_workload_that_recorded_no_size_gets_the_undeclared_cap() -> None:
 
     assert classes.admit("team-a", TRAIN, START, arrived_decided=False, dry_run=False).kept is not None
     refused = classes.admit("team-a", TRAIN, START, arrived_decided=False, dry_run=False)
-    assert refused.refused == "has all 2 pods it declared"
+    assert refused.refused == "has as many pods as it declared (2)"
     first = classes.admit(
         "team-a", Workload("ReplicaSet", "web"), START, arrived_decided=False, dry_run=False
     )
@@ -359,6 +361,19 @@ def test_a_pod_being_evicted_is_no_source_and_a_preempted_one_no_eviction() -> N
 
 def test_a_pod_refused_reuse_is_refused_again_when_re_invoked() -> None:
     classes = view_of(admitted("a", age=1, size=2), follower("b", 2, size=2))
-    assert reuse(classes).refused == "has all 2 pods it declared"
+    assert reuse(classes).refused == "has as many pods as it declared (2)"
 
-    assert reuse(classes, arrived_decided=True).refused == "has all 2 pods it declared"
+    assert reuse(classes, arrived_decided=True).refused == "has as many pods as it declared (2)"
+
+
+def test_a_refusal_is_logged_unless_a_dry_run(caplog: pytest.LogCaptureFixture) -> None:
+    classes = view_of(admitted("a", age=1, size=1))
+    caplog.set_level(logging.INFO, logger="webhook.workloads")
+
+    reuse(classes, dry_run=True)
+    reuse(classes)
+
+    refusals = [record for record in caplog.records if record.getMessage() == "workload_class_refused"]
+    assert [(r.namespace, r.workload, r.bound) for r in refusals] == [  # type: ignore[attr-defined]
+        ("team-a", "Job/train", "has as many pods as it declared (1)")
+    ]

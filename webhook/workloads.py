@@ -25,7 +25,7 @@ log = logging.getLogger("webhook.workloads")
 
 WORKLOAD_CLASS_KEPT: Final = "workload-class-kept"  # the rule id (webhook.priority.PriorityRule)
 # How long this replica counts a pod it admitted before its watch shows the pod (a denied one never shows).
-PENDING_SECONDS: Final = 10.0
+PENDING_SECONDS: Final = 5.0
 # How long a size read for a workload's first pods serves its siblings admitted before the watch shows them.
 DECLARED_SECONDS: Final = 60.0
 EVICTION_REASON: Final = "EvictionByEvictionAPI"  # a DisruptionTarget condition's, set before the delete
@@ -66,10 +66,13 @@ def _count(value: Any) -> int | None:
 
 
 def _job_pods(spec: Mapping[str, Any]) -> int | None:
-    """A Job's pods: its completions (the work it declared; parallelism may grow up to it), else its
-    parallelism (a work queue's)."""
-    completions = spec.get("completions")
-    return _count(completions) if completions is not None else _count(spec.get("parallelism"))
+    """The pods a Job runs at once: its parallelism, at most its completions. Not the completions: a
+    parallelism raised later, up to them, would be pods the Job never ran while in budget."""
+    parallelism, completions = _count(spec.get("parallelism")), spec.get("completions")
+    if completions is None or parallelism is None:
+        return parallelism
+    most = _count(completions)
+    return None if most is None else min(parallelism, most)
 
 
 def _product(*counts: int | None) -> int | None:

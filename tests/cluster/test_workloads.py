@@ -71,17 +71,57 @@ def decision(pod: dict[str, Any]) -> str:
     return str(pod["metadata"]["annotations"][names.ANNOTATION_PRIORITY_DECISION])
 
 
+def in_budget_pods_quota(namespace: str, pods: int) -> dict[str, Any]:
+    """At most `pods` pods at the in-budget class (a ResourceQuota scoped by PriorityClass)."""
+    scope = {"scopeName": "PriorityClass", "operator": "In", "values": ["gpu-in-budget"]}
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "in-budget-pods", "namespace": namespace},
+        "spec": {"hard": {"pods": str(pods)}, "scopeSelector": {"matchExpressions": [scope]}},
+    }
+
+
 def test_a_job_keeps_one_class_when_its_namespace_is_exhausted_between_its_pods(
     kubectl: Kubectl, api: TimekeeperApi, namespace: str
 ) -> None:
+    """A Job of 4 (parallelism 4) whose controller creates 2 pods, then its namespace is exhausted, then
+    the other 2: a quota on in-budget pods holds the controller at 2 until it is raised, after the
+    exhaustion (the controller retries after its backoff)."""
     api.set_budget(namespace, 1000)
     wait_for_admission_state(kubectl, namespace, "in_budget")
-    kubectl.create(job(namespace, "train", parallelism=2, completions=4))
+    kubectl.create(in_budget_pods_quota(namespace, 2))
+    wait_until(
+        lambda: (
+            "hard"
+            in (kubectl.json("get", "resourcequota", "in-budget-pods", "-n", namespace).get("status") or {})
+        ),
+        timeout=30,
+        what="the quota's usage to be counted",
+    )
+    kubectl.create(job(namespace, "train", parallelism=4, completions=4))
     first = wait_for_pods(kubectl, namespace, "train", 2)
 
     api.set_budget(namespace, 0)
-    wait_for_admission_state(kubectl, namespace, "exhausted")
-    kubectl.run("patch", "job", "train", "-n", namespace, "--type=merge", "-p", '{"spec":{"parallelism":4}}')
+
+    def exhausted() -> bool:  # until then the quota refuses an in-budget probe
+        try:
+            probe = kubectl.create(gpu_probe(namespace), "--dry-run=server")
+        except KubectlError:
+            return False
+        return bool(probe["metadata"]["annotations"][names.ANNOTATION_BUDGET_STATE] == "exhausted")
+
+    wait_until(exhausted, timeout=20, what="the webhook to see the namespace exhausted")
+    kubectl.run(
+        "patch",
+        "resourcequota",
+        "in-budget-pods",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        '{"spec":{"hard":{"pods":"4"}}}',
+    )
     grown = wait_for_pods(kubectl, namespace, "train", 4)
     # A pod of the gang goes away (preempted, evicted, its node lost): the Job controller recreates it.
     gone = first[0]["metadata"]["name"]
@@ -95,15 +135,15 @@ def test_a_job_keeps_one_class_when_its_namespace_is_exhausted_between_its_pods(
     later = [pod for pod in final if pod["metadata"]["uid"] not in {p["metadata"]["uid"] for p in first}]
 
     assert classes(first) == {("gpu-in-budget", 1000)}
-    assert classes(grown) == classes(final) == {("gpu-in-budget", 1000)}
-    assert len(later) == 3  # two added by the larger parallelism, one recreated
+    assert classes(grown) == classes(final) == {("gpu-in-budget", 1000)}, [decision(p) for p in grown + final]
+    assert len(later) == 3  # two created once the quota allowed them, one recreated
     assert {pod["metadata"]["annotations"][names.ANNOTATION_WORKLOAD] for pod in final} == {"Job/train"}
     assert {decision(pod) for pod in later} == {
         "workload-class-kept: workload Job/train keeps class gpu-in-budget"
     }
     # The first pod was decided by the budget; its sibling, created a moment later, may already follow it.
     assert "in-budget: no class chosen" in {decision(pod) for pod in first}
-    # Each pod carries the size the Job declared at its first admission (its completions) and that time.
+    # Each pod carries the size the Job declared at its first admission (its parallelism) and that time.
     assert {pod["metadata"]["annotations"][names.ANNOTATION_WORKLOAD_SIZE] for pod in final} == {"4"}
     assert len({pod["metadata"]["annotations"][names.ANNOTATION_WORKLOAD_SINCE] for pod in final}) == 1
 
@@ -112,11 +152,13 @@ def test_a_job_keeps_one_class_when_its_namespace_is_exhausted_between_its_pods(
     assert classes(wait_for_pods(kubectl, namespace, "next", 2)) == {("gpu-over-budget", 100)}
 
 
-def in_budget_job(kubectl: Kubectl, api: TimekeeperApi, namespace: str, parallelism: int) -> dict[str, Any]:
-    """A work-queue Job admitted in budget, its pods up; then the namespace exhausted."""
+def in_budget_job(
+    kubectl: Kubectl, api: TimekeeperApi, namespace: str, parallelism: int, completions: int | None = None
+) -> dict[str, Any]:
+    """A Job admitted in budget, its pods up; then the namespace exhausted."""
     api.set_budget(namespace, 1000)
     wait_for_admission_state(kubectl, namespace, "in_budget")
-    created = kubectl.create(job(namespace, "train", parallelism=parallelism, completions=None))
+    created = kubectl.create(job(namespace, "train", parallelism=parallelism, completions=completions))
     assert classes(wait_for_pods(kubectl, namespace, "train", parallelism)) == {("gpu-in-budget", 1000)}
     api.set_budget(namespace, 0)
     wait_for_admission_state(kubectl, namespace, "exhausted")
@@ -156,9 +198,10 @@ def test_pods_claiming_a_workload_past_its_declared_size_get_the_reduced_class(
 def test_a_parallelism_raised_after_the_first_admission_is_not_declared(
     kubectl: Kubectl, api: TimekeeperApi, tenant: Tenant, namespace: str
 ) -> None:
-    """The tenant raises its in-budget Job's parallelism once its namespace is exhausted: the size recorded
-    at the first admission stands, and the real Job controller's new pods get the reduced class."""
-    in_budget_job(kubectl, api, namespace, parallelism=2)
+    """The tenant raises its in-budget Job's parallelism once its namespace is exhausted, up to the
+    completions it declared: the size recorded at the first admission (the pods it ran at once) stands,
+    and the real Job controller's new pods get the reduced class."""
+    in_budget_job(kubectl, api, namespace, parallelism=2, completions=4)
 
     raised = '{"spec":{"parallelism":4}}'
     tenant.kubectl.run("patch", "job", "train", "-n", namespace, "--type=merge", "-p", raised)
@@ -183,7 +226,8 @@ def test_a_replacement_racing_an_eviction_keeps_no_class(
     1.20 API server does not: the test writes it as the eviction would). While a pod of the Job carries it,
     the replacement the real Job controller creates for a sibling keeps no class from the pod still up."""
     train = in_budget_job(kubectl, api, namespace, parallelism=3)
-    evicting, other, _ = (pod["metadata"]["name"] for pod in pods_of(kubectl, namespace, "train"))
+    originals = [pod["metadata"]["name"] for pod in pods_of(kubectl, namespace, "train")]
+    evicting, other, _ = originals
     condition = {
         "type": "DisruptionTarget",
         "status": "True",
@@ -206,7 +250,7 @@ def test_a_replacement_racing_an_eviction_keeps_no_class(
     kubectl.run("delete", "pod", other, "-n", namespace, "--wait=true")
     replaced = wait_for_pods(kubectl, namespace, "train", 3)
 
-    replacement = next(pod for pod in replaced if pod["metadata"]["name"] not in (evicting, other))
+    replacement = next(pod for pod in replaced if pod["metadata"]["name"] not in originals)
     assert classes([replacement]) == {("gpu-over-budget", 100)}
     assert decision(replacement) == "exhausted: namespace exhausted; workload Job/train is being evicted"
 

@@ -202,7 +202,8 @@ def reuse(classes: WorkloadClasses, at: int = 60, workload: Workload = TRAIN, **
 @pytest.mark.parametrize(
     ("kind", "spec", "size"),
     [
-        ("Job", {"parallelism": 2, "completions": 4}, 4),  # parallelism may grow up to completions
+        ("Job", {"parallelism": 2, "completions": 4}, 2),  # a parallelism raised later declares nothing
+        ("Job", {"parallelism": 4, "completions": 2}, 2),
         ("Job", {"parallelism": 3}, 3),  # a work queue
         ("Job", {}, 1),
         ("Job", {"completions": "4"}, None),

@@ -12,6 +12,10 @@ ANNOTATION_BUDGET_STATE: Final = f"{DOMAIN}/budget-state"
 ANNOTATION_PRIORITY_DECISION: Final = f"{DOMAIN}/priority-decision"
 ANNOTATION_INJECTED: Final = f"{DOMAIN}/injected"
 ANNOTATION_WORKLOAD: Final = f"{DOMAIN}/workload"  # kind/name (gpuaccounting.workloads)
+# On a pod of a workload (not a bare pod): the pods the workload declared and the time of its first admission,
+# as the webhook recorded them (webhook.workloads bounds the reuse of a workload's class by both).
+ANNOTATION_WORKLOAD_SIZE: Final = f"{DOMAIN}/workload-size"
+ANNOTATION_WORKLOAD_SINCE: Final = f"{DOMAIN}/workload-since"
 # On every GPU pod the webhook admits, so that it can watch them alone for their workloads' classes.
 LABEL_GPU_POD: Final = f"{DOMAIN}/gpu-pod"
 

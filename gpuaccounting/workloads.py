@@ -4,7 +4,7 @@ owner; a bare pod is its own. The markers are tenant input: always read within t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 # Gang markers, most specific first: the group a gang scheduler places together, then the controllers that
@@ -37,6 +37,7 @@ MAX_NAME_LENGTH: Final = 253  # an object name's limit; a longer marker names no
 class Workload:
     kind: str
     name: str
+    via: str = field(default="", compare=False)  # the marker's key, or the owner's apiVersion
 
     @property
     def annotation(self) -> str:
@@ -62,7 +63,8 @@ def _controller(metadata: Mapping[str, Any]) -> Workload | None:
         owner = _mapping(owner)
         kind, name = _name(owner.get("kind")), _name(owner.get("name"))
         if owner.get("controller") is True and kind and name:
-            return Workload(kind, name)
+            api_version = owner.get("apiVersion")
+            return Workload(kind, name, api_version if isinstance(api_version, str) else "")
     return None
 
 
@@ -73,7 +75,7 @@ def workload_of(pod: Mapping[str, Any], pod_name: str | None = None) -> Workload
     for source, key, kind in MARKERS:
         name = _name((annotations if source == "annotation" else labels).get(key))
         if name:
-            return Workload(kind, name)
+            return Workload(kind, name, key)
     owner = _controller(metadata)
     if owner is not None:
         return owner

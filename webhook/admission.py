@@ -4,6 +4,7 @@ metrics and logs are the endpoint's. Work is bounded by `max_containers` and the
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from gpuaccounting import names
@@ -20,7 +21,7 @@ from webhook.priorityclasses import PriorityClassCatalog
 from webhook.review import AdmissionRequest, AdmissionResponse, Denial, PodRequest
 from webhook.settings import WebhookSettings
 from webhook.state import BudgetStateCache
-from webhook.workloads import WorkloadClasses
+from webhook.workloads import BOUND_ANNOTATIONS, WorkloadClasses
 
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
 CONTAINER_CAP_RULE: Final = "max-containers"
@@ -65,7 +66,7 @@ class Admission:
         self.sidecar = SidecarTemplate(settings)
         self.priority = PriorityDecider(settings, priority_classes)
         self.dra = dra
-        self.workloads = workloads or WorkloadClasses()  # filled by the app's lifespan when it watches pods
+        self.workloads = workloads or WorkloadClasses(settings)  # filled by the lifespan pod watch
         self.gangs = Gangs(self.hardware, cache, self.priority, self.workloads)
         self.dra_watch: DraWatch | None = None  # set by the app's lifespan when it watches DRA objects
 
@@ -76,10 +77,13 @@ class Admission:
         return with_claims(share, claims, self.hardware)
 
     async def prepare(self, request: AdmissionRequest) -> None:
-        """Before a pod naming DRA claims is judged, fetch those the watch has not brought yet."""
+        """Before a pod naming DRA claims is judged, fetch those the watch has not brought yet; before a
+        workload's first pod is, read the size the workload declares."""
         pod = _new_pod(request)
         if pod is not None and self.dra_watch is not None and (pod.get("spec") or {}).get("resourceClaims"):
             await self.dra_watch.fetch_missing(self._namespace(request, pod), pod)
+        if pod is not None:
+            await self.workloads.prepare(self._namespace(request, pod), workload_of(pod, request.name))
 
     def _namespace(self, request: AdmissionRequest, pod: dict[str, Any]) -> str:
         return request.namespace or (pod.get("metadata") or {}).get("namespace", "")
@@ -116,20 +120,33 @@ class Admission:
         view = self.cache.view(namespace)
         previous = annotations.get(names.ANNOTATION_PRIORITY_DECISION)
         workload = workload_of(pod, request.name)
-        kept = None if workload.is_bare_pod else self.workloads.class_of(namespace, workload.annotation)
+        reuse = self.workloads.admit(
+            namespace,
+            workload,
+            datetime.now(UTC),
+            arrived_decided=previous is not None,
+            dry_run=request.dry_run,
+        )
         decision = self.priority.decide(
-            spec, view, previous, namespace=namespace, workload=workload.annotation, kept=kept
+            spec,
+            view,
+            previous,
+            namespace=namespace,
+            workload=workload.annotation,
+            kept=reuse.kept,
+            refused=reuse.refused,
         )
         decision.apply(spec)
         share_text = format_share(share.share)
         metadata["annotations"] = {
-            **annotations,
+            **{key: value for key, value in annotations.items() if key not in BOUND_ANNOTATIONS},
             names.ANNOTATION_GPU_SHARE: share_text,
             names.ANNOTATION_SHARING_SYSTEM: str(share.system),
             names.ANNOTATION_BUDGET_STATE: decision.budget_state or "unknown",
             names.ANNOTATION_PRIORITY_DECISION: decision.annotation,
             names.ANNOTATION_INJECTED: self.settings.sidecar_image,
             names.ANNOTATION_WORKLOAD: workload.annotation,
+            **reuse.annotations,
         }
         metadata["labels"] = {**(metadata.get("labels") or {}), names.LABEL_GPU_POD: "true"}
         self.sidecar.inject(spec, share_text, share.claims)

@@ -197,7 +197,7 @@ def create_app(settings: WebhookSettings | None = None) -> Starlette:
                 )
                 tasks.append(asyncio.create_task(watch.run(), name="priority-class-watch"))
             if kube is not None and settings.watches_workload_pods:
-                pods = workload_pod_watch(client.CoreV1Api(kube), admission.workloads, metrics, settings)
+                pods = workload_pod_watch(kube, admission.workloads, metrics, settings)
                 tasks.append(asyncio.create_task(pods.run(), name="workload-pod-watch"))
             if kube is not None and settings.watches_resource_claims:
                 admission.dra_watch = DraWatch(kube, admission.dra, metrics, settings)

@@ -152,10 +152,12 @@ class PriorityDecider:
         namespace: str,
         workload: str | None = None,
         kept: WorkloadClass | None = None,
+        refused: str | None = None,
     ) -> PriorityDecision:
         """Decide for one pod of `namespace`. `previous` is the decision annotation it arrived with: a
         re-invoked pod carrying the class that decision set keeps its words, so a second pass patches
-        nothing. `kept` is the class `workload`'s pods already run at, None for its first pod."""
+        nothing. `kept` is the class `workload`'s pods already run at, None for its first pod and for one
+        past the bounds of reuse (`refused` names the bound)."""
         arrived = spec.get("priorityClassName") or None
         if view.admission is None:
             state: BudgetState | None = None
@@ -168,6 +170,8 @@ class PriorityDecider:
             exhausted = is_over_budget(state)
             context = f"; stale state, last known {state}" if view.freshness == "stale" else ""
         rule, words = self._rule(arrived, namespace, exhausted, policy)
+        if kept is None and refused is not None:
+            words += f"; workload {workload} {refused}"
         if kept is not None and rule != PriorityRule.EXEMPT:
             # The whole workload runs at one class: a gang split across classes holds GPUs without progress.
             rule, words = (

@@ -82,8 +82,15 @@ class WebhookSettings(BaseSettings):
     dra_discovery_interval_seconds: float = Field(default=60.0, gt=0)  # look again for resource.k8s.io
     dra_fetch_timeout_seconds: float = Field(default=1.0, gt=0)  # a claim the watch has not brought yet
     # The GPU pods the webhook admitted (by our label), listed and watched so that a workload's later pods
-    # get its first pods' class. Off by default: the markers that group pods are the tenant's to write.
-    watch_workload_pods: bool = False
+    # get its first pods' class (docs/webhook.md, "One class per workload"). The grouping is the tenant's
+    # to write, so the reuse is bounded: by the pods the workload declared in the object the API server
+    # keeps (a Job's completions, else parallelism...), read when its first pod is admitted and capped here;
+    # by this many pods where no such object is read; and in time from its first admission.
+    watch_workload_pods: bool = True
+    workload_class_max_pods: int = Field(default=1024, gt=0)
+    workload_class_undeclared_pods: int = Field(default=8, gt=0)
+    workload_class_max_age_seconds: float = Field(default=3600.0, gt=0)
+    workload_fetch_timeout_seconds: float = Field(default=1.0, gt=0)  # to read the declared size
 
     # Injection.
     sidecar_mode: Literal["native", "container"] = "native"  # "container" for clusters before 1.29

@@ -208,7 +208,6 @@ def start_webhook(
         "WEBHOOK_TIMEKEEPER_URL": timekeeper.url,
         "WEBHOOK_TIMEKEEPER_TOKEN_FILE": str(folder / "token"),
         "WEBHOOK_STATE_POLL_INTERVAL_SECONDS": "0.2",
-        "WEBHOOK_WATCH_WORKLOAD_PODS": "true",  # opt-in (docs/webhook.md); tests/cluster/test_workloads.py
         "WEBHOOK_SIDECAR_MODE": "container",
         "WEBHOOK_LOG_FORMAT": "json",
     }

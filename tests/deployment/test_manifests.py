@@ -220,6 +220,19 @@ def test_the_timekeeper_may_review_tokens_and_access_and_the_webhook_only_reads_
             "verbs": ["get", "list", "watch"],
         },
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get"]},
+        {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["get"]},
+        {"apiGroups": ["leaderworkerset.x-k8s.io"], "resources": ["leaderworkersets"], "verbs": ["get"]},
+        {
+            "apiGroups": [
+                "scheduling.volcano.sh",
+                "scheduling.run.ai",
+                "scheduling.x-k8s.io",
+                "scheduling.sigs.k8s.io",
+            ],
+            "resources": ["podgroups"],
+            "verbs": ["get"],
+        },
     ]
 
 

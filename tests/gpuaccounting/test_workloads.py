@@ -98,3 +98,12 @@ def test_malformed_metadata_is_a_bare_pod(metadata: Any) -> None:
 
 def test_the_annotation_names_kind_and_name() -> None:
     assert Workload("Job", "train").annotation == "Job/train"
+
+
+def test_a_workload_says_what_named_it_without_being_another_workload() -> None:
+    """The webhook reads a workload's declared size from the object its marker or owner names."""
+    by_owner = workload_of(pod(owners=[JOB]))
+    by_marker = workload_of(pod(annotations={"pod-group-name": "pg"}))
+
+    assert (by_owner.via, by_marker.via) == ("batch/v1", "pod-group-name")
+    assert by_owner == Workload("Job", "train") and hash(by_owner) == hash(Workload("Job", "train"))

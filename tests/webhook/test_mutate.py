@@ -158,6 +158,21 @@ def test_user_supplied_share_annotation_is_overwritten(webhook: Webhook) -> None
     assert patched["metadata"]["annotations"][names.ANNOTATION_GPU_SHARE] == "1"
 
 
+def test_user_supplied_workload_bounds_are_dropped(webhook: Webhook) -> None:
+    """The bounds of a workload's class reuse are the webhook's record alone; without its pod watch (as
+    here) it records none."""
+    planted = {names.ANNOTATION_WORKLOAD_SIZE: "1000", names.ANNOTATION_WORKLOAD_SINCE: "2999-01-01T00:00:00"}
+    job_pod = pod(container("main", {"nvidia.com/gpu": 1}), annotations=planted)
+    job_pod["metadata"]["ownerReferences"] = [
+        {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "u", "controller": True}
+    ]
+
+    annotations = webhook.admit(job_pod)["metadata"]["annotations"]
+
+    assert annotations[names.ANNOTATION_WORKLOAD] == "Job/train"
+    assert not set(planted) & set(annotations)
+
+
 def test_exhausted_namespace_gets_the_reduced_class(webhook: Webhook, publish: Publish) -> None:
     publish(namespaces={"team-a": entry("exhausted")})
     patched = webhook.admit(pod(container("main", {"nvidia.com/gpu": 1})))

@@ -1,18 +1,22 @@
 """One class per workload: the watched view of admitted GPU pods gives a workload's later pods the class of
 its oldest pod, in any budget state, until none of its pods is left; a pod our webhook did not decide never
-speaks for a workload."""
+speaks for a workload. The reuse is bounded: by the pods the workload declared (as its first admission
+recorded them), by time from its first admission, and not at all while the workload is being evicted."""
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from kubernetes_asyncio import client
 
 from gpuaccounting import names
+from gpuaccounting.workloads import Workload
 from tests.webhook.test_priority import IN_BUDGET, REDUCED, catalog, outcome, view
 from webhook.priority import PriorityDecider, PriorityRule
 from webhook.settings import WebhookSettings
-from webhook.workloads import WorkloadClass, WorkloadClasses
+from webhook.workloads import Reuse, WorkloadClass, WorkloadClasses, declared_size
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 SETTINGS = WebhookSettings(watch_priority_classes=False)
@@ -27,6 +31,8 @@ def admitted(
     decided: bool = True,
     decision: str = "in-budget: no class chosen",
     state: str = "in_budget",
+    size: int | None = None,
+    conditions: list[client.V1PodCondition] | None = None,
 ) -> client.V1Pod:
     annotations = {
         names.ANNOTATION_WORKLOAD: workload,
@@ -35,6 +41,9 @@ def admitted(
     }
     if decided:
         annotations[names.ANNOTATION_PRIORITY_DECISION] = decision
+    if size is not None:
+        annotations[names.ANNOTATION_WORKLOAD_SIZE] = str(size)
+        annotations[names.ANNOTATION_WORKLOAD_SINCE] = START.isoformat()
     return client.V1Pod(
         metadata=client.V1ObjectMeta(
             name=f"pod-{uid}",
@@ -44,11 +53,12 @@ def admitted(
             creation_timestamp=START + timedelta(seconds=age),
         ),
         spec=client.V1PodSpec(containers=[], priority_class_name=class_name, priority=7),
+        status=client.V1PodStatus(phase="Running", conditions=conditions),
     )
 
 
 def view_of(*pods: client.V1Pod) -> WorkloadClasses:
-    classes = WorkloadClasses()
+    classes = WorkloadClasses(SETTINGS)
     classes.replace_all(pods)
     return classes
 
@@ -171,3 +181,200 @@ def test_the_first_pod_of_a_workload_is_decided_by_the_budget() -> None:
     )
 
     assert outcome(decision) == (PriorityRule.EXHAUSTED, *REDUCED)
+
+
+# ---- the bounds of reuse ---------------------------------------------------------------------------------
+
+TRAIN = Workload("Job", "train", "batch/v1")
+KEPT_WORDS = "workload-class-kept: workload Job/train keeps class gpu-in-budget"
+
+
+def follower(uid: str, age: int, size: int = 4) -> client.V1Pod:
+    """A later pod that kept the workload's class while its namespace was exhausted."""
+    return admitted(uid, age=age, decision=KEPT_WORDS, state="exhausted", size=size)
+
+
+def reuse(classes: WorkloadClasses, at: int = 60, workload: Workload = TRAIN, **options: bool) -> Reuse:
+    flags = {"arrived_decided": False, "dry_run": False, **options}
+    return classes.admit("team-a", workload, START + timedelta(seconds=at), **flags)
+
+
+@pytest.mark.parametrize(
+    ("kind", "spec", "size"),
+    [
+        ("Job", {"parallelism": 2, "completions": 4}, 2),  # a parallelism raised later declares nothing
+        ("Job", {"parallelism": 4, "completions": 2}, 2),
+        ("Job", {"parallelism": 3}, 3),  # a work queue
+        ("Job", {}, 1),
+        ("Job", {"completions": "4"}, None),
+        ("JobSet", {"replicatedJobs": [{"replicas": 2, "template": {"spec": {"parallelism": 4}}}, {}]}, 9),
+        ("JobSet", {"replicatedJobs": []}, None),
+        ("LeaderWorkerSet", {"replicas": 3, "leaderWorkerTemplate": {"size": 4}}, 12),
+        ("PodGroup", {"minMember": 8}, 8),
+        ("PodGroup", {"minMember": True}, None),
+        ("ReplicaSet", {"replicas": 3}, None),  # not read: the undeclared cap
+    ],
+)
+def test_the_size_a_workloads_object_declares(kind: str, spec: dict[str, object], size: int | None) -> None:
+    assert declared_size(kind, {"spec": spec}) == size
+
+
+def test_a_workload_keeps_its_class_for_as_many_pods_as_it_declared() -> None:
+    """The Job of 4 whose namespace was exhausted after its first 2 pods: the 3rd and 4th keep the class,
+    a 5th (a tenant's pod claiming the Job) is decided by the budget."""
+    classes = view_of(admitted("a", age=1, size=4), admitted("b", age=2, size=4), follower("c", 3))
+
+    third = reuse(classes)
+    assert third.kept is not None and third.kept.pod == "pod-a"
+    assert third.annotations == {
+        names.ANNOTATION_WORKLOAD_SIZE: "4",
+        names.ANNOTATION_WORKLOAD_SINCE: START.isoformat(),  # the workload's first admission, carried on
+    }
+    fifth = reuse(classes)  # the 4th is counted from its admission on, before the watch shows it
+    assert fifth.kept is None and fifth.refused == "has as many pods as it declared (4)"
+    decision = PriorityDecider(SETTINGS, catalog()).decide(
+        {}, view("exhausted"), namespace="team-a", workload="Job/train", refused=fifth.refused
+    )
+    assert outcome(decision) == (PriorityRule.EXHAUSTED, *REDUCED)
+    assert (
+        decision.annotation
+        == "exhausted: namespace exhausted; workload Job/train has as many pods as it declared (4)"
+    )
+
+
+def test_a_recreated_pod_within_the_declared_size_keeps_the_class() -> None:
+    first, crashed = admitted("a", age=1, size=2), follower("b", 2, size=2)
+    classes = view_of(first, crashed)
+    assert reuse(classes, dry_run=True).kept is None
+
+    crashed.status.phase = "Failed"
+    classes.put(crashed)
+
+    assert reuse(classes).kept is not None
+
+
+def test_the_watch_showing_an_admitted_pod_does_not_count_it_twice() -> None:
+    classes = view_of(admitted("a", age=1, size=3))
+    assert reuse(classes).kept is not None  # the 2nd, pending
+    classes.put(follower("b", 2, size=3))  # ... now shown
+
+    assert reuse(classes).kept is not None  # the 3rd
+    assert reuse(classes).refused == "has as many pods as it declared (3)"
+
+
+def test_a_dry_run_or_a_re_invocation_counts_no_pod() -> None:
+    classes = view_of(admitted("a", age=1, size=2))
+    assert reuse(classes, dry_run=True).kept is not None
+    assert reuse(classes).kept is not None  # the 2nd pod ...
+    again = reuse(classes, arrived_decided=True)  # ... re-invoked after another webhook changed it
+    assert again.kept is not None
+
+    # A pod that merely arrives with a decision claims nothing more: the one admission is claimed.
+    assert reuse(classes, arrived_decided=True).refused == "has as many pods as it declared (2)"
+
+
+def test_a_workloads_first_pod_re_invoked_counts_once() -> None:
+    classes = view_of()
+    assert reuse(classes).kept is None  # the first pod, decided by the budget, counted ...
+    assert reuse(classes, arrived_decided=True).kept is None  # ... and re-invoked: no second count
+    classes.put(admitted("a", age=1, size=2))  # the watch shows it
+
+    assert reuse(classes).kept is not None  # the 2nd of 2
+
+
+def test_a_workload_keeps_its_class_only_for_a_while_after_its_first_admission() -> None:
+    classes = view_of(admitted("a", age=1, size=4))
+    limit = SETTINGS.workload_class_max_age_seconds
+
+    assert reuse(classes, at=int(limit)).kept is not None
+    late = reuse(classes, at=int(limit) + 1)
+    assert late.kept is None and late.refused == f"was first admitted more than {limit:g} s ago"
+    # A pod decided afresh starts its own record: its admission, the workload's recorded size.
+    assert late.annotations[names.ANNOTATION_WORKLOAD_SIZE] == "4"
+    assert late.annotations[names.ANNOTATION_WORKLOAD_SINCE] == (
+        START + timedelta(seconds=limit + 1)
+    ).isoformat(timespec="seconds")
+
+
+def test_a_workload_that_recorded_no_size_gets_the_undeclared_cap() -> None:
+    """Pods admitted before the bounds were recorded, and workloads whose object is not read."""
+    settings = WebhookSettings(watch_priority_classes=False, workload_class_undeclared_pods=2)
+    classes = WorkloadClasses(settings)
+    classes.replace_all([admitted("a", age=1)])
+
+    assert classes.admit("team-a", TRAIN, START, arrived_decided=False, dry_run=False).kept is not None
+    refused = classes.admit("team-a", TRAIN, START, arrived_decided=False, dry_run=False)
+    assert refused.refused == "has as many pods as it declared (2)"
+    first = classes.admit(
+        "team-a", Workload("ReplicaSet", "web"), START, arrived_decided=False, dry_run=False
+    )
+    assert first.annotations[names.ANNOTATION_WORKLOAD_SIZE] == "2"
+
+
+def test_a_declared_size_is_capped() -> None:
+    settings = WebhookSettings(watch_priority_classes=False, workload_class_max_pods=3)
+    classes = WorkloadClasses(settings)
+    classes.replace_all([admitted("a", age=1, size=100)])
+
+    assert (
+        classes.admit("team-a", TRAIN, START, arrived_decided=False, dry_run=False).annotations[
+            names.ANNOTATION_WORKLOAD_SIZE
+        ]
+        == "3"
+    )
+
+
+def test_a_bare_pod_or_a_pod_before_the_first_list_records_no_bounds() -> None:
+    assert reuse(view_of(), workload=Workload("Pod", "solo")) == Reuse(None, None, {})
+    assert reuse(WorkloadClasses(SETTINGS)) == Reuse(None, None, {})
+
+
+EVICTED = client.V1PodCondition(type="DisruptionTarget", status="True", reason="EvictionByEvictionAPI")
+
+
+def test_a_workload_being_evicted_passes_its_class_to_no_new_pod() -> None:
+    """The timekeeper's `evict` writes the DisruptionTarget condition before it deletes: from then on the
+    controller's replacements, racing the eviction, are decided by the budget, not by the pods still up."""
+    evicting, sibling = admitted("a", age=1, size=4, conditions=[EVICTED]), admitted("b", age=2, size=4)
+    classes = view_of(evicting, sibling)
+
+    refused = reuse(classes)
+    assert refused.kept is None and refused.refused == "is being evicted"
+    evicting.metadata.deletion_timestamp = START  # deleted, still terminating: still being evicted
+    classes.put(evicting)
+    assert reuse(classes).refused == "is being evicted"
+    classes.remove(evicting)
+    kept = classes.class_of("team-a", "Job/train")
+    assert kept is not None and kept.pod == "pod-b"  # gone: a later pod follows the one left
+
+
+def test_a_pod_being_evicted_is_no_source_and_a_preempted_one_no_eviction() -> None:
+    preempted = client.V1PodCondition(type="DisruptionTarget", status="True", reason="PreemptionByScheduler")
+    going = admitted("a", age=1, size=4, conditions=[preempted])
+    going.metadata.deletion_timestamp = START
+    classes = view_of(admitted("e", age=0, size=4, conditions=[EVICTED]), going)
+
+    assert classes.class_of("team-a", "Job/train") is None
+    classes.remove(admitted("e"))
+    assert classes.class_of("team-a", "Job/train") is None  # the preempted pod is simply gone
+    assert reuse(classes).refused is None
+
+
+def test_a_pod_refused_reuse_is_refused_again_when_re_invoked() -> None:
+    classes = view_of(admitted("a", age=1, size=2), follower("b", 2, size=2))
+    assert reuse(classes).refused == "has as many pods as it declared (2)"
+
+    assert reuse(classes, arrived_decided=True).refused == "has as many pods as it declared (2)"
+
+
+def test_a_refusal_is_logged_unless_a_dry_run(caplog: pytest.LogCaptureFixture) -> None:
+    classes = view_of(admitted("a", age=1, size=1))
+    caplog.set_level(logging.INFO, logger="webhook.workloads")
+
+    reuse(classes, dry_run=True)
+    reuse(classes)
+
+    refusals = [record for record in caplog.records if record.getMessage() == "workload_class_refused"]
+    assert [(r.namespace, r.workload, r.bound) for r in refusals] == [  # type: ignore[attr-defined]
+        ("team-a", "Job/train", "has as many pods as it declared (1)")
+    ]

@@ -170,9 +170,9 @@ class PriorityDecider:
             exhausted = is_over_budget(state)
             context = f"; stale state, last known {state}" if view.freshness == "stale" else ""
         rule, words = self._rule(arrived, namespace, exhausted, policy)
-        if kept is None and refused is not None:
+        if kept is None and refused is not None:  # the words name the workload already
             words += f"; workload {workload} {refused}"
-        if kept is not None and rule != PriorityRule.EXEMPT:
+        elif kept is not None and rule != PriorityRule.EXEMPT:
             # The whole workload runs at one class: a gang split across classes holds GPUs without progress.
             rule, words = (
                 PriorityRule.WORKLOAD_CLASS_KEPT,

@@ -192,7 +192,7 @@ def test_pods_claiming_a_workload_past_its_declared_size_get_the_reduced_class(
         == "exhausted: namespace exhausted; workload Job/train has as many pods as it declared (2)"
     )
     assert stored[1]["metadata"]["annotations"][names.ANNOTATION_WORKLOAD] == "PodGroup/train"
-    assert decision(stored[1]) == "exhausted: namespace exhausted"
+    assert decision(stored[1]) == "exhausted: namespace exhausted; workload PodGroup/train"
 
 
 def test_a_parallelism_raised_after_the_first_admission_is_not_declared(

@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate.utils
 import pytest
 import yaml
 
@@ -39,6 +41,17 @@ OPERATOR_APIS = (
     "monitoring.coreos.com/v1/PrometheusRule",
     "postgresql.cnpg.io/v1/Cluster",
 )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _schemas_parsed_once() -> Iterator[None]:
+    """kubernetes_validate parses its multi-megabyte schema files again on every object it validates;
+    they never change during a run, so each is parsed once."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            kubernetes_validate.utils, "schema_contents", cache(kubernetes_validate.utils.schema_contents)
+        )
+        yield
 
 
 def required(tool: Path | str | None, reason: str) -> Path | str:

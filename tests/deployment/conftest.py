@@ -3,6 +3,7 @@ with the real helm (tests/support/helm.py), once per run."""
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import subprocess
@@ -74,7 +75,15 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 def helm_template(
     *args: str, values: Path | None = None, apis: tuple[str, ...] = OPERATOR_APIS, chart: Path = CHART
 ) -> tuple[dict[str, Any], ...]:
-    """`helm template` of the chart as release gpu-timekeeper in namespace gpu-timekeeper."""
+    """`helm template` of the chart as release gpu-timekeeper in namespace gpu-timekeeper (a copy the
+    caller may change: the same rendering is asked for by many tests, and made once)."""
+    return copy.deepcopy(_helm_template(args, values, apis, chart))
+
+
+@cache
+def _helm_template(
+    args: tuple[str, ...], values: Path | None, apis: tuple[str, ...], chart: Path
+) -> tuple[dict[str, Any], ...]:
     command = ["template", RELEASE, str(chart), "--namespace", "gpu-timekeeper"]
     command += [f"--api-versions={api}" for api in apis]
     command += ["--values", str(values)] if values else []

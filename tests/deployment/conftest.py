@@ -3,13 +3,16 @@ with the real helm (tests/support/helm.py), once per run."""
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate.utils
 import pytest
 import yaml
 
@@ -41,6 +44,17 @@ OPERATOR_APIS = (
 )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _schemas_parsed_once() -> Iterator[None]:
+    """kubernetes_validate parses its multi-megabyte schema files again on every object it validates;
+    they never change during a run, so each is parsed once."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            kubernetes_validate.utils, "schema_contents", cache(kubernetes_validate.utils.schema_contents)
+        )
+        yield
+
+
 def required(tool: Path | str | None, reason: str) -> Path | str:
     """The tool, or skip with one line; never in CI, which must run every test (.ci/run installs them)."""
     if tool is None:
@@ -61,7 +75,15 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 def helm_template(
     *args: str, values: Path | None = None, apis: tuple[str, ...] = OPERATOR_APIS, chart: Path = CHART
 ) -> tuple[dict[str, Any], ...]:
-    """`helm template` of the chart as release gpu-timekeeper in namespace gpu-timekeeper."""
+    """`helm template` of the chart as release gpu-timekeeper in namespace gpu-timekeeper (a copy the
+    caller may change: the same rendering is asked for by many tests, and made once)."""
+    return copy.deepcopy(_helm_template(args, values, apis, chart))
+
+
+@cache
+def _helm_template(
+    args: tuple[str, ...], values: Path | None, apis: tuple[str, ...], chart: Path
+) -> tuple[dict[str, Any], ...]:
     command = ["template", RELEASE, str(chart), "--namespace", "gpu-timekeeper"]
     command += [f"--api-versions={api}" for api in apis]
     command += ["--values", str(values)] if values else []

@@ -25,6 +25,7 @@ from tests.deployment.conftest import (
     render,
 )
 from tests.support.kube_rbac import timekeeper_rules
+from webhook.settings import WebhookSettings
 
 # matchConditions are GA from 1.30: the oldest Kubernetes we support, and the newest schemas we have.
 KUBERNETES_VERSIONS = ["1.30.0", kubernetes_validate.utils.latest_version()]
@@ -322,10 +323,7 @@ def test_priority_classes_rank_in_budget_pods_above_over_budget_ones(build):
 
 def test_priority_classes_match_what_the_webhook_writes_into_pods():
     """The webhook sets priority and preemptionPolicy beside the class; the API server refuses a mismatch."""
-    settings = pytest.importorskip(
-        "webhook.settings", reason="the webhook has not landed yet"
-    ).WebhookSettings
-    defaults = {name: field.default for name, field in settings.model_fields.items()}
+    defaults = {name: field.default for name, field in WebhookSettings.model_fields.items()}
     objects = render("base")
     for prefix in ("in_budget", "over_budget"):
         priority_class = one(objects, "PriorityClass", defaults[f"{prefix}_priority_class"])

@@ -7,6 +7,7 @@ only standard CEL (has, exists, startsWith, in), which Kubernetes' cel-go accept
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import celpy
@@ -71,12 +72,18 @@ def conditions(build: str) -> list[str]:
     ]
 
 
+@cache
+def compiled(expression: str) -> celpy.Runner:
+    """Parsing is most of cel-python's cost; the same few expressions are evaluated on every pod."""
+    environment = celpy.Environment()
+    return environment.program(environment.compile(expression))
+
+
 def admitted_to_webhook(
     expression: str, obj: dict[str, Any] | None, old: dict[str, Any] | None = None
 ) -> bool:
-    environment = celpy.Environment()
-    program = environment.program(environment.compile(expression))
-    result = program.evaluate({"object": celpy.json_to_cel(obj), "oldObject": celpy.json_to_cel(old)})
+    activation = {"object": celpy.json_to_cel(obj), "oldObject": celpy.json_to_cel(old)}
+    result = compiled(expression).evaluate(activation)
     assert isinstance(result, celpy.celtypes.BoolType), f"matchCondition gave {result!r}, not a bool"
     return bool(result)
 

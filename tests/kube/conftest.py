@@ -33,7 +33,14 @@ async def kube(apiserver: KubeApiServer) -> AsyncIterator[KubeClient]:
 
 
 # The app in Kubernetes auth mode: the timekeeper suite's database and app fixtures, with these settings.
-from tests.timekeeper.conftest import app, client, clock, connection, database_url  # noqa: E402, F401
+from tests.timekeeper.conftest import (  # noqa: E402, F401
+    app,
+    built_apps,
+    client,
+    clock,
+    connection,
+    database_url,
+)
 
 
 @pytest.fixture

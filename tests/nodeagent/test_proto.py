@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from grpc_tools import protoc
 
 from nodeagent.podresources.v1 import api_pb2
 from tests.support.processes import REPO_ROOT
@@ -18,7 +19,6 @@ GENERATED = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")
 def test_generated_code_matches_the_vendored_proto(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Regenerate as `python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=.
     nodeagent/podresources/v1/api.proto` from the repository root does."""
-    protoc = pytest.importorskip("grpc_tools.protoc")
     (tmp_path / PACKAGE).mkdir(parents=True)
     shutil.copy(REPO_ROOT / PACKAGE / "api.proto", tmp_path / PACKAGE / "api.proto")
     monkeypatch.chdir(tmp_path)

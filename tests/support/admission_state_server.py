@@ -66,6 +66,8 @@ class StateServer:
 
 def _handler(server: StateServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        disable_nagle_algorithm = True  # headers and body in two writes: no delayed-ACK stall
+
         def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
             return
 

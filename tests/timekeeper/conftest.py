@@ -1,8 +1,10 @@
 """One migrated database per run (alembic upgrade head, once); each test inside a transaction that is
-rolled back at the end; the app called in-process through httpx.ASGITransport."""
+rolled back at the end; the app called in-process through httpx.ASGITransport, built once per settings
+and started afresh (state, metrics, lifespan) for every test."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 
@@ -11,12 +13,14 @@ import pytest
 from fastapi import FastAPI
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, async_sessionmaker
+from starlette.datastructures import State
 
 from tests.support.postgres import url_string
 from tests.support.timekeeper import Api, Tokens, migrated_database
 from timekeeper.app import create_app
 from timekeeper.clock import ManualClock
 from timekeeper.db.session import build_engine
+from timekeeper.metrics import Metrics
 from timekeeper.settings import Settings
 
 # Mid-month, mid-week, midday: far from every period boundary unless a test moves there.
@@ -55,9 +59,40 @@ async def connection(database_url: URL) -> AsyncIterator[AsyncConnection]:
     await engine.dispose()
 
 
+class BuiltApps:
+    """The last few apps create_app built, by their settings, each with its state as built. FastAPI
+    resolves every route's dependencies and models on an app's first requests, which cost more than most
+    tests; an app is code and settings, so tests with the same settings share one."""
+
+    def __init__(self, keep: int = 8) -> None:
+        self.keep = keep
+        self.built: OrderedDict[str, tuple[FastAPI, dict[str, object]]] = OrderedDict()
+
+    def fresh(self, settings: Settings, clock: ManualClock) -> FastAPI:
+        """The app for these settings, its state reset to what create_app gave it (tests replace
+        settings, access and sessionmakers in it), with this test's clock and metrics counted from zero."""
+        key = settings.model_dump_json()
+        if key not in self.built:
+            app = create_app(settings, clock)
+            self.built[key] = (app, dict(app.state._state))
+            while len(self.built) > self.keep:
+                self.built.popitem(last=False)
+        self.built.move_to_end(key)
+        app, state = self.built[key]
+        app.state = State({**state, "clock": clock, "metrics": Metrics()})
+        return app
+
+
+@pytest.fixture(scope="session")
+def built_apps() -> BuiltApps:
+    return BuiltApps()
+
+
 @pytest.fixture
-async def app(settings: Settings, clock: ManualClock, connection: AsyncConnection) -> AsyncIterator[FastAPI]:
-    app = create_app(settings, clock)
+async def app(
+    settings: Settings, clock: ManualClock, connection: AsyncConnection, built_apps: BuiltApps
+) -> AsyncIterator[FastAPI]:
+    app = built_apps.fresh(settings, clock)
     async with app.router.lifespan_context(app):
         # Every request's session joins the test's transaction; its commit only releases a savepoint.
         app.state.sessionmaker = async_sessionmaker(

@@ -187,6 +187,7 @@ async def test_racing_runs_of_one_window_do_the_work_once(
         assert recorded.scalars().all() == [f"replica-{winner}"]
 
 
+@pytest.mark.e2e  # a real `python -m` process over real sockets
 def test_the_scheduler_runs_as_a_process_of_its_own(own_database: URL, tmp_path: Path) -> None:
     env = {
         "TIMEKEEPER_SCHEDULER_LOCK_KEY": "42",  # not the other tests' lock

@@ -72,6 +72,7 @@ def _webhook_process(tls: Tls, state: StateServer) -> Iterator[tuple[int, int]]:
         yield port, child.pid
 
 
+@pytest.mark.e2e  # a real `python -m` process over real sockets
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
 def test_a_100_mb_body_is_refused_without_being_read_whole(
     tls: Tls, state: StateServer, chunked: bool
@@ -261,6 +262,7 @@ def test_reviews_of_10000_containers_do_not_hold_up_a_normal_admission(webhook: 
         assert b"has 10000 containers" in huge_answer
 
 
+@pytest.mark.e2e  # a real `python -m` process over real sockets
 @pytest.mark.parametrize("clients", [150, 1000])
 def test_admissions_on_new_connections_pass_while_a_pod_trickles(
     tls: Tls, state: StateServer, clients: int
@@ -282,6 +284,7 @@ def test_admissions_on_new_connections_pass_while_a_pod_trickles(
     assert sum(outcomes) >= 0.99 * len(outcomes)
 
 
+@pytest.mark.e2e  # a real `python -m` process over real sockets
 def test_10000_sockets_that_never_start_tls_stay_under_the_memory_limit(tls: Tls, state: StateServer) -> None:
     """Issue #27: 4,000 of them took the webhook to 312 MiB (its limit is 256 MiB), and it stayed there."""
     with _webhook_process(tls, state) as (port, pid):

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.support.admission_state_server import run_state_server, snapshot
 from tests.support.pods import container, pod, review
@@ -17,6 +18,7 @@ from tests.support.processes import free_port
 from tests.webhook.conftest import Tls, running_module
 
 
+@pytest.mark.e2e  # a real `python -m` process over real sockets
 def test_module_serves_https_with_the_state_from_the_timekeeper(tls: Tls) -> None:
     port = free_port()
     client = httpx.Client(verify=ssl.create_default_context(cafile=str(tls.ca_file)), timeout=5)

@@ -136,20 +136,14 @@ def uses_gpus(workload: Mapping[str, Any], settings: Settings) -> bool:
     return False
 
 
+@dataclass(frozen=True, slots=True)
 class KueuePriorities:
     """One pass of the action, run by the reconciler after its evictions."""
 
-    def __init__(
-        self,
-        kube: KubeClient,
-        sessionmaker: async_sessionmaker[AsyncSession],
-        settings: Settings,
-        clock: Clock,
-    ) -> None:
-        self.kube = kube
-        self.sessionmaker = sessionmaker
-        self.settings = settings
-        self.clock = clock
+    kube: KubeClient
+    sessionmaker: async_sessionmaker[AsyncSession]
+    settings: Settings
+    clock: Clock
 
     async def run(self, lowered: list[tuple[str, str]], restored: list[tuple[str, str]]) -> None:
         """Give back what no longer needs lowering, then lower what does; nothing where Kueue's Workloads

@@ -102,8 +102,18 @@ def _snapshot(namespaces: int) -> AdmissionSnapshot:
     )
 
 
+# No timekeeper and no API server: the webhook answers on its documented missing-state policy and the
+# settings' class numbers, exactly as fast. In-process and as a process alike, so the sidecar the
+# mutation injects is the one /validate expects.
+NO_TIMEKEEPER = "http://127.0.0.1:9"
+
+
+def _settings() -> WebhookSettings:
+    return WebhookSettings(watch_priority_classes=False, timekeeper_url=NO_TIMEKEEPER)
+
+
 def _mutated(pod: dict[str, Any]) -> dict[str, Any]:
-    app = create_app(WebhookSettings(watch_priority_classes=False))
+    app = create_app(_settings())
     app.state.cache.store(_snapshot(10), '"1"')
     answer = app.state.admission.mutate(_parse(pod).request)
     return jsonpatch.apply_patch(pod, list(answer.patch))
@@ -130,7 +140,7 @@ def _parse(pod: dict[str, Any]) -> AdmissionReview:
 async def _server_side(samples: int, rounds: int = 10) -> dict[str, tuple[list[float], list[float]]]:
     """Wall-clock and CPU time per request, in µs, by kind; the kinds take turns in rounds, so a burst of
     other work on the machine lands on all of them alike. CPU time is what the request itself cost."""
-    app = create_app(WebhookSettings(watch_priority_classes=False))
+    app = create_app(_settings())
     app.state.cache.store(_snapshot(10_000), '"1"')
     calls = {
         f"{path[1:]} {'GPU' if gpu else 'non-GPU'} pod": asgi_caller(app, path, _review(path, gpu))
@@ -192,11 +202,9 @@ def _throughput(seconds: int, connections: int, directory: Path, rounds: int = 5
             body.write_bytes(_review(path, gpu))
             targets[label] = (f"https://127.0.0.1:{webhook_port}{path}", body)
     targets["bare ASGI"] = (f"https://127.0.0.1:{bare_port}/", targets["mutate GPU pod"][1])
-    # No timekeeper and no API server: the webhook answers on its documented missing-state policy and
-    # the settings' class numbers, exactly as fast.
     env = {
         **tls_env,
-        "WEBHOOK_TIMEKEEPER_URL": "http://127.0.0.1:9",
+        "WEBHOOK_TIMEKEEPER_URL": NO_TIMEKEEPER,
         "WEBHOOK_LOG_FORMAT": "json",
         "WEBHOOK_WATCH_PRIORITY_CLASSES": "false",
     }

@@ -138,27 +138,30 @@ def process(
     args: Sequence[str], env: dict[str, str] | None = None, port: int | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Run a child process for the duration of a benchmark, waiting for its port when given."""
-    child = subprocess.Popen(
-        list(args),
-        cwd=REPO_ROOT,
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        if port is not None:
-            try:
-                wait_for_port(port)
-            except TimeoutError:
-                child.kill()
-                raise RuntimeError(f"{args} did not start: {child.stderr.read().decode()[-2000:]}") from None
-        yield child
-    finally:
-        child.terminate()
+    # Its log goes to a file: a pipe no one drains fills up and then blocks the child's next log line.
+    with tempfile.TemporaryFile() as log:
+        child = subprocess.Popen(
+            list(args),
+            cwd=REPO_ROOT,
+            env={**os.environ, **(env or {})},
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
         try:
-            child.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            child.kill()
+            if port is not None:
+                try:
+                    wait_for_port(port)
+                except TimeoutError:
+                    child.kill()
+                    log.seek(0)
+                    raise RuntimeError(f"{args} did not start: {log.read().decode()[-2000:]}") from None
+            yield child
+        finally:
+            child.terminate()
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()
 
 
 PYTHON = sys.executable

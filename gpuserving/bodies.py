@@ -3,6 +3,8 @@ by its Content-Length before a byte is read, else as soon as the streamed (chunk
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -13,8 +15,10 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-# What a refusal that closes the connection reads and throws away of the body still arriving, at most.
+# What a refusal that closes the connection reads and throws away of the body still arriving, at most,
+# and for how long: long enough for the 413 to reach the client, short enough not to hold up a shutdown.
 LINGER_BYTES = 16 * 2**20
+LINGER_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,10 +124,13 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": b""})  # the server closes the connection
 
     async def _linger(self, receive: Receive) -> None:
-        """Read and throw away the body until it ends, the client leaves, or `linger_bytes` are read."""
+        """Read and throw away the body until it ends, the client leaves, `linger_bytes` are read or
+        `LINGER_SECONDS` have passed."""
         thrown = 0
-        while thrown <= self.linger_bytes:
-            message = await receive()
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                return
-            thrown += len(message.get("body", b""))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(LINGER_SECONDS):
+                while thrown <= self.linger_bytes:
+                    message = await receive()
+                    if message["type"] != "http.request" or not message.get("more_body", False):
+                        return
+                    thrown += len(message.get("body", b""))

@@ -1,44 +1,6 @@
-"""The admission-state snapshot: what the timekeeper publishes and every webhook replica caches.
-
-Served at `GET /api/v1/admission-state` with `ETag: "<version>"`; a poll with `If-None-Match` answers 304
-while nothing changed, so polling is cheap. The version only grows.
-
-The TypedDicts below are its one schema: the timekeeper builds the document with them, the webhook
-validates a poll's answer against them (webhook/state.py), `compact` builds it for stand-ins. Shape (JSON):
-    {
-      "version": 42,
-      "generated_at": "2026-11-22T00:00:00Z",
-      "priority_classes": {"in_budget": "gpu-in-budget", "over_budget": "gpu-over-budget"},
-      "priority_policies": [
-        {"exempt_classes": ["system-cluster-critical", "system-node-critical"],
-         "user_classes": "keep_up_to_ceiling", "ceiling": null},
-        {"exempt_classes": [], "user_classes": "replace", "ceiling": null}
-      ],
-      "default": {"state": "in_budget", "max_gpu_share_per_pod": null, "priority_policy": 0},
-      "namespaces": {
-        "team-a": {"state": "exhausted", "max_gpu_share_per_pod": 2.0, "priority_policy": 1},
-        ...
-      }
-    }
-Each entry's `priority_policy` is an index into `priority_policies`, the distinct *resolved* policies (a
-namespace's own, else the cluster default's; the default's own is index 0), so a webhook never merges
-policies itself and a policy shared by 10,000 namespaces is sent once. A namespace absent from
-`namespaces` is governed by `default`: the timekeeper leaves out every namespace whose entry would equal
-the default's (same state, per-pod cap and resolved policy), so the snapshot lists only the namespaces
-that differ. `resolve` turns a snapshot into each namespace's resolved `NamespaceAdmission`, refusing
-one whose index names no policy.
-
-The priority policy (how a GPU pod's PriorityClass is chosen; the webhook applies it):
-- a class in `exempt_classes` is kept in every state, but only in the namespaces an admin lists for it
-  (`exempt_namespaces`, a setting of the webhook and of the timekeeper: `is_exempt`); elsewhere it is
-  governed like any class a user chose;
-- in an exhausted namespace every other GPU pod gets the reduced class, whatever class it arrived with
-  (chosen by its user, or filled in by the Priority plugin from a `globalDefault` PriorityClass);
-- in budget, a pod that arrived with no class of its own (none, or the `globalDefault` one) gets the
-  in-budget class; a class its user chose is replaced by the in-budget class under `replace`, and kept under
-  `keep_up_to_ceiling` only while its value is at most `ceiling` (null: the in-budget class's own value),
-  so a user may lower a pod's priority but never lift it above what policy permits.
-"""
+"""The admission-state snapshot the timekeeper publishes and every webhook replica caches: these TypedDicts
+are its one schema (the timekeeper builds it, the webhook validates a poll's answer, `compact` builds it for
+stand-ins). Its JSON shape and the priority policy it carries: docs/timekeeper.md#admission-state."""
 
 from __future__ import annotations
 

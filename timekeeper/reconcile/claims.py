@@ -1,14 +1,6 @@
-"""What a Dynamic Resource Allocation claim is charged, decided without the API server or the database.
-
-A claim's charge owns the time of its devices: its allocated devices (`status.allocation.devices.results`,
-each joined to its ResourceSlice entry) at each device's share (a MIG device its profile's slices of the
-GPU, consumable capacity the part consumed, `adminAccess` nothing, else 1), weighted by the GPU model
-(a MIG device its parent GPU's), times the time any of its consumers ran. The pods themselves are charged
-only for their GPUs outside claims (usage/admitted.py), so the two never count the same time. A claim the
-scheduler made for an extended resource (`resource.kubernetes.io/extended-resource-claim`) is the pod's
-limit, which the pod's own charge counts: such a claim is never charged. The pass lists the claims and
-slices; the leader's watch adds the claims that came and went between two passes.
-"""
+"""What a Dynamic Resource Allocation claim is charged (its allocated devices at each one's share and weight,
+for the time any consumer ran; never a claim made for an extended resource, which its pod's charge counts),
+decided without the API server or the database. The rule in full: docs/timekeeper.md, "DRA claims"."""
 
 from __future__ import annotations
 

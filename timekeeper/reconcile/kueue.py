@@ -1,15 +1,6 @@
-"""The running-pod action `kueue`: an exhausted namespace's Kueue Workloads lowered in place, and given back.
-
-A Workload's `spec.priority` is mutable (Kueue KEP-973; v1beta1 keeps `priorityClassName` and its source
-immutable while quota is reserved, the number never), so each pass sets it to the value of the reduced
-WorkloadPriorityClass (`kueue_over_budget_priority_class`) on every unfinished GPU Workload above it in an
-exhausted namespace whose budget says `kueue`; Kueue preempts them only when in-budget work needs the
-quota. The value it had is written beside it (annotation `ORIGINAL_ANNOTATION`, label `LOWERED_LABEL`).
-Once the namespace is no longer exhausted (or its action changed), the value is given back — at most
-what the namespace's priority policy allows (its ceiling under `keep_up_to_ceiling`, else the value of
-`kueue_in_budget_priority_class`): the annotation is the tenant's to write too, so it is never believed
-beyond that. A tenant who raises a lowered Workload while exhausted is lowered again by the next pass.
-"""
+"""The running-pod action `kueue`: an exhausted namespace's Kueue Workloads lowered in place to the reduced
+WorkloadPriorityClass's value, and given back once it is not, never above what the priority policy allows
+(the annotation keeping the old value is the tenant's to write too). docs/kubernetes.md, "Kueue Workloads"."""
 
 from __future__ import annotations
 

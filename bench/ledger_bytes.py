@@ -1,6 +1,6 @@
 """Bytes per raw ledger row, column by column: rows written by bench/history.py's bulk loader with the
 figures the ingest code computes for a report, on the test PostgreSQL (TIMEKEEPER_TEST_DATABASE_URL).
-`python -m bench.ledger_bytes [--rows N] [--revision R]`; a few seconds, not a load test."""
+`python -m bench.ledger_bytes [--rows N]`; a few seconds, not a load test."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def figures(gpu: dict[str, Any]) -> dict[str, Any]:
     """The ledger row's figure columns for a one-GPU report, as ingest writes them (the loader's input)."""
     report = ReportIn.model_validate(report_body(start=START, minutes=STEP / 60, gpus=[gpu]))
     row = ledger_row(report, measure(report), Decimal(1), Decimal(1), Rate(Decimal(1)), "NVIDIA-H100")
-    columns = ("gpu_count", "mean_sm_util_pct", "max_mem_used_bytes", "peak_sm_util_pct", "mem_used_bytes")
+    columns = ("mean_sm_util_pct", "peak_sm_util_pct", "mem_used_bytes")
     return {
         **{column: row.get(column) for column in columns},
         "gpus": batch_json(row["gpus"]),
@@ -82,13 +82,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--pods", type=int, default=100)
-    parser.add_argument("--revision", default="head")
     args = parser.parse_args()
     until = START + timedelta(seconds=STEP * -(-args.rows // args.pods))
     for profile, gpu in PROFILES.items():
         url = create_database("gtk_ledger_bytes")
         try:
-            migrate(url, args.revision)
+            migrate(url)
             dsn = url_string(url).replace("postgresql+psycopg", "postgresql")
             generate(dsn, figures(gpu), args.pods, 4, START, until, 6 * 3600)
             table, indexes, data, columns = measure_bytes(dsn)
@@ -96,7 +95,7 @@ def main() -> None:
             drop_database(url)
         pod_day = (table + indexes) * 24 * 3600 / STEP
         print(
-            f"{profile} at {args.revision}: per row table {table:.0f} B + indexes {indexes:.0f} B "
+            f"{profile}: per row table {table:.0f} B + indexes {indexes:.0f} B "
             f"({pod_day:,.0f} B per pod-day), data {data:.0f} B; "
             + ", ".join(f"{name} {size:.1f}" for name, size in columns.items())
         )

@@ -1,7 +1,8 @@
-"""The ledger's per-GPU entries kept positionally: each GPU as its values in the report's field order
-(timekeeper/usage/schemas.py GPU_FIELDS), trailing nulls left out, not as an object repeating 13 keys on
-every row (336 of a 539-byte row; bench/ledger_bytes.py). Plain UPDATEs: they run on a partitioned ledger
-as on a table. Every row holding GPU entries is rewritten once (the ledger doubles until vacuumed).
+"""A slimmer ledger row: the per-GPU entries kept positionally, each GPU as its values in the report's
+field order (timekeeper/usage/schemas.py GPU_FIELDS), trailing nulls left out, not as an object repeating
+13 keys on every row (336 of a 539-byte row; bench/ledger_bytes.py); `gpu_count` and `max_mem_used_bytes`,
+which no answer reads and `gpus` holds, dropped. Plain ALTER TABLE and UPDATE: they run on a partitioned
+ledger as on a table. Every row holding GPU entries is rewritten once (the ledger doubles until vacuumed).
 
 Revision ID: cb6919911663
 Revises: 8e3d7f2a6c15
@@ -10,6 +11,7 @@ Create Date: 2026-11-27 02:00:00.000000
 
 from collections.abc import Sequence
 
+import sqlalchemy as sa
 from alembic import op
 
 revision: str = "cb6919911663"
@@ -55,9 +57,25 @@ WHERE jsonb_typeof(l.gpus -> 0) = 'array'
 """
 
 
+# The dropped figures again, as measure() computed them: the GPUs, the most any one held (the pod's own
+# memory on it where sent, else the device's).
+_POD_MEMORY, _MEMORY = FIELDS.index("pod_mem_used_bytes"), FIELDS.index("mem_used_bytes")
+_FIGURES = f"""
+UPDATE usage_ledger l SET gpu_count = jsonb_array_length(l.gpus), max_mem_used_bytes = (
+    SELECT max(CAST(coalesce(g.e ->> {_POD_MEMORY}, g.e ->> {_MEMORY}) AS bigint))
+    FROM jsonb_array_elements(l.gpus) AS g(e))
+"""
+
+
 def upgrade() -> None:
+    op.drop_column("usage_ledger", "gpu_count")
+    op.drop_column("usage_ledger", "max_mem_used_bytes")
     op.execute(_UPGRADE)
 
 
 def downgrade() -> None:
+    op.add_column("usage_ledger", sa.Column("gpu_count", sa.Integer(), nullable=True))
+    op.add_column("usage_ledger", sa.Column("max_mem_used_bytes", sa.BigInteger(), nullable=True))
+    op.execute(_FIGURES)
+    op.alter_column("usage_ledger", "gpu_count", nullable=False)
     op.execute(_DOWNGRADE)

@@ -147,7 +147,8 @@ def test_the_burn_buckets_are_backfilled_from_the_last_seven_days_of_the_ledger(
 
 def test_the_ledgers_gpu_entries_go_positional_and_back_unchanged() -> None:
     """Migration cb6919911663 rewrites each stored GPU object as ingest now stores it (stored_gpu), read
-    back as the same entry; its downgrade gives back the objects ingest wrote before, key for key."""
+    back as the same entry, and drops the GPU count and largest memory; its downgrade gives back the
+    objects ingest wrote before, key for key, and those figures as measure() computed them."""
     full = GpuFiguresIn.model_validate(
         {
             "uuid": "GPU-shared",
@@ -171,6 +172,7 @@ def test_the_ledgers_gpu_entries_go_positional_and_back_unchanged() -> None:
         2: [{"uuid": "GPU-0", "sm_util_pct": 50.0, "mem_used_bytes": 1, "mem_total_bytes": None}],
         3: [],
     }
+    largest = {1: 1000, 2: 1, 3: None}  # the pod's own memory on a GPU where sent, else the device's
     url = create_database("gtk_gpus_positional")
     try:
         migrate(url)
@@ -183,8 +185,9 @@ def test_the_ledgers_gpu_entries_go_positional_and_back_unchanged() -> None:
                     sa.text(
                         "INSERT INTO usage_ledger (namespace, pod, pod_uid, seq, interval_start, "
                         "interval_end, gpu_share, charged, gpu_minutes, final, gpu_count, gpus, "
-                        "charge_share) VALUES ('team-a', 'p', 'uid-p', :seq, :start, :end, 1, "
-                        "tstzmultirange(tstzrange(:start, :end)), 0.5, false, :count, :gpus, 1)"
+                        "max_mem_used_bytes, charge_share) VALUES ('team-a', 'p', 'uid-p', :seq, :start, "
+                        ":end, 1, tstzmultirange(tstzrange(:start, :end)), 0.5, false, :count, :gpus, "
+                        ":largest, 1)"
                     ).bindparams(sa.bindparam("gpus", type_=JSONB)),
                     {
                         "seq": seq,
@@ -192,6 +195,7 @@ def test_the_ledgers_gpu_entries_go_positional_and_back_unchanged() -> None:
                         "end": start + timedelta(seconds=30 * seq + 30),
                         "count": len(gpus),
                         "gpus": gpus,
+                        "largest": largest[seq],
                     },
                 )
 
@@ -202,12 +206,19 @@ def test_the_ledgers_gpu_entries_go_positional_and_back_unchanged() -> None:
 
         migrate(url)
         upgraded = stored()
+        with engine.connect() as connection:
+            columns = {column["name"] for column in sa.inspect(connection).get_columns("usage_ledger")}
         migrate(url, "8e3d7f2a6c15")
         downgraded = stored()
+        with engine.connect() as connection:
+            rows = connection.execute(sa.text("SELECT seq, gpu_count, max_mem_used_bytes FROM usage_ledger"))
+            figures = {row.seq: (row.gpu_count, row.max_mem_used_bytes) for row in rows}
         engine.dispose()
     finally:
         drop_database(url)
 
+    assert not {"gpu_count", "max_mem_used_bytes"} & columns
+    assert figures == {seq: (len(gpus), largest[seq]) for seq, gpus in written.items()}
     assert upgraded == {
         1: [stored_gpu(full), stored_gpu(lost)],
         2: [["GPU-0", 50.0, 1]],

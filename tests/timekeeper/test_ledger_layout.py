@@ -21,7 +21,7 @@ from timekeeper.clock import ManualClock
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 _spec = importlib.util.spec_from_file_location(
-    "slim_ledger", REPO_ROOT / "migrations/versions/20261127_cb6919911663_ledger_gpus_positional.py"
+    "slim_ledger", REPO_ROOT / "migrations/versions/20261127_cb6919911663_slimmer_ledger_row.py"
 )
 assert _spec is not None and _spec.loader is not None
 MIGRATION = importlib.util.module_from_spec(_spec)

@@ -45,6 +45,7 @@ from timekeeper.app import create_app
 from timekeeper.clock import ManualClock
 from timekeeper.periodic.jobs import JOBS_BY_NAME, run_job
 from timekeeper.settings import Settings
+from timekeeper.store.usage.repository import INSERT_LEDGER
 
 STEP = 30  # seconds between a pod's reports
 MODEL = "NVIDIA H100 80GB HBM3"
@@ -66,7 +67,8 @@ def _share(slot: int) -> float:
     return 1.0 if slot % 2 == 0 else 0.5
 
 
-# The same pods in SQL: one row per slot and tick in [since, until), as ingest would store each report.
+# The same pods in SQL: one row per slot and tick in [since, until), as ingest would store each report
+# (the ledger's columns in INSERT_LEDGER's order, as ingest's insert selects them).
 _SLOTS = (
     "SELECT i AS slot, %(namespace_prefix)s || (i %% %(namespaces)s) AS namespace, "
     "%(unit)s * (1 + i %% 8) AS life, (i::bigint * 7919 * %(step)s) %% (%(unit)s * (1 + i %% 8)) AS phase, "
@@ -81,12 +83,10 @@ _GENERATED = (
     "((t.e + s.phase) %% s.life) / %(step)s + 1 AS seq, t.t AS interval_start, "
     "t.t + make_interval(secs => %(step)s) AS interval_end, s.share, "
     "(t.e + s.phase) %% s.life + %(step)s = s.life AS final FROM slots s CROSS JOIN ticks t), "
-    "ledger AS (INSERT INTO usage_ledger (namespace, pod, pod_uid, seq, interval_start, interval_end, "
-    "gpu_share, charged, gpu_minutes, final, received_at, gpu_count, mean_sm_util_pct, max_mem_used_bytes, "
-    "gpus, peak_sm_util_pct, mem_used_bytes, mean_power_w, gpu_status_bits, charge_share, gpu_model) "
+    f"ledger AS ({INSERT_LEDGER} "
     "SELECT namespace, pod, pod_uid, seq, interval_start, interval_end, share, "
     "tstzmultirange(tstzrange(interval_start, interval_end)), share * %(step)s / 60, final, "
-    "interval_end + interval '1 second', %(gpu_count)s, %(mean_sm_util_pct)s, %(max_mem_used_bytes)s, "
+    "interval_end + interval '1 second', %(mean_sm_util_pct)s, "
     "CAST(%(gpus)s AS jsonb), %(peak_sm_util_pct)s, %(mem_used_bytes)s, %(mean_power_w)s, "
     "%(gpu_status_bits)s, share, %(gpu_model)s FROM g), "
     "coverage AS (INSERT INTO pod_coverage (pod_uid, namespace, pod, covered, last_seq, last_report_at, "
@@ -107,9 +107,7 @@ _GENERATED = (
 )
 # The columns a report's row takes from its figures: copied from a row the real ingest wrote.
 _FIGURE_COLUMNS = (
-    "gpu_count",
     "mean_sm_util_pct",
-    "max_mem_used_bytes",
     "gpus",
     "peak_sm_util_pct",
     "mem_used_bytes",

@@ -55,10 +55,10 @@ def seed(dsn: str, namespaces: int, pods: int = 0) -> None:
         if pods:
             connection.execute(
                 "INSERT INTO usage_ledger (namespace, pod, pod_uid, seq, interval_start, interval_end,"
-                " gpu_share, charged, gpu_minutes, final, gpu_count, gpus, charge_share)"
+                " gpu_share, charged, gpu_minutes, final, gpus, charge_share)"
                 " SELECT 'bench-' || n, 'pod-' || p, 'uid-' || n || '-' || p, s,"
                 " t - interval '30 seconds', t, 1, tstzmultirange(tstzrange(t - interval '30 seconds', t)),"
-                " 0.5, false, 1, '[]', 1 FROM generate_series(0, %s) AS n, generate_series(1, %s) AS p,"
+                " 0.5, false, '[]', 1 FROM generate_series(0, %s) AS n, generate_series(1, %s) AS p,"
                 " generate_series(0, 719) AS s,"
                 " LATERAL (SELECT now() - s * interval '30 seconds' AS t) AS at",
                 (BUDGET_NAMESPACES - 1, pods),

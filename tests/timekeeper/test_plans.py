@@ -49,9 +49,7 @@ REPORT = {
     "gpu_share": "0.5",
     "gpu_minutes": "0.25",
     "charge_share": "0.5",
-    "gpu_count": 1,
     "mean_sm_util_pct": 50.0,
-    "max_mem_used_bytes": 1,
     "gpus": [],
     "peak_sm_util_pct": 50.0,
     "mem_used_bytes": 1,
@@ -83,9 +81,9 @@ _GROWN = (
     "tstzmultirange(tstzrange(now() - interval '2 minutes', now())), 4, now(), false "
     "FROM generate_series(2, 5000) AS i",
     "INSERT INTO usage_ledger (namespace, pod, pod_uid, seq, interval_start, interval_end, gpu_share, "
-    "charged, gpu_minutes, final, gpu_count, gpus, charge_share) "
+    "charged, gpu_minutes, final, gpus, charge_share) "
     "SELECT 'ns-' || (i % 10000), 'pod-' || i, 'uid-' || i, s, t, t + interval '30 seconds', 1, "
-    "tstzmultirange(tstzrange(t, t + interval '30 seconds')), 0.5, false, 1, '[]', 1 "
+    "tstzmultirange(tstzrange(t, t + interval '30 seconds')), 0.5, false, '[]', 1 "
     "FROM generate_series(2, 5000) AS i, generate_series(1, 4) AS s, "
     "LATERAL (SELECT now() - s * interval '30 seconds' AS t) AS at",
     "INSERT INTO budget_pools (name, budget_gpu_minutes, period, warn_at_fraction, namespace_selector, "

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from tests.support.timekeeper import Api, ok
 from tests.timekeeper.conftest import START
 from timekeeper.clock import ManualClock
+from timekeeper.usage.schemas import GpuFiguresIn, gpu_entry
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -151,9 +152,12 @@ async def test_the_ledger_keeps_the_measured_figures_beside_the_charge(
     ok(await api.report(seq=1, start=at(0), minutes=1, gpu_share=3, gpus=gpus, final=True))
 
     row = (await connection.execute(sa.text("SELECT * FROM usage_ledger"))).one()
-    assert (row.gpu_count, float(row.mean_sm_util_pct), row.max_mem_used_bytes) == (3, 40.0, 700)
+    assert (float(row.mean_sm_util_pct), row.mem_used_bytes) == (40.0, 800)
     assert row.final is True
-    assert [gpu["uuid"] for gpu in row.gpus] == ["GPU-a", "GPU-b", "GPU-c"]
+    assert [gpu_entry(gpu) for gpu in row.gpus] == [
+        GpuFiguresIn.model_validate(gpu).model_dump() for gpu in gpus
+    ]
+    assert row.gpus[2] == ["GPU-c"]  # kept positionally, trailing nulls left out
 
 
 async def test_the_ledger_keeps_each_gpus_status_identity_and_the_pods_own_figures(
@@ -186,8 +190,8 @@ async def test_the_ledger_keeps_each_gpus_status_identity_and_the_pods_own_figur
     ok(await api.report(seq=1, start=at(0), minutes=1, gpus=gpus))
 
     row = (await connection.execute(sa.text("SELECT * FROM usage_ledger"))).one()
-    assert (float(row.mean_sm_util_pct), row.max_mem_used_bytes) == (25.0, 1000)
-    shared, lost = row.gpus
+    assert (float(row.mean_sm_util_pct), row.mem_used_bytes) == (25.0, 1000)
+    shared, lost = map(gpu_entry, row.gpus)
     assert {
         k: shared[k] for k in ("status", "name", "pod_sm_util_pct", "pod_mem_used_bytes", "pod_processes")
     } == {

@@ -29,10 +29,8 @@ def _own_peak(gpu: GpuFiguresIn) -> float | None:
 class Measured:
     """One report's figures over the GPUs the sidecar could read, the pod's own where known."""
 
-    gpu_count: int
     mean_sm_util_pct: float | None  # mean over the GPUs
     peak_sm_util_pct: float | None  # largest over the GPUs
-    max_mem_used_bytes: int | None  # the most any one GPU held
     mem_used_bytes: int | None  # the pod's memory on all its GPUs together
     mean_power_w: Decimal | None  # all its GPUs' energy over the interval's seconds
     gpu_status_bits: int
@@ -46,10 +44,8 @@ def measure(report: ReportIn) -> Measured:
     energy = [gpu.energy_joules for gpu in gpus if gpu.energy_joules is not None]
     seconds = Decimal((report.interval_end - report.interval_start) // _ONE_MICROSECOND) / _MICROSECONDS
     return Measured(
-        gpu_count=len(gpus),
         mean_sm_util_pct=sum(utils) / len(utils) if utils else None,
         peak_sm_util_pct=max(peaks) if peaks else None,
-        max_mem_used_bytes=max(memory) if memory else None,
         mem_used_bytes=sum(memory) if memory else None,
         mean_power_w=sum(Decimal(str(e)) for e in energy) / seconds if energy else None,
         gpu_status_bits=status_bits([gpu.status for gpu in gpus if gpu.status is not None]),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from decimal import Decimal
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
@@ -47,6 +47,25 @@ class GpuFiguresIn(BaseModel):
     pod_sm_util_max_pct: Percent | None = None
     pod_mem_used_bytes: Bytes | None = None
     pod_processes: Annotated[StrictInt, Field(ge=0, le=1_000_000)] | None = None
+    # New fields go last: the ledger keeps each entry positionally (stored_gpu).
+
+
+# The ledger's `gpus` holds each entry as its values in this order, trailing nulls left out: the keys
+# repeated on every row were most of a row's bytes (bench/ledger_bytes.py).
+GPU_FIELDS = tuple(GpuFiguresIn.model_fields)
+
+
+def stored_gpu(gpu: GpuFiguresIn) -> list[Any]:
+    """A GPU entry as the ledger's `gpus` keeps it: its values in GPU_FIELDS order, without trailing nulls."""
+    values = list(gpu.model_dump().values())
+    while values and values[-1] is None:
+        values.pop()
+    return values
+
+
+def gpu_entry(stored: list[Any]) -> dict[str, Any]:
+    """A ledger `gpus` element as the GPU entry it keeps, every field named (None where not sent)."""
+    return dict(zip(GPU_FIELDS, stored + [None] * (len(GPU_FIELDS) - len(stored)), strict=True))
 
 
 class ReportIn(BaseModel):

@@ -40,7 +40,7 @@ from timekeeper.usage.planning import (
     plan_charges,
     plan_totals,
 )
-from timekeeper.usage.schemas import ReportIn, UsageOut, UsageRow
+from timekeeper.usage.schemas import ReportIn, UsageOut, UsageRow, stored_gpu
 
 log = logging.getLogger(__name__)
 
@@ -133,10 +133,8 @@ def ledger_row(
         "gpu_minutes": str(gpu_minutes),
         "charge_share": str(rate.charge_share),
         "gpu_model": gpu_model,
-        "gpu_count": measured.gpu_count,
         "mean_sm_util_pct": measured.mean_sm_util_pct,
-        "max_mem_used_bytes": measured.max_mem_used_bytes,
-        "gpus": [gpu.model_dump() for gpu in report.gpus],
+        "gpus": [stored_gpu(gpu) for gpu in report.gpus],
         "peak_sm_util_pct": measured.peak_sm_util_pct,
         "mem_used_bytes": measured.mem_used_bytes,
         "mean_power_w": None if measured.mean_power_w is None else str(measured.mean_power_w),

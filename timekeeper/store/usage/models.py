@@ -11,7 +11,6 @@ from sqlalchemy import (
     Boolean,
     DateTime,
     Index,
-    Integer,
     Numeric,
     SmallInteger,
     Text,
@@ -54,9 +53,8 @@ class LedgerEntry(Base):
     gpu_minutes: Mapped[Decimal] = mapped_column(GPU_MINUTES)
     final: Mapped[bool] = mapped_column(Boolean)
     received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
-    gpu_count: Mapped[int] = mapped_column(Integer)
     mean_sm_util_pct: Mapped[Decimal | None] = mapped_column(Numeric(6, 3))
-    max_mem_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    # Each GPU entry of the report as its values in order (usage/schemas.py: stored_gpu, gpu_entry).
     gpus: Mapped[Any] = mapped_column(JSONB)
     # The figures the usage answers add up (domain/measurements.py): per second of charged time, utilisation,
     # memory on all the pod's GPUs and mean power; the GPU statuses seen as one bit each.

@@ -49,9 +49,9 @@ _PODS = (
 _REPORTS = (
     "jsonb_to_recordset(CAST(%(reports)s AS jsonb)) AS r(pod_uid text, namespace text, pod text, seq bigint, "
     "interval_start timestamptz, interval_end timestamptz, final boolean, gpu_share numeric, "
-    "gpu_minutes numeric, gpu_count integer, mean_sm_util_pct double precision, max_mem_used_bytes bigint, "
-    "gpus jsonb, peak_sm_util_pct double precision, mem_used_bytes bigint, mean_power_w numeric, "
-    "gpu_status_bits smallint, charge_share numeric, gpu_model text, covers boolean)"
+    "gpu_minutes numeric, mean_sm_util_pct double precision, gpus jsonb, peak_sm_util_pct double precision, "
+    "mem_used_bytes bigint, mean_power_w numeric, gpu_status_bits smallint, charge_share numeric, "
+    "gpu_model text, covers boolean)"
 )
 # Creates each pod's row on its first report and locks it; answers the pieces of each interval not yet
 # charged, one row each (one row of NULLs for a report whose time is all charged already). A pod_uid
@@ -87,6 +87,29 @@ _REPEATED = (
     f"SELECT r.pod_uid FROM {_PODS} WHERE EXISTS (SELECT FROM usage_ledger l WHERE l.pod_uid = r.pod_uid "
     "AND l.seq = r.seq AND l.interval_start = r.interval_start AND l.interval_end = r.interval_end OFFSET 0)"
 )
+# A ledger row's columns, in the order ingest's insert and bench/history.py's bulk loader select them.
+LEDGER_COLUMNS = (
+    "namespace",
+    "pod",
+    "pod_uid",
+    "seq",
+    "interval_start",
+    "interval_end",
+    "gpu_share",
+    "charged",
+    "gpu_minutes",
+    "final",
+    "received_at",
+    "mean_sm_util_pct",
+    "gpus",
+    "peak_sm_util_pct",
+    "mem_used_bytes",
+    "mean_power_w",
+    "gpu_status_bits",
+    "charge_share",
+    "gpu_model",
+)
+INSERT_LEDGER = f"INSERT INTO usage_ledger ({', '.join(LEDGER_COLUMNS)})"
 # One statement: each report's ledger row, charged the part of its interval its pod has not covered,
 # and that interval added to its pod's coverage (reports whose time is all charged already add none).
 # Every part of a statement reads one snapshot, so the insert reads each pod's coverage as it was before
@@ -100,13 +123,11 @@ _CHARGE = (
     "r.interval_end)), last_seq = r.seq, pod = r.pod, final = p.final OR r.final "
     "FROM r WHERE r.covers AND p.pod_uid = r.pod_uid "
     "AND p.pod_uid = ANY(ARRAY(SELECT pod_uid FROM r WHERE covers))) "
-    "INSERT INTO usage_ledger (namespace, pod, pod_uid, seq, interval_start, interval_end, gpu_share, "
-    "charged, gpu_minutes, final, received_at, gpu_count, mean_sm_util_pct, max_mem_used_bytes, gpus, "
-    "peak_sm_util_pct, mem_used_bytes, mean_power_w, gpu_status_bits, charge_share, gpu_model) "
+    f"{INSERT_LEDGER} "
     "SELECT r.namespace, r.pod, r.pod_uid, r.seq, r.interval_start, r.interval_end, r.gpu_share, "
     "tstzmultirange(tstzrange(r.interval_start, r.interval_end)) "
     "- (SELECT c.covered FROM pod_coverage c WHERE c.pod_uid = r.pod_uid), r.gpu_minutes, r.final, "
-    "CAST(%(now)s AS timestamptz), r.gpu_count, r.mean_sm_util_pct, r.max_mem_used_bytes, r.gpus, "
+    "CAST(%(now)s AS timestamptz), r.mean_sm_util_pct, r.gpus, "
     "r.peak_sm_util_pct, r.mem_used_bytes, r.mean_power_w, r.gpu_status_bits, r.charge_share, r.gpu_model "
     "FROM r ON CONFLICT ON CONSTRAINT uq_usage_ledger_report DO NOTHING"
 )

@@ -65,10 +65,13 @@ def test_the_migration_seeds_the_default_budget_and_the_snapshot_version(engine:
     assert (default.budget_gpu_minutes, default.period, version) == (None, "monthly", 1)
 
 
-def test_the_ledger_is_vacuumed_after_two_percent_of_its_rows_are_dead(engine: sa.Engine) -> None:
+@pytest.mark.parametrize("partition", ["usage_ledger_before", "usage_ledger_default"])
+def test_the_ledger_partitions_emptied_by_delete_are_vacuumed_after_two_percent_dead(
+    engine: sa.Engine, partition: str
+) -> None:
     with engine.connect() as connection:
         options = connection.execute(
-            sa.text("SELECT reloptions FROM pg_class WHERE oid = 'usage_ledger'::regclass")
+            sa.text("SELECT reloptions FROM pg_class WHERE oid = CAST(:name AS regclass)"), {"name": partition}
         ).scalar_one()
 
     assert sorted(options or []) == [

@@ -32,6 +32,7 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
+from tests.support.partitions import partition_days_from
 from tests.support.postgres import REPO_ROOT
 from tests.support.throwaway_postgres import ThrowawayPostgres, throwaway_postgres
 from tests.support.timekeeper import Tokens, bearer, migrate, ok, report_body
@@ -153,19 +154,6 @@ def _boundary(now: datetime) -> datetime:
     return midnight if now - midnight >= INTERVALS * INTERVAL else midnight - timedelta(days=1)
 
 
-def _partition_at(db: psycopg.Connection[tuple[object, ...]], midnight: datetime) -> None:
-    """The fresh ledger's partitions with a boundary at `midnight`: before it, and its day."""
-    db.execute("DROP TABLE usage_ledger_before")
-    db.execute(
-        "CREATE TABLE usage_ledger_before PARTITION OF usage_ledger "
-        f"FOR VALUES FROM (MINVALUE) TO ('{midnight.isoformat()}')"
-    )
-    db.execute(
-        f"CREATE TABLE IF NOT EXISTS usage_ledger_p{midnight:%Y%m%d} PARTITION OF usage_ledger "
-        f"FOR VALUES FROM ('{midnight.isoformat()}') TO ('{(midnight + timedelta(days=1)).isoformat()}')"
-    )
-
-
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -285,7 +273,7 @@ async def test_charges_equal_ground_truth_through_drops_duplicates_and_restarts(
     tally = Tally()
     rng = random.Random(20261122)
     with psycopg.connect(postgres.url.replace("+psycopg", "")) as db:
-        _partition_at(db, midnight)
+        partition_days_from(db, midnight, 1)
         for model, weight, since in WEIGHTS:  # set before the pods ran, as an admin would have
             db.execute(
                 "INSERT INTO gpu_weights (model, effective_from, weight, set_by) "

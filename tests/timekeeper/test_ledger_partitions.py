@@ -4,17 +4,26 @@ partition of its own lands in the default partition and still counts exactly onc
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from fastapi import FastAPI
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from tests.support.timekeeper import Api, ok
+from tests.support.postgres import url_string
+from tests.support.timekeeper import Api, migrated_database, ok
 from tests.timekeeper.test_scheduler_jobs import run, scalar
 from timekeeper.clock import ManualClock
+from timekeeper.db.session import build_engine, build_sessionmaker
+from timekeeper.periodic.jobs import JOBS_BY_NAME, run_job
+from timekeeper.settings import Settings
+from timekeeper.store.usage import partitions
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -148,3 +157,59 @@ async def test_a_report_for_a_day_without_partition_lands_in_the_default_and_upk
     ok(await api.report(pod="a", pod_uid="uid-a", seq=2, start=day, end=day + timedelta(minutes=1)))
     assert [p for _, p in await partition_of_rows(connection)] == ["usage_ledger_default"] * 2
     assert await scalar(connection, "SELECT count(*) FROM usage_ledger") == 2
+
+
+@pytest.fixture
+def own_database() -> Iterator[URL]:
+    """A database of its own: these tests commit, and lock the ledger from several connections."""
+    with migrated_database("gtk_partition_locks") as url:
+        yield url
+
+
+async def test_the_drop_never_queues_ingest_behind_a_long_read_and_retries_later(
+    own_database: URL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(partitions, "LOCK_PATIENCE", 1.0)
+    engine = build_engine(url_string(own_database), pool_size=3)
+    sessionmaker = build_sessionmaker(engine)
+    settings = Settings(database_url=url_string(own_database), scheduler_enabled=False)
+    clock = ManualClock(at(-60))
+    try:
+        await run_job(JOBS_BY_NAME["partitions"], sessionmaker, settings, clock, "test")
+        async with engine.begin() as connection:
+            await connection.execute(sa.text(_LEDGER_ROW), {"seq": 1, "start": at(-2), "end": at(-1)})
+        clock.set(at(15) + timedelta(days=7))
+        async with engine.connect() as reader, engine.connect() as writer:
+            await reader.execute(sa.text("SELECT count(*) FROM usage_ledger"))  # holds it until it ends
+            rolling = asyncio.create_task(run_job(JOBS_BY_NAME["rollup"], sessionmaker, settings, clock, "t"))
+            await asyncio.sleep(0.3)
+            # A report meanwhile: not queued behind the roll-up's ACCESS EXCLUSIVE (it never queues).
+            await writer.execute(sa.text("SET lock_timeout = '200ms'"))
+            await writer.execute(sa.text(_LEDGER_ROW), {"seq": 2, "start": at(60), "end": at(61)})
+            await writer.commit()
+            with pytest.raises(DBAPIError, match="could not obtain lock"):
+                await rolling
+            await reader.rollback()
+        rolled = await run_job(JOBS_BY_NAME["rollup"], sessionmaker, settings, clock, "test")
+
+        assert rolled.detail is not None
+        assert (
+            rolled.detail["folded_rows"],
+            "usage_ledger_p20300209" in rolled.detail["partitions_dropped"],
+        ) == (
+            1,
+            True,
+        )
+        async with engine.connect() as connection:
+            left = await connection.execute(sa.text("SELECT seq FROM usage_ledger"))
+            assert left.scalars().all() == [2]
+    finally:
+        await engine.dispose()
+
+
+_LEDGER_ROW = (
+    "INSERT INTO usage_ledger (namespace, pod, pod_uid, seq, interval_start, interval_end, gpu_share, "
+    "charged, gpu_minutes, final, gpu_count, gpus, charge_share) "
+    "VALUES ('team-a', 'a', 'uid-a', :seq, :start, :end, 1, tstzmultirange(tstzrange(:start, :end)), 1, "
+    "false, 1, '[]', 1)"
+)

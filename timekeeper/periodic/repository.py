@@ -16,7 +16,13 @@ from timekeeper.periodic.models import JobRun
 from timekeeper.store.locks import by_namespace
 from timekeeper.store.states.models import NamespaceStatus
 from timekeeper.store.usage.models import RUNNING_POD, PodCoverage
-from timekeeper.store.usage.partitions import LOCK_TIMEOUT, partitions
+from timekeeper.store.usage.partitions import (
+    DEFAULT_PARTITION,
+    LOCK_TIMEOUT,
+    PARENT,
+    lock_exclusively,
+    partitions,
+)
 
 __all__ = ["RUNNING_POD", "SchedulerRepository"]
 # Ledger rows are folded, their charged time split at hour boundaries and added to the (pod, hour, share,
@@ -140,24 +146,27 @@ class SchedulerRepository:
         dropped (no dead rows, nothing to vacuum); the default and pre-partitioning partitions' rows by
         DELETE. A day partition still partly after the cutoff waits for a later window."""
         await self.session.execute(sa.text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
+        found = await partitions(self.session)
+        whole = [p for p in found if p.upper is not None and p.upper <= cutoff]
+        deleting = [p for p in found if p.lower is None and p not in whole]
         folded = hours = 0
-        dropped = []
-        for partition in await partitions(self.session):
-            if partition.upper is not None and partition.upper <= cutoff:
-                # SHARE: a late report for this day waits for the drop and then lands in the default.
-                await self.session.execute(sa.text(f"LOCK TABLE ONLY {partition.quoted} IN SHARE MODE"))
-                statement = _fold(f"SELECT {_FOLDED_COLUMNS} FROM ONLY {partition.quoted}")
-            elif partition.lower is None:
-                statement = _fold(
-                    f"DELETE FROM ONLY {partition.quoted} WHERE interval_end <= :cutoff "
-                    f"RETURNING {_FOLDED_COLUMNS}"
-                )
-            else:
-                continue
+        for partition in deleting:
+            statement = _fold(
+                f"DELETE FROM ONLY {partition.quoted} WHERE interval_end <= :cutoff "
+                f"RETURNING {_FOLDED_COLUMNS}"
+            )
             row = (await self.session.execute(statement, {"cutoff": cutoff})).one()
             folded, hours = folded + int(row.folded), hours + int(row.hours)
-            if partition.upper is not None and partition.upper <= cutoff:
-                # ACCESS EXCLUSIVE on the parent (and the default partition) until the commit just after.
+        for partition in whole:
+            # SHARE until the drop: a late report for that day waits, holding the parent's lock, so the
+            # drop cannot happen under it (lock_exclusively retries, or gives up and the report goes in).
+            await self.session.execute(sa.text(f"LOCK TABLE ONLY {partition.quoted} IN SHARE MODE"))
+            statement = _fold(f"SELECT {_FOLDED_COLUMNS} FROM ONLY {partition.quoted}")
+            row = (await self.session.execute(statement)).one()
+            folded, hours = folded + int(row.folded), hours + int(row.hours)
+        if whole:
+            # ACCESS EXCLUSIVE on the parent, the default partition and the days until the commit just after.
+            await lock_exclusively(self.session, [PARENT, DEFAULT_PARTITION, *(p.name for p in whole)])
+            for partition in whole:
                 await self.session.execute(sa.text(f"DROP TABLE {partition.quoted}"))
-                dropped.append(partition.name)
-        return RolledUp(folded, hours, dropped)
+        return RolledUp(folded, hours, [p.name for p in whole])

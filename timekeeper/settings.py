@@ -214,7 +214,8 @@ class Settings(BaseSettings):
         "once the whole day is older (so raw rows stay up to a day longer), then dropped.",
     )
     partitions_interval: timedelta = Field(
-        default=timedelta(hours=1), description="Ledger partition upkeep job period."
+        default=timedelta(minutes=10),
+        description="Ledger partition upkeep job period (a no-op while the days ahead exist).",
     )
     ledger_partitions_ahead: int = Field(
         default=3,

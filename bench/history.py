@@ -444,8 +444,10 @@ def sizes(dsn: str) -> dict[str, tuple[int, int, int, int, int, int]]:
     with psycopg.connect(dsn) as connection:
         rows = connection.execute(
             "SELECT CASE WHEN relname LIKE 'usage_ledger%%' THEN 'usage_ledger' ELSE relname END, "
-            "sum(pg_table_size(relid)), sum(pg_indexes_size(relid)), sum(n_live_tup), sum(n_dead_tup), "
-            "sum(autovacuum_count), sum(autoanalyze_count) FROM pg_stat_user_tables "
+            "sum(pg_table_size(relid))::bigint, sum(pg_indexes_size(relid))::bigint, "
+            "sum(n_live_tup)::bigint, sum(n_dead_tup)::bigint, "
+            "sum(autovacuum_count)::bigint, sum(autoanalyze_count)::bigint "
+            "FROM pg_stat_user_tables "
             "WHERE relname LIKE 'usage_ledger%%' "
             "OR relname IN ('usage_hourly', 'pod_coverage', 'usage_totals', 'usage_burn') GROUP BY 1"
         ).fetchall()

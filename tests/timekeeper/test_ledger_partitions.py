@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from tests.support.postgres import url_string
 from tests.support.timekeeper import Api, migrated_database, ok
 from tests.timekeeper.test_scheduler_jobs import run, scalar
+from timekeeper.app import create_app
 from timekeeper.clock import ManualClock
 from timekeeper.db.session import build_engine, build_sessionmaker
 from timekeeper.periodic.jobs import JOBS_BY_NAME, run_job
@@ -213,3 +214,14 @@ _LEDGER_ROW = (
     "VALUES ('team-a', 'a', 'uid-a', :seq, :start, :end, 1, tstzmultirange(tstzrange(:start, :end)), 1, "
     "false, 1, '[]', 1)"
 )
+
+
+async def test_a_replica_creates_the_days_ahead_when_it_starts(own_database: URL) -> None:
+    settings = Settings(database_url=url_string(own_database), scheduler_enabled=False)
+    app = create_app(settings, ManualClock(datetime(2031, 1, 1, 23, 59, tzinfo=UTC)))
+
+    async with app.router.lifespan_context(app), app.state.sessionmaker() as session:
+        found = {p.name for p in await partitions.partitions(session)}
+
+    assert {f"usage_ledger_p2031010{day}" for day in range(1, 5)} <= found
+    assert "usage_ledger_p20310105" not in found

@@ -40,6 +40,7 @@ from bench.common import (
     progress,
 )
 from bench.common import dsn as _dsn
+from tests.support.partitions import partition_days_from
 from tests.support.timekeeper import Tokens, alembic_config, bearer, report_body
 from timekeeper.app import create_app
 from timekeeper.clock import ManualClock
@@ -52,6 +53,9 @@ MODEL = "NVIDIA H100 80GB HBM3"
 # One section per pod count: a quick run and a larger one stand side by side.
 SECTION = "## History: a month of reports at {pods:,} GPU pods (make bench-history)"
 MEASURED_DAYS = (1, 7, 30)
+# The day partitions the run lays out from the day before its first: the month, the loads after it and
+# the days up to the real today (the bases lie 40 days back); the rest lands in the default partition.
+SIMULATED_DAYS = 45
 
 
 # --- the pods: slot i holds one pod at a time; each lives 1-8 lives' units, then the next one starts ---
@@ -433,37 +437,53 @@ async def _export(url: str, since: datetime, until: datetime) -> dict[str, float
 
 
 def sizes(dsn: str) -> dict[str, tuple[int, int, int, int, int, int]]:
-    """Per table: (table bytes, index bytes, live, dead tuples, autovacuums, autoanalyzes)."""
+    """Per table (the ledger's partitions summed): (table bytes, index bytes, live, dead tuples,
+    autovacuums, autoanalyzes)."""
     with psycopg.connect(dsn) as connection:
         rows = connection.execute(
-            "SELECT relname, pg_table_size(relid), pg_indexes_size(relid), n_live_tup, n_dead_tup, "
-            "autovacuum_count, autoanalyze_count FROM pg_stat_user_tables "
-            "WHERE relname IN ('usage_ledger', 'usage_hourly', 'pod_coverage', 'usage_totals', 'usage_burn')"
+            "SELECT CASE WHEN relname LIKE 'usage_ledger%%' THEN 'usage_ledger' ELSE relname END, "
+            "sum(pg_table_size(relid))::bigint, sum(pg_indexes_size(relid))::bigint, "
+            "sum(n_live_tup)::bigint, sum(n_dead_tup)::bigint, "
+            "sum(autovacuum_count)::bigint, sum(autoanalyze_count)::bigint "
+            "FROM pg_stat_user_tables "
+            "WHERE relname LIKE 'usage_ledger%%' "
+            "OR relname IN ('usage_hourly', 'pod_coverage', 'usage_totals', 'usage_burn') GROUP BY 1"
         ).fetchall()
     return {name: tuple(values) for name, *values in rows}  # type: ignore[misc]
 
 
-async def roll_up_day(tk: Timekeeper, day_start: datetime, minutes: int) -> float:
+@dataclass(frozen=True)
+class RolledUp:
+    seconds: float
+    rows: int  # ledger rows folded
+    partitions: int  # day partitions dropped
+
+
+async def roll_up_day(tk: Timekeeper, day_start: datetime, minutes: int) -> RolledUp:
     """The roll-up job run at each of its windows in the day, on a clock of its own (the ingest load may
-    run beside it); its seconds in all."""
+    run beside it); its seconds, rows folded and partitions dropped in all."""
     clock = ManualClock(day_start)
-    took = 0.0
+    took, rows, partitions = 0.0, 0, 0
     for step in range(1, 24 * 60 // minutes + 1):
         clock.set(day_start + timedelta(minutes=minutes * step))
         began = time.perf_counter()
-        await run_job(JOBS_BY_NAME["rollup"], tk.app.state.sessionmaker, tk.settings, clock, "bench")
+        result = await run_job(JOBS_BY_NAME["rollup"], tk.app.state.sessionmaker, tk.settings, clock, "bench")
         took += time.perf_counter() - began
-    return took
+        if result.detail is not None:
+            rows += result.detail["folded_rows"]
+            partitions += len(result.detail["partitions_dropped"])
+    return RolledUp(took, rows, partitions)
 
 
 async def watch_locks(dsn: str, seen: set[str], stop: asyncio.Event) -> None:
-    """The locks the roll-up's statement holds, sampled while it runs."""
+    """The locks the roll-up holds while its fold or drop statement runs, sampled."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as connection:
         while not stop.is_set():
             rows = await connection.execute(
                 "SELECT coalesce(c.relname, l.locktype), l.mode FROM pg_locks l "
                 "JOIN pg_stat_activity a ON a.pid = l.pid LEFT JOIN pg_class c ON c.oid = l.relation "
-                "WHERE a.query LIKE '%%DELETE FROM usage_ledger%%' AND a.state = 'active' "
+                "WHERE (a.query LIKE '%%folded AS%%' OR a.query LIKE 'DROP TABLE %%usage_ledger%%') "
+                "AND a.state = 'active' "
                 "AND l.granted AND c.relkind IN ('r', 'p')"
             )
             seen.update(f"{name} {mode}" for name, mode in await rows.fetchall())
@@ -507,7 +527,7 @@ class Run:
     load_seconds: float
     days: list[Day] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    rollups: list[tuple[float, int]] = field(default_factory=list)  # (seconds, rows folded) per day
+    rollups: list[RolledUp] = field(default_factory=list)  # per day
     template: dict[str, Any] = field(default_factory=dict)  # the figure columns ingest wrote (the proof)
 
 
@@ -562,6 +582,8 @@ async def measure_day(run: Run, tk: Timekeeper, url: URL, base: datetime, day: i
 async def history(run: Run, url: URL, figures: dict[str, Any], base: datetime) -> None:
     dsn = _dsn(url)
     run.template = figures
+    with psycopg.connect(dsn, autocommit=True) as connection:  # the simulated month has its day partitions
+        partition_days_from(connection, base - timedelta(days=1), SIMULATED_DAYS)
     async with timekeeper(url, base) as tk:
         await set_budgets(tk, run.namespaces)
         for day in range(1, 31):
@@ -574,14 +596,12 @@ async def history(run: Run, url: URL, figures: dict[str, Any], base: datetime) -
             if day == 30:
                 await measure_rollup_under_load(run, tk, url, day_start)
             else:
-                before = _ledger_rows(dsn)
-                took = await roll_up_day(tk, day_start, run.rollup_minutes)
-                run.rollups.append((took, before - _ledger_rows(dsn)))
+                run.rollups.append(await roll_up_day(tk, day_start, run.rollup_minutes))
             tk.clock.set(day_start + timedelta(days=1))
             await run_job(JOBS_BY_NAME["closeout"], tk.app.state.sessionmaker, tk.settings, tk.clock, "bench")
             progress(
                 f"history day {day}: {run.pods * 2880:,} reports loaded in {generated:.1f}s, "
-                f"roll-up {run.rollups[-1][0]:.1f}s"
+                f"roll-up {run.rollups[-1].seconds:.1f}s"
             )
             if day in MEASURED_DAYS:
                 run.days.append(await measure_day(run, tk, url, base, day))
@@ -593,16 +613,9 @@ async def history(run: Run, url: URL, figures: dict[str, Any], base: datetime) -
     )
 
 
-def _ledger_rows(dsn: str) -> int:
-    with psycopg.connect(dsn) as connection:
-        row = connection.execute("SELECT count(*) FROM usage_ledger").fetchone()
-    return int(row[0]) if row else 0
-
-
 async def measure_rollup_under_load(run: Run, tk: Timekeeper, url: URL, day_start: datetime) -> None:
     """Day 30's roll-up (the last day's windows back to back) while the ingest load runs."""
     dsn = _dsn(url)
-    before = _ledger_rows(dsn)
     seen: set[str] = set()
     stop = asyncio.Event()
     watcher = asyncio.create_task(watch_locks(dsn, seen, stop))
@@ -610,10 +623,9 @@ async def measure_rollup_under_load(run: Run, tk: Timekeeper, url: URL, day_star
     rate, p99, count = await ingest_load(
         tk, day_start + timedelta(days=3), run.load_seconds, run.namespaces, "rollup-"
     )
-    took = await rolled
+    run.rollups.append(await rolled)
     stop.set()
     await watcher
-    run.rollups.append((took, before - _ledger_rows(dsn)))
     run.notes.append(
         f"ingest during day 30's roll-up windows run back to back: {rate:,.0f} reports/s, p99 {p99:.1f} ms "
         f"({count:,} reports); locks the roll-up statement held: {', '.join(sorted(seen)) or 'none sampled'}"
@@ -696,17 +708,18 @@ def write(run: Run, proof: str, load: tuple[str, str], seconds: float) -> str:
             + " |"
         )
     raw, hourly, total = per_pod_day(run)
-    folding = [(s, rows) for s, rows in run.rollups if rows]
-    per_day = median(s for s, _ in folding) if folding else 0.0
+    folding = [rolled for rolled in run.rollups if rolled.rows]
+    per_day = median(rolled.seconds for rolled in folding) if folding else 0.0
     lines += [
         "",
         f"- bytes per pod-day: raw ledger {raw:,.0f} (table + indexes, day 7), rolled up into hours "
         f"{hourly:,.0f} (day 30), everything on day 30 / pod-days held {total:,.0f}",
         f"- roll-up of one day of data (its {24 * 60 // run.rollup_minutes} windows): "
         f"median {per_day:.1f} s, "
-        f"max {max((s for s, _ in folding), default=0):.1f} s, "
-        f"{folding[0][1] if folding else 0:,} rows folded "
-        "per day",
+        f"max {max((rolled.seconds for rolled in folding), default=0):.1f} s, "
+        f"{folding[0].rows if folding else 0:,} rows folded and "
+        f"{folding[0].partitions if folding else 0} day partition(s) dropped per day (the raw ledger is "
+        "partitioned by day: a day is folded whole and its partition dropped, no rows deleted)",
         f"- history loaded by the bulk loader; proof: {proof}",
         "- ingest is driven in-process (httpx over ASGI: the 32 clients share the timekeeper's process and "
         "event loop), so its rates compare days with each other, not with `make bench`'s; the bulk baseline "

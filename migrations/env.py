@@ -38,8 +38,15 @@ def database_url() -> str:
     return settings.database_url or embedded_database_url(settings.data_dir)
 
 
+def include_name(name: str | None, type_: str, parent_names: object) -> bool:
+    """The ledger's partitions (store/usage/partitions.py) are made at run time, not models."""
+    return not (type_ == "table" and name is not None and name.startswith("usage_ledger_"))
+
+
 def run_migrations_offline() -> None:
-    context.configure(url=database_url(), target_metadata=target_metadata, literal_binds=True)
+    context.configure(
+        url=database_url(), target_metadata=target_metadata, literal_binds=True, include_name=include_name
+    )
     with context.begin_transaction():
         context.run_migrations()
 
@@ -47,7 +54,12 @@ def run_migrations_offline() -> None:
 def run_migrations_online() -> None:
     engine = sa.create_engine(database_url(), poolclass=sa.NullPool)
     with engine.connect() as connection:
-        context.configure(connection=connection, target_metadata=target_metadata, compare_type=True)
+        context.configure(
+            connection=connection,
+            target_metadata=target_metadata,
+            compare_type=True,
+            include_name=include_name,
+        )
         with context.begin_transaction():
             context.run_migrations()
     engine.dispose()

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from prometheus_client.registry import Collector
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpuaccounting.names import API_PREFIX
@@ -40,6 +42,7 @@ from timekeeper.settings import Settings, get_settings
 from timekeeper.snapshot.router import router as snapshot_router
 from timekeeper.snapshot.service import SnapshotCache
 from timekeeper.store.states.repository import known_namespaces
+from timekeeper.store.usage.partitions import days_ahead, ensure_days
 from timekeeper.ui import mount_docs, mount_ui
 from timekeeper.usage.batcher import IngestBatcher
 from timekeeper.usage.router import router as usage_router
@@ -48,6 +51,9 @@ from timekeeper.usage.router import router as usage_router
 def _too_large(refusal: BodyTooLarge) -> bytes:
     detail = f"request body larger than {refusal.limit} bytes"
     return json.dumps({"detail": detail}, separators=(",", ":")).encode()
+
+
+log = logging.getLogger(__name__)
 
 
 def default_clock(settings: Settings) -> Clock:
@@ -65,6 +71,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.snapshot_cache = SnapshotCache()
     app.state.chargeback_export_slots = asyncio.Semaphore(settings.chargeback_exports)
     app.state.access = await build_access_control(settings)
+    await create_ledger_partitions(app.state.sessionmaker, settings, app.state.clock)
     app.state.pod_shares = None
     if settings.admitted_share_from_pod:  # the Kubernetes client only where it is used
         from timekeeper.usage.admitted import build_pod_shares
@@ -83,6 +90,18 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if app.state.pod_shares is not None:
             await app.state.pod_shares.aclose()
         await engine.dispose()
+
+
+async def create_ledger_partitions(
+    sessionmaker: async_sessionmaker[AsyncSession], settings: Settings, clock: Clock
+) -> None:
+    """The ledger's day partitions ahead, at start-up (the leader's job keeps them so); a database not
+    reachable yet leaves it to the job (a report meanwhile lands in the default partition)."""
+    try:
+        async with sessionmaker() as session, session.begin():
+            await ensure_days(session, days_ahead(clock.now(), settings.ledger_partitions_ahead))
+    except (OSError, DBAPIError):
+        log.warning("ledger_partitions_not_created", exc_info=True)
 
 
 async def leader_work(

@@ -209,7 +209,19 @@ class Settings(BaseSettings):
         default=4, ge=1, description="A pod silent for this many report intervals is closed out."
     )
     rollup_retention: timedelta = Field(
-        default=timedelta(days=7), description="Raw ledger rows older than this are folded into hours."
+        default=timedelta(days=7),
+        description="Raw ledger rows older than this are folded into hours: a day partition of the ledger "
+        "once the whole day is older (so raw rows stay up to a day longer), then dropped.",
+    )
+    partitions_interval: timedelta = Field(
+        default=timedelta(minutes=10),
+        description="Ledger partition upkeep job period (a no-op while the days ahead exist).",
+    )
+    ledger_partitions_ahead: int = Field(
+        default=3,
+        ge=1,
+        le=60,
+        description="The ledger's day partitions are kept created this many days ahead of today (UTC).",
     )
     forecast_window_minutes: int = Field(
         default=360,
@@ -281,6 +293,7 @@ class Settings(BaseSettings):
         "states_interval",
         "closeout_interval",
         "rollup_interval",
+        "partitions_interval",
         "report_interval",
         "rollup_retention",
         "idle_after",

@@ -5,7 +5,7 @@ which no answer reads and `gpus` holds, dropped. Plain ALTER TABLE and UPDATE: t
 ledger as on a table. Every row holding GPU entries is rewritten once (the ledger doubles until vacuumed).
 
 Revision ID: cb6919911663
-Revises: 8e3d7f2a6c15
+Revises: 4c7e1a9b2d58
 Create Date: 2026-11-27 02:00:00.000000
 """
 
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "cb6919911663"
-down_revision: str | None = "8e3d7f2a6c15"
+down_revision: str | None = "4c7e1a9b2d58"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,7 +1,8 @@
 """The accounting chaos test: simulated pods with known usage report through the real stack while reports
 are dropped, duplicated, delayed, reordered and re-sent under new numbers, the timekeeper is killed -9 and
 restarted, and PostgreSQL crashes and recovers; at the end every namespace is charged exactly its pods'
-ground truth and no pod's time is charged twice.
+ground truth and no pod's time is charged twice. The pods run across a UTC midnight, a boundary of the
+ledger's day partitions.
 
 Ground truth: each pod runs for INTERVALS contiguous intervals of INTERVAL at its fixed share and, like
 the sidecar, retries every report until it is acknowledged, so it is charged share x INTERVALS x INTERVAL.
@@ -31,6 +32,7 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
+from tests.support.partitions import partition_days_from
 from tests.support.postgres import REPO_ROOT
 from tests.support.throwaway_postgres import ThrowawayPostgres, throwaway_postgres
 from tests.support.timekeeper import Tokens, bearer, migrate, ok, report_body
@@ -146,6 +148,12 @@ class TimekeeperProcess:
             await self.child.wait()
 
 
+def _boundary(now: datetime) -> datetime:
+    """The latest UTC midnight a whole run before now (the run ends at least a run's length ago)."""
+    midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    return midnight if now - midnight >= INTERVALS * INTERVAL else midnight - timedelta(days=1)
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -257,12 +265,15 @@ async def test_charges_equal_ground_truth_through_drops_duplicates_and_restarts(
         "TIMEKEEPER_REPORTER_TOKEN_SHA256": settings["reporter_token_sha256"],
     }
     timekeeper = TimekeeperProcess(_free_port(), env, tmp_path / "timekeeper.log")
-    # Intervals in the recent past (so none is refused as future), aligned to whole seconds.
-    start = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
+    # Intervals in the past (so none is refused as future) across the last UTC midnight but one run ago,
+    # each of them in the partition of the day of its end.
+    midnight = _boundary(datetime.now(UTC))
+    start = midnight - INTERVALS // 2 * INTERVAL
     pods = _pods(start)
     tally = Tally()
     rng = random.Random(20261122)
     with psycopg.connect(postgres.url.replace("+psycopg", "")) as db:
+        partition_days_from(db, midnight, 1)
         for model, weight, since in WEIGHTS:  # set before the pods ran, as an admin would have
             db.execute(
                 "INSERT INTO gpu_weights (model, effective_from, weight, set_by) "
@@ -332,6 +343,10 @@ async def test_charges_equal_ground_truth_through_drops_duplicates_and_restarts(
             ).fetchall()
         )
         stored = set(db.execute("SELECT pod_uid, seq FROM usage_ledger").fetchall())
+        partitions = db.execute(
+            "SELECT CAST(tableoid AS regclass)::text, count(*) FROM usage_ledger GROUP BY 1 ORDER BY 1"
+        ).fetchall()
+    assert [name for name, _ in partitions] == ["usage_ledger_before", f"usage_ledger_p{midnight:%Y%m%d}"]
     for namespace in NAMESPACES:
         assert abs(ledger[namespace] - truth[namespace]) <= Decimal("1e-6"), (ledger, truth)
         assert abs(totals[namespace] - truth[namespace]) <= Decimal("1e-6"), (totals, truth)

@@ -68,10 +68,14 @@ def test_the_migration_seeds_the_default_budget_and_the_snapshot_version(engine:
     assert (default.budget_gpu_minutes, default.period, version) == (None, "monthly", 1)
 
 
-def test_the_ledger_is_vacuumed_after_two_percent_of_its_rows_are_dead(engine: sa.Engine) -> None:
+@pytest.mark.parametrize("partition", ["usage_ledger_before", "usage_ledger_default"])
+def test_the_ledger_partitions_emptied_by_delete_are_vacuumed_after_two_percent_dead(
+    engine: sa.Engine, partition: str
+) -> None:
     with engine.connect() as connection:
         options = connection.execute(
-            sa.text("SELECT reloptions FROM pg_class WHERE oid = 'usage_ledger'::regclass")
+            sa.text("SELECT reloptions FROM pg_class WHERE oid = CAST(:name AS regclass)"),
+            {"name": partition},
         ).scalar_one()
 
     assert sorted(options or []) == [
@@ -176,7 +180,7 @@ def test_the_ledgers_gpu_entries_go_positional_and_back_unchanged() -> None:
     url = create_database("gtk_gpus_positional")
     try:
         migrate(url)
-        migrate(url, "8e3d7f2a6c15")
+        migrate(url, "4c7e1a9b2d58")
         engine = sa.create_engine(url_string(url), poolclass=sa.NullPool)
         start = datetime(2026, 11, 1, tzinfo=UTC)
         with engine.begin() as connection:
@@ -208,7 +212,7 @@ def test_the_ledgers_gpu_entries_go_positional_and_back_unchanged() -> None:
         upgraded = stored()
         with engine.connect() as connection:
             columns = {column["name"] for column in sa.inspect(connection).get_columns("usage_ledger")}
-        migrate(url, "8e3d7f2a6c15")
+        migrate(url, "4c7e1a9b2d58")
         downgraded = stored()
         with engine.connect() as connection:
             rows = connection.execute(sa.text("SELECT seq, gpu_count, max_mem_used_bytes FROM usage_ledger"))
@@ -231,3 +235,74 @@ def test_the_ledgers_gpu_entries_go_positional_and_back_unchanged() -> None:
         **written,
         2: [{**dict.fromkeys(GPU_FIELDS), "uuid": "GPU-0", "sm_util_pct": 50.0, "mem_used_bytes": 1}],
     }
+
+
+_LEDGER_ROW = (
+    "INSERT INTO usage_ledger (namespace, pod, pod_uid, seq, interval_start, interval_end, gpu_share, "
+    "charged, gpu_minutes, final, gpu_count, gpus, charge_share) "
+    "VALUES ('team-a', 'p', 'uid-p', :seq, :start, :end, 1, "
+    "tstzmultirange(tstzrange(:start, :end)), 1, false, 1, '[]', 1) "
+    "ON CONFLICT ON CONSTRAINT uq_usage_ledger_report DO NOTHING RETURNING id"
+)
+
+
+def _ledger(connection: sa.Connection) -> list[tuple[int, int, str]]:
+    return [
+        (row.id, row.seq, row.partition)
+        for row in connection.execute(
+            sa.text(
+                "SELECT id, seq, CAST(tableoid AS regclass)::text AS partition FROM usage_ledger ORDER BY id"
+            )
+        )
+    ]
+
+
+def test_partitioning_keeps_the_ledger_rows_in_place_and_going_down_keeps_them_too() -> None:
+    """Migration 4c7e1a9b2d58 attaches the existing ledger as the partition of everything before the day
+    after its latest row; new days get partitions of their own; a retry of an old row still conflicts."""
+    url = create_database("gtk_partitions")
+    try:
+        migrate(url)
+        migrate(url, "8e3d7f2a6c15")  # down to the revision before the partitions
+        engine = sa.create_engine(url_string(url), poolclass=sa.NullPool)
+        now = datetime.now(UTC).replace(microsecond=0)
+        old, recent = now - timedelta(days=10), now - timedelta(minutes=5)
+        with engine.begin() as connection:
+            for seq, start in ((1, old), (2, recent)):
+                connection.execute(
+                    sa.text(_LEDGER_ROW), {"seq": seq, "start": start, "end": start + timedelta(minutes=1)}
+                )
+        command.upgrade(alembic_config(url), "4c7e1a9b2d58")  # not yet the row without gpu_count
+        later = now + timedelta(days=2)
+        with engine.begin() as connection:
+            kind = connection.execute(
+                sa.text("SELECT relkind FROM pg_class WHERE oid = 'usage_ledger'::regclass")
+            )
+            assert kind.scalar_one() == "p"
+            repeated = connection.execute(
+                sa.text(_LEDGER_ROW), {"seq": 1, "start": old, "end": old + timedelta(minutes=1)}
+            ).all()
+            connection.execute(
+                sa.text(_LEDGER_ROW), {"seq": 3, "start": later, "end": later + timedelta(minutes=1)}
+            )
+            partitioned = _ledger(connection)
+        day = (later + timedelta(minutes=1)).strftime("%Y%m%d")
+        assert repeated == []
+        assert [(seq, partition) for _, seq, partition in partitioned] == [
+            (1, "usage_ledger_before"),
+            (2, "usage_ledger_before"),
+            (3, f"usage_ledger_p{day}"),
+        ]
+        assert partitioned[2][0] > partitioned[1][0]  # the ids go on from the same sequence
+        migrate(url, "8e3d7f2a6c15")
+        with engine.connect() as connection:
+            kind = connection.execute(
+                sa.text("SELECT relkind FROM pg_class WHERE oid = 'usage_ledger'::regclass")
+            )
+            assert kind.scalar_one() == "r"
+            assert [(id_, seq) for id_, seq, _ in _ledger(connection)] == [
+                (id_, seq) for id_, seq, _ in partitioned
+            ]
+        engine.dispose()
+    finally:
+        drop_database(url)

@@ -48,6 +48,7 @@ def fast_settings(own_database: URL) -> Settings:
         states_interval=fast,
         closeout_interval=fast,
         rollup_interval=fast,
+        partitions_interval=fast,
     )
 
 

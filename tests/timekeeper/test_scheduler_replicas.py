@@ -63,6 +63,7 @@ def replicas(
         "TIMEKEEPER_CLOSEOUT_INTERVAL": "1",
         # Roll-up windows every second and no retention: rows are folded while reports keep coming.
         "TIMEKEEPER_ROLLUP_INTERVAL": "1",
+        "TIMEKEEPER_PARTITIONS_INTERVAL": "1",
         "TIMEKEEPER_ROLLUP_RETENTION": "0",
     }
     with started_replicas(database, env, tmp_path) as started:
@@ -186,6 +187,7 @@ async def test_two_replicas_keep_exact_books_and_hand_the_jobs_over_when_the_lea
             "states": "ok",
             "closeout": "ok",
             "rollup": "ok",
+            "partitions": "ok",
         }
         metrics = (await client.get(f"{survivor.url}/metrics")).text
         assert f'timekeeper_scheduler_leader{{replica="{survivor.name}"}} 1.0' in metrics

@@ -19,6 +19,7 @@ from timekeeper.settings import Settings
 from timekeeper.store.budgets.burn import PURGE_MARGIN, BurnRepository
 from timekeeper.store.budgets.repository import BudgetRepository
 from timekeeper.store.states.budget_states import BudgetStates
+from timekeeper.store.usage.partitions import days_ahead, ensure_days
 
 
 def floor_to(moment: datetime, step: timedelta) -> datetime:
@@ -56,11 +57,22 @@ class SchedulerService:
 
     async def roll_up(self, now: datetime, window: datetime) -> dict[str, Any]:
         """Fold the ledger rows that ended before the window's start into hourly per-pod aggregates (coverage
-        and totals untouched), and drop the burn buckets older than the forecast's window and a margin."""
-        folded, hours = await self.repository.roll_up(window)
+        and totals untouched), whole day partitions dropped, and drop the burn buckets older than the
+        forecast's window and a margin."""
+        rolled = await self.repository.roll_up(window)
         oldest = now - timedelta(minutes=self.settings.forecast_window_minutes) - PURGE_MARGIN
         purged = await self.burn.purge(oldest)
-        return {"folded_rows": folded, "hourly_rows": hours, "burn_buckets_purged": purged}
+        return {
+            "folded_rows": rolled.folded,
+            "hourly_rows": rolled.hours,
+            "partitions_dropped": rolled.dropped,
+            "burn_buckets_purged": purged,
+        }
+
+    async def ledger_partitions(self, now: datetime, window: datetime) -> dict[str, Any]:
+        """Create the ledger's day partitions from today to ledger_partitions_ahead days on."""
+        days = days_ahead(now, self.settings.ledger_partitions_ahead)
+        return {"partitions_created": await ensure_days(self.repository.session, days)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +110,12 @@ JOBS: tuple[Job, ...] = (
         lambda s: s.rollup_interval,
         lambda now, s: floor_to(now - s.rollup_retention, s.rollup_interval),
         SchedulerService.roll_up,
+    ),
+    Job(
+        "partitions",
+        lambda s: s.partitions_interval,
+        lambda now, s: floor_to(now, s.partitions_interval),
+        SchedulerService.ledger_partitions,
     ),
 )
 JOBS_BY_NAME = {job.name: job for job in JOBS}

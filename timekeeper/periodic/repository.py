@@ -4,6 +4,7 @@ multirange arithmetic has no Core spelling)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -15,20 +16,26 @@ from timekeeper.periodic.models import JobRun
 from timekeeper.store.locks import by_namespace
 from timekeeper.store.states.models import NamespaceStatus
 from timekeeper.store.usage.models import RUNNING_POD, PodCoverage
+from timekeeper.store.usage.partitions import (
+    DEFAULT_PARTITION,
+    LOCK_TIMEOUT,
+    PARENT,
+    lock_exclusively,
+    partitions,
+)
 
 __all__ = ["RUNNING_POD", "SchedulerRepository"]
-# Ledger rows that ended before the cutoff are deleted and their charged time, split at hour boundaries,
-# is added to the (pod, hour, share, charge share, model) aggregate, in one statement: exactly the deleted
-# rows are folded.
+# Ledger rows are folded, their charged time split at hour boundaries and added to the (pod, hour, share,
+# charge share, model) aggregate, in one statement: exactly the rows `folded` answers (those it deletes from
+# the default or pre-partitioning partition, or a whole day partition the caller then drops).
 # A row counts once in each hour its charged time touches (as the usage query's hour grouping does); its
 # figures are added as figure x its seconds in the hour (domain/measurements.py), so they fold exactly.
-_ROLL_UP = sa.text(
-    """
-    WITH folded AS (
-        DELETE FROM usage_ledger WHERE interval_end <= :cutoff
-        RETURNING id, namespace, pod, pod_uid, gpu_share, charge_share, gpu_model, charged,
-                  mean_sm_util_pct, peak_sm_util_pct, mem_used_bytes, mean_power_w, gpu_status_bits
-    ), pieces AS (
+_FOLDED_COLUMNS = (
+    "id, namespace, pod, pod_uid, gpu_share, charge_share, gpu_model, charged, "
+    "mean_sm_util_pct, peak_sm_util_pct, mem_used_bytes, mean_power_w, gpu_status_bits"
+)
+_ROLL_UP = """
+    WITH folded AS ({folded}), pieces AS (
         SELECT f.*, b AS hour_start, r * tstzrange(b, b + interval '1 hour') AS piece
         FROM folded f
         CROSS JOIN LATERAL unnest(f.charged) AS r
@@ -70,7 +77,17 @@ _ROLL_UP = sa.text(
     )
     SELECT (SELECT count(*) FROM folded) AS folded, (SELECT count(*) FROM upserted) AS hours
     """
-)
+
+
+def _fold(folded: str) -> sa.TextClause:
+    return sa.text(_ROLL_UP.format(folded=folded))
+
+
+@dataclass(frozen=True, slots=True)
+class RolledUp:
+    folded: int  # ledger rows folded
+    hours: int  # hourly rows written
+    dropped: list[str]  # day partitions folded whole and dropped
 
 
 class SchedulerRepository:
@@ -124,7 +141,32 @@ class SchedulerRepository:
         )
         return int(count or 0)
 
-    async def roll_up(self, cutoff: datetime) -> tuple[int, int]:
-        """(ledger rows folded, hourly rows written) for the rows that ended by the cutoff."""
-        row = (await self.session.execute(_ROLL_UP, {"cutoff": cutoff})).one()
-        return int(row.folded), int(row.hours)
+    async def roll_up(self, cutoff: datetime) -> RolledUp:
+        """Fold the ledger rows that ended by the cutoff: a partition wholly before it is folded whole and
+        dropped (no dead rows, nothing to vacuum); the default and pre-partitioning partitions' rows by
+        DELETE. A day partition still partly after the cutoff waits for a later window."""
+        await self.session.execute(sa.text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
+        found = await partitions(self.session)
+        whole = [p for p in found if p.upper is not None and p.upper <= cutoff]
+        deleting = [p for p in found if p.lower is None and p not in whole]
+        folded = hours = 0
+        for partition in deleting:
+            statement = _fold(
+                f"DELETE FROM ONLY {partition.quoted} WHERE interval_end <= :cutoff "
+                f"RETURNING {_FOLDED_COLUMNS}"
+            )
+            row = (await self.session.execute(statement, {"cutoff": cutoff})).one()
+            folded, hours = folded + int(row.folded), hours + int(row.hours)
+        for partition in whole:
+            # SHARE until the drop: a late report for that day waits, holding the parent's lock, so the
+            # drop cannot happen under it (lock_exclusively retries, or gives up and the report goes in).
+            await self.session.execute(sa.text(f"LOCK TABLE ONLY {partition.quoted} IN SHARE MODE"))
+            statement = _fold(f"SELECT {_FOLDED_COLUMNS} FROM ONLY {partition.quoted}")
+            row = (await self.session.execute(statement)).one()
+            folded, hours = folded + int(row.folded), hours + int(row.hours)
+        if whole:
+            # ACCESS EXCLUSIVE on the parent, the default partition and the days until the commit just after.
+            await lock_exclusively(self.session, [PARENT, DEFAULT_PARTITION, *(p.name for p in whole)])
+            for partition in whole:
+                await self.session.execute(sa.text(f"DROP TABLE {partition.quoted}"))
+        return RolledUp(folded, hours, [p.name for p in whole])

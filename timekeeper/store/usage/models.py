@@ -29,7 +29,8 @@ from timekeeper.store.budgets.models import GPU_MINUTES
 
 
 class LedgerEntry(Base):
-    """One accepted report interval: what was charged (and exactly which time) beside what was measured."""
+    """One accepted report interval: what was charged (and exactly which time) beside what was measured.
+    Partitioned by UTC day of interval_end (store/usage/partitions.py): a retry lands beside its first."""
 
     __tablename__ = "usage_ledger"
     __table_args__ = (
@@ -39,15 +40,17 @@ class LedgerEntry(Base):
         Index("ix_usage_ledger_namespace_interval_end", "namespace", "interval_end"),
         # For the roll-up's "ended before the cutoff": BRIN, nearly free on inserts in time order.
         Index("ix_usage_ledger_interval_end", "interval_end", postgresql_using="brin"),
+        {"postgresql_partition_by": "RANGE (interval_end)"},
     )
 
+    # The key of a partitioned table includes its partition key.
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     namespace: Mapped[str] = mapped_column(Text)
     pod: Mapped[str] = mapped_column(Text)
     pod_uid: Mapped[str] = mapped_column(Text)
     seq: Mapped[int] = mapped_column(BigInteger)
     interval_start: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    interval_end: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    interval_end: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
     gpu_share: Mapped[Decimal] = mapped_column(Numeric)
     charged: Mapped[Any] = mapped_column(TSTZMULTIRANGE)
     gpu_minutes: Mapped[Decimal] = mapped_column(GPU_MINUTES)

@@ -90,9 +90,9 @@ async def test_an_outage_is_answered_503_logged_once_and_recovered_from(
 async def test_a_server_restarted_while_the_pool_sat_idle_costs_no_request(
     app: FastAPI, api: Api, server: ThrowawayPostgres
 ) -> None:
-    """The pool's connections all died with the server; each is found closed at checkout and replaced
-    (the pool's pre-ping, timekeeper.db.session.build_engine), so no request meets one: no 503 after the
-    restart."""
+    """The pool's connections all died with the server, and checkouts are not pinged: the reads that meet
+    one run once more on a fresh connection (timekeeper.db.session.read), and the first loss replaced the
+    pool's older connections, so the report and snapshot after them get fresh ones: no 503."""
     headers = bearer(api.tokens.reporter)
     ok(await api.client.post("/reports", json=report(20), headers=headers))
     # Several pooled connections, each used once (reads at once, a report).
@@ -111,9 +111,9 @@ async def test_a_server_restarted_while_the_pool_sat_idle_costs_no_request(
 async def test_a_batch_runners_backend_terminated_between_batches_costs_no_report(
     app: FastAPI, api: Api, server: ThrowawayPostgres
 ) -> None:
-    """Each batch takes a pooled connection; one the server closed since the last batch (here its backend
-    terminated, as an administrator or a failover would) is found closed at checkout (the pool's
-    pre-ping) and replaced, so that batch is charged."""
+    """Each batch takes a pooled connection; a batch that meets one the server closed since the last
+    (here its backend terminated, as an administrator or a failover would) lost it before its COMMIT, so
+    it is charged once more on a fresh connection."""
     headers = bearer(api.tokens.reporter)
     for n in range(30, 34):
         ok(await api.client.post("/reports", json=report(n), headers=headers))

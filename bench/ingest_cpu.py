@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+import httpx
 import psycopg
 
 from bench.ingest import _base, _reports, timekeeper
@@ -31,6 +32,21 @@ def _cpu_seconds(pids: Iterable[int], kernel: bool | None = None) -> float:
         user, system = int(fields[11]), int(fields[12])
         total += system if kernel else user if kernel is False else user + system
     return total / _TICKS
+
+
+def _batches(urls: Iterable[str], reader: str) -> tuple[float, float]:
+    """Reports and batches charged so far, all replicas together (their `timekeeper_ingest_batch_reports`)."""
+    reports = batches = 0.0
+    for url in urls:
+        scrape = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {reader}"}, timeout=10)
+        scrape.raise_for_status()
+        for line in scrape.text.splitlines():
+            name, _, value = line.partition(" ")
+            if name == "timekeeper_ingest_batch_reports_sum":
+                reports += float(value)
+            elif name == "timekeeper_ingest_batch_reports_count":
+                batches += float(value)
+    return reports, batches
 
 
 def _database_pids(connection: psycopg.Connection[Any]) -> tuple[list[int], list[int]]:
@@ -99,6 +115,7 @@ def main() -> None:
                 _cpu_seconds(backends, kernel=True),
                 _cpu_seconds(background),
             )
+            charged = _batches(server.urls, server.reader)
             started = time.monotonic()
             load = _reports(server.urls, server.token, args.seconds, args.connections)
             elapsed = time.monotonic() - started
@@ -110,6 +127,8 @@ def main() -> None:
                 _cpu_seconds(background),
             )
             found = _statements(connection) if tracked else None
+            (reports_after, batches_after) = _batches(server.urls, server.reader)
+            batched, batches = reports_after - charged[0], batches_after - charged[1]
     reports = load.requests
     timekeepers, timekeepers_kernel, database, database_kernel, cluster = (
         1e6 * (b - a) / reports for a, b in zip(before, after, strict=True)
@@ -119,6 +138,7 @@ def main() -> None:
         f"{reports:,} reports in {elapsed:.1f} s ({load.rate:,.0f}/s, p99 {load.p99_ms:.0f} ms, "
         f"{load.errors} errors), load average {os.getloadavg()[0]:.1f}"
     )
+    print(f"{batched / max(batches, 1):.1f} reports per batch ({batches:,.0f} batches)")
     print("CPU per acknowledged report (µs):")
     print(f"  timekeepers          {timekeepers:7.0f}  (of which in the kernel {timekeepers_kernel:.0f})")
     print(f"  PostgreSQL backends  {database:7.0f}  (of which in the kernel {database_kernel:.0f})")

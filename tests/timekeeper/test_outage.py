@@ -1,7 +1,7 @@
 """A database outage: while a real PostgreSQL server of the test's own is down, reports and reads are
 answered 503 with Retry-After (not 500), the outage is logged once (not per request) and shown as a
 metric, and when the server is back the timekeeper serves again by itself; a restart while the pool sat
-idle costs no request."""
+idle costs no request, and a batch lost during its COMMIT is answered 503, not written again."""
 
 from __future__ import annotations
 
@@ -90,9 +90,9 @@ async def test_an_outage_is_answered_503_logged_once_and_recovered_from(
 async def test_a_server_restarted_while_the_pool_sat_idle_costs_no_request(
     app: FastAPI, api: Api, server: ThrowawayPostgres
 ) -> None:
-    """The pool's connections all died with the server; each is found closed at checkout and replaced
-    (the pool's pre-ping, timekeeper.db.session.build_engine), so no request meets one: no 503 after the
-    restart."""
+    """The pool's connections all died with the server, and checkouts are not pinged: the reads that meet
+    one run once more on a fresh connection (timekeeper.db.session.read), and the first loss replaced the
+    pool's older connections, so the report and snapshot after them get fresh ones: no 503."""
     headers = bearer(api.tokens.reporter)
     ok(await api.client.post("/reports", json=report(20), headers=headers))
     # Several pooled connections, each used once (reads at once, a report).
@@ -111,9 +111,9 @@ async def test_a_server_restarted_while_the_pool_sat_idle_costs_no_request(
 async def test_a_batch_runners_backend_terminated_between_batches_costs_no_report(
     app: FastAPI, api: Api, server: ThrowawayPostgres
 ) -> None:
-    """Each batch takes a pooled connection; one the server closed since the last batch (here its backend
-    terminated, as an administrator or a failover would) is found closed at checkout (the pool's
-    pre-ping) and replaced, so that batch is charged."""
+    """Each batch takes a pooled connection; a batch that meets one the server closed since the last
+    (here its backend terminated, as an administrator or a failover would) lost it before its COMMIT, so
+    it is charged once more on a fresh connection."""
     headers = bearer(api.tokens.reporter)
     for n in range(30, 34):
         ok(await api.client.post("/reports", json=report(n), headers=headers))
@@ -128,6 +128,52 @@ async def test_a_batch_runners_backend_terminated_between_batches_costs_no_repor
     for n in range(34, 38):
         ok(await api.client.post("/reports", json=report(n), headers=headers))
     assert database_up(app) == 1
+
+
+# A deferred trigger runs at COMMIT: the first ledger insert's transaction terminates its own backend there
+# (a sequence counts outside transactions), as a server dying during a COMMIT would.
+_DIE_AT_FIRST_COMMIT = """
+CREATE SEQUENCE commits_seen;
+CREATE FUNCTION die_at_first_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF nextval('commits_seen') = 1 THEN
+        PERFORM pg_terminate_backend(pg_backend_pid());
+        PERFORM pg_sleep(5);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER die_at_first_commit AFTER INSERT ON usage_ledger
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION die_at_first_commit();
+"""
+_LIVE_AGAIN = """
+DROP TRIGGER die_at_first_commit ON usage_ledger;
+DROP FUNCTION die_at_first_commit();
+DROP SEQUENCE commits_seen;
+"""
+
+
+async def test_a_batch_whose_connection_is_lost_during_its_commit_is_answered_503(
+    api: Api, server: ThrowawayPostgres
+) -> None:
+    """A batch whose COMMIT was sent may have landed, so it is not written again: its report is answered
+    503 and the sidecar's retry is charged once. (Here it did not land; written again, it would have been
+    charged and answered 200.)"""
+    headers = bearer(api.tokens.reporter)
+    body = report_body(
+        namespace="team-commit", pod="pod-c", pod_uid="uid-commit", start=NOW - timedelta(minutes=10)
+    )
+    with psycopg.connect(server.url.replace("+psycopg", ""), autocommit=True) as admin:
+        admin.execute(_DIE_AT_FIRST_COMMIT)
+    try:
+        lost = await api.client.post("/reports", json=body, headers=headers)
+    finally:
+        with psycopg.connect(server.url.replace("+psycopg", ""), autocommit=True) as admin:
+            admin.execute(_LIVE_AGAIN)
+
+    assert lost.status_code == 503, lost.text
+    ok(await api.client.post("/reports", json=body, headers=headers))
+    ok(await api.client.post("/reports", json=body, headers=headers))  # a repeat
+    assert (await api.budget("team-commit"))["used_gpu_minutes"] == 1
 
 
 async def test_metrics_answer_during_an_outage_with_the_last_budgets_and_their_age(

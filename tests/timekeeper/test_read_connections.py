@@ -1,7 +1,7 @@
 """The budget reads' connections, plain checkouts from the app's own engine on a database of this module's
 own (reads there are not inside a test's transaction): a pooled connection whose backend was terminated
-between reads is replaced before a read meets it (the pool's pre-ping), and a pool member's read answers
-its pool's state and gives its connection back."""
+between reads costs no read (the read runs once more on a fresh connection), and a pool member's read
+answers its pool's state and gives its connection back."""
 
 from __future__ import annotations
 
@@ -65,8 +65,8 @@ async def terminate_backends(database: URL) -> int:
 async def test_read_connections_terminated_between_reads_cost_no_read(
     app: FastAPI, api: Api, own_database: URL
 ) -> None:
-    """Each pooled connection is checked at checkout (the pool's pre-ping); one whose backend was
-    terminated since its last read is replaced, so no read meets it (a 503 otherwise)."""
+    """Checkouts are not pinged: a read that meets a connection whose backend was terminated since its
+    last read runs once more on a fresh one (timekeeper.db.session.read; a 503 otherwise)."""
     await asyncio.gather(*(api.budget("team-a") for _ in range(3)))  # three connections in the pool
 
     assert await terminate_backends(own_database) >= 2

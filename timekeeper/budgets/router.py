@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import TypeAdapter
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from timekeeper.auth.dependencies import Admin, Reader, ReadScope
 from timekeeper.budgets.schemas import (
@@ -17,7 +18,7 @@ from timekeeper.budgets.schemas import (
     NamespaceBudgetOut,
 )
 from timekeeper.budgets.service import BudgetReads, BudgetService
-from timekeeper.db.session import SessionDep
+from timekeeper.db.session import SessionDep, read
 from timekeeper.routing import admin_body
 from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
 
@@ -40,9 +41,12 @@ _STATUSES = TypeAdapter(list[NamespaceBudgetOut])
 async def list_namespaces(request: Request, scope: ReadScope) -> Response:
     """Every known namespace; for a credential scoped to namespaces, exactly those."""
     state = request.app.state
-    async with state.read_sessionmaker() as session:
+
+    async def statuses_of(session: AsyncSession) -> list[NamespaceBudgetOut]:
         reads = BudgetReads(session, state.settings, state.clock)
-        statuses = await reads.all() if scope is None else await reads.some(sorted(scope))
+        return await reads.all() if scope is None else await reads.some(sorted(scope))
+
+    statuses = await read(state.read_sessionmaker, statuses_of)
     return Response(_STATUSES.dump_json(statuses), media_type="application/json")
 
 
@@ -50,8 +54,10 @@ async def list_namespaces(request: Request, scope: ReadScope) -> Response:
 async def get_budget(request: Request, namespace: NamespacePath, _: Reader) -> Response:
     """One namespace's budget status (any namespace has one: an unknown one is on the default, unused)."""
     state = request.app.state
-    async with state.read_sessionmaker() as session:
-        status = await BudgetReads(session, state.settings, state.clock).status(namespace)
+    status = await read(
+        state.read_sessionmaker,
+        lambda session: BudgetReads(session, state.settings, state.clock).status(namespace),
+    )
     return Response(status.model_dump_json(), media_type="application/json")
 
 

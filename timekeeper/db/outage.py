@@ -1,6 +1,6 @@
 """An outage (the server unreachable or gone) told apart from a statement the database refused; each
 outage logged once when it begins and ends and shown as metrics, its requests answered 503 with
-Retry-After, while the pool's pre-ping replaces broken connections."""
+Retry-After; a connection lost in use makes the pool replace its older ones (timekeeper.db.session)."""
 
 from __future__ import annotations
 

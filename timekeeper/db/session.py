@@ -4,10 +4,11 @@ back (requests and the report batcher both go through it)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated
+from typing import Annotated, TypeVar
 
+import sqlalchemy as sa
 from fastapi import Depends, Request
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
@@ -21,14 +22,22 @@ async def resolve_database_url(settings: Settings) -> str:
     return await asyncio.to_thread(embedded_database_url, settings.data_dir)
 
 
+T = TypeVar("T")
+
+# A pooled connection older than this is replaced at its checkout, before a proxy's or the server's idle
+# timeout (idle_session_timeout) is likely to have closed it under the pool.
+POOL_RECYCLE_SECONDS = 1800
+
+
 def build_engine(url: str, pool_size: int = 10) -> AsyncEngine:
-    """Sessions run in UTC so day and hour buckets never depend on the server's time zone. A pooled
-    connection the server has closed is replaced at checkout (the pool's pre-ping)."""
+    """Sessions run in UTC so day and hour buckets never depend on the server's time zone. Checkouts are
+    not pinged: a connection found closed in use invalidates every older one in the pool (SQLAlchemy's
+    disconnect handling), and reads and ingest batches meeting it run once more (`read`, usage.batcher)."""
     return create_async_engine(
         url,
         pool_size=pool_size,
         max_overflow=pool_size,
-        pool_pre_ping=True,
+        pool_recycle=POOL_RECYCLE_SECONDS,
         # JIT off: its compile time (tens of ms, seconds for a big plan) lands on short queries whose
         # estimated cost passes jit_above_cost, e.g. the forecast's burn on every read (docs/performance.md).
         connect_args={"options": "-c timezone=UTC -c jit=off"},
@@ -44,6 +53,19 @@ def build_read_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSess
     alone, without the BEGIN and COMMIT round trips a transaction would add. Each statement sees its
     own snapshot, so a read that needs one consistent view is one statement (the budget reads are)."""
     return async_sessionmaker(engine.execution_options(isolation_level="AUTOCOMMIT"), expire_on_commit=False)
+
+
+async def read(sessions: Callable[[], AsyncSession], work: Callable[[AsyncSession], Awaitable[T]]) -> T:
+    """Runs `work`, a read, in a session of `sessions`; one that met a pooled connection the server had
+    closed (a restart, a terminated backend) runs once more, on a connection made since."""
+    try:
+        async with sessions() as session:
+            return await work(session)
+    except sa.exc.DBAPIError as error:
+        if not error.connection_invalidated:
+            raise
+    async with sessions() as session:
+        return await work(session)
 
 
 @asynccontextmanager

@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from timekeeper.auth.base import Action
 from timekeeper.auth.dependencies import ANONYMOUS, AuthenticatedPrincipal, MetricsAccess
 from timekeeper.db.outage import is_outage
+from timekeeper.db.session import read
 from timekeeper.errors import TimekeeperError
 from timekeeper.health.readout import read_budget_readout
 from timekeeper.metrics import Metrics
@@ -35,8 +36,7 @@ async def readyz(request: Request, principal: AuthenticatedPrincipal) -> dict[st
     (they name the host and process, which an anonymous prober has no need to learn)."""
     # No credentials: an anonymous prober (the kubelet); a token not accepted is 401, as anywhere.
     try:
-        async with request.app.state.sessionmaker() as session:
-            await session.execute(sa.text("SELECT 1"))
+        await read(request.app.state.sessionmaker, lambda session: session.execute(sa.text("SELECT 1")))
     except (sa.exc.SQLAlchemyError, OSError) as error:
         raise TimekeeperError(f"database unreachable: {type(error).__name__}", 503) from error
     scheduler = getattr(request.app.state, "scheduler", None)
@@ -60,8 +60,10 @@ async def metrics(request: Request) -> Response:
     state = request.app.state
     registry: Metrics = state.metrics
     try:
-        async with asyncio.timeout(READ_TIMEOUT_SECONDS), state.sessionmaker() as session:
-            readout = await read_budget_readout(session, state.settings, state.clock)
+        async with asyncio.timeout(READ_TIMEOUT_SECONDS):
+            readout = await read(
+                state.sessionmaker, lambda session: read_budget_readout(session, state.settings, state.clock)
+            )
     except (sa.exc.SQLAlchemyError, OSError, TimeoutError) as error:
         if isinstance(error, sa.exc.SQLAlchemyError) and not is_outage(error):
             raise  # a bug: the server's 500, with its traceback logged

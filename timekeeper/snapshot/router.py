@@ -8,7 +8,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from pydantic import AwareDatetime
 
 from timekeeper.auth.dependencies import Reader
-from timekeeper.db.session import SessionDep
+from timekeeper.db.session import SessionDep, read
 from timekeeper.schemas import NamespacePath
 from timekeeper.snapshot.schemas import BudgetEventOut
 from timekeeper.snapshot.service import SnapshotService
@@ -42,13 +42,15 @@ async def admission_state(
         else {tag.strip().removeprefix("W/") for tag in if_none_match.split(",")}
     )
     state = request.app.state
-    async with state.read_sessionmaker() as session:
-        version, body = await SnapshotService(session, state.settings).snapshot_json(
+    version, body = await read(
+        state.read_sessionmaker,
+        lambda session: SnapshotService(session, state.settings).snapshot_json(
             state.clock.now(),
             lambda version: _etag(version) in known,
             cache=state.snapshot_cache,
             source=state.read_sessionmaker,
-        )
+        ),
+    )
     if body is None:
         return Response(status_code=304, headers={"ETag": _etag(version)})
     return Response(body, media_type="application/json", headers={"ETag": _etag(version)})

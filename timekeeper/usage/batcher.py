@@ -13,6 +13,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from decimal import Decimal
 
+import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from timekeeper.clock import Clock
@@ -119,15 +120,7 @@ class IngestBatcher:
         outcomes: list[IngestOutcome | Exception]
         self._metrics.batch_size.observe(len(batch))
         try:
-            async with transaction(self._sessions()) as session:
-                outcomes = [
-                    *await IngestService(session, self._settings).charge(
-                        [report for report, _, _ in batch],
-                        self._clock.now(),
-                        admitted={report.pod_uid: share for report, share, _ in batch if share is not None},
-                    )
-                ]
-                charged()  # the commit is all that is left: the next batch may be gathered and charged
+            outcomes = await self._write(batch, charged)
         except Exception as error:
             charged()
             outage = is_outage(error)
@@ -153,6 +146,30 @@ class IngestBatcher:
                 future.set_exception(outcome)
             else:
                 future.set_result(outcome)
+
+    async def _write(
+        self, batch: list[Pending], charged: Callable[[], None], *, again: bool = True
+    ) -> list[IngestOutcome | Exception]:
+        """The batch's charge in one transaction. One whose connection was lost before its COMMIT was sent
+        committed nothing: it is written once more, on a connection made since (the pool replaced the older
+        ones). One lost during the COMMIT may have landed: it fails (a 503; the sidecar's retry repeats)."""
+        committing = False
+        try:
+            async with transaction(self._sessions()) as session:
+                outcomes: list[IngestOutcome | Exception] = [
+                    *await IngestService(session, self._settings).charge(
+                        [report for report, _, _ in batch],
+                        self._clock.now(),
+                        admitted={report.pod_uid: share for report, share, _ in batch if share is not None},
+                    )
+                ]
+                charged()  # the commit is all that is left: the next batch may be gathered and charged
+                committing = True
+        except sa.exc.DBAPIError as error:
+            if committing or not again or not error.connection_invalidated:
+                raise
+            return await self._write(batch, charged, again=False)
+        return outcomes
 
 
 class _HeldLock:

@@ -203,14 +203,29 @@ _USAGE_PIECE = {
 }
 
 
+# Each GPU model's weight over each stretch between its changes (1 before its first), joined to a source
+# whose charged time lies inside one stretch: its pieces take that weight (exactly what gpu_weighted_seconds
+# answers for them) without the function's lookup per piece, which cost most of a long export.
+_WEIGHT_SPANS = (
+    "SELECT model, weight, tstzrange(effective_from, lead(effective_from) OVER (PARTITION BY model "
+    "ORDER BY effective_from)) AS valid FROM gpu_weights "
+    "UNION ALL SELECT model, 1, tstzrange(NULL, min(effective_from)) FROM gpu_weights GROUP BY model"
+)
+_SOURCE_WEIGHT = (
+    f"LEFT JOIN ({_WEIGHT_SPANS}) AS ws ON ws.model = s.gpu_model AND NOT isempty(s.charged) "
+    "AND ws.valid @> range_merge(s.charged)"
+)
+
+
 def _piece_sums(piece: str) -> str:
     """A source's share-seconds, charged seconds and seconds in its pieces `piece` (summed per source).
-    A model never weighted counts its seconds as they are, without gpu_weighted_seconds' lookup per piece
-    (the same value: its weight is 1 throughout)."""
+    The charge is weighted by the source's one weight (_SOURCE_WEIGHT), by gpu_weighted_seconds where its
+    time crosses a weight change, and not at all for a model never weighted."""
     seconds = f"extract(epoch FROM upper({piece}) - lower({piece}))"
     return (
         f"sum(s.gpu_share * {seconds}) AS share_seconds, "
-        f"sum(s.charge_share * CASE WHEN s.gpu_model = ANY(ARRAY(SELECT model FROM gpu_weights)) "
+        f"sum(s.charge_share * CASE WHEN ws.weight IS NOT NULL THEN ws.weight * {seconds} "
+        f"WHEN s.gpu_model = ANY(ARRAY(SELECT model FROM gpu_weights)) "
         f"THEN gpu_weighted_seconds(s.gpu_model, {piece}) ELSE {seconds} END) AS charged_seconds, "
         f"sum({seconds}) AS seconds"
     )
@@ -251,7 +266,7 @@ _USAGE_BY_PERIOD = sa.text(
     "SELECT CAST(:starts AS timestamptz[]) AS starts, CAST(:ends AS timestamptz[]) AS ends), per_source AS ("
     f"SELECT b.starts[k] AS period_start, s.namespace, {_USAGE_PIECE['model'][0]} AS key, x.*, "
     "s.per, s.reports, s.util, s.util_covered, s.util_peak, s.mem, s.mem_covered, s.mem_peak, s.energy, "
-    "s.status_bits FROM source s CROSS JOIN b "
+    f"s.status_bits FROM source s {_SOURCE_WEIGHT} CROSS JOIN b "
     "CROSS JOIN LATERAL generate_series(greatest(width_bucket(lower(s.charged), b.starts), 1), "
     "width_bucket(upper(s.charged) - interval '1 microsecond', b.starts)) AS k "
     f"CROSS JOIN LATERAL (SELECT {_piece_sums('r')} "
@@ -509,7 +524,7 @@ class UsageRepository:
         query = sa.text(
             f"WITH source AS ({_USAGE_SOURCE}), per_source AS ("
             f"SELECT {key} AS key, s.pod, s.id, {_piece_sums(piece)}, {_SOURCE_FIGURES} "
-            "FROM source s "
+            f"FROM source s {_SOURCE_WEIGHT} "
             "CROSS JOIN LATERAL unnest(s.charged * tstzmultirange(tstzrange(:since, :until))) AS r "
             f"{bucket} GROUP BY 1, 2, 3) "
             f"{rows} GROUP BY key ORDER BY key"

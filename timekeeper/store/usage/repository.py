@@ -203,30 +203,31 @@ _USAGE_PIECE = {
 }
 
 
-# Each GPU model's weight over each stretch between its changes (1 before its first), joined to a source
-# whose charged time lies inside one stretch: its pieces take that weight (exactly what gpu_weighted_seconds
-# answers for them) without the function's lookup per piece, which cost most of a long export.
-_WEIGHT_SPANS = (
-    "SELECT model, weight, tstzrange(effective_from, lead(effective_from) OVER (PARTITION BY model "
-    "ORDER BY effective_from)) AS valid FROM gpu_weights "
-    "UNION ALL SELECT model, 1, tstzrange(NULL, min(effective_from)) FROM gpu_weights GROUP BY model"
-)
+# Each weighted GPU model's changes, in order, joined to the sources of that model: a source whose charged
+# time lies between two changes (one bucket of width_bucket) takes the weight in force there (1 before the
+# first) for all its pieces, exactly what gpu_weighted_seconds answers for them, without the function's
+# lookup per piece, which cost most of a long export. One row per model: a nested loop over it stays short.
 _SOURCE_WEIGHT = (
-    f"LEFT JOIN ({_WEIGHT_SPANS}) AS ws ON ws.model = s.gpu_model AND NOT isempty(s.charged) "
-    "AND ws.valid @> range_merge(s.charged)"
+    "LEFT JOIN (SELECT model, array_agg(effective_from ORDER BY effective_from) AS froms, "
+    "array_agg(weight ORDER BY effective_from) AS weights FROM gpu_weights GROUP BY model) AS wc "
+    "ON wc.model = s.gpu_model"
+)
+_IN_ONE_SPAN = (
+    "width_bucket(lower(s.charged), wc.froms) "
+    "= width_bucket(upper(s.charged) - interval '1 microsecond', wc.froms)"
 )
 
 
 def _piece_sums(piece: str) -> str:
     """A source's share-seconds, charged seconds and seconds in its pieces `piece` (summed per source).
-    The charge is weighted by the source's one weight (_SOURCE_WEIGHT), by gpu_weighted_seconds where its
-    time crosses a weight change, and not at all for a model never weighted."""
+    The charge counts a model never weighted as it is, a source inside one weight span at that weight
+    (_SOURCE_WEIGHT), and a piece crossing a change by gpu_weighted_seconds."""
     seconds = f"extract(epoch FROM upper({piece}) - lower({piece}))"
     return (
         f"sum(s.gpu_share * {seconds}) AS share_seconds, "
-        f"sum(s.charge_share * CASE WHEN ws.weight IS NOT NULL THEN ws.weight * {seconds} "
-        f"WHEN s.gpu_model = ANY(ARRAY(SELECT model FROM gpu_weights)) "
-        f"THEN gpu_weighted_seconds(s.gpu_model, {piece}) ELSE {seconds} END) AS charged_seconds, "
+        f"sum(s.charge_share * CASE WHEN wc.model IS NULL THEN {seconds} "
+        f"WHEN {_IN_ONE_SPAN} THEN coalesce(wc.weights[width_bucket(lower(s.charged), wc.froms)], 1) "
+        f"* {seconds} ELSE gpu_weighted_seconds(s.gpu_model, {piece}) END) AS charged_seconds, "
         f"sum({seconds}) AS seconds"
     )
 
@@ -311,6 +312,19 @@ _HELD = sa.text(
     "FROM pods JOIN pieces x USING (pod_uid) GROUP BY 1, 2, 3, 4 "
     "HAVING count(x.util) > 0 ORDER BY 1, 2, 3"
 )
+
+
+def by_period_parameters(
+    namespaces: Sequence[str] | None, periods: Sequence[tuple[datetime, datetime]]
+) -> dict[str, Any]:
+    """_USAGE_BY_PERIOD's parameters: the namespaces (None: all) and the periods' bounds, in order."""
+    return {
+        "namespaces": None if namespaces is None else list(namespaces),
+        "starts": [start for start, _ in periods],
+        "ends": [end for _, end in periods],
+        "since": min(start for start, _ in periods),
+        "until": max(end for _, end in periods),
+    }
 
 
 class UsageFound(NamedTuple):
@@ -539,13 +553,7 @@ class UsageRepository:
         statement streamed from a server-side cursor: (period start, namespace, row) in that order."""
         result = await self.session.stream(
             _USAGE_BY_PERIOD.execution_options(yield_per=_STREAMED_ROWS),
-            {
-                "namespaces": None if namespaces is None else list(namespaces),
-                "starts": [start for start, _ in periods],
-                "ends": [end for _, end in periods],
-                "since": min(start for start, _ in periods),
-                "until": max(end for _, end in periods),
-            },
+            by_period_parameters(namespaces, periods),
         )
         async for row in result:
             yield row.period_start, row.namespace, usage_found(row)

@@ -1,6 +1,6 @@
 """The chargeback export: per period, namespace and GPU model, raw and charged GPU-minutes, utilisation and
 cost at the admin-set price per GPU-hour. Each row is the usage API's answer by model for that namespace and
-period (the same query, so their totals agree exactly), streamed as JSON or CSV one row at a time."""
+period (the same exact sums, one statement for them all), streamed as JSON or CSV one row at a time."""
 
 from __future__ import annotations
 

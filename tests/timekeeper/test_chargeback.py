@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import gc
 import io
 import secrets
 from datetime import UTC, datetime, timedelta
@@ -204,22 +205,38 @@ async def test_a_second_export_waits_for_the_first_to_end(api: Api, app: FastAPI
     assert [row async for row in await second] == rows
 
 
+async def test_an_export_whose_answer_is_never_sent_gives_its_turn_back(app: FastAPI, history: None) -> None:
+    """A client gone before the answer started: the export, dropped unread, ends and frees its turn."""
+    exports = app.state.chargeback_exports
+    dropped = await exports.rows(whole_window(), None, "USD")
+    del dropped
+    gc.collect()
+
+    again = await exports.rows(whole_window(), None, "USD")  # within the wait, else 429
+
+    assert [row["namespace"] async for row in again]
+
+
 async def test_an_export_runs_on_a_connection_of_its_own_cut_off_at_its_timeout(
     api: Api, app: FastAPI, history: None, connection: AsyncConnection
 ) -> None:
-    """The export pool's connection (not the requests'): read-only, with the export's statement_timeout.
-    Held up by a lock here, its statement is cancelled and the export answers 503 before any row."""
+    """The export pool's connection (not the requests'): read-only, statements and idle transactions cut
+    off at the export's timeout. Held up by a lock here, its statement is cancelled: 503 before any row."""
     app.state.export_sessionmaker = build_sessionmaker(app.state.export_engine)
     async with app.state.export_engine.connect() as export_connection:
         shown = [
             (await export_connection.execute(sa.text(f"SHOW {name}"))).scalar_one()
-            for name in ("statement_timeout", "default_transaction_read_only")
+            for name in (
+                "statement_timeout",
+                "idle_in_transaction_session_timeout",
+                "default_transaction_read_only",
+            )
         ]
     await connection.execute(sa.text("LOCK TABLE gpu_prices IN ACCESS EXCLUSIVE MODE"))
 
     cut_off = await api.client.get("/billing/chargeback", params=WINDOW, headers=bearer(api.tokens.admin))
 
-    assert shown == ["500ms", "on"]
+    assert shown == ["500ms", "500ms", "on"]
     assert app.state.export_engine.pool.size() == 1
     assert cut_off.status_code == 503
     assert "TIMEKEEPER_CHARGEBACK_EXPORT_TIMEOUT_SECONDS" in cut_off.json()["detail"]

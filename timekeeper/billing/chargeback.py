@@ -9,6 +9,7 @@ import csv
 import io
 import math
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -106,8 +107,10 @@ class ChargebackExports:
                 "every chargeback export's turn is taken; retry later", 429, {"Retry-After": retry}
             ) from None
         try:
-            async for row in chargeback_rows(self._sessions(), span, namespaces, currency):
-                yield row
+            # Closed before the turn is given back: its session's connection returns to the pool first.
+            async with aclosing(chargeback_rows(self._sessions(), span, namespaces, currency)) as rows:
+                async for row in rows:
+                    yield row
         except sa.exc.OperationalError as error:
             if not isinstance(error.orig, psycopg.errors.QueryCanceled):
                 raise
@@ -149,7 +152,7 @@ async def chargeback_rows(
     span: ChargebackRange,
     namespaces: Sequence[str] | None,
     currency: str,
-) -> AsyncIterator[dict[str, object]]:
+) -> AsyncGenerator[dict[str, object], None]:
     """One row per period, namespace (of `namespaces`; None: all) and GPU model with use, in that order:
     one statement for them all, read from a server-side cursor a batch at a time."""
     by_start = {period.start: period for period in span.periods}

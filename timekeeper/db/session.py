@@ -39,13 +39,15 @@ def build_engine(
 
 def build_export_engine(url: str, settings: Settings) -> AsyncEngine:
     """The chargeback exports' own pool, of one connection per export at once: an export never holds a
-    connection the requests need. Read-only, each statement cut off at the export timeout."""
+    connection the requests need. Read-only; a statement, or a transaction left idle by a reader that
+    stopped reading (its snapshot holds back vacuum of ingest's tables), ends at the export timeout."""
     timeout_ms = max(1, round(settings.chargeback_export_timeout_seconds * 1000))
     return build_engine(
         url,
         settings.chargeback_exports,
         max_overflow=0,
-        options=f"-c statement_timeout={timeout_ms} -c default_transaction_read_only=on",
+        options=f"-c statement_timeout={timeout_ms} -c idle_in_transaction_session_timeout={timeout_ms} "
+        "-c default_transaction_read_only=on",
     )
 
 

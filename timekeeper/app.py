@@ -3,7 +3,6 @@ the lifespan; the factory itself only wires objects together."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -20,12 +19,14 @@ from timekeeper.audit.router import router as audit_router
 from timekeeper.auth.digests import TokenDigests
 from timekeeper.auth.factory import build_access_control
 from timekeeper.auth.router import router as auth_router
+from timekeeper.billing.chargeback import ChargebackExports
 from timekeeper.billing.router import namespaced as billing_namespaced_router
 from timekeeper.billing.router import router as billing_router
 from timekeeper.budgets.router import router as budgets_router
 from timekeeper.clock import Clock
 from timekeeper.db.session import (
     build_engine,
+    build_export_engine,
     build_read_sessionmaker,
     build_sessionmaker,
     resolve_database_url,
@@ -63,13 +64,20 @@ def default_clock(settings: Settings) -> Clock:
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
-    engine = build_engine(await resolve_database_url(settings), settings.database_pool_size)
-    app.state.engine = engine
+    url = await resolve_database_url(settings)
+    engine = build_engine(url, settings.database_pool_size)
+    export_engine = build_export_engine(url, settings)
+    app.state.engine, app.state.export_engine = engine, export_engine
     app.state.sessionmaker = build_sessionmaker(engine)
     app.state.read_sessionmaker = build_read_sessionmaker(engine)
     app.state.known_namespaces = lambda: known_namespaces(app.state.sessionmaker)
     app.state.snapshot_cache = SnapshotCache()
-    app.state.chargeback_export_slots = asyncio.Semaphore(settings.chargeback_exports)
+    app.state.export_sessionmaker = build_sessionmaker(export_engine)
+    app.state.chargeback_exports = ChargebackExports(
+        lambda: app.state.export_sessionmaker,
+        settings.chargeback_exports,
+        settings.chargeback_export_wait_seconds,
+    )
     app.state.access = await build_access_control(settings)
     await create_ledger_partitions(app.state.sessionmaker, settings, app.state.clock)
     app.state.pod_shares = None
@@ -90,6 +98,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if app.state.pod_shares is not None:
             await app.state.pod_shares.aclose()
         await engine.dispose()
+        await export_engine.dispose()
 
 
 async def create_ledger_partitions(

@@ -124,6 +124,7 @@ _ERRORS = {
     409: "a conflict: the pod uid reports for another namespace; a GPUBudget object governs the budget",
     413: "the body is larger than the configured limit",
     422: "malformed: the request's shape (a list of errors) or a configured limit (a sentence)",
+    429: "too many at once: retry after the seconds in Retry-After",
     503: "the database does not answer",
 }
 

@@ -87,7 +87,18 @@ class Settings(BaseSettings):
     chargeback_exports: int = Field(
         default=1,
         ge=1,
-        description="Chargeback exports one timekeeper process streams at once; others wait.",
+        description="Chargeback exports one timekeeper process streams at once, each on a database "
+        "connection of its own (a pool of this many, apart from the requests' pool).",
+    )
+    chargeback_export_wait_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        description="How long one more export waits for its turn; then it is answered 429 with Retry-After.",
+    )
+    chargeback_export_timeout_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="statement_timeout of an export's statement; one that runs longer is answered 503.",
     )
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, description="Largest accepted request body.")
     # What one client may cost the server (docs/security.md, "Hostile clients"), per worker process.

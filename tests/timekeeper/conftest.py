@@ -100,6 +100,8 @@ async def app(
         )
         # Reads too (in production they run in autocommit; tests/timekeeper/test_reads.py checks that).
         app.state.read_sessionmaker = app.state.sessionmaker
+        # And chargeback exports (in production on a pool of their own: tests/timekeeper/test_chargeback.py).
+        app.state.export_sessionmaker = app.state.sessionmaker
         yield app
 
 

@@ -5,22 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import gc
 import io
 import secrets
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from fastapi import FastAPI
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tests.support.postgres import url_string
 from tests.support.timekeeper import Api, Tokens, bearer, ok, sha256
-from timekeeper.billing.chargeback import escape_formula, limited_export
+from tests.timekeeper.test_scheduler_jobs import run
+from timekeeper.billing.chargeback import ChargebackRange, chargeback_range, escape_formula
 from timekeeper.clock import ManualClock
+from timekeeper.db.session import build_sessionmaker
 from timekeeper.settings import Settings
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -28,6 +31,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 MARCH = datetime(2026, 3, 1, tzinfo=UTC)
 TEAM_B_READER = secrets.token_urlsafe(24)
 WINDOW = {"since": "2026-02-01T00:00:00Z", "until": "2026-04-01T00:00:00Z"}
+FIGURES = ("gpu_minutes", "raw_gpu_minutes", "mean_sm_util_pct")  # an export row's and a usage row's
 
 
 def gpus(name: str | None, util: float) -> list[dict[str, Any]]:
@@ -42,6 +46,8 @@ def settings(database_url: URL, tokens: Tokens) -> Settings:
         database_url=url_string(database_url),
         scheduler_enabled=False,
         reader_tokens={sha256(TEAM_B_READER): ["team-b"]},
+        chargeback_export_wait_seconds=0.5,
+        chargeback_export_timeout_seconds=0.5,
         **tokens.settings(),
     )
 
@@ -164,26 +170,123 @@ async def test_an_export_runs_as_many_statements_for_59_days_as_for_2_months(
     assert len(statements) - by_month == by_month
 
 
-async def test_a_second_export_waits_until_the_first_has_ended() -> None:
-    log: list[str] = []
+def whole_window() -> ChargebackRange:
+    return chargeback_range(
+        "monthly", datetime.fromisoformat(WINDOW["since"]), datetime.fromisoformat(WINDOW["until"])
+    )
 
-    async def rows(name: str) -> AsyncIterator[dict[str, object]]:
-        log.append(f"{name} reads")
-        yield {"name": name}
-        log.append(f"{name} ends")
 
-    exports = asyncio.Semaphore(1)
-    first = limited_export(exports, rows("first"))
-    await anext(first)
-    second = asyncio.create_task(anext(limited_export(exports, rows("second"))))
+async def test_one_export_more_than_the_turns_waits_then_is_refused_with_retry_after(
+    api: Api, app: FastAPI, history: None
+) -> None:
+    exports = app.state.chargeback_exports
+    held = await exports.rows(whole_window(), None, "USD")  # the one turn, its statement run already
+
+    refused = await api.client.get("/billing/chargeback", params=WINDOW, headers=bearer(api.tokens.admin))
+    async for _ in held:  # the export ends: its turn is free
+        pass
+    answered = await api.client.get("/billing/chargeback", params=WINDOW, headers=bearer(api.tokens.admin))
+
+    assert (refused.status_code, refused.headers["retry-after"]) == (429, "1")
+    assert "retry later" in refused.json()["detail"]
+    assert answered.status_code == 200
+
+
+async def test_a_second_export_waits_for_the_first_to_end(api: Api, app: FastAPI, history: None) -> None:
+    exports = app.state.chargeback_exports
+    first = await exports.rows(whole_window(), None, "USD")
+    second = asyncio.create_task(exports.rows(whole_window(), None, "USD"))
     for _ in range(10):
         await asyncio.sleep(0)
-    waited = list(log)
-    async for _ in first:
-        pass
+    waited = not second.done()
+    rows = [row async for row in first]
 
-    assert (waited, await second) == (["first reads"], {"name": "second"})
-    assert log == ["first reads", "first ends", "second reads"]
+    assert waited
+    assert [row async for row in await second] == rows
+
+
+async def test_an_export_whose_answer_is_never_sent_gives_its_turn_back(app: FastAPI, history: None) -> None:
+    """A client gone before the answer started: the export, dropped unread, ends and frees its turn."""
+    exports = app.state.chargeback_exports
+    dropped = await exports.rows(whole_window(), None, "USD")
+    del dropped
+    gc.collect()
+
+    again = await exports.rows(whole_window(), None, "USD")  # within the wait, else 429
+
+    assert [row["namespace"] async for row in again]
+
+
+async def test_an_export_runs_on_a_connection_of_its_own_cut_off_at_its_timeout(
+    api: Api, app: FastAPI, history: None, connection: AsyncConnection
+) -> None:
+    """The export pool's connection (not the requests'): read-only, statements and idle transactions cut
+    off at the export's timeout. Held up by a lock here, its statement is cancelled: 503 before any row."""
+    app.state.export_sessionmaker = build_sessionmaker(app.state.export_engine)
+    async with app.state.export_engine.connect() as export_connection:
+        shown = [
+            (await export_connection.execute(sa.text(f"SHOW {name}"))).scalar_one()
+            for name in (
+                "statement_timeout",
+                "idle_in_transaction_session_timeout",
+                "default_transaction_read_only",
+            )
+        ]
+    await connection.execute(sa.text("LOCK TABLE gpu_prices IN ACCESS EXCLUSIVE MODE"))
+
+    cut_off = await api.client.get("/billing/chargeback", params=WINDOW, headers=bearer(api.tokens.admin))
+
+    assert shown == ["500ms", "500ms", "on"]
+    assert app.state.export_engine.pool.size() == 1
+    assert cut_off.status_code == 503
+    assert "TIMEKEEPER_CHARGEBACK_EXPORT_TIMEOUT_SECONDS" in cut_off.json()["detail"]
+
+
+async def test_after_a_roll_up_daily_rows_equal_the_usage_apis_across_days_and_weight_changes(
+    api: Api, app: FastAPI, clock: ManualClock
+) -> None:
+    """Rolled-up hours beside a raw row, a pod across midnight, a weight change inside a rolled-up hour,
+    a range clipped inside hours: each day's rows are the usage API's answer by model for that day."""
+    day, admin = datetime(2026, 3, 10, tzinfo=UTC), bearer(api.tokens.admin)
+    clock.set(day - timedelta(hours=6))
+    ok(await api.client.put("/billing/weights/Tesla-T4", json={"weight": 0.5}, headers=admin))
+    change = {"weight": 2, "effective_from": (day + timedelta(hours=13, minutes=20)).isoformat()}
+    ok(await api.client.put("/billing/weights/Tesla-T4", json=change, headers=admin))
+    clock.set(day + timedelta(hours=14, minutes=10))
+    reports = [  # pod, seq, start and end (hours after midnight), share, GPU
+        ("c", 1, -0.5, 1 / 3, 0.125, "Tesla T4"),
+        ("a", 1, 12 + 50 / 60, 13 + 10 / 60, 1, "Tesla T4"),
+        ("a", 2, 13 + 10 / 60, 13 + 40 / 60, 1, "Tesla T4"),
+        ("a", 3, 13 + 55 / 60, 14 + 5 / 60, 1, "Tesla T4"),  # ends after the roll-up's cutoff: stays raw
+        ("b", 1, 12, 12.1204, 1 / 3, "NVIDIA H100 80GB HBM3"),
+    ]
+    for pod, seq, begins, ends, share, name in reports:
+        body = dict(pod=pod, pod_uid=f"uid-{pod}", seq=seq, gpu_share=share, gpus=gpus(name, 40.0 + seq))
+        ok(await api.report(**body, start=day + timedelta(hours=begins), end=day + timedelta(hours=ends)))
+    clock.set(day + timedelta(days=7, hours=14, minutes=9))
+    assert (await run(app, "rollup")).detail is not None
+    window = {"since": "2026-03-09T23:40:00.5Z", "until": "2026-03-10T14:02:00Z"}
+
+    answer = ok(
+        await api.client.get(
+            "/billing/chargeback", params={**window, "period": "daily", "format": "json"}, headers=admin
+        )
+    )
+
+    expected = []
+    for start, end in ((window["since"], "2026-03-10T00:00:00Z"), ("2026-03-10T00:00:00Z", window["until"])):
+        usage = ok(await api.get("/namespaces/team-a/usage", group_by="model", since=start, until=end))
+        expected += [(start[:10], row["key"], *(row[name] for name in FIGURES)) for row in usage["rows"]]
+    exported = [
+        (row["period_start"][:10], row["gpu_model"], *(row[name] for name in FIGURES))
+        for row in answer["rows"]
+    ]
+    assert exported == expected
+    assert [(day, model) for day, model, *_ in exported] == [
+        ("2026-03-09", "Tesla-T4"),
+        ("2026-03-10", "NVIDIA-H100-80GB-HBM3"),
+        ("2026-03-10", "Tesla-T4"),
+    ]
 
 
 async def test_a_scoped_reader_exports_only_its_namespaces(api: Api, history: None) -> None:

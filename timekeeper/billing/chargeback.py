@@ -1,19 +1,23 @@
 """The chargeback export: per period, namespace and GPU model, raw and charged GPU-minutes, utilisation and
 cost at the admin-set price per GPU-hour. Each row is the usage API's answer by model for that namespace and
-period (the same query, so their totals agree exactly), streamed as JSON or CSV one row at a time."""
+period (the same exact sums, one statement for them all), streamed as JSON or CSV one row at a time."""
 
 from __future__ import annotations
 
 import asyncio
 import csv
 import io
-from collections.abc import AsyncIterator, Sequence
+import math
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Literal
+from typing import Literal, TypeVar
 
 import orjson
+import psycopg
+import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from timekeeper.domain.periods import Period, PeriodKind, periods_overlapping
@@ -38,6 +42,7 @@ COLUMNS = (
 )
 _MINUTES_PER_HOUR = Decimal(60)
 _CENT_FRACTION = Decimal("0.000001")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,14 +76,75 @@ def cost(raw_gpu_minutes: Decimal, price_per_gpu_hour: Decimal | None) -> Decima
     return (raw_gpu_minutes / _MINUTES_PER_HOUR * price_per_gpu_hour).quantize(_CENT_FRACTION)
 
 
-async def limited_export(
-    exports: asyncio.Semaphore, rows: AsyncIterator[dict[str, object]]
-) -> AsyncIterator[dict[str, object]]:
-    """`rows` once `exports` admits one more (TIMEKEEPER_CHARGEBACK_EXPORTS at once): an export reads every
-    ledger row of its range, and several at once would take the database's cores from ingest."""
-    async with exports:
-        async for row in rows:
-            yield row
+class ChargebackExports:
+    """This process's chargeback exports: `size` at once, on `sessions` (a pool of their own, never the
+    requests'); one more waits `wait_seconds` for its turn, then is refused 429 with Retry-After. Each
+    export reads every ledger row of its range: more at once would take the database's cores from ingest."""
+
+    def __init__(
+        self, sessions: Callable[[], async_sessionmaker[AsyncSession]], size: int, wait_seconds: float
+    ) -> None:
+        self._sessions = sessions
+        self._turns = asyncio.Semaphore(size)
+        self.wait_seconds = wait_seconds
+
+    async def rows(
+        self, span: ChargebackRange, namespaces: Sequence[str] | None, currency: str
+    ) -> AsyncIterator[dict[str, object]]:
+        """chargeback_rows in its turn, its first row read already: the statement's work is done before
+        an answer starts, so a refusal or a statement cut off at its timeout answers its own status."""
+        return await started(self._in_turn(span, namespaces, currency))
+
+    async def _in_turn(
+        self, span: ChargebackRange, namespaces: Sequence[str] | None, currency: str
+    ) -> AsyncGenerator[dict[str, object], None]:
+        try:
+            async with asyncio.timeout(self.wait_seconds):
+                await self._turns.acquire()
+        except TimeoutError:
+            retry = str(max(1, math.ceil(self.wait_seconds)))
+            raise TimekeeperError(
+                "every chargeback export's turn is taken; retry later", 429, {"Retry-After": retry}
+            ) from None
+        try:
+            # Closed before the turn is given back: its session's connection returns to the pool first.
+            async with aclosing(chargeback_rows(self._sessions(), span, namespaces, currency)) as rows:
+                async for row in rows:
+                    yield row
+        except sa.exc.OperationalError as error:
+            if not isinstance(error.orig, psycopg.errors.QueryCanceled):
+                raise
+            raise TimekeeperError(
+                "the export ran past its time limit (TIMEKEEPER_CHARGEBACK_EXPORT_TIMEOUT_SECONDS); "
+                "ask for a shorter range",
+                503,
+            ) from None
+        finally:
+            self._turns.release()
+
+
+async def started(rows: AsyncGenerator[T, None]) -> AsyncIterator[T]:
+    """`rows` with its first item read now; the rest as they are asked for (and `rows` closed after)."""
+    try:
+        first = await anext(rows)
+    except StopAsyncIteration:
+        return _empty()
+    return _after(first, rows)
+
+
+async def _empty() -> AsyncIterator[T]:
+    nothing: tuple[T, ...] = ()
+    for item in nothing:
+        yield item
+
+
+async def _after(first: T, rest: AsyncGenerator[T, None]) -> AsyncIterator[T]:
+    try:
+        yield first
+        async for item in rest:
+            yield item
+    finally:
+        await rest.aclose()
 
 
 async def chargeback_rows(
@@ -86,7 +152,7 @@ async def chargeback_rows(
     span: ChargebackRange,
     namespaces: Sequence[str] | None,
     currency: str,
-) -> AsyncIterator[dict[str, object]]:
+) -> AsyncGenerator[dict[str, object], None]:
     """One row per period, namespace (of `namespaces`; None: all) and GPU model with use, in that order:
     one statement for them all, read from a server-side cursor a batch at a time."""
     by_start = {period.start: period for period in span.periods}

@@ -15,8 +15,6 @@ from timekeeper.billing.chargeback import (
     as_csv,
     as_json,
     chargeback_range,
-    chargeback_rows,
-    limited_export,
 )
 from timekeeper.billing.schemas import (
     ChargeBasisIn,
@@ -106,7 +104,7 @@ _CSV = "text/csv"
             "description": "rows per period, namespace and GPU model (JSON, or CSV with a header row)",
             "content": {"application/json": {}, _CSV: {"schema": {"type": "string"}}},
         },
-        **error_responses(503),
+        **error_responses(429, 503),
     },
     response_class=StreamingResponse,
 )
@@ -124,10 +122,7 @@ async def export_chargeback(
     settings, now = request.app.state.settings, request.app.state.clock.now()
     span = chargeback_range(period, since or period_containing(PeriodKind(period), now).start, until or now)
     namespaces = None if scope is None else sorted(scope)
-    rows = limited_export(
-        request.app.state.chargeback_export_slots,
-        chargeback_rows(request.app.state.sessionmaker, span, namespaces, settings.billing_currency),
-    )
+    rows = await request.app.state.chargeback_exports.rows(span, namespaces, settings.billing_currency)
     wanted = export_format or ("csv" if _CSV in request.headers.get("accept", "") else "json")
     if wanted == "csv":
         return StreamingResponse(

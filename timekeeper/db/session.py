@@ -29,18 +29,34 @@ T = TypeVar("T")
 POOL_RECYCLE_SECONDS = 1800
 
 
-def build_engine(url: str, pool_size: int = 10) -> AsyncEngine:
+def build_engine(
+    url: str, pool_size: int = 10, max_overflow: int | None = None, options: str = ""
+) -> AsyncEngine:
     """Sessions run in UTC so day and hour buckets never depend on the server's time zone. Checkouts are
     not pinged: a connection found closed in use invalidates every older one in the pool (SQLAlchemy's
     disconnect handling), and reads and ingest batches meeting it run once more (`read`, usage.batcher)."""
     return create_async_engine(
         url,
         pool_size=pool_size,
-        max_overflow=pool_size,
+        max_overflow=pool_size if max_overflow is None else max_overflow,
         pool_recycle=POOL_RECYCLE_SECONDS,
         # JIT off: its compile time (tens of ms, seconds for a big plan) lands on short queries whose
         # estimated cost passes jit_above_cost, e.g. the forecast's burn on every read (docs/performance.md).
-        connect_args={"options": "-c timezone=UTC -c jit=off"},
+        connect_args={"options": f"-c timezone=UTC -c jit=off {options}".rstrip()},
+    )
+
+
+def build_export_engine(url: str, settings: Settings) -> AsyncEngine:
+    """The chargeback exports' own pool, of one connection per export at once: an export never holds a
+    connection the requests need. Read-only; a statement, or a transaction left idle by a reader that
+    stopped reading (its snapshot holds back vacuum of ingest's tables), ends at the export timeout."""
+    timeout_ms = max(1, round(settings.chargeback_export_timeout_seconds * 1000))
+    return build_engine(
+        url,
+        settings.chargeback_exports,
+        max_overflow=0,
+        options=f"-c statement_timeout={timeout_ms} -c idle_in_transaction_session_timeout={timeout_ms} "
+        "-c default_transaction_read_only=on",
     )
 
 

@@ -224,16 +224,50 @@ _USAGE_PIECE = {
 }
 
 
-def _piece_sums(piece: str) -> str:
-    """A source's share-seconds, charged seconds and seconds in its pieces `piece` (summed per source).
-    A model never weighted counts its seconds as they are, without gpu_weighted_seconds' lookup per piece
-    (the same value: its weight is 1 throughout)."""
+# Each weighted GPU model's changes, in order, joined to the sources of that model: a source whose charged
+# time lies between two changes (one bucket of width_bucket) takes the weight in force there (1 before the
+# first) for all its pieces, exactly what gpu_weighted_seconds answers for them, without the function's
+# lookup per piece, which cost most of a long export. One row per model: a nested loop over it stays short.
+_SOURCE_WEIGHT = (
+    "LEFT JOIN (SELECT model, array_agg(effective_from ORDER BY effective_from) AS froms, "
+    "array_agg(weight ORDER BY effective_from) AS weights FROM gpu_weights GROUP BY model) AS wc "
+    "ON wc.model = s.gpu_model"
+)
+_IN_ONE_SPAN = (
+    "width_bucket(lower(s.charged), wc.froms) "
+    "= width_bucket(upper(s.charged) - interval '1 microsecond', wc.froms)"
+)
+
+
+def _piece_figures(piece: str) -> dict[str, str]:
+    """A piece's share-seconds, charged seconds and seconds. The charge counts a model never weighted as it
+    is, a source inside one weight span at that weight (_SOURCE_WEIGHT), a piece crossing a change by
+    gpu_weighted_seconds."""
     seconds = f"extract(epoch FROM upper({piece}) - lower({piece}))"
-    return (
-        f"sum(s.gpu_share * {seconds}) AS share_seconds, "
-        f"sum(s.charge_share * CASE WHEN s.gpu_model = ANY(ARRAY(SELECT model FROM gpu_weights)) "
-        f"THEN gpu_weighted_seconds(s.gpu_model, {piece}) ELSE {seconds} END) AS charged_seconds, "
-        f"sum({seconds}) AS seconds"
+    return {
+        "share_seconds": f"s.gpu_share * {seconds}",
+        "charged_seconds": f"s.charge_share * CASE WHEN wc.model IS NULL THEN {seconds} "
+        f"WHEN {_IN_ONE_SPAN} THEN coalesce(wc.weights[width_bucket(lower(s.charged), wc.froms)], 1) "
+        f"* {seconds} ELSE gpu_weighted_seconds(s.gpu_model, {piece}) END",
+        "seconds": seconds,
+    }
+
+
+def _piece_sums(piece: str) -> str:
+    """A source's figures summed over its pieces `piece` (grouped per source)."""
+    return ", ".join(f"sum({figure}) AS {name}" for name, figure in _piece_figures(piece).items())
+
+
+def _period_sums(period: str) -> str:
+    """A source's figures in `period` (a tstzrange it overlaps), without grouping: a source whose charged
+    time is one range (nearly all) is cut by range arithmetic; only one with gaps is unnested."""
+    one = _piece_figures(f"(range_merge(s.charged) * {period})")
+    pieces = _piece_figures("r")
+    return ", ".join(
+        f"CASE WHEN s.charged = tstzmultirange(range_merge(s.charged)) THEN {one[name]} "
+        f"ELSE (SELECT sum({pieces[name]}) FROM unnest(s.charged * tstzmultirange({period})) AS r) "
+        f"END AS {name}"
+        for name in pieces
     )
 
 
@@ -265,19 +299,20 @@ _BY_WORKLOAD = (
 )
 # usage(..., "model") of many namespaces and periods at once (:starts and :ends, the bounds of contiguous
 # periods in order): each source finds the periods its charged time touches by binary search in :starts
-# (width_bucket), its sums per period taken in a lateral subquery (no grouping by source), then one usage
-# row per period, namespace and model.
+# (width_bucket), its figures in each (_period_sums) one row, then one usage row per period, namespace
+# and model. OFFSET 0 keeps per_source a subquery: pulled up, each figure would be computed again for
+# every use of it in _TOTALS.
+_PERIOD = "tstzrange(b.starts[k], b.ends[k])"
 _USAGE_BY_PERIOD = sa.text(
     f"WITH source AS ({_USAGE_SOURCE_OF_NAMESPACES}), b AS ("
     "SELECT CAST(:starts AS timestamptz[]) AS starts, CAST(:ends AS timestamptz[]) AS ends), per_source AS ("
-    f"SELECT b.starts[k] AS period_start, s.namespace, {_USAGE_PIECE['model'][0]} AS key, x.*, "
+    f"SELECT b.starts[k] AS period_start, s.namespace, {_USAGE_PIECE['model'][0]} AS key, "
+    f"{_period_sums(_PERIOD)}, "
     "s.per, s.reports, s.util, s.util_covered, s.util_peak, s.mem, s.mem_covered, s.mem_peak, s.energy, "
-    "s.status_bits FROM source s CROSS JOIN b "
+    f"s.status_bits FROM source s {_SOURCE_WEIGHT} CROSS JOIN b "
     "CROSS JOIN LATERAL generate_series(greatest(width_bucket(lower(s.charged), b.starts), 1), "
     "width_bucket(upper(s.charged) - interval '1 microsecond', b.starts)) AS k "
-    f"CROSS JOIN LATERAL (SELECT {_piece_sums('r')} "
-    "FROM unnest(s.charged * tstzmultirange(tstzrange(b.starts[k], b.ends[k]))) AS r "
-    "HAVING count(*) > 0) AS x) "
+    f"WHERE s.charged && {_PERIOD} OFFSET 0) "
     f"SELECT period_start, namespace, key, {_TOTALS} FROM per_source "
     "GROUP BY period_start, namespace, key ORDER BY period_start, namespace, key"
 )
@@ -317,6 +352,19 @@ _HELD = sa.text(
     "FROM pods JOIN pieces x USING (pod_uid) GROUP BY 1, 2, 3, 4 "
     "HAVING count(x.util) > 0 ORDER BY 1, 2, 3"
 )
+
+
+def by_period_parameters(
+    namespaces: Sequence[str] | None, periods: Sequence[tuple[datetime, datetime]]
+) -> dict[str, Any]:
+    """_USAGE_BY_PERIOD's parameters: the namespaces (None: all) and the periods' bounds, in order."""
+    return {
+        "namespaces": None if namespaces is None else list(namespaces),
+        "starts": [start for start, _ in periods],
+        "ends": [end for _, end in periods],
+        "since": min(start for start, _ in periods),
+        "until": max(end for _, end in periods),
+    }
 
 
 class UsageFound(NamedTuple):
@@ -530,7 +578,7 @@ class UsageRepository:
         query = sa.text(
             f"WITH source AS ({_USAGE_SOURCE}), per_source AS ("
             f"SELECT {key} AS key, s.pod, s.id, {_piece_sums(piece)}, {_SOURCE_FIGURES} "
-            "FROM source s "
+            f"FROM source s {_SOURCE_WEIGHT} "
             "CROSS JOIN LATERAL unnest(s.charged * tstzmultirange(tstzrange(:since, :until))) AS r "
             f"{bucket} GROUP BY 1, 2, 3) "
             f"{rows} GROUP BY key ORDER BY key"
@@ -545,13 +593,7 @@ class UsageRepository:
         statement streamed from a server-side cursor: (period start, namespace, row) in that order."""
         result = await self.session.stream(
             _USAGE_BY_PERIOD.execution_options(yield_per=_STREAMED_ROWS),
-            {
-                "namespaces": None if namespaces is None else list(namespaces),
-                "starts": [start for start, _ in periods],
-                "ends": [end for _, end in periods],
-                "since": min(start for start, _ in periods),
-                "until": max(end for _, end in periods),
-            },
+            by_period_parameters(namespaces, periods),
         )
         async for row in result:
             yield row.period_start, row.namespace, usage_found(row)

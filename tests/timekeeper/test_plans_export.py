@@ -1,0 +1,72 @@
+"""How PostgreSQL plans the chargeback export's one statement on a large cluster's tables (test_plans.py's,
+plus a day of rolled-up hours), as the export runs it: a server-side cursor (EXPLAIN DECLARE plans it
+for a cursor, as the export's DECLARE is). No planner setting is changed."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from tests.timekeeper.test_plans import READ_WHOLE, _scanned, grown  # noqa: F401 (grown: a fixture)
+from timekeeper.billing.chargeback import chargeback_range
+from timekeeper.store.usage import repository
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+# A day of hours for every pod of test_plans' ledger, rolled up a month ago.
+_HOURS = (
+    "INSERT INTO usage_hourly (namespace, pod, pod_uid, hour_start, gpu_share, charged, reports, "
+    "charge_share, gpu_model) SELECT 'ns-' || (i % 10000), 'pod-' || i, 'uid-' || i, h, 1, "
+    "tstzmultirange(tstzrange(h, h + interval '1 hour')), 120, 1, 'MODEL-' || (i % 20) "
+    "FROM generate_series(2, 5000) AS i, "
+    "generate_series(date_trunc('hour', now()) - interval '30 days', "
+    "date_trunc('hour', now()) - interval '29 days 1 hour', interval '1 hour') AS h"
+)
+
+
+async def export_plan(
+    connection: AsyncConnection, namespaces: list[str] | None, since: datetime, until: datetime
+) -> dict[str, Any]:
+    """EXPLAIN of the export's statement declared as a cursor, for daily periods over [since, until)."""
+    span = chargeback_range("daily", since, until)
+    periods = [(period.start, period.end or until) for period in span.periods]
+    explained = await connection.execute(
+        sa.text(f"EXPLAIN (FORMAT JSON) DECLARE export CURSOR FOR {repository._USAGE_BY_PERIOD.text}"),
+        repository.by_period_parameters(namespaces, periods),
+    )
+    return dict(explained.scalar_one()[0]["Plan"])
+
+
+async def test_a_scoped_export_reads_its_namespaces_rows_by_index(
+    grown: psycopg.AsyncConnection[Any],  # noqa: F811
+    connection: AsyncConnection,
+) -> None:
+    """A reader of three namespaces out of 10,000 exporting the last 40 days: the ledger's and the hourly
+    roll-up's rows of those namespaces by index, neither table read whole."""
+    await grown.execute(_HOURS)
+    await grown.execute("ANALYZE usage_hourly")
+    now = datetime.now(UTC)
+
+    plan = await export_plan(connection, ["ns-7", "ns-42", "ns-9001"], now - timedelta(days=40), now)
+
+    assert not set(_scanned(plan)) - READ_WHOLE, plan
+
+
+async def test_a_check_that_catches_an_export_reading_a_grown_table_whole(
+    grown: psycopg.AsyncConnection[Any],  # noqa: F811
+    connection: AsyncConnection,
+) -> None:
+    """The check above fails where the index its probes use is gone."""
+    await grown.execute(_HOURS)
+    await grown.execute("DROP INDEX ix_usage_hourly_namespace_hour_start")
+    await grown.execute("ANALYZE usage_hourly")
+    now = datetime.now(UTC)
+
+    plan = await export_plan(connection, ["ns-7", "ns-42", "ns-9001"], now - timedelta(days=40), now)
+
+    assert set(_scanned(plan)) - READ_WHOLE == {"usage_hourly"}

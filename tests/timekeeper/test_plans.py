@@ -218,11 +218,27 @@ async def kept_plan(
     return custom_plans, row[0][0]["Plan"]
 
 
-def assert_planned_once_by_index(name: str, custom_plans: int, plan: dict[str, Any]) -> None:
-    """The statement's runs after psycopg prepared it were planned once, and that plan reads no table by
-    sequential scan but those read whole by design."""
+async def empty_partitions(driver: psycopg.AsyncConnection[Any]) -> set[str]:
+    """The ledger's partitions that hold no row (the days made ahead, the default): a plan may read those
+    whole, at no cost, and PostgreSQL re-plans once autovacuum has analysed a partition that filled."""
+    cursor = await driver.execute(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+        "WHERE i.inhparent = 'usage_ledger'::regclass"
+    )
+    empty = set()
+    for (name,) in await cursor.fetchall():
+        held = await driver.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(sql.Identifier(name)))
+        row = await held.fetchone()
+        if row is not None and not row[0]:
+            empty.add(name)
+    return empty
+
+
+def assert_planned_once_by_index(name: str, custom_plans: int, plan: dict[str, Any], empty: set[str]) -> None:
+    """The statement's runs after psycopg prepared it were planned once, and that plan reads no table
+    holding rows by sequential scan but those read whole by design."""
     assert custom_plans <= 5, f"{name}: planned anew on every run ({custom_plans} custom plans)"
-    scanned = set(_scanned(plan)) - READ_WHOLE
+    scanned = set(_scanned(plan)) - READ_WHOLE - empty
     assert not scanned, f"{name} reads {sorted(scanned)} by sequential scan"
 
 
@@ -232,10 +248,11 @@ async def test_each_statement_keeps_one_plan_that_finds_rows_by_index(
     """Each statement of an ingest batch and of a budget read, on a large cluster's tables: after the
     five custom plans PostgreSQL always makes first, one kept plan, reading no table whole."""
     failed = []
+    empty = await empty_partitions(grown)
     for name, (statement, runs) in _planned_statements().items():
         custom_plans, plan = await kept_plan(grown, statement, runs)
         try:
-            assert_planned_once_by_index(name, custom_plans, plan)
+            assert_planned_once_by_index(name, custom_plans, plan, empty)
         except AssertionError as error:
             failed.append(str(error).splitlines()[0])
     assert not failed, "\n".join(failed)
@@ -248,4 +265,4 @@ async def test_a_plan_that_scans_a_grown_table_fails_the_check(grown: psycopg.As
     statement, runs = _planned_statements()["budget read"]
     custom_plans, plan = await kept_plan(grown, statement, runs)
     with pytest.raises(AssertionError, match="usage_burn"):
-        assert_planned_once_by_index("budget read", custom_plans, plan)
+        assert_planned_once_by_index("budget read", custom_plans, plan, await empty_partitions(grown))

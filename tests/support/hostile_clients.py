@@ -119,19 +119,31 @@ async def beside_trickle(
     return outcomes, made.value
 
 
-async def slow_heads(port: int, count: int, waits: Sequence[float]) -> tuple[int, list[int]]:
+async def slow_heads(
+    port: int, count: int, waits: Sequence[float], until_closed: bool = False
+) -> tuple[int, list[int]]:
     """`count` plain connections from HOSTILE_SOURCE that send half a request head and stop; (connections
-    made, how many of them are still open after each of `waits` seconds)."""
+    made, how many of them are still open after each of `waits` seconds). With `until_closed` a count is
+    taken as soon as none is open, if that comes before its wait is over."""
     opened: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
     for _ in range(count):
         with contextlib.suppress(OSError):
             reader, writer = await _connect(port, None, HOSTILE_SOURCE)
             writer.write(b"POST /api/v1/reports HTTP/1.1\r\nHost: timekeeper\r\n")
             opened.append((reader, writer))
+
     counts = []
     started = time.monotonic()
     for wait in waits:
-        await asyncio.sleep(max(0.0, started + wait - time.monotonic()))
+        remaining = max(0.0, started + wait - time.monotonic())
+        if until_closed:  # every connection's end (or first byte from the server), for at most `remaining`
+            reads = [asyncio.ensure_future(reader.read(1)) for reader, _ in opened]
+            _, pending = await asyncio.wait(reads, timeout=remaining) if reads else (set(), set())
+            for read in pending:
+                read.cancel()
+            await asyncio.gather(*reads, return_exceptions=True)
+        else:
+            await asyncio.sleep(remaining)
         counts.append(sum(await asyncio.gather(*(is_open(reader) for reader, _ in opened))))
     for _, writer in opened:
         writer.close()

@@ -34,9 +34,10 @@ _OWN_ENV_PREFIXES = ("TIMEKEEPER_", "WEBHOOK_", "SIDECAR_", "POD_")
 WEBHOOK_SERVICE = ("gpu-timekeeper-webhook", "gpu-timekeeper")
 STOP_TIMEOUT_SECONDS = 15.0
 
-# The compressed clock the timekeeper and every sidecar share: a simulated day per real second, from the
-# first of a 31-day month, so a month of budget passes in about half a minute.
-CLOCK_START = datetime(2026, 3, 1, tzinfo=UTC)
+# The compressed clock the timekeeper and every sidecar share: a simulated day per real second, from a
+# Monday in a 31-day month. The story needs about two weeks of it, a busy machine a few days more; the
+# rest of the month would be waiting for its end, so it starts on the 9th and April comes in 23 s.
+CLOCK_START = datetime(2026, 3, 9, tzinfo=UTC)
 CLOCK_SPEED = 86_400.0
 # In simulated seconds. Every 4 h is 6 reports a real second per sidecar; the timekeeper's 1 h default
 # limit would mean 24. Its longest accepted interval and its skew allowance are scaled to match.
@@ -165,7 +166,8 @@ class Ports:
 
 
 class LocalCluster:
-    """Starts the parts in order (database and migrations, timekeeper, webhook) and stops them in reverse."""
+    """Starts the parts in order (database and migrations, then the timekeeper and the webhook side by side)
+    and stops them in reverse."""
 
     def __init__(self, workdir: Path, ports: Ports, poll_interval_seconds: float) -> None:
         self.workdir = workdir
@@ -267,10 +269,11 @@ class LocalCluster:
                 "TIMEKEEPER_FORECAST_WINDOW_MINUTES": str(FORECAST_WINDOW_MINUTES),
             },
         )
-        with httpx.Client(base_url=self.timekeeper_url, timeout=2) as probe:
-            wait_until_answers(timekeeper, lambda: probe.get("/readyz").status_code == 200, 60)
+        # The webhook starts beside the timekeeper (its poller retries until the timekeeper answers).
         on_step(f"webhook on {self.webhook_url} (certificate made for this run)")
         webhook = self.spawn("webhook", [sys.executable, "-m", "webhook"], self._webhook_env())
+        with httpx.Client(base_url=self.timekeeper_url, timeout=2) as probe:
+            wait_until_answers(timekeeper, lambda: probe.get("/readyz").status_code == 200, 60)
         with self.webhook_client() as probe:
             wait_until_answers(webhook, lambda: probe.get("/healthz").status_code == 200, 30)
 

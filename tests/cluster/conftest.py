@@ -40,7 +40,7 @@ from tests.cluster.harness import (
     service_account_token,
     tenant_in,
 )
-from tests.support.control_plane import ControlPlane, Unavailable, required
+from tests.support.control_plane import Background, ControlPlane, Unavailable, required
 from tests.support.processes import TimekeeperProcess, WebhookProcess, free_port, wait_until
 from tests.support.timekeeper import migrated_database
 
@@ -48,6 +48,24 @@ HERE = Path(__file__).resolve().parent
 
 
 SKIPPED = "cluster layer skipped: "
+STARTED = pytest.StashKey[Background]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The control plane starts as soon as the run is known to include this layer, while the tests before
+    it run; the `control_plane` fixture waits for it."""
+    if session.config.option.collectonly:
+        return
+    if any(HERE in item.path.parents for item in session.items):
+        # tmp_path_factory's own object (the fixture answers the same), for the usual kept folders.
+        factory: pytest.TempPathFactory = session.config._tmp_path_factory  # type: ignore[attr-defined]
+        session.config.stash[STARTED] = Background(factory.mktemp("kube-cp"))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Its `down`, begun when the layer's last test was done, has finished before the run ends."""
+    if (started := session.config.stash.get(STARTED, None)) is not None:
+        started.wait_stopped()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -68,15 +86,17 @@ def pytest_runtest_makereport(item: pytest.Item) -> Iterator[pytest.TestReport]:
 
 
 @pytest.fixture(scope="package")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
+    """The control plane pytest_collection_finish started; stopped in the background after the layer."""
+    started = request.config.stash[STARTED]
     try:
-        plane = ControlPlane.up(tmp_path_factory.mktemp("kube-cp"))
+        plane = started.plane()
     except Unavailable as error:
         if required():
             pytest.fail(f"cluster layer: {error}", pytrace=False)
         pytest.skip(f"{SKIPPED}{error}")
     yield plane
-    plane.down()
+    started.stop()
 
 
 @pytest.fixture(scope="package")

@@ -38,7 +38,7 @@ from webhook.tls import generate_ca, generate_serving_cert
 pytestmark = pytest.mark.e2e
 
 NAMESPACE = "team-e2e"
-BUDGET_GPU_MINUTES = Decimal("0.05")  # three GPU-seconds: spent within seconds by a half-GPU pod
+BUDGET_GPU_MINUTES = Decimal("0.02")  # 1.2 GPU-seconds: a half-GPU pod spends it in a few 1-s reports
 NANO = Decimal("0.000000001")
 
 

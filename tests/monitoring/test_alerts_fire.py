@@ -155,55 +155,75 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     (workdir / "tls.crt").write_bytes(cert)
     (workdir / "tls.key").write_bytes(key)
     (workdir / "webhook-token").write_text(tokens.reader)
-    with throwaway_postgres() as postgres:
-        migrate(make_url(postgres.url))
-        timekeeper = TimekeeperProcess(
-            make_url(postgres.url),
-            {
-                **tokens.env(),
-                "TIMEKEEPER_METRICS_AUTH": "token",
-                "TIMEKEEPER_METRICS_TOKEN_SHA256": sha256(metrics_token),
-                "TIMEKEEPER_LEADER_RETRY_INTERVAL": "0.5",
-                "TIMEKEEPER_STATES_INTERVAL": "1",
-                "TIMEKEEPER_CLOSEOUT_INTERVAL": "1",
-                "TIMEKEEPER_ROLLUP_INTERVAL": "1",
-                "TIMEKEEPER_ROLLUP_RETENTION": "0",
-            },
-            free_port(),
-            workdir / "timekeeper.log",
+    timekeeper_port, webhook_port = free_port(), free_port()
+    prometheus = PrometheusProcess(
+        workdir, scrape_configs(workdir, timekeeper_port, webhook_port, metrics_token), shortened_rules()
+    )
+    # First: Prometheus scrapes a static target only some seconds after it starts (its discovery updates
+    # are throttled), seconds the database and the processes take to start meanwhile.
+    prometheus.start(binary)
+    try:
+        with throwaway_postgres() as postgres:
+            ports = (timekeeper_port, webhook_port)
+            yield from _running_stack(postgres, prometheus, ports, tokens, metrics_token, ca_cert, workdir)
+    finally:
+        prometheus.stop()
+
+
+def _running_stack(
+    postgres: ThrowawayPostgres,
+    prometheus: PrometheusProcess,
+    ports: tuple[int, int],
+    tokens: Tokens,
+    metrics_token: str,
+    ca_cert: bytes,
+    workdir: Path,
+) -> Iterator[Stack]:
+    """The timekeeper and the webhook on the `ports` Prometheus scrapes, once three scrapes of each have
+    succeeded."""
+    migrate(make_url(postgres.url))
+    timekeeper = TimekeeperProcess(
+        make_url(postgres.url),
+        {
+            **tokens.env(),
+            "TIMEKEEPER_METRICS_AUTH": "token",
+            "TIMEKEEPER_METRICS_TOKEN_SHA256": sha256(metrics_token),
+            "TIMEKEEPER_LEADER_RETRY_INTERVAL": "0.5",
+            "TIMEKEEPER_STATES_INTERVAL": "1",
+            "TIMEKEEPER_CLOSEOUT_INTERVAL": "1",
+            "TIMEKEEPER_ROLLUP_INTERVAL": "1",
+            "TIMEKEEPER_ROLLUP_RETENTION": "0",
+        },
+        ports[0],
+        workdir / "timekeeper.log",
+    )
+    webhook_env = {
+        "WEBHOOK_TLS_CERT_FILE": str(workdir / "tls.crt"),
+        "WEBHOOK_TLS_KEY_FILE": str(workdir / "tls.key"),
+        "WEBHOOK_TIMEKEEPER_URL": timekeeper.url,
+        "WEBHOOK_TIMEKEEPER_TOKEN_FILE": str(workdir / "webhook-token"),
+        "WEBHOOK_STATE_POLL_INTERVAL_SECONDS": "0.5",
+        "WEBHOOK_STATE_POLL_RETRY_MAX_SECONDS": "0.5",
+        "WEBHOOK_WATCH_PRIORITY_CLASSES": "false",  # no Kubernetes API but in the last test
+    }
+    webhook = WebhookProcess(webhook_env, ports[1], ca_cert, workdir / "webhook.log")
+    stack = Stack(postgres, timekeeper, webhook, webhook_env, prometheus, tokens, ca_cert, workdir)
+    # The first fault is there before anything runs: a roll-up that has never succeeded.
+    stack.sql(f"ALTER TABLE {ROLLUP_TABLE} RENAME TO {ROLLUP_TABLE}_away")
+    try:
+        with ThreadPoolExecutor() as starting:  # each waits for its process to answer
+            for started in [starting.submit(timekeeper.start), starting.submit(webhook.start)]:
+                started.result()
+        wait_until(
+            lambda: (stack.value("min(sum_over_time(up[1m]))") or 0) >= 3,
+            what="three successful scrapes of each target",
         )
-        webhook_env = {
-            "WEBHOOK_TLS_CERT_FILE": str(workdir / "tls.crt"),
-            "WEBHOOK_TLS_KEY_FILE": str(workdir / "tls.key"),
-            "WEBHOOK_TIMEKEEPER_URL": timekeeper.url,
-            "WEBHOOK_TIMEKEEPER_TOKEN_FILE": str(workdir / "webhook-token"),
-            "WEBHOOK_STATE_POLL_INTERVAL_SECONDS": "0.5",
-            "WEBHOOK_STATE_POLL_RETRY_MAX_SECONDS": "0.5",
-            "WEBHOOK_WATCH_PRIORITY_CLASSES": "false",  # no Kubernetes API but in the last test
-        }
-        webhook = WebhookProcess(webhook_env, free_port(), ca_cert, workdir / "webhook.log")
-        prometheus = PrometheusProcess(
-            workdir, scrape_configs(workdir, timekeeper.port, webhook.port, metrics_token), shortened_rules()
-        )
-        stack = Stack(postgres, timekeeper, webhook, webhook_env, prometheus, tokens, ca_cert, workdir)
-        # The first fault is there before anything runs: a roll-up that has never succeeded.
-        stack.sql(f"ALTER TABLE {ROLLUP_TABLE} RENAME TO {ROLLUP_TABLE}_away")
-        try:
-            with ThreadPoolExecutor() as starting:  # each waits for its process to answer
-                for started in [starting.submit(timekeeper.start), starting.submit(webhook.start)]:
-                    started.result()
-            prometheus.start(binary)
-            wait_until(
-                lambda: (stack.value("min(count_over_time(up[1m]))") or 0) >= 3,
-                what="three scrapes of each target",
-            )
-            stack.moments["quiet"] = time.time()
-            yield stack
-        finally:
-            prometheus.stop()
-            stack.webhook.stop()
-            stack.stop_timekeeper()
-            stack.client.close()
+        stack.moments["quiet"] = time.time()
+        yield stack
+    finally:
+        stack.webhook.stop()
+        stack.stop_timekeeper()
+        stack.client.close()
 
 
 def minutes_ago(minutes: float) -> datetime:

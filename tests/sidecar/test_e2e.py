@@ -64,6 +64,11 @@ def prepare_pod(
     """A namespace with a large budget and one pod's sidecar env (token file, buffer dir) reporting to it.
     The budget has no period unless asked: a monthly one on the system clock would count only the new
     month's part of a run that crosses midnight on the 1st, and the charge would no longer match."""
+    put_budget(timekeeper, tokens, period)
+    return pod_env(timekeeper, tokens, tmp_path, **env)
+
+
+def put_budget(timekeeper: TimekeeperProcess, tokens: Tokens, period: str) -> None:
     put = httpx.put(
         f"{timekeeper.url}/api/v1/namespaces/{NAMESPACE}/budget",
         json={"budget_gpu_minutes": 100000, "period": period},
@@ -71,6 +76,9 @@ def prepare_pod(
         timeout=5,
     )
     assert put.status_code == 200, put.text
+
+
+def pod_env(timekeeper: TimekeeperProcess, tokens: Tokens, tmp_path: Path, **env: str) -> dict[str, str]:
     token_file = tmp_path / "token"
     token_file.write_text(tokens.reporter)
     return {
@@ -137,11 +145,11 @@ def test_under_an_accelerated_clock_intervals_are_stamped_and_charged_in_simulat
     database: URL, tokens: Tokens, tmp_path: Path
 ) -> None:
     """The timekeeper and the sidecar share start, speed and origin (one hour per real second, starting
-    twenty hours before a month ends: time enough for both processes to start on a loaded machine, where
-    seven once were not): the sidecar's intervals lie
+    ten hours before a month ends; the sidecar starts beside the timekeeper, and only its own start must
+    come before the month ends): the sidecar's intervals lie
     in simulated January and February, the timekeeper accepts them as not in the future, splits them at
     the month boundary and charges share x the simulated time covered."""
-    start = datetime(2026, 1, 31, 4, 0, tzinfo=UTC)
+    start = datetime(2026, 1, 31, 14, 0, tzinfo=UTC)
     february = datetime(2026, 2, 1, tzinfo=UTC)
     speed = 3600.0
     origin = time.time()
@@ -157,19 +165,22 @@ def test_under_an_accelerated_clock_intervals_are_stamped_and_charged_in_simulat
         free_port(),
         tmp_path / "timekeeper.log",
     )
-    timekeeper.start()
+    env = pod_env(
+        timekeeper,
+        tokens,
+        tmp_path,
+        SIDECAR_REPORT_INTERVAL_SECONDS="600",  # simulated: a sixth of a real second
+        # Real seconds: the reports made before the timekeeper answers are delivered soon after it does.
+        SIDECAR_RETRY_BASE_SECONDS="0.1",
+        SIDECAR_RETRY_MAX_SECONDS="0.5",
+        **{f"SIDECAR_{name}": value for name, value in clock.items()},
+    )
+    buffer_dir = Path(env["SIDECAR_BUFFER_DIR"])
+    launched = time.time()
+    sidecar = SidecarProcess(env, tmp_path / "sidecar.log")
     try:
-        env = prepare_pod(
-            timekeeper,
-            tokens,
-            tmp_path,
-            period="monthly",  # on the simulated clock, whose month ends during the test
-            SIDECAR_REPORT_INTERVAL_SECONDS="600",  # simulated: a sixth of a real second
-            **{f"SIDECAR_{name}": value for name, value in clock.items()},
-        )
-        buffer_dir = Path(env["SIDECAR_BUFFER_DIR"])
-        launched = time.time()
-        sidecar = SidecarProcess(env, tmp_path / "sidecar.log")
+        timekeeper.start()
+        put_budget(timekeeper, tokens, "monthly")  # on the simulated clock, whose month ends during the test
         wait_until(lambda: "sidecar_started" in sidecar.event_names(), what="the sidecar to start")
         started = time.time()
         wait_until(
@@ -177,7 +188,7 @@ def test_under_an_accelerated_clock_intervals_are_stamped_and_charged_in_simulat
                 budget(timekeeper, tokens)["period"]["start"].startswith("2026-02-01")
                 and budget(timekeeper, tokens)["used_gpu_minutes"] > 0
             ),
-            timeout=60,  # February begins twenty real seconds after the origin
+            timeout=60,  # February begins ten real seconds after the origin
             what="charges in the simulated February",
         )
         assert sidecar.terminate() == 0
@@ -207,4 +218,6 @@ def test_under_an_accelerated_clock_intervals_are_stamped_and_charged_in_simulat
         used = Decimal(str(budget(timekeeper, tokens)["used_gpu_minutes"]))
         assert abs(used - SHARE * in_february / Decimal(60_000_000)) <= reports * NANO, used
     finally:
+        if sidecar.process.poll() is None:
+            sidecar.kill()
         timekeeper.stop()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,3 +168,30 @@ class ControlPlane:
         """The tail of the API server's log, for a failing test's message."""
         log = self.directory / "logs" / "kube-apiserver.log"
         return log.read_text()[-3000:] if log.exists() else ""
+
+
+class Background:
+    """A control plane brought up, and later down, in a thread of its own, so that its start and stop
+    (mostly waiting on etcd and the API server) overlap the tests that run meanwhile."""
+
+    def __init__(self, directory: Path) -> None:
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kube-control-plane")
+        self._up: Future[ControlPlane] = self._thread.submit(ControlPlane.up, directory)
+        self._down: Future[None] | None = None
+
+    def plane(self) -> ControlPlane:
+        """The running control plane, once `up` is done; Unavailable when it could not start."""
+        return self._up.result()
+
+    def stop(self) -> None:
+        """Starts `down` (after `up`) without waiting for it."""
+        if self._down is None:
+            self._down = self._thread.submit(self._stop)
+
+    def _stop(self) -> None:
+        if self._up.exception() is None:
+            self._up.result().down()
+
+    def wait_stopped(self) -> None:
+        self.stop()
+        self._thread.shutdown(wait=True)

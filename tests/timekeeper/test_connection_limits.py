@@ -81,7 +81,7 @@ def test_3000_slow_heads_are_dropped_at_the_head_timeout(database_url: URL, tmp_
     with _timekeeper(database_url, tmp_path, tokens, **limits) as url:
         port = httpx.URL(url).port
         assert port is not None
-        opened, (still_open,) = asyncio.run(slow_heads(port, 3000, [HEAD_TIMEOUT + 3]))
+        opened, (still_open,) = asyncio.run(slow_heads(port, 3000, [HEAD_TIMEOUT + 3], until_closed=True))
         status = asyncio.run(_report(url, tokens, "after-slow-heads"))
 
     assert opened == 3000

@@ -13,6 +13,8 @@ import asyncio
 import shutil
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy.engine import URL
 
 from tests.support.processes import TimekeeperProcess, free_port
 from tests.support.timekeeper import Tokens, bearer, migrated_database, report_body
@@ -61,17 +64,21 @@ def ui_tokens() -> Tokens:
 
 def _start(name: str, tokens: Tokens, tmp: Path) -> Iterator[System]:
     with migrated_database(f"gtk_ui_{name}") as database:
-        env = tokens.env() | {
-            "TIMEKEEPER_SCHEDULER_ENABLED": "false",
-            "TIMEKEEPER_CLOCK_START": NOW.isoformat(),
-            "TIMEKEEPER_CLOCK_ORIGIN": f"{time.time():.6f}",
-        }
-        process = TimekeeperProcess(database, env, free_port(), tmp / f"timekeeper-{name}.log")
-        process.start()
-        try:
-            yield System(process.url, tokens)
-        finally:
-            process.stop()
+        yield from _serve(database, name, tokens, tmp)
+
+
+def _serve(database: URL, name: str, tokens: Tokens, tmp: Path) -> Iterator[System]:
+    env = tokens.env() | {
+        "TIMEKEEPER_SCHEDULER_ENABLED": "false",
+        "TIMEKEEPER_CLOCK_START": NOW.isoformat(),
+        "TIMEKEEPER_CLOCK_ORIGIN": f"{time.time():.6f}",
+    }
+    process = TimekeeperProcess(database, env, free_port(), tmp / f"timekeeper-{name}.log")
+    process.start()
+    try:
+        yield System(process.url, tokens)
+    finally:
+        process.stop()
 
 
 def report_hours(system: System, namespace: str, pod: str, hours: list[int], share: float) -> None:
@@ -145,11 +152,57 @@ async def _seed_many(system: System) -> None:
         await asyncio.gather(*(one(i) for i in range(LARGE)))
 
 
-@pytest.fixture(scope="session")
-def large_system(ui_tokens: Tokens, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
-    for started in _start("large", ui_tokens, tmp_path_factory.mktemp("ui-large")):
+class _Seeding:
+    """The large system started and seeded in a thread of its own, while the layer's other tests run."""
+
+    def __init__(self, tokens: Tokens, folder: Path) -> None:
+        self._running = ExitStack()
+        # Migrated here: alembic's command API is not for two threads at once.
+        database = self._running.enter_context(migrated_database("gtk_ui_large"))
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ui-large-system")
+        self._seeded = self._thread.submit(self._seed, database, tokens, folder)
+
+    def _seed(self, database: URL, tokens: Tokens, folder: Path) -> System:
+        started = self._running.enter_context(contextmanager(_serve)(database, "large", tokens, folder))
         asyncio.run(_seed_many(started))
-        yield started
+        return started
+
+    def system(self) -> System:
+        return self._seeded.result()
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=True)
+        self._running.close()
+
+
+SEEDING = pytest.StashKey[_Seeding | None]()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """At the layer's first test, when a selected test asks for `large_system`, its seeding starts."""
+    if SEEDING in item.config.stash:
+        return
+    wanted = (
+        CHROMIUM
+        and CHROMEDRIVER
+        and any("large_system" in getattr(other, "fixturenames", ()) for other in item.session.items)
+    )
+    # tmp_path_factory's own object (the fixture answers the same), for the usual kept folders.
+    factory: pytest.TempPathFactory = item.config._tmp_path_factory  # type: ignore[attr-defined]
+    item.config.stash[SEEDING] = _Seeding(Tokens(), factory.mktemp("ui-large")) if wanted else None
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if (seeding := session.config.stash.get(SEEDING, None)) is not None:
+        seeding.close()
+
+
+@pytest.fixture(scope="session")
+def large_system(request: pytest.FixtureRequest) -> System:
+    """LARGE namespaces, seeded since the layer's first test (pytest_runtest_setup)."""
+    seeding = request.config.stash[SEEDING]
+    assert seeding is not None
+    return seeding.system()
 
 
 @pytest.fixture(scope="session")

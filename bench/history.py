@@ -692,6 +692,17 @@ def per_pod_day(run: Run) -> tuple[float, float, float]:
     return raw, hourly, total
 
 
+def conditions(load: tuple[str, str]) -> str:
+    """The load average around the run; a machine already busy before it is said to be shared."""
+    cores = os.cpu_count() or 1
+    busy = float(load[0].split("/")[0]) > cores / 2
+    said = "**The machine was shared with other work**" if busy else "A quiet machine"
+    return (
+        f"{said}: load average (1/5/15 min) {load[0]} before, {load[1]} after (the run's own), "
+        f"on {cores} cores" + (": figures are lower and noisier than a quiet machine gives." if busy else ".")
+    )
+
+
 def write(run: Run, proof: str, load: tuple[str, str], seconds: float) -> str:
     days = {d.day: d for d in run.days}
     names = list(run.days[0].figures)
@@ -706,8 +717,7 @@ def write(run: Run, proof: str, load: tuple[str, str], seconds: float) -> str:
         f"{run.unit // 3600}-{8 * run.unit // 3600} h; the roll-up every {run.rollup_minutes} min of "
         "simulated "
         "time, raw rows kept 7 days.",
-        f"**The machine was shared with other helpers' work**: load average (1/5/15 min) {load[0]} before, "
-        f"{load[1]} after, on 2 cores: figures are lower and noisier than a quiet machine gives.",
+        conditions(load),
         "",
         "| figure | day 1 | day 7 | day 30 |",
         "|---|---|---|---|",

@@ -32,7 +32,7 @@ from tests.deployment.conftest import required
 from tests.deployment.test_monitoring import RUNBOOKS, alerts, dashboard, rule_groups, series_names
 from tests.support.pods import container, pod, review
 from tests.support.processes import TimekeeperProcess, WebhookProcess, free_port, wait_until
-from tests.support.prometheus import PrometheusProcess, prometheus_binary
+from tests.support.prometheus import INTERVAL, PrometheusProcess, prometheus_binary
 from tests.support.throwaway_postgres import ThrowawayPostgres, throwaway_postgres
 from tests.support.timekeeper import Tokens, bearer, migrate, report_body, sha256
 from webhook.tls import generate_ca, generate_serving_cert
@@ -40,7 +40,7 @@ from webhook.tls import generate_ca, generate_serving_cert
 pytestmark = [pytest.mark.e2e, pytest.mark.prometheus]
 
 # Every rule's `for:` in the test's copy: one evaluation pending, then firing.
-FOR = "1s"
+FOR = "500ms"
 WEBHOOK_SERVER_NAME = "gpu-timekeeper-webhook.gpu-timekeeper.svc"
 # Metrics that cannot have a series here, and why (each is named by the rules or the dashboard).
 NO_SERIES_HERE = {
@@ -107,10 +107,10 @@ class Stack:
 
 
 def shortened_rules() -> list[dict[str, Any]]:
-    """The shipped rule groups, evaluated every second, every `for:` shortened to FOR."""
+    """The shipped rule groups, evaluated every INTERVAL, every `for:` shortened to FOR."""
     groups = yaml.safe_load(yaml.safe_dump(rule_groups()))
     for group in groups:
-        group["interval"] = "1s"
+        group["interval"] = INTERVAL
         for rule in group["rules"]:
             if "for" in rule:
                 rule["for"] = FOR

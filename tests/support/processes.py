@@ -57,6 +57,11 @@ class TimekeeperProcess:
         self.url = f"http://{host}:{port}"
 
     def start(self) -> None:
+        self.launch()
+        self.wait_healthy()
+
+    def launch(self) -> None:
+        """The process, not waiting for it: start others beside it, then wait_healthy()."""
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [
@@ -68,6 +73,8 @@ class TimekeeperProcess:
                 stdout=log,
                 stderr=log,
             )
+
+    def wait_healthy(self) -> None:
         wait_until(self.healthy, timeout=60, what=f"the timekeeper on port {self.port}")
 
     def healthy(self) -> bool:

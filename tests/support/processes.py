@@ -144,6 +144,11 @@ class WebhookProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        self.launch()
+        self.wait_healthy()
+
+    def launch(self) -> None:
+        """The process, not waiting for it: start others beside it, then wait_healthy()."""
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "webhook", "--host", "127.0.0.1", "--port", str(self.port)],
@@ -152,6 +157,8 @@ class WebhookProcess:
                 stdout=log,
                 stderr=log,
             )
+
+    def wait_healthy(self) -> None:
         wait_until(self.healthy, timeout=60, what=f"the webhook on port {self.port}")
 
     def healthy(self) -> bool:

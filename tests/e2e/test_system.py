@@ -26,6 +26,7 @@ from gpuaccounting.names import ANNOTATION_GPU_SHARE
 from tests.sidecar.coverage import persisted_state
 from tests.support.pods import container, pod, review
 from tests.support.processes import (
+    LOCAL_HTTP,
     SidecarProcess,
     TimekeeperProcess,
     WebhookProcess,
@@ -51,7 +52,7 @@ class System:
     workdir: Path
 
     def budget(self) -> dict[str, Any]:
-        response = httpx.get(
+        response = LOCAL_HTTP.get(
             f"{self.timekeeper.url}/api/v1/namespaces/{NAMESPACE}/budget",
             headers=bearer(self.tokens.reader),
             timeout=5,
@@ -60,7 +61,7 @@ class System:
         return response.json()
 
     def admin(self, method: str, path: str, body: dict[str, Any]) -> None:
-        response = httpx.request(
+        response = LOCAL_HTTP.request(
             method,
             f"{self.timekeeper.url}/api/v1{path}",
             json=body,

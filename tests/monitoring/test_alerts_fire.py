@@ -31,7 +31,7 @@ from sqlalchemy.engine import make_url
 from tests.deployment.conftest import required
 from tests.deployment.test_monitoring import RUNBOOKS, alerts, dashboard, rule_groups, series_names
 from tests.support.pods import container, pod, review
-from tests.support.processes import TimekeeperProcess, WebhookProcess, free_port, wait_until
+from tests.support.processes import LOCAL_HTTP, TimekeeperProcess, WebhookProcess, free_port, wait_until
 from tests.support.prometheus import INTERVAL, PrometheusProcess, prometheus_binary
 from tests.support.throwaway_postgres import ThrowawayPostgres, throwaway_postgres
 from tests.support.timekeeper import Tokens, bearer, migrate, report_body, sha256
@@ -78,7 +78,7 @@ class Stack:
         )
 
     def admin(self, method: str, path: str, body: dict[str, Any]) -> None:
-        response = httpx.request(
+        response = LOCAL_HTTP.request(
             method,
             f"{self.timekeeper.url}/api/v1{path}",
             json=body,
@@ -239,7 +239,7 @@ def admit_a_gpu_pod(stack: Stack) -> None:
 
 
 def test_budgets_are_scraped_only_with_the_metrics_token(stack: Stack) -> None:
-    anonymous = httpx.get(f"{stack.timekeeper.url}/metrics", timeout=10)
+    anonymous = LOCAL_HTTP.get(f"{stack.timekeeper.url}/metrics", timeout=10)
     assert anonymous.status_code == 401
     wait_until(lambda: stack.value('up{job="gpu-timekeeper"}') == 1, what="the timekeeper scraped")
     wait_until(lambda: stack.value('up{job="gpu-timekeeper-webhook"}') == 1, what="the webhook scraped")

@@ -20,7 +20,7 @@ import httpx
 from sqlalchemy.engine import URL
 
 from tests.support.postgres import REPO_ROOT, url_string
-from tests.support.processes import TimekeeperProcess, free_port, wait_until
+from tests.support.processes import LOCAL_HTTP, TimekeeperProcess, free_port, wait_until
 from tests.support.timekeeper import bearer, sha256
 
 
@@ -108,7 +108,7 @@ class SchedulerProcess:
         def present() -> bool:
             assert self.process.poll() is None, self.log.read_text()
             try:
-                return wanted in httpx.get(self.metrics_url, timeout=1).text
+                return wanted in LOCAL_HTTP.get(self.metrics_url, timeout=1).text
             except httpx.HTTPError:
                 return False
 

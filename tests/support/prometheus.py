@@ -105,7 +105,7 @@ class PrometheusProcess:
             for alert in self.alerts(name):
                 if alert["state"] == "firing" and labels.items() <= alert["labels"].items():
                     return alert
-            time.sleep(0.2)
+            time.sleep(0.05)
         raise AssertionError(f"{name} {labels} did not fire within {timeout}s: {self.alerts(name)}")
 
     def wait_resolved(self, name: str, timeout: float = 30.0) -> None:

@@ -88,7 +88,7 @@ async def wait_for_leader(client: httpx.AsyncClient, candidates: list[Replica]) 
         if leaders:
             assert len(leaders) == 1, "two replicas lead at once"
             return leaders[0]
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.05)
     raise AssertionError("no replica became the leader")
 
 

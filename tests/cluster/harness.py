@@ -25,7 +25,7 @@ from kubernetes import client
 from gpuaccounting.names import ANNOTATION_BUDGET_STATE, TOKEN_AUDIENCE
 from tests.support.control_plane import ControlPlane
 from tests.support.helm import helm_binary
-from tests.support.processes import REPO_ROOT, wait_until
+from tests.support.processes import LOCAL_HTTP, REPO_ROOT, wait_until
 
 HERE = Path(__file__).resolve().parent
 CHART = REPO_ROOT / "deployment" / "helm" / "gpu-timekeeper"
@@ -279,7 +279,7 @@ class TimekeeperApi:
         self, method: str, path: str, *, token: str | None = None, body: dict[str, Any] | None = None
     ) -> httpx.Response:
         headers = {"Authorization": f"Bearer {token or self.admin_token}"}
-        return httpx.request(method, f"{self.url}/api/v1{path}", json=body, headers=headers, timeout=10)
+        return LOCAL_HTTP.request(method, f"{self.url}/api/v1{path}", json=body, headers=headers, timeout=10)
 
     def ok(self, method: str, path: str, **kwargs: Any) -> Any:
         response = self.request(method, path, **kwargs)

@@ -20,7 +20,7 @@ from tests.cluster.harness import (
     service_account_token,
     sidecar_token,
 )
-from tests.support.processes import wait_until
+from tests.support.processes import LOCAL_HTTP, wait_until
 from tests.support.timekeeper import report_body
 
 
@@ -39,7 +39,7 @@ def report(
     identity = {"namespace": metadata["namespace"], "pod": metadata["name"], "pod_uid": metadata["uid"]}
     start = datetime.now(UTC) - timedelta(minutes=2)
     body = report_body(**(identity | overrides), seq=seq, start=start, minutes=1)
-    return httpx.post(
+    return LOCAL_HTTP.post(
         f"{api.url}/api/v1/reports", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=10
     )
 

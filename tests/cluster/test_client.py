@@ -94,10 +94,10 @@ async def test_subject_access_review_answers_from_the_real_rbac(
             "alice", (), verb, "gpubudgets", "gpu-timekeeper.io", where
         )
 
-    for _ in range(60):  # `view` aggregates gpu-timekeeper-viewer through the controller manager
+    for _ in range(600):  # `view` aggregates gpu-timekeeper-viewer through the controller manager
         if await may("get", namespace):
             break
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.05)
     assert await may("get", namespace)
     assert not await may("get", "kube-system")
     assert not await may("update", namespace)

@@ -8,12 +8,11 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import httpx
 import pytest
 from kubernetes import client
 
 from tests.cluster.harness import Kubectl, KubectlError, TimekeeperApi, gpu_probe, placed, sidecar_token
-from tests.support.processes import wait_until
+from tests.support.processes import LOCAL_HTTP, wait_until
 from tests.support.timekeeper import report_body
 from tests.timekeeper.test_gitops_objects import doc_objects
 
@@ -133,7 +132,7 @@ def charge(api: TimekeeperApi, token: str, pod: dict[str, Any], seq: int) -> Non
     body = report_body(
         namespace=metadata["namespace"], pod=metadata["name"], pod_uid=metadata["uid"], seq=seq, start=start
     )
-    answer = httpx.post(
+    answer = LOCAL_HTTP.post(
         f"{api.url}/api/v1/reports", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=10
     )
     assert answer.status_code == 200 and answer.json()["gpu_minutes"] == 1, answer.text

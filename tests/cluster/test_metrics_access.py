@@ -11,14 +11,14 @@ import httpx
 from kubernetes import client
 
 from tests.cluster.harness import INSTALL_NAMESPACE, Kubectl, TimekeeperApi, service_account_token
-from tests.support.processes import REPO_ROOT, TimekeeperProcess, wait_until
+from tests.support.processes import LOCAL_HTTP, REPO_ROOT, TimekeeperProcess, wait_until
 
 METRICS_READER = REPO_ROOT / "deployment" / "components" / "prometheus" / "metrics-reader.yaml"
 
 
 def scrape(timekeeper: TimekeeperProcess, token: str | None) -> httpx.Response:
     headers = {} if token is None else {"Authorization": f"Bearer {token}"}
-    return httpx.get(f"{timekeeper.url}/metrics", headers=headers, timeout=10)
+    return LOCAL_HTTP.get(f"{timekeeper.url}/metrics", headers=headers, timeout=10)
 
 
 def shipped_token(core: client.CoreV1Api) -> str:

@@ -38,7 +38,7 @@ from tests.cluster.harness import (
     wait_for_admission_state,
 )
 from tests.support.pods import GPU_PODS, container, pod, review
-from tests.support.processes import WebhookProcess, wait_until
+from tests.support.processes import LOCAL_HTTP, WebhookProcess, wait_until
 from tests.support.timekeeper import report_body
 
 OVER_BUDGET = ("gpu-over-budget", 100)
@@ -243,14 +243,14 @@ def report(api: TimekeeperApi, token: str, stored: dict[str, Any], minute: int, 
         minutes=1,
         gpu_share=float(share),
     )
-    return httpx.post(
+    return LOCAL_HTTP.post(
         f"{api.url}/api/v1/reports", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=10
     )
 
 
 def share_mismatches(api: TimekeeperApi) -> float:
     """The timekeeper's count of reports that stated another share than their pod's admitted one."""
-    metrics = httpx.get(
+    metrics = LOCAL_HTTP.get(
         f"{api.url}/metrics", headers={"Authorization": f"Bearer {api.admin_token}"}, timeout=10
     )
     assert metrics.status_code == 200, metrics.text

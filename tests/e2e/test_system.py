@@ -26,6 +26,7 @@ from gpuaccounting.names import ANNOTATION_GPU_SHARE
 from tests.sidecar.coverage import persisted_state
 from tests.support.pods import container, pod, review
 from tests.support.processes import (
+    LOCAL_HTTP,
     SidecarProcess,
     TimekeeperProcess,
     WebhookProcess,
@@ -51,7 +52,7 @@ class System:
     workdir: Path
 
     def budget(self) -> dict[str, Any]:
-        response = httpx.get(
+        response = LOCAL_HTTP.get(
             f"{self.timekeeper.url}/api/v1/namespaces/{NAMESPACE}/budget",
             headers=bearer(self.tokens.reader),
             timeout=5,
@@ -60,7 +61,7 @@ class System:
         return response.json()
 
     def admin(self, method: str, path: str, body: dict[str, Any]) -> None:
-        response = httpx.request(
+        response = LOCAL_HTTP.request(
             method,
             f"{self.timekeeper.url}/api/v1{path}",
             json=body,
@@ -112,7 +113,7 @@ def system(tmp_path: Path) -> Iterator[System]:
     (tmp_path / "webhook-token").write_text(tokens.reader)
     with migrated_database("gtk_e2e") as database:
         timekeeper = TimekeeperProcess(database, tokens.env(), free_port(), tmp_path / "timekeeper.log")
-        timekeeper.start()
+        timekeeper.launch()
         webhook = WebhookProcess(
             {
                 "WEBHOOK_TLS_CERT_FILE": str(tmp_path / "tls.crt"),
@@ -120,6 +121,8 @@ def system(tmp_path: Path) -> Iterator[System]:
                 "WEBHOOK_TIMEKEEPER_URL": timekeeper.url,
                 "WEBHOOK_TIMEKEEPER_TOKEN_FILE": str(tmp_path / "webhook-token"),
                 "WEBHOOK_STATE_POLL_INTERVAL_SECONDS": "0.2",
+                # Started beside the timekeeper: a first poll before it listens is retried soon.
+                "WEBHOOK_STATE_POLL_RETRY_MAX_SECONDS": "0.2",
                 "WEBHOOK_SIDECAR_REPORT_INTERVAL_SECONDS": "1",
                 "WEBHOOK_WATCH_PRIORITY_CLASSES": "false",  # no API server in this test
             },
@@ -128,7 +131,9 @@ def system(tmp_path: Path) -> Iterator[System]:
             tmp_path / "webhook.log",
         )
         try:
-            webhook.start()
+            webhook.launch()
+            timekeeper.wait_healthy()
+            webhook.wait_healthy()
             yield System(timekeeper, webhook.url, webhook.client, tokens, tmp_path)
         finally:
             webhook.stop()

@@ -14,11 +14,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from gpubudget.commands import main
-from tests.support.processes import TimekeeperProcess, free_port
+from tests.support.processes import LOCAL_HTTP, TimekeeperProcess, free_port
 from tests.support.timekeeper import Tokens, bearer, migrated_database, report_body
 
 MID_MONTH = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
@@ -51,7 +50,7 @@ class Cli:
 
     def api(self, path: str, **params: Any) -> Any:
         """The API's own answer, for comparison."""
-        response = httpx.get(
+        response = LOCAL_HTTP.get(
             f"{self.url}/api/v1{path}", params=params, headers=bearer(self.tokens.admin), timeout=10
         )
         assert response.status_code == 200, response.text
@@ -66,7 +65,7 @@ class Seeded:
 
 
 def _send(url: str, token: str, method: str, path: str, body: dict[str, Any]) -> None:
-    response = httpx.request(method, f"{url}/api/v1{path}", json=body, headers=bearer(token), timeout=10)
+    response = LOCAL_HTTP.request(method, f"{url}/api/v1{path}", json=body, headers=bearer(token), timeout=10)
     assert response.is_success, response.text
 
 

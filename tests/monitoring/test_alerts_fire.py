@@ -31,8 +31,8 @@ from sqlalchemy.engine import make_url
 from tests.deployment.conftest import required
 from tests.deployment.test_monitoring import RUNBOOKS, alerts, dashboard, rule_groups, series_names
 from tests.support.pods import container, pod, review
-from tests.support.processes import TimekeeperProcess, WebhookProcess, free_port, wait_until
-from tests.support.prometheus import PrometheusProcess, prometheus_binary
+from tests.support.processes import LOCAL_HTTP, TimekeeperProcess, WebhookProcess, free_port, wait_until
+from tests.support.prometheus import INTERVAL, PrometheusProcess, prometheus_binary
 from tests.support.throwaway_postgres import ThrowawayPostgres, throwaway_postgres
 from tests.support.timekeeper import Tokens, bearer, migrate, report_body, sha256
 from webhook.tls import generate_ca, generate_serving_cert
@@ -40,7 +40,7 @@ from webhook.tls import generate_ca, generate_serving_cert
 pytestmark = [pytest.mark.e2e, pytest.mark.prometheus]
 
 # Every rule's `for:` in the test's copy: one evaluation pending, then firing.
-FOR = "1s"
+FOR = "500ms"
 WEBHOOK_SERVER_NAME = "gpu-timekeeper-webhook.gpu-timekeeper.svc"
 # Metrics that cannot have a series here, and why (each is named by the rules or the dashboard).
 NO_SERIES_HERE = {
@@ -78,7 +78,7 @@ class Stack:
         )
 
     def admin(self, method: str, path: str, body: dict[str, Any]) -> None:
-        response = httpx.request(
+        response = LOCAL_HTTP.request(
             method,
             f"{self.timekeeper.url}/api/v1{path}",
             json=body,
@@ -107,10 +107,10 @@ class Stack:
 
 
 def shortened_rules() -> list[dict[str, Any]]:
-    """The shipped rule groups, evaluated every second, every `for:` shortened to FOR."""
+    """The shipped rule groups, evaluated every INTERVAL, every `for:` shortened to FOR."""
     groups = yaml.safe_load(yaml.safe_dump(rule_groups()))
     for group in groups:
-        group["interval"] = "1s"
+        group["interval"] = INTERVAL
         for rule in group["rules"]:
             if "for" in rule:
                 rule["for"] = FOR
@@ -239,7 +239,7 @@ def admit_a_gpu_pod(stack: Stack) -> None:
 
 
 def test_budgets_are_scraped_only_with_the_metrics_token(stack: Stack) -> None:
-    anonymous = httpx.get(f"{stack.timekeeper.url}/metrics", timeout=10)
+    anonymous = LOCAL_HTTP.get(f"{stack.timekeeper.url}/metrics", timeout=10)
     assert anonymous.status_code == 401
     wait_until(lambda: stack.value('up{job="gpu-timekeeper"}') == 1, what="the timekeeper scraped")
     wait_until(lambda: stack.value('up{job="gpu-timekeeper-webhook"}') == 1, what="the webhook scraped")

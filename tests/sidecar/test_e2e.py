@@ -13,14 +13,13 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy.engine import URL
 
 from gpuaccounting.clock import from_datetime, to_datetime
 from gpuaccounting.wire import format_timestamp
 from tests.sidecar.coverage import persisted_state
-from tests.support.processes import SidecarProcess, TimekeeperProcess, free_port, wait_until
+from tests.support.processes import LOCAL_HTTP, SidecarProcess, TimekeeperProcess, free_port, wait_until
 from tests.support.timekeeper import Tokens, bearer, migrated_database
 
 pytestmark = pytest.mark.e2e
@@ -51,7 +50,7 @@ def timekeeper(database: URL, tokens: Tokens, tmp_path: Path) -> Iterator[Timeke
 
 
 def budget(timekeeper: TimekeeperProcess, tokens: Tokens) -> dict[str, Any]:
-    response = httpx.get(
+    response = LOCAL_HTTP.get(
         f"{timekeeper.url}/api/v1/namespaces/{NAMESPACE}/budget", headers=bearer(tokens.reader), timeout=5
     )
     assert response.status_code == 200, response.text
@@ -69,7 +68,7 @@ def prepare_pod(
 
 
 def put_budget(timekeeper: TimekeeperProcess, tokens: Tokens, period: str) -> None:
-    put = httpx.put(
+    put = LOCAL_HTTP.put(
         f"{timekeeper.url}/api/v1/namespaces/{NAMESPACE}/budget",
         json={"budget_gpu_minutes": 100000, "period": period},
         headers=bearer(tokens.admin),
@@ -204,7 +203,7 @@ def test_under_an_accelerated_clock_intervals_are_stamped_and_charged_in_simulat
 
         reports = state["next_seq"] - 1
         simulated = Decimal(state["covered_until_us"] - state["anchor_us"])
-        usage = httpx.get(
+        usage = LOCAL_HTTP.get(
             f"{timekeeper.url}/api/v1/namespaces/{NAMESPACE}/usage",
             params={"since": format_timestamp(start), "until": format_timestamp(covered_until)},
             headers=bearer(tokens.reader),

@@ -42,12 +42,14 @@ def _admin_engine() -> sa.Engine:
     return sa.create_engine(server_url(), isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
 
 
-def create_database(prefix: str = "gtk_test") -> URL:
-    """Create an empty database with a unique name and return its URL."""
+def create_database(prefix: str = "gtk_test", template: URL | None = None) -> URL:
+    """Create a database with a unique name, empty or a copy of `template` (which nobody may be connected
+    to), and return its URL."""
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    copy_of = f' TEMPLATE "{template.database}"' if template else ""
     engine = _admin_engine()
     with engine.connect() as connection:
-        connection.execute(sa.text(f'CREATE DATABASE "{name}"'))
+        connection.execute(sa.text(f'CREATE DATABASE "{name}"{copy_of}'))
     engine.dispose()
     return server_url().set(database=name)
 

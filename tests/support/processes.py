@@ -21,6 +21,9 @@ from sqlalchemy.engine import URL
 from tests.support.postgres import url_string
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# Plain-HTTP calls to the processes under test: one client, as making one (httpx.get does) loads the CA
+# bundle, a tenth of a second on a busy machine; it keeps no connection, so none holds up a process's exit.
+LOCAL_HTTP = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
@@ -57,6 +60,11 @@ class TimekeeperProcess:
         self.url = f"http://{host}:{port}"
 
     def start(self) -> None:
+        self.launch()
+        self.wait_healthy()
+
+    def launch(self) -> None:
+        """The process, not waiting for it: start others beside it, then wait_healthy()."""
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [
@@ -68,6 +76,8 @@ class TimekeeperProcess:
                 stdout=log,
                 stderr=log,
             )
+
+    def wait_healthy(self) -> None:
         wait_until(self.healthy, timeout=60, what=f"the timekeeper on port {self.port}")
 
     def healthy(self) -> bool:
@@ -75,7 +85,7 @@ class TimekeeperProcess:
         if self.process.poll() is not None:
             raise AssertionError(f"timekeeper exited: {self.log_path.read_text()[-3000:]}")
         try:
-            return httpx.get(f"{self.url}/api/v1/healthz", timeout=1).status_code == 200
+            return LOCAL_HTTP.get(f"{self.url}/api/v1/healthz", timeout=1).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -137,6 +147,11 @@ class WebhookProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        self.launch()
+        self.wait_healthy()
+
+    def launch(self) -> None:
+        """The process, not waiting for it: start others beside it, then wait_healthy()."""
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "webhook", "--host", "127.0.0.1", "--port", str(self.port)],
@@ -145,6 +160,8 @@ class WebhookProcess:
                 stdout=log,
                 stderr=log,
             )
+
+    def wait_healthy(self) -> None:
         wait_until(self.healthy, timeout=60, what=f"the webhook on port {self.port}")
 
     def healthy(self) -> bool:

@@ -1,5 +1,5 @@
 """A real Prometheus (Debian's `prometheus` package, as promtool is) on 127.0.0.1 with a config and rules
-of the test's own, scraping and evaluating every second; and its HTTP API as tests ask it: a query, the
+of the test's own, scraping and evaluating twice a second; and its HTTP API as tests ask it: a query, the
 alerts, the metric names it has stored, and waiting for an alert to fire or resolve."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import yaml
 
 from tests.support.processes import free_port, wait_until
 
-INTERVAL = "1s"
+INTERVAL = "500ms"
 
 
 def prometheus_binary() -> str | None:
@@ -105,7 +105,7 @@ class PrometheusProcess:
             for alert in self.alerts(name):
                 if alert["state"] == "firing" and labels.items() <= alert["labels"].items():
                     return alert
-            time.sleep(0.2)
+            time.sleep(0.05)
         raise AssertionError(f"{name} {labels} did not fire within {timeout}s: {self.alerts(name)}")
 
     def wait_resolved(self, name: str, timeout: float = 30.0) -> None:

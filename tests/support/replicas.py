@@ -20,7 +20,7 @@ import httpx
 from sqlalchemy.engine import URL
 
 from tests.support.postgres import REPO_ROOT, url_string
-from tests.support.processes import TimekeeperProcess, free_port, wait_until
+from tests.support.processes import LOCAL_HTTP, TimekeeperProcess, free_port, wait_until
 from tests.support.timekeeper import bearer, sha256
 
 
@@ -61,8 +61,10 @@ def started_replicas(
         for n in range(count)
     ]
     try:
+        for replica in started:  # side by side: each start is mostly imports, on a core of its own
+            replica.process.launch()
         for replica in started:
-            replica.process.start()
+            replica.process.wait_healthy()
         yield started
     finally:
         for replica in started:
@@ -86,7 +88,7 @@ async def wait_for_leader(client: httpx.AsyncClient, candidates: list[Replica]) 
         if leaders:
             assert len(leaders) == 1, "two replicas lead at once"
             return leaders[0]
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.05)
     raise AssertionError("no replica became the leader")
 
 
@@ -106,7 +108,7 @@ class SchedulerProcess:
         def present() -> bool:
             assert self.process.poll() is None, self.log.read_text()
             try:
-                return wanted in httpx.get(self.metrics_url, timeout=1).text
+                return wanted in LOCAL_HTTP.get(self.metrics_url, timeout=1).text
             except httpx.HTTPError:
                 return False
 

@@ -3,12 +3,14 @@ whose methods read like the rules under test, and report factories."""
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import secrets
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -38,12 +40,28 @@ def migrate(url: URL, revision: str = "head") -> None:
         command.downgrade(config, revision)
 
 
+_templates: dict[date, URL] = {}
+_templates_lock = threading.Lock()
+
+
+def migrated_template() -> URL:
+    """A database migrated to head once per run (and per UTC day: the ledger's first partitions follow the
+    date), never connected to afterwards, so that each migrated_database is a copy, not a migration."""
+    today = datetime.now(UTC).date()
+    with _templates_lock:
+        if today not in _templates:
+            url = create_database("gtk_template")
+            atexit.register(drop_database, url)
+            migrate(url)
+            _templates[today] = url
+        return _templates[today]
+
+
 @contextmanager
 def migrated_database(prefix: str) -> Iterator[URL]:
-    """A database of its own, migrated to head, dropped afterwards."""
-    url = create_database(prefix)
+    """A database of its own, migrated to head (a copy of migrated_template()), dropped afterwards."""
+    url = create_database(prefix, template=migrated_template())
     try:
-        migrate(url)
         yield url
     finally:
         drop_database(url)

@@ -142,7 +142,7 @@ async def status_once_every_job_ran_since(
             return status
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"not every job ran on {replica.name} after {since}: {status}")
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.05)
 
 
 def expected_totals() -> dict[str, Decimal]:

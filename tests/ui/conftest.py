@@ -24,7 +24,7 @@ import httpx
 import pytest
 from sqlalchemy.engine import URL
 
-from tests.support.processes import TimekeeperProcess, free_port
+from tests.support.processes import LOCAL_HTTP, TimekeeperProcess, free_port
 from tests.support.timekeeper import Tokens, bearer, migrated_database, report_body
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -43,7 +43,7 @@ class System:
     tokens: Tokens
 
     def api(self, method: str, path: str, token: str | None = None, **kwargs: Any) -> Any:
-        response = httpx.request(
+        response = LOCAL_HTTP.request(
             method,
             f"{self.url}/api/v1{path}",
             headers=bearer(token or self.tokens.admin),

@@ -31,7 +31,7 @@ SCREENSHOTS = os.environ.get("GTK_DASHBOARD_SCREENSHOTS")
 
 
 def wait_for(browser: WebDriver, condition: Callable[[WebDriver], Any], timeout: float = 15) -> Any:
-    return WebDriverWait(browser, timeout).until(condition)
+    return WebDriverWait(browser, timeout, poll_frequency=0.05).until(condition)
 
 
 def find(browser: WebDriver, css: str, timeout: float = 15) -> WebElement:

@@ -144,7 +144,7 @@ def _planned_statements() -> dict[str, tuple[str, list[dict[str, Any]]]]:
             [charge_inputs_parameters(p, names, START, END) for p, names in zip(pods, lists, strict=True)],
         ),
         "weights": (weights(arity(1)), [weights_parameters([f"MODEL-{n}"], START, END) for n in runs]),
-        "repeats": (repository._REPEATED, [{"pods": p} for p in pods]),
+        "repeats": (repository._REPEATED, [repository.repeated_parameters(p, (START, END)) for p in pods]),
         "charge": (
             repository._CHARGE,
             [

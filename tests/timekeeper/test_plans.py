@@ -144,7 +144,7 @@ def _planned_statements() -> dict[str, tuple[str, list[dict[str, Any]]]]:
             [charge_inputs_parameters(p, names, START, END) for p, names in zip(pods, lists, strict=True)],
         ),
         "weights": (weights(arity(1)), [weights_parameters([f"MODEL-{n}"], START, END) for n in runs]),
-        "repeats": (repository._REPEATED, [{"pods": p} for p in pods]),
+        "repeats": (repository._REPEATED, [repository.repeated_parameters(p, (START, END)) for p in pods]),
         "charge": (
             repository._CHARGE,
             [
@@ -266,3 +266,27 @@ async def test_a_plan_that_scans_a_grown_table_fails_the_check(grown: psycopg.As
     custom_plans, plan = await kept_plan(grown, statement, runs)
     with pytest.raises(AssertionError, match="usage_burn"):
         assert_planned_once_by_index("budget read", custom_plans, plan, await empty_partitions(grown))
+
+
+def _relations(plan: dict[str, Any]) -> Iterator[str]:
+    """The relations a plan (EXPLAIN's JSON) reads, after the partitions it pruned before running."""
+    if "Relation Name" in plan:
+        yield plan["Relation Name"]
+    for child in plan.get("Plans", []):
+        yield from _relations(child)
+
+
+async def test_the_repeats_check_reads_only_the_partitions_of_its_batch(
+    grown: psycopg.AsyncConnection[Any],
+) -> None:
+    """However many days the ledger keeps, a batch's repeats check locks and reads only the partition its
+    span falls in: its reports' values alone (jsonb_to_recordset's) would leave every partition planned."""
+    statement, runs = _planned_statements()["repeats"]
+    cursor = await grown.execute(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+        "WHERE i.inhparent = 'usage_ledger'::regclass"
+    )
+    partitions = {name for (name,) in await cursor.fetchall()}
+    assert len(partitions) > 2, "the test database's ledger has its day partitions"
+    _, plan = await kept_plan(grown, statement, runs)
+    assert set(_relations(plan)) & partitions == {"usage_ledger_before"}

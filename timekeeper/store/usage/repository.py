@@ -83,9 +83,12 @@ _LOCK_PODS = (
 # Each report's lookup is an index probe whatever the planner estimates: jsonb_to_recordset counts as
 # 100 rows, so against a young ledger (the plan psycopg prepares is kept as the ledger grows) a join was
 # planned as a hash join over a scan of the whole ledger; OFFSET 0 keeps the EXISTS a per-row subplan.
+# The batch's span, as parameters, bounds interval_end (a retry has its original's interval): PostgreSQL
+# then prunes the day partitions outside it before it locks or opens them, however many days are kept.
 _REPEATED = (
     f"SELECT r.pod_uid FROM {_PODS} WHERE EXISTS (SELECT FROM usage_ledger l WHERE l.pod_uid = r.pod_uid "
-    "AND l.seq = r.seq AND l.interval_start = r.interval_start AND l.interval_end = r.interval_end OFFSET 0)"
+    "AND l.seq = r.seq AND l.interval_start = r.interval_start AND l.interval_end = r.interval_end "
+    "AND l.interval_end >= %(since)s AND l.interval_end <= %(until)s OFFSET 0)"
 )
 # A ledger row's columns, in the order ingest's insert and bench/history.py's bulk loader select them.
 LEDGER_COLUMNS = (
@@ -414,6 +417,11 @@ class HeldPod:
     mean_sm_util_pct: Decimal  # over the window's time that had the figure
 
 
+def repeated_parameters(pods: str, span: Interval) -> dict[str, Any]:
+    """_REPEATED's parameters: the batch's pods and its span (every interval_end lies inside it)."""
+    return {"pods": pods, "since": span[0], "until": span[1]}
+
+
 def batch_json(rows: Sequence[Mapping[str, Any]]) -> str:
     """A batch's rows as the one JSON parameter its statements read with jsonb_to_recordset: encoded in
     C, rather than a Python-dumped array per column."""
@@ -472,7 +480,7 @@ class IngestStatements:
             billing = await connection.execute(
                 CHARGE_INPUTS, charge_inputs_parameters(pods, namespaces, *span)
             )
-            repeated = await connection.execute(_REPEATED, {"pods": pods})
+            repeated = await connection.execute(_REPEATED, repeated_parameters(pods, span))
         uncovered: dict[str, list[Interval]] = {}
         models: dict[str, str | None] = {}
         admitted: dict[str, Decimal | None] = {}

@@ -175,7 +175,7 @@ def test_connections_beyond_the_cap_are_dropped(strict: Webhook, tls: Tls) -> No
     assert port is not None
     before = strict.metric("webhook_requests_refused_total", reason="over_capacity")  # its own connection
 
-    async def fill() -> tuple[list[bool], bool, bool]:
+    async def fill() -> tuple[list[bool], bool, bool, int]:
         held = [await open_tls(port, _context(tls)) for _ in range(2)]  # with the client's: the cap of 3
         kept = [await is_open(reader) for reader, _ in held]
         try:  # dropped before its TLS handshake: the handshake fails, or the connection ends at once
@@ -186,19 +186,23 @@ def test_connections_beyond_the_cap_are_dropped(strict: Webhook, tls: Tls) -> No
             refused = True
         for _, writer in held:
             writer.close()
+        failed = 0  # posts that came before the server had seen the held ones close: refused too
         for _ in range(50):  # until the server has seen them close
-            with contextlib.suppress(ConnectionError, ssl.SSLError):
+            try:
                 if (await post(port, _context(tls), "/mutate", b"{")).startswith(b"HTTP/1.1 400"):
-                    return kept, refused, True
+                    return kept, refused, True, failed
+            except (ConnectionError, ssl.SSLError):
+                failed += 1
             await asyncio.sleep(0.1)
-        return kept, refused, False
+        return kept, refused, False, failed
 
-    kept, refused, served_after = asyncio.run(fill())
+    kept, refused, served_after, failed = asyncio.run(fill())
 
     assert kept == [True, True]
     assert refused
     assert served_after
-    assert strict.metric("webhook_requests_refused_total", reason="over_capacity") == before + 1
+    counted = strict.metric("webhook_requests_refused_total", reason="over_capacity") - before
+    assert 1 <= counted <= 1 + failed
 
 
 def _pod_with(count: int, **overrides: Any) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from selenium.common.exceptions import NoSuchElementException
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -31,7 +31,10 @@ SCREENSHOTS = os.environ.get("GTK_DASHBOARD_SCREENSHOTS")
 
 
 def wait_for(browser: WebDriver, condition: Callable[[WebDriver], Any], timeout: float = 15) -> Any:
-    return WebDriverWait(browser, timeout, poll_frequency=0.05).until(condition)
+    """Polls the condition until it holds; an element the page re-rendered between finding and reading it
+    (stale) or has not drawn yet is polled again."""
+    ignored = (NoSuchElementException, StaleElementReferenceException)
+    return WebDriverWait(browser, timeout, poll_frequency=0.05, ignored_exceptions=ignored).until(condition)
 
 
 def find(browser: WebDriver, css: str, timeout: float = 15) -> WebElement:

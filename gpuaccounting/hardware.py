@@ -25,8 +25,13 @@ from gpuaccounting.shares import (
     GpuHardware,
     MinimumShares,
 )
+from gpuaccounting.supply import GpuSupply, RouteMode, SupplyRoute
 
-_FIELDS = {field.name: field.type for field in dataclasses.fields(GpuHardware) if field.name != "catalogue"}
+_FIELDS = {
+    field.name: field.type
+    for field in dataclasses.fields(GpuHardware)
+    if field.name not in ("catalogue", "supply")
+}
 
 
 class HardwareConfigError(ValueError):
@@ -171,8 +176,51 @@ def _catalogue(document: dict[str, Any]) -> GpuCatalogue:
     )
 
 
+def _routes(key: str, value: Any) -> frozenset[SupplyRoute]:
+    """The routes allowed everywhere: those whose mode is `allow`."""
+    allowed = set()
+    routes = [route.value for route in SupplyRoute]
+    for name, mode in _object(key, value, set(routes)).items():
+        if mode not in (RouteMode.REFUSE, RouteMode.ALLOW):
+            raise ValueError(f"{key}[{name!r}] must be one of {[m.value for m in RouteMode]}, not {mode!r}")
+        if mode == RouteMode.ALLOW:
+            allowed.add(SupplyRoute(name))
+    return frozenset(allowed)
+
+
+def _exempt(key: str, value: Any) -> tuple[tuple[str, frozenset[str]], ...]:
+    """Namespace to the ServiceAccounts there ("*": any) that may use every route."""
+    exempt = []
+    for namespace, accounts in _object(key, value).items():
+        if not isinstance(accounts, list) or not all(isinstance(a, str) and a for a in accounts):
+            raise ValueError(f'{key}[{namespace!r}] must be a list of ServiceAccount names, or ["*"]')
+        exempt.append((namespace, frozenset(accounts)))
+    return tuple(sorted(exempt))
+
+
+def _runtime_classes(key: str, value: Any) -> frozenset[str]:
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        raise ValueError(f'{key} must be a list of RuntimeClass names such as "nvidia"')
+    return frozenset(value)
+
+
+# The GPU supply's keys in the file: `GpuSupply`'s field each gives, and its reader.
+SUPPLY_KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
+    "gpu_supply_routes": ("allowed", _routes),
+    "gpu_supply_exempt": ("exempt", _exempt),
+    "gpu_runtime_classes": ("runtime_classes", _runtime_classes),
+}
+
+
+def _supply(document: dict[str, Any]) -> GpuSupply:
+    """The policy from its keys in the file; a key not given keeps the shipped default (all refused)."""
+    return GpuSupply(
+        **{field: read(key, document[key]) for key, (field, read) in SUPPLY_KEYS.items() if key in document}
+    )
+
+
 # Every key the file may have.
-KEYS = frozenset({*_FIELDS, *CATALOGUE_KEYS})
+KEYS = frozenset({*_FIELDS, *CATALOGUE_KEYS, *SUPPLY_KEYS})
 
 
 def parse_hardware(document: Any) -> GpuHardware:
@@ -185,7 +233,7 @@ def parse_hardware(document: Any) -> GpuHardware:
     values = {
         key: _READERS[str(_FIELDS[key])](key, value) for key, value in document.items() if key in _FIELDS
     }
-    return GpuHardware(**values, catalogue=_catalogue(document))
+    return GpuHardware(**values, catalogue=_catalogue(document), supply=_supply(document))
 
 
 def load_hardware(path: Path | None) -> GpuHardware:

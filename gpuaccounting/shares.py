@@ -20,6 +20,7 @@ from gpuaccounting.catalogue import (
     SharingSystem,
 )
 from gpuaccounting.quantity import QuantityError, parse_decimal, parse_quantity, shorten
+from gpuaccounting.supply import DEFAULT_SUPPLY, GpuSupply
 
 __all__ = ["SharingSystem"]  # re-exported: callers read the systems beside the shares
 
@@ -50,6 +51,9 @@ class Rule(StrEnum):
     PROTECTED_SHARE_INPUTS = "protected-share-inputs"
     # Not a rule that may be disabled: the floor is lowered in the hardware file (`minimum_shares`).
     MINIMUM_SHARE = "minimum-share"
+    # A GPU route beside the device plugin (gpuaccounting.supply): an env variable, a mount, a CDI
+    # annotation, a runtime class, a hostPath or privilege that the hardware file's policy refuses.
+    GPU_SUPPLY = "gpu-supply"
 
 
 # Resource and metadata keys, by system.
@@ -119,6 +123,7 @@ class GpuHardware:
     clearml_fractions: frozenset[Fraction] = DEFAULT_CLEARML_FRACTIONS
     catalogue: GpuCatalogue = DEFAULT_CATALOGUE  # which resources and DeviceClasses are GPUs
     minimum_shares: MinimumShares = DEFAULT_MINIMUM_SHARES
+    supply: GpuSupply = DEFAULT_SUPPLY  # the routes to a GPU beside the device plugin, refused or allowed
 
     def minimum_share(self, system: SharingSystem) -> Fraction:
         return next(

@@ -164,17 +164,19 @@ class Admission:
             or _is_mirror(pod)
         ):
             return []
-        if request.subresource == "ephemeralcontainers":
-            return governance.token_mounts(pod)
-        if request.subresource:
+        if request.subresource not in (None, "", "ephemeralcontainers"):
             return []
+        namespace = self._namespace(request, pod)
+        share = self.read(pod, namespace)
+        if request.subresource == "ephemeralcontainers":
+            added = governance.supply_routes_added(request, namespace, share, self.hardware)
+            return governance.token_mounts(pod) + added
         if request.operation == "UPDATE":
             found = governance.on_update(request, self.settings, self.hardware.catalogue)
+            found.extend(governance.supply_routes_added(request, namespace, share, self.hardware))
         else:
-            namespace = self._namespace(request, pod)
-            found = governance.on_create(
-                pod, self.read(pod, namespace), self.cache.view(namespace), self.sidecar
-            )
+            found = governance.on_create(pod, share, self.cache.view(namespace), self.sidecar)
+            found.extend(governance.supply_routes(pod, namespace, share, self.hardware))
         if (label := self.gangs.pod_label_violation(request)) is not None:
             found.append(label)
         return found

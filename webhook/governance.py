@@ -11,7 +11,8 @@ from typing import Any
 from gpuaccounting import names
 from gpuaccounting.catalogue import GpuCatalogue
 from gpuaccounting.quantity import shorten
-from gpuaccounting.shares import PodShare, Rule, Violation, format_share, share_inputs
+from gpuaccounting.shares import GpuHardware, PodShare, Rule, Violation, format_share, share_inputs
+from gpuaccounting.supply import NODE_SETTINGS, RouteUse, refused_uses
 from gpuaccounting.workloads import workload_of
 from webhook.injection import SidecarTemplate, claim_list, differing_fields
 from webhook.review import AdmissionRequest
@@ -240,3 +241,36 @@ def on_update(
             )
         )
     return found
+
+
+def _supply_violation(use: RouteUse) -> Violation:
+    return Violation(
+        Rule.GPU_SUPPLY,
+        f"hands the container GPUs beside the device plugin, uncharged (route {use.route}, open where"
+        f" {NODE_SETTINGS[use.route]}); ask for the GPU as a resource such as nvidia.com/gpu, or an admin"
+        " allows the route (hardware file: gpu_supply_routes, gpu_supply_exempt)",
+        use.container,
+        use.field,
+        use.value,
+    )
+
+
+def supply_routes(
+    pod: Mapping[str, Any], namespace: str, share: PodShare, hardware: GpuHardware
+) -> list[Violation]:
+    """A new pod's uses of a GPU route the hardware file's policy refuses (docs/security.md, "The GPU
+    supply on a node")."""
+    uses = refused_uses(pod, namespace, hardware.supply, asks_for_gpu=share.uses_gpu)
+    return [_supply_violation(use) for use in uses]
+
+
+def supply_routes_added(
+    request: AdmissionRequest, namespace: str, share: PodShare, hardware: GpuHardware
+) -> list[Violation]:
+    """An UPDATE (an annotation, an ephemeral container) may not add a route the policy refuses; a pod
+    admitted with one before the policy keeps it, so its metadata can still change."""
+    if request.old_object is None:
+        return supply_routes(request.object or {}, namespace, share, hardware)
+    before = set(refused_uses(request.old_object, namespace, hardware.supply, asks_for_gpu=share.uses_gpu))
+    after = refused_uses(request.object or {}, namespace, hardware.supply, asks_for_gpu=share.uses_gpu)
+    return [_supply_violation(use) for use in after if use not in before]

@@ -15,7 +15,9 @@ import pytest
 
 from gpuaccounting import shares
 from gpuaccounting.hardware import load_hardware
+from gpuaccounting.supply import DEFAULT_SUPPLY, route_uses
 from tests.deployment.conftest import BUILDS, CHART_RENDERS, ROOT, render
+from tests.support.supply import ROUTE_PODS
 
 GPU_RESOURCES = [
     "nvidia.com/gpu",
@@ -231,3 +233,42 @@ def test_an_update_is_sent_when_either_object_is_ours(build, case):
 def test_an_update_of_a_pod_that_never_was_ours_is_not_sent(build):
     (expression,) = conditions_of(build, "ValidatingWebhookConfiguration")
     assert not admitted_to_webhook(expression, pod(labels={"app": "web"}), pod())
+
+
+@pytest.mark.parametrize("case", sorted(ROUTE_PODS))
+@pytest.mark.parametrize("build", ["base", CHART_RENDERS[0]])
+def test_a_pod_using_a_gpu_route_reaches_both_webhooks(build: str, case: str) -> None:
+    """Issue 36: a pod asking for no GPU as a resource but for one through the node (gpuaccounting.supply)
+    is sent to /validate, which refuses it; so is an ephemeral container that adds one."""
+    body = ROUTE_PODS[case][0]
+    for expression in conditions(build):
+        assert admitted_to_webhook(expression, body), case
+    debugged = {**pod(), "spec": {**pod()["spec"], "ephemeralContainers": body["spec"]["containers"]}}
+    if route_uses(debugged, DEFAULT_SUPPLY, asks_for_gpu=False):
+        for expression in conditions(build):
+            assert admitted_to_webhook(expression, debugged, pod()), case
+
+
+HARDENED_PODS = {
+    "restricted security context": pod(
+        [
+            {
+                "name": "c",
+                "image": "busybox:1.36",
+                "securityContext": {"privileged": False, "capabilities": {"drop": ["ALL"]}},
+            }
+        ]
+    ),
+    "ordinary env": pod([{"name": "c", "image": "busybox:1.36", "env": [{"name": "MODE", "value": "x"}]}]),
+    "an emptyDir mount": {
+        **pod(
+            [{"name": "c", "image": "busybox:1.36", "volumeMounts": [{"name": "v", "mountPath": "/data"}]}]
+        ),
+    },
+}
+
+
+@pytest.mark.parametrize("case", sorted(HARDENED_PODS))
+def test_non_gpu_pods_without_a_route_still_never_reach_the_webhooks(case: str) -> None:
+    for expression in conditions("base"):
+        assert not admitted_to_webhook(expression, HARDENED_PODS[case]), case

@@ -106,7 +106,7 @@ def test_the_shipped_file_states_the_defaults() -> None:
         "gpu_memory_mib", "mig_slices_per_gpu", "time_slicing_replicas", "time_slicing_renamed",
         "metagpu_units_per_gpu", "gpushare_memory_unit_mib", "clearml_fractions", "minimum_shares",
         "gpu_resources", "gpu_resource_patterns", "gpu_device_classes", "accelerator_patterns",
-        "unknown_accelerators",
+        "unknown_accelerators", "gpu_supply_routes", "gpu_supply_exempt", "gpu_runtime_classes",
     }  # fmt: skip
     assert set(document["minimum_shares"]) == {system.value for system in SharingSystem}
     assert load_hardware(SHIPPED) == GpuHardware()

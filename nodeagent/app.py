@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,6 +20,7 @@ from nodeagent.cgroups import pod_uid_of
 from nodeagent.config import Settings
 from nodeagent.gpus import DeviceReading, NodeNvml, NvmlUnavailable
 from nodeagent.kubelet import PodAllocation, PodResourcesClient
+from nodeagent.supply import probe
 
 log = logging.getLogger("nodeagent")
 
@@ -31,6 +33,7 @@ class Snapshot:
     allocations: dict[tuple[str, str], PodAllocation] = field(default_factory=dict)
     pod_of_pid: dict[int, str] = field(default_factory=dict)
     nvml_problem: str | None = None
+    env_route_open: bool = False  # nodeagent.supply: this node hands GPUs for NVIDIA_VISIBLE_DEVICES alone
 
 
 class Sampler:
@@ -70,7 +73,10 @@ class Sampler:
             self._announce("podresources", f"{error.code()}: {error.details()}")  # type: ignore[attr-defined]
         pids = {pid for reading in readings for pid in (reading.processes or {})}
         pod_of_pid = {pid: uid for pid in pids if (uid := pod_uid_of(pid, self._settings.proc_root))}
-        self.snapshot = Snapshot(readings, allocations, pod_of_pid, problem)
+        env_route = probe(os.environ, len(readings))
+        if env_route and not self.snapshot.env_route_open:
+            log.warning("gpu_env_route_open", extra={"devices": len(readings)})
+        self.snapshot = Snapshot(readings, allocations, pod_of_pid, problem, env_route)
         return self.snapshot
 
     def answer(self, identity: PodIdentity) -> PodGpus:
@@ -90,8 +96,24 @@ class Sampler:
             stop.wait(self._settings.sample_interval_seconds)
 
 
+METRICS_PATH = "/metrics"
+ENV_ROUTE_METRIC = "nodeagent_gpu_env_route_open"
+
+
+def metrics_text(snapshot: Snapshot) -> str:
+    """The Prometheus text of what the agent knows about its node (no pod's figures: those are each
+    pod's own)."""
+    return (
+        f"# HELP {ENV_ROUTE_METRIC} 1: this node's NVIDIA Container Toolkit handed this unprivileged agent"
+        " GPUs for NVIDIA_VISIBLE_DEVICES alone, so any container setting it (or whose image does) gets"
+        " GPUs beside the device plugin (docs/deployment.md); 0: not seen.\n"
+        f"# TYPE {ENV_ROUTE_METRIC} gauge\n"
+        f"{ENV_ROUTE_METRIC} {int(snapshot.env_route_open)}\n"
+    )
+
+
 def make_server(settings: Settings, sampler: Sampler, reviewer: TokenReviewer) -> ThreadingHTTPServer:
-    """`GET /v1/pod-gpus` (bearer token: the caller's pod only) and `GET /healthz`."""
+    """`GET /v1/pod-gpus` (bearer token: the caller's pod only), `GET /healthz` and `GET /metrics`."""
 
     class Handler(BaseHTTPRequestHandler):
         def _send(self, status: int, payload: object) -> None:
@@ -105,6 +127,14 @@ def make_server(settings: Settings, sampler: Sampler, reviewer: TokenReviewer) -
         def do_GET(self) -> None:
             if self.path == "/healthz":
                 self._send(200, {"status": "ok"})
+                return
+            if self.path == METRICS_PATH:
+                body = metrics_text(sampler.snapshot).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
                 return
             if self.path != POD_GPUS_PATH:
                 self._send(404, {"detail": "not found"})

@@ -432,6 +432,24 @@ def test_a_gpu_resource_set_through_helm_joins_the_shipped_catalogue():
     assert catalogue.entry("nvidia.com/gpu-0") == GpuEntry(SharingSystem.CLEARML, 8)
 
 
+def test_the_node_agent_is_exempt_from_the_gpu_supply_routes_where_the_chart_puts_it():
+    """Issue 36: the agent reaches every GPU through NVIDIA_VISIBLE_DEVICES; the hardware file exempts its
+    namespace and ServiceAccount together, whatever the release's name and the agent's namespace."""
+    objects = helm_template(
+        "--set",
+        "nodeAgent.enabled=true",
+        "--set",
+        "nodeAgent.namespace=agents",
+        "--set",
+        "fullnameOverride=tk",
+    )
+    document = json.loads(one(objects, "ConfigMap", "tk-hardware")["data"]["hardware.json"])
+    account = one(objects, "DaemonSet", "tk-nodeagent")["spec"]["template"]["spec"]["serviceAccountName"]
+    supply = parse_hardware(document).supply
+    assert supply.exempts("agents", account)
+    assert not supply.exempts("agents", "default")
+
+
 def test_budgets_are_private_and_prometheus_scrapes_them_with_a_token_it_may_use():
     """/metrics names every namespace's budget (issue #25): the shipped timekeeper asks for a token, and
     the ServiceMonitor sends one of a ServiceAccount that may read every namespace, whatever the release."""

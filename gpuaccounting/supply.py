@@ -154,32 +154,33 @@ def _device_host_path(path: object) -> bool:
     )
 
 
-def _env_uses(container: Mapping[str, Any]) -> Iterator[RouteUse]:
+def _container_uses(container: Mapping[str, Any], uses: list[RouteUse]) -> None:
+    """Append the container's uses to `uses`. Cheap for the common container: only what names a route is
+    looked at further (this runs for every pod /validate sees)."""
     name = str(container.get("name"))
     for variable in _list(container.get("env")):
         if not isinstance(variable, dict) or variable.get("name") not in DEVICE_VARIABLES:
             continue
-        if "valueFrom" in variable:
-            yield RouteUse(SupplyRoute.VISIBLE_DEVICES_ENV, f"env {variable['name']}", "valueFrom", name)
-            continue
+        field = f"env {variable['name']}"
         value = variable.get("value")
         text = value.strip() if isinstance(value, str) else ""
-        if text.lower() not in NO_DEVICE_VALUES:
-            yield RouteUse(SupplyRoute.VISIBLE_DEVICES_ENV, f"env {variable['name']}", text, name)
-
-
-def _container_uses(container: Mapping[str, Any]) -> Iterator[RouteUse]:
-    name = str(container.get("name"))
-    yield from _env_uses(container)
+        if "valueFrom" in variable:
+            uses.append(RouteUse(SupplyRoute.VISIBLE_DEVICES_ENV, field, "valueFrom", name))
+        elif text.lower() not in NO_DEVICE_VALUES:
+            uses.append(RouteUse(SupplyRoute.VISIBLE_DEVICES_ENV, field, text, name))
     for mount in _list(container.get("volumeMounts")):
-        if isinstance(mount, dict) and _under(mount.get("mountPath"), DEVICE_LIST_ROOTS):
-            yield RouteUse(SupplyRoute.DEVICE_LIST_MOUNT, "volumeMount", str(mount.get("mountPath")), name)
+        path = mount.get("mountPath") if isinstance(mount, dict) else None
+        if isinstance(path, str) and "nvidia-container-devices" in path and _under(path, DEVICE_LIST_ROOTS):
+            uses.append(RouteUse(SupplyRoute.DEVICE_LIST_MOUNT, "volumeMount", path, name))
     security = _mapping(container.get("securityContext"))
     if security.get("privileged") is True:
-        yield RouteUse(SupplyRoute.PRIVILEGED, "securityContext.privileged", "true", name)
-    added = {str(c).upper() for c in _list(_mapping(security.get("capabilities")).get("add"))}
-    for capability in sorted(added & PRIVILEGED_CAPABILITIES):
-        yield RouteUse(SupplyRoute.PRIVILEGED, "securityContext.capabilities.add", capability, name)
+        uses.append(RouteUse(SupplyRoute.PRIVILEGED, "securityContext.privileged", "true", name))
+    if "capabilities" in security:
+        added = {str(c).upper() for c in _list(_mapping(security["capabilities"]).get("add"))}
+        for capability in sorted(added & PRIVILEGED_CAPABILITIES):
+            uses.append(
+                RouteUse(SupplyRoute.PRIVILEGED, "securityContext.capabilities.add", capability, name)
+            )
 
 
 def route_uses(pod: Mapping[str, Any], supply: GpuSupply, *, asks_for_gpu: bool) -> list[RouteUse]:
@@ -187,7 +188,9 @@ def route_uses(pod: Mapping[str, Any], supply: GpuSupply, *, asks_for_gpu: bool)
     resource, a DRA claim or a sharing system's marker (then the NVIDIA runtime class is its due)."""
     spec = _mapping(pod.get("spec"))
     annotations = _mapping(_mapping(pod.get("metadata")).get("annotations"))
-    uses = [use for container in _containers(spec) for use in _container_uses(container)]
+    uses: list[RouteUse] = []
+    for container in _containers(spec):
+        _container_uses(container, uses)
     for key in sorted(annotations):
         if key.startswith(CDI_ANNOTATION_PREFIXES):
             uses.append(RouteUse(SupplyRoute.CDI_ANNOTATION, f"annotation {key}", str(annotations[key])))

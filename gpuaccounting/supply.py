@@ -168,6 +168,12 @@ def _container_uses(container: Mapping[str, Any], uses: list[RouteUse]) -> None:
             uses.append(RouteUse(SupplyRoute.VISIBLE_DEVICES_ENV, field, "valueFrom", name))
         elif text.lower() not in NO_DEVICE_VALUES:
             uses.append(RouteUse(SupplyRoute.VISIBLE_DEVICES_ENV, field, text, name))
+    for source in _list(container.get("envFrom")):
+        # A prefix that may make a ConfigMap's or Secret's key a device variable; an empty prefix is the
+        # image's ENV case (invisible here: docs/security.md, S9).
+        prefix = source.get("prefix") if isinstance(source, dict) else None
+        if isinstance(prefix, str) and prefix and any(v.startswith(prefix) for v in DEVICE_VARIABLES):
+            uses.append(RouteUse(SupplyRoute.VISIBLE_DEVICES_ENV, "envFrom prefix", prefix, name))
     for mount in _list(container.get("volumeMounts")):
         path = mount.get("mountPath") if isinstance(mount, dict) else None
         if isinstance(path, str) and "nvidia-container-devices" in path and _under(path, DEVICE_LIST_ROOTS):

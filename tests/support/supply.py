@@ -63,6 +63,10 @@ ROUTE_PODS: dict[str, tuple[dict[str, Any], SupplyRoute]] = {
         ),
         SupplyRoute.VISIBLE_DEVICES_ENV,
     ),
+    "env-from-a-prefixed-config-map": (
+        pod(container("main") | {"envFrom": [{"prefix": "NVIDIA_", "configMapRef": {"name": "devices"}}]}),
+        SupplyRoute.VISIBLE_DEVICES_ENV,
+    ),
     "env-in-an-init-container": (
         pod(container("main"), init=(with_env(container("setup"), env("NVIDIA_VISIBLE_DEVICES", "0,1")),)),
         SupplyRoute.VISIBLE_DEVICES_ENV,

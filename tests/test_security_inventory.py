@@ -34,15 +34,20 @@ SECTION = "## Inputs: who writes what a decision reads"
 SCANNED = ("webhook", "gpuaccounting", "timekeeper", "nodeagent")
 GENERATED = re.compile(r"_pb2(_grpc)?\.py$")  # protobuf stubs (nodeagent/podresources): no decision
 # The report models the timekeeper accepts from a sidecar, by the prefix their fields are named with.
-REPORT_MODELS: tuple[tuple[str, type[BaseModel]], ...] = (("report.", ReportIn), ("report.gpus.", GpuFiguresIn))
+REPORT_MODELS: tuple[tuple[str, type[BaseModel]], ...] = (
+    ("report.", ReportIn),
+    ("report.gpus.", GpuFiguresIn),
+)
 
-PARTIES = ("tenant", "tenant through a controller", "sidecar", "node", "admin", "API server", "product")
+PARTIES = ("tenant", "tenant through a controller", "sidecar", "node", "admin", "control plane", "product")
 # Who a tenant is, or can act through: a row naming one of them says how its value is made harmless.
 TENANT_REACHABLE = ("tenant", "tenant through a controller", "sidecar")
 
 # A label, annotation, resource or API group name: a DNS subdomain with a dot, a slash, and a name (or
 # nothing: a prefix read with startswith).
-QUALIFIED = re.compile(r"^(?:[a-z0-9](?:[-a-z0-9]*[a-z0-9])?\.)+[a-z]{2,}/(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+QUALIFIED = re.compile(
+    r"^(?:[a-z0-9](?:[-a-z0-9]*[a-z0-9])?\.)+[a-z]{2,}/(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?$"
+)
 # A key worth classifying: a name ('', '*', '/', '.' and patterns are string handling, not keys).
 KEY = re.compile(r"^[A-Za-z][\w./-]*$")
 KEY_CONSTANT = re.compile(r"(?:^|_)(?:LABELS?|ANNOTATIONS?)(?:_|$)")
@@ -66,7 +71,9 @@ class _Constants:
 
     def __init__(self, trees: dict[str, ast.Module]) -> None:
         self.values: dict[str, str] = {}
-        self.imports: dict[str, dict[str, str]] = {module: _imports(module, tree) for module, tree in trees.items()}
+        self.imports: dict[str, dict[str, str]] = {
+            module: _imports(module, tree) for module, tree in trees.items()
+        }
         changed = True
         while changed:  # a constant built from another (f"{DOMAIN}/gpu-share") resolves on a later round
             changed = False
@@ -89,7 +96,9 @@ class _Constants:
             target = self.imports[module].get(node.value.id)
             return self.values.get(f"{target}.{node.attr}") if target else None
         if isinstance(node, ast.JoinedStr):
-            parts = [self.value(p.value if isinstance(p, ast.FormattedValue) else p, module) for p in node.values]
+            parts = [
+                self.value(p.value if isinstance(p, ast.FormattedValue) else p, module) for p in node.values
+            ]
             return None if None in parts else "".join(p or "" for p in parts)
         return None
 
@@ -108,7 +117,7 @@ def _imports(module: str, tree: ast.Module) -> dict[str, str]:
     return found
 
 
-def _assignments(tree: ast.Module) -> Iterator[tuple[str, ast.AST]]:
+def _assignments(tree: ast.Module) -> Iterator[tuple[str, ast.expr]]:
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             yield node.targets[0].id, node.value
@@ -130,9 +139,14 @@ def _key_node(node: ast.AST) -> ast.AST | None:
 def reads(root: Path, packages: Iterable[str]) -> dict[str, list[str]]:
     """Every name read by the packages under `root`, each with the `path:line` places that read it."""
     paths = sorted(
-        path for package in packages for path in (root / package).rglob("*.py") if not GENERATED.search(path.name)
+        path
+        for package in packages
+        for path in (root / package).rglob("*.py")
+        if not GENERATED.search(path.name)
     )
-    trees = {_module_name(path, root): ast.parse(path.read_text(encoding="utf-8"), str(path)) for path in paths}
+    trees = {
+        _module_name(path, root): ast.parse(path.read_text(encoding="utf-8"), str(path)) for path in paths
+    }
     constants = _Constants(trees)
     found: dict[str, set[tuple[str, int]]] = defaultdict(set)
     for path, (module, tree) in zip(paths, trees.items(), strict=True):
@@ -142,25 +156,26 @@ def reads(root: Path, packages: Iterable[str]) -> dict[str, list[str]]:
 
 
 def _module_reads(module: str, tree: ast.Module, constants: _Constants) -> Iterator[tuple[str, int]]:
-    # Route paths in decorators (`@router.get("/usage")`) are served, not read.
+    # Route paths in decorators (`@router.get("/usage")`) are served, not read; a method called is no field.
     decorators = {id(d) for node in ast.walk(tree) for d in getattr(node, "decorator_list", ())}
+    called = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
     typed = "kubernetes_asyncio" in {name.split(".")[0] for name in constants.imports[module].values()}
     # Attributes of our own objects and of modules are not a model's fields.
     ours = {"self", "cls", *constants.imports[module], *(name for name, _ in _assignments(tree))}
-    for name, node in _assignments(tree):
+    for name, assigned in _assignments(tree):
         if KEY_CONSTANT.search(name):  # a key, or keys read in a loop (`for key in POD_GROUP_LABELS`)
-            items = node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else [node]
+            items = assigned.elts if isinstance(assigned, ast.Tuple | ast.List | ast.Set) else [assigned]
             for item in items:
                 value = constants.value(item, module)
                 if value is not None and KEY.match(value):
                     yield value, item.lineno
     for node in ast.walk(tree):
-        if id(node) in decorators:
+        if id(node) in decorators or not isinstance(node, ast.expr):  # every read is an expression
             continue
         key = _key_node(node)
         value = constants.value(key, module) if key is not None else None
         if value is not None and KEY.match(value):
-            yield value, node.lineno  # type: ignore[attr-defined]
+            yield value, node.lineno
         if isinstance(node, ast.Constant | ast.JoinedStr):
             text = constants.value(node, module)
             if text is not None and QUALIFIED.match(text):
@@ -170,6 +185,7 @@ def _module_reads(module: str, tree: ast.Module, constants: _Constants) -> Itera
             and isinstance(node, ast.Attribute)
             and isinstance(node.ctx, ast.Load)
             and node.attr in KUBE_FIELDS
+            and id(node) not in called
             and not (isinstance(node.value, ast.Name) and node.value.id in ours)
         ):
             yield KUBE_FIELDS[node.attr], node.lineno
@@ -191,11 +207,12 @@ class Row:
     names: tuple[str, ...]
     writers: tuple[str, ...]
     harmless: str
+    text: str
 
 
-def inventory(text: str) -> tuple[dict[str, Row], list[Row], str]:
+def inventory(text: str) -> tuple[dict[str, Row], list[Row]]:
     """The section's rows (first cell: the names, in backticks; the fourth: who writes them; the fifth: what
-    makes a tenant's value harmless), each name's row, and the section's text."""
+    makes a tenant's value harmless) and each name's row."""
     start = text.index(SECTION)
     end = text.find("\n## ", start + len(SECTION))
     section = text[start : end if end >= 0 else len(text)]
@@ -205,19 +222,22 @@ def inventory(text: str) -> tuple[dict[str, Row], list[Row], str]:
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")] if line.startswith("|") else []
         if len(cells) < 5 or cells[0] in ("reads", "") or set(cells[0]) <= {"-"}:
             continue
-        writers = tuple(part.strip() for part in cells[3].split(" (")[0].split(","))
-        rows.append(Row(first + offset, tuple(re.findall(r"`([^`]+)`", cells[0])), writers, cells[4]))
-    by_name = {name: row for row in rows for name in row.names}
-    return by_name, rows, section
+        writers = tuple(part.strip() for part in re.sub(r"\s*\([^)]*\)", "", cells[3]).split(","))
+        names = tuple(re.findall(r"`([^`]+)`", cells[0]))
+        rows.append(Row(first + offset, names, writers, cells[4], line))
+    return {name: row for row in rows for name in row.names}, rows
 
 
-def unclassified(found: dict[str, list[str]], classified: dict[str, Row], section: str) -> list[str]:
-    """One message per name read but not classified, naming where it is read and the line to change."""
+def unclassified(found: dict[str, list[str]], rows: list[Row]) -> list[str]:
+    """One message per name read but not classified, naming where it is read and the line to change: a row
+    that mentions the name in words (an input another change was to read) is the one to put it in."""
+    classified = {name for row in rows for name in row.names}
     messages = []
-    for name in sorted(found.keys() - classified.keys()):
-        mentioned = f"`{name}`" not in section and re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w-])", section)
+    for name in sorted(found.keys() - classified):
+        word = re.compile(rf"(?<![\w.-]){re.escape(name)}(?![\w-])")
+        mentioned = [row.line for row in rows if word.search(row.text)]
         hint = (
-            f"the inventory mentions it in words: put `{name}` in the first cell of that row"
+            f"docs/security.md:{mentioned[0]} mentions it in words: put `{name}` in that row's first cell"
             if mentioned
             else f"add `{name}` to the first cell of the row that says who writes it, or add a row: "
             f"| `{name}` | <what it is> | <read by> | <{' / '.join(PARTIES)}> | <how a tenant's value is "
@@ -235,20 +255,20 @@ def _all_reads() -> dict[str, list[str]]:
 
 
 def test_every_input_read_is_classified() -> None:
-    classified, _, section = inventory(PAGE.read_text(encoding="utf-8"))
-    missing = unclassified(_all_reads(), classified, section)
+    _, rows = inventory(PAGE.read_text(encoding="utf-8"))
+    missing = unclassified(_all_reads(), rows)
     assert not missing, "\n".join(missing)
 
 
 def test_every_classified_input_is_still_read() -> None:
     """A name no code reads any more goes from the inventory (a row that still tells is kept in words)."""
-    classified, _, _ = inventory(PAGE.read_text(encoding="utf-8"))
+    classified, _ = inventory(PAGE.read_text(encoding="utf-8"))
     stale = sorted(classified.keys() - _all_reads().keys())
     assert not stale, f"docs/security.md classifies names nothing reads: {stale}"
 
 
 def test_each_row_names_its_writers_and_how_a_tenant_value_is_made_harmless() -> None:
-    _, rows, _ = inventory(PAGE.read_text(encoding="utf-8"))
+    _, rows = inventory(PAGE.read_text(encoding="utf-8"))
     assert rows, f"no rows under {SECTION!r}"
     wrong = [f"line {row.line}: {row.writers}" for row in rows if not set(row.writers) <= set(PARTIES)]
     assert not wrong, f"writers must be among {PARTIES}: {wrong}"
@@ -258,12 +278,14 @@ def test_each_row_names_its_writers_and_how_a_tenant_value_is_made_harmless() ->
         if set(row.writers) & set(TENANT_REACHABLE)
         and not re.search(r"tests/|test_\w+|issue 37", row.harmless)
     ]
-    assert not unsaid, f"a tenant-written input's row must say how it is made harmless, with its test: {unsaid}"
+    assert not unsaid, (
+        f"a tenant-written input's row must say how it is made harmless, with its test: {unsaid}"
+    )
 
 
 # ---- the test of the test ------------------------------------------------------------------------------
 
-SYNTHETIC = '''
+SYNTHETIC = """
 from kubernetes_asyncio import client
 from example import keys
 
@@ -276,7 +298,7 @@ def decide(pod: dict, typed: client.V1Pod) -> bool:
     if keys.FLAG in pod["metadata"].get("labels", {}):
         return True
     return spec.get("hostNetwork") or typed.spec.runtime_class_name
-'''
+"""
 
 
 def test_a_new_unclassified_read_fails_naming_the_input_and_its_line(tmp_path: Path) -> None:
@@ -297,14 +319,15 @@ def test_a_new_unclassified_read_fails_naming_the_input_and_its_line(tmp_path: P
 
     page = (
         f"{SECTION}\n\n| reads | what | read by | written by | made harmless by |\n|---|---|---|---|---|\n"
-        "| `spec`, `metadata`, `labels`, `example.com/flag`, `example.com/new-annotation`, `runtimeClassName` "
-        "| x | x | tenant | ignored: `tests/x.py::test_x` |\n"
+        "| `spec`, `metadata`, `labels`, `example.com/flag`, `example.com/new-annotation`, "
+        "`runtimeClassName` | x | x | tenant | ignored: `tests/x.py::test_x` |\n"
         "| `example.com/` | the prefix; hostNetwork is the tenant's | x | product | |\n"
     )
-    classified, _, section = inventory(page)
-    [message] = unclassified(found, classified, section)
+    [message] = unclassified(found, inventory(page)[1])
     assert message.startswith("example/decide.py:13 read `hostNetwork`")
-    assert "put `hostNetwork` in the first cell of that row" in message
-    classified, _, section = inventory(page.replace("hostNetwork is the tenant's", "-"))
-    [message] = unclassified(found, classified, section)
+    assert "docs/security.md:6 mentions it in words: put `hostNetwork` in that row's first cell" in message
+    [message] = unclassified(found, inventory(page.replace("hostNetwork is the tenant's", "-"))[1])
     assert "| `hostNetwork` | <what it is> |" in message
+    assert not unclassified(
+        found, inventory(page.replace("`example.com/`", "`example.com/`, `hostNetwork`"))[1]
+    )

@@ -38,7 +38,7 @@ def test_a_tenants_pod_marked_as_a_mirror_pod_is_still_governed(
 
 def test_a_tenant_cannot_write_the_pod_status_a_charge_is_timed_by(tenant: Tenant) -> None:
     """The reconciler charges a pod from its status (startTime, containers' finishedAt, phase) and the
-    webhook reads its DisruptionTarget condition: the kubelet's and the API server's to write, not `edit`'s."""
+    webhook reads its DisruptionTarget condition: the kubelet's and the API server's, not `edit`'s."""
     tenant.kubectl.create(gpu_pod(tenant.namespace, "timed"))
     patch = {"status": {"startTime": "2000-01-01T00:00:00Z", "phase": "Succeeded"}}
 

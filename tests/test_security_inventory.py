@@ -5,8 +5,9 @@ write it and, where a tenant can, what makes it harmless.
 The names are found in the source, not in a list kept beside it (issue 37): a string key read from a mapping
 (`obj["spec"]`, `.get("labels")`, `.pop(...)`, `"key" in obj`), a module constant used as one
 (`annotations.get(names.ANNOTATION_GPU_SHARE)`, resolved through imports and f-strings), every string shaped
-like a qualified label, annotation or resource name (`nvidia.com/gpu`, `gpu-timekeeper.io/workload`)
-wherever it appears, every module constant named `*_LABEL` / `*_ANNOTATION`, a typed Kubernetes model's
+like a qualified label, annotation or resource name (`nvidia.com/gpu`, `gpu-timekeeper.io/workload`) or a
+camelCase Kubernetes field (`runtimeClassName`) wherever it appears, every module constant named `*_LABEL` /
+`*_ANNOTATION`, a typed Kubernetes model's
 field read as an attribute (`pod.spec.priority_class_name`, in the modules that use kubernetes_asyncio's
 models) and every field of the report the timekeeper accepts. Adding a classification is one line: the name
 in backticks in the first cell of its row.
@@ -58,6 +59,9 @@ KUBE_FIELDS: dict[str, str] = {
     if inspect.isclass(model) and isinstance(getattr(model, "attribute_map", None), dict)
     for attribute, field in model.attribute_map.items()
 }
+# A Kubernetes field with a camelCase name (`runtimeClassName`) is one wherever its string appears: kept in a
+# local, a tuple, a patch. One-word names (`name`, `type`) are too common for that and count only as keys.
+CAMEL_FIELDS = frozenset(field for field in KUBE_FIELDS.values() if field != field.lower())
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -178,7 +182,7 @@ def _module_reads(module: str, tree: ast.Module, constants: _Constants) -> Itera
             yield value, node.lineno
         if isinstance(node, ast.Constant | ast.JoinedStr):
             text = constants.value(node, module)
-            if text is not None and QUALIFIED.match(text):
+            if text is not None and (QUALIFIED.match(text) or text in CAMEL_FIELDS):
                 yield text, node.lineno
         if (
             typed
@@ -297,34 +301,37 @@ def decide(pod: dict, typed: client.V1Pod) -> bool:
     spec = pod["spec"]
     if keys.FLAG in pod["metadata"].get("labels", {}):
         return True
-    return spec.get("hostNetwork") or typed.spec.runtime_class_name
+    grace = "terminationGracePeriodSeconds"
+    return spec.get("hostNetwork") or typed.spec.runtime_class_name or spec.get(grace)
 """
 
 
 def test_a_new_unclassified_read_fails_naming_the_input_and_its_line(tmp_path: Path) -> None:
     """A synthetic module's reads: a literal key, an imported constant, a constant only defined, a typed
-    model's field. Each is found at its line, and the one left out of a small inventory is named with the
-    line to add."""
+    model's field, a field kept in a local. Each is found at its line, and the ones left out of a small
+    inventory are named with the line to add."""
     (tmp_path / "example").mkdir()
     (tmp_path / "example" / "__init__.py").write_text("")
     (tmp_path / "example" / "keys.py").write_text('FLAG = "example.com/flag"\n')
     (tmp_path / "example" / "decide.py").write_text(SYNTHETIC)
     found = reads(tmp_path, ["example"])
 
-    assert found["spec"] == ["example/decide.py:10", "example/decide.py:13"]
+    assert found["spec"] == ["example/decide.py:10", "example/decide.py:14"]
     assert "example/decide.py:11" in found["example.com/flag"]  # through the import, as a label key
     assert found["example.com/new-annotation"] == ["example/decide.py:6"]
-    assert found["hostNetwork"] == ["example/decide.py:13"]
-    assert found["runtimeClassName"] == ["example/decide.py:13"]
+    assert found["hostNetwork"] == ["example/decide.py:14"]
+    assert found["runtimeClassName"] == ["example/decide.py:14"]
+    assert found["terminationGracePeriodSeconds"] == ["example/decide.py:13"]
 
     page = (
         f"{SECTION}\n\n| reads | what | read by | written by | made harmless by |\n|---|---|---|---|---|\n"
         "| `spec`, `metadata`, `labels`, `example.com/flag`, `example.com/new-annotation`, "
-        "`runtimeClassName` | x | x | tenant | ignored: `tests/x.py::test_x` |\n"
+        "`runtimeClassName`, `terminationGracePeriodSeconds` "
+        "| x | x | tenant | ignored: `tests/x.py::test_x` |\n"
         "| `example.com/` | the prefix; hostNetwork is the tenant's | x | product | |\n"
     )
     [message] = unclassified(found, inventory(page)[1])
-    assert message.startswith("example/decide.py:13 read `hostNetwork`")
+    assert message.startswith("example/decide.py:14 read `hostNetwork`")
     assert "docs/security.md:6 mentions it in words: put `hostNetwork` in that row's first cell" in message
     [message] = unclassified(found, inventory(page.replace("hostNetwork is the tenant's", "-"))[1])
     assert "| `hostNetwork` | <what it is> |" in message

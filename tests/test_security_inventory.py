@@ -7,10 +7,9 @@ The names are found in the source, not in a list kept beside it (issue 37): a st
 (`annotations.get(names.ANNOTATION_GPU_SHARE)`, resolved through imports and f-strings), every string shaped
 like a qualified label, annotation or resource name (`nvidia.com/gpu`, `gpu-timekeeper.io/workload`) or a
 camelCase Kubernetes field (`runtimeClassName`) wherever it appears, every module constant named `*_LABEL` /
-`*_ANNOTATION`, a typed Kubernetes model's
-field read as an attribute (`pod.spec.priority_class_name`, in the modules that use kubernetes_asyncio's
-models) and every field of the report the timekeeper accepts. Adding a classification is one line: the name
-in backticks in the first cell of its row.
+`*_ANNOTATION`, a typed Kubernetes model's field read as an attribute (`pod.spec.priority_class_name`, in
+the modules that use kubernetes_asyncio's models) and every field of the report the timekeeper accepts.
+Adding a classification is one line: the name in backticks in the first cell of its row.
 """
 
 from __future__ import annotations
@@ -73,10 +72,11 @@ class _Constants:
     """Module-level string constants, by qualified name, and each module's imports, so that a key given as
     `names.ANNOTATION_GPU_SHARE` or an imported `KAI_FRACTION_ANNOTATION` reads as its value."""
 
-    def __init__(self, trees: dict[str, ast.Module]) -> None:
+    def __init__(self, trees: dict[str, ast.Module], packages: set[str]) -> None:
         self.values: dict[str, str] = {}
         self.imports: dict[str, dict[str, str]] = {
-            module: _imports(module, tree) for module, tree in trees.items()
+            module: _imports(module if module in packages else module.rpartition(".")[0], tree)
+            for module, tree in trees.items()
         }
         changed = True
         while changed:  # a constant built from another (f"{DOMAIN}/gpu-share") resolves on a later round
@@ -107,8 +107,8 @@ class _Constants:
         return None
 
 
-def _imports(module: str, tree: ast.Module) -> dict[str, str]:
-    """Local name -> qualified name, for every import at any depth (relative ones resolved)."""
+def _imports(package: str, tree: ast.Module) -> dict[str, str]:
+    """Local name -> qualified name, for every import at any depth (relative ones from `package`)."""
     found: dict[str, str] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -116,7 +116,8 @@ def _imports(module: str, tree: ast.Module) -> dict[str, str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join([*module.split(".")[: -node.level], *filter(None, [base])])
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, *filter(None, [base])])
             found |= {alias.asname or alias.name: f"{base}.{alias.name}" for alias in node.names}
     return found
 
@@ -151,7 +152,8 @@ def reads(root: Path, packages: Iterable[str]) -> dict[str, list[str]]:
     trees = {
         _module_name(path, root): ast.parse(path.read_text(encoding="utf-8"), str(path)) for path in paths
     }
-    constants = _Constants(trees)
+    packages = {_module_name(path, root) for path in paths if path.name == "__init__.py"}
+    constants = _Constants(trees, packages)
     found: dict[str, set[tuple[str, int]]] = defaultdict(set)
     for path, (module, tree) in zip(paths, trees.items(), strict=True):
         for name, line in _module_reads(module, tree, constants):
@@ -302,17 +304,20 @@ def decide(pod: dict, typed: client.V1Pod) -> bool:
     if keys.FLAG in pod["metadata"].get("labels", {}):
         return True
     grace = "terminationGracePeriodSeconds"
-    return spec.get("hostNetwork") or typed.spec.runtime_class_name or spec.get(grace)
+    return spec.get("hostNetwork") or typed.spec.runtime_class_name or spec.get(grace) or spec.get(PLAIN)
+
+
+from .keys import PLAIN
 """
 
 
 def test_a_new_unclassified_read_fails_naming_the_input_and_its_line(tmp_path: Path) -> None:
-    """A synthetic module's reads: a literal key, an imported constant, a constant only defined, a typed
-    model's field, a field kept in a local. Each is found at its line, and the ones left out of a small
-    inventory are named with the line to add."""
+    """A synthetic module's reads: a literal key, an imported constant (absolute and relative), a constant
+    only defined, a typed model's field, a field kept in a local. Each is found at its line, and the ones
+    left out of a small inventory are named with the line to add."""
     (tmp_path / "example").mkdir()
     (tmp_path / "example" / "__init__.py").write_text("")
-    (tmp_path / "example" / "keys.py").write_text('FLAG = "example.com/flag"\n')
+    (tmp_path / "example" / "keys.py").write_text('FLAG = "example.com/flag"\nPLAIN = "plainKey"\n')
     (tmp_path / "example" / "decide.py").write_text(SYNTHETIC)
     found = reads(tmp_path, ["example"])
 
@@ -322,11 +327,12 @@ def test_a_new_unclassified_read_fails_naming_the_input_and_its_line(tmp_path: P
     assert found["hostNetwork"] == ["example/decide.py:14"]
     assert found["runtimeClassName"] == ["example/decide.py:14"]
     assert found["terminationGracePeriodSeconds"] == ["example/decide.py:13"]
+    assert found["plainKey"] == ["example/decide.py:14"]
 
     page = (
         f"{SECTION}\n\n| reads | what | read by | written by | made harmless by |\n|---|---|---|---|---|\n"
         "| `spec`, `metadata`, `labels`, `example.com/flag`, `example.com/new-annotation`, "
-        "`runtimeClassName`, `terminationGracePeriodSeconds` "
+        "`runtimeClassName`, `terminationGracePeriodSeconds`, `plainKey` "
         "| x | x | tenant | ignored: `tests/x.py::test_x` |\n"
         "| `example.com/` | the prefix; hostNetwork is the tenant's | x | product | |\n"
     )

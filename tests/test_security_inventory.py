@@ -195,6 +195,10 @@ def _module_reads(module: str, tree: ast.Module, constants: _Constants) -> Itera
             and not (isinstance(node.value, ast.Name) and node.value.id in ours)
         ):
             yield KUBE_FIELDS[node.attr], node.lineno
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr":
+            attribute = constants.value(node.args[1], module) if len(node.args) > 1 else None
+            if typed and attribute in KUBE_FIELDS:  # `getattr(pod.spec, "runtime_class_name", None)`
+                yield KUBE_FIELDS[attribute], node.lineno
 
 
 def report_fields() -> dict[str, list[str]]:
@@ -304,6 +308,7 @@ def decide(pod: dict, typed: client.V1Pod) -> bool:
     if keys.FLAG in pod["metadata"].get("labels", {}):
         return True
     grace = "terminationGracePeriodSeconds"
+    ipc = getattr(typed.spec, "host_ipc", None)
     return spec.get("hostNetwork") or typed.spec.runtime_class_name or spec.get(grace) or spec.get(PLAIN)
 
 
@@ -313,31 +318,32 @@ from .keys import PLAIN
 
 def test_a_new_unclassified_read_fails_naming_the_input_and_its_line(tmp_path: Path) -> None:
     """A synthetic module's reads: a literal key, an imported constant (absolute and relative), a constant
-    only defined, a typed model's field, a field kept in a local. Each is found at its line, and the ones
-    left out of a small inventory are named with the line to add."""
+    only defined, a typed model's field (as an attribute and through getattr), a field kept in a local.
+    Each is found at its line, and the ones left out of a small inventory are named with the line to add."""
     (tmp_path / "example").mkdir()
     (tmp_path / "example" / "__init__.py").write_text("")
     (tmp_path / "example" / "keys.py").write_text('FLAG = "example.com/flag"\nPLAIN = "plainKey"\n')
     (tmp_path / "example" / "decide.py").write_text(SYNTHETIC)
     found = reads(tmp_path, ["example"])
 
-    assert found["spec"] == ["example/decide.py:10", "example/decide.py:14"]
+    assert found["spec"] == ["example/decide.py:10", "example/decide.py:14", "example/decide.py:15"]
     assert "example/decide.py:11" in found["example.com/flag"]  # through the import, as a label key
     assert found["example.com/new-annotation"] == ["example/decide.py:6"]
-    assert found["hostNetwork"] == ["example/decide.py:14"]
-    assert found["runtimeClassName"] == ["example/decide.py:14"]
+    assert found["hostNetwork"] == ["example/decide.py:15"]
+    assert found["runtimeClassName"] == ["example/decide.py:15"]
     assert found["terminationGracePeriodSeconds"] == ["example/decide.py:13"]
-    assert found["plainKey"] == ["example/decide.py:14"]
+    assert found["hostIPC"] == ["example/decide.py:14"]
+    assert found["plainKey"] == ["example/decide.py:15"]
 
     page = (
         f"{SECTION}\n\n| reads | what | read by | written by | made harmless by |\n|---|---|---|---|---|\n"
         "| `spec`, `metadata`, `labels`, `example.com/flag`, `example.com/new-annotation`, "
-        "`runtimeClassName`, `terminationGracePeriodSeconds`, `plainKey` "
+        "`runtimeClassName`, `terminationGracePeriodSeconds`, `plainKey`, `hostIPC` "
         "| x | x | tenant | ignored: `tests/x.py::test_x` |\n"
         "| `example.com/` | the prefix; hostNetwork is the tenant's | x | product | |\n"
     )
     [message] = unclassified(found, inventory(page)[1])
-    assert message.startswith("example/decide.py:14 read `hostNetwork`")
+    assert message.startswith("example/decide.py:15 read `hostNetwork`")
     assert "docs/security.md:6 mentions it in words: put `hostNetwork` in that row's first cell" in message
     [message] = unclassified(found, inventory(page.replace("hostNetwork is the tenant's", "-"))[1])
     assert "| `hostNetwork` | <what it is> |" in message

@@ -43,7 +43,9 @@ NOT_A_CONTROLLERS_POD: Final = "shares its class only with the pods its controll
 
 # The object that declares a workload's size, kept by the API server (a tenant may edit it, so it is read
 # once, at the workload's first admission): by kind and the marker key or owner apiVersion that named it.
-# Kueue's plain pod groups declare theirs on the pods only: undeclared.
+# Kueue's plain pod groups declare theirs on the pods only: undeclared. A ReplicaSet's and a StatefulSet's
+# replicas too (issue 37): else a Deployment started with one pod in budget, scaled up once exhausted, kept
+# its class for the undeclared cap's pods that never ran in budget.
 _VOLCANO: Final = ("scheduling.volcano.sh", "v1beta1", "podgroups")
 _COSCHEDULING: Final = ("scheduling.x-k8s.io", "v1alpha1", "podgroups")
 DECLARING_OBJECTS: Final[dict[tuple[str, str], tuple[str, str, str]]] = {
@@ -55,6 +57,8 @@ DECLARING_OBJECTS: Final[dict[tuple[str, str], tuple[str, str, str]]] = {
     ("PodGroup", "pod-group-name"): ("scheduling.run.ai", "v2alpha2", "podgroups"),
     ("PodGroup", "scheduling.x-k8s.io/pod-group"): _COSCHEDULING,
     ("PodGroup", "pod-group.scheduling.sigs.k8s.io"): ("scheduling.sigs.k8s.io", "v1alpha1", "podgroups"),
+    ("ReplicaSet", "apps/v1"): ("apps", "v1", "replicasets"),
+    ("StatefulSet", "apps/v1"): ("apps", "v1", "statefulsets"),
 }
 
 
@@ -108,6 +112,8 @@ def declared_size(kind: str, obj: Mapping[str, Any]) -> int | None:
         return _product(_count(spec.get("replicas")), _count(template.get("size")))
     if kind == "PodGroup":
         return _count(spec.get("minMember"))
+    if kind in ("ReplicaSet", "StatefulSet"):
+        return _count(spec.get("replicas"))
     return None
 
 

@@ -226,7 +226,9 @@ def reuse(
         ("LeaderWorkerSet", {"replicas": 3, "leaderWorkerTemplate": {"size": 4}}, 12),
         ("PodGroup", {"minMember": 8}, 8),
         ("PodGroup", {"minMember": True}, None),
-        ("ReplicaSet", {"replicas": 3}, None),  # not read: the undeclared cap
+        ("ReplicaSet", {"replicas": 3}, 3),  # a Deployment scaled up later declares nothing more
+        ("StatefulSet", {}, 1),
+        ("ReplicationController", {"replicas": 3}, None),  # not read: the undeclared cap
     ],
 )
 def test_the_size_a_workloads_object_declares(kind: str, spec: dict[str, object], size: int | None) -> None:
@@ -319,7 +321,7 @@ def test_a_workload_that_recorded_no_size_gets_the_undeclared_cap() -> None:
     assert classes.admit("team-a", TRAIN, START, **CONTROLLERS_POD).kept is not None
     refused = classes.admit("team-a", TRAIN, START, **CONTROLLERS_POD)
     assert refused.refused == "has as many pods as it declared (2)"
-    first = classes.admit("team-a", Workload("ReplicaSet", "web"), START, **CONTROLLERS_POD)
+    first = classes.admit("team-a", Workload("ReplicationController", "web"), START, **CONTROLLERS_POD)
     assert first.annotations[names.ANNOTATION_WORKLOAD_SIZE] == "2"
 
 

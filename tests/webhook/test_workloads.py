@@ -313,7 +313,7 @@ def test_a_workload_keeps_its_class_only_for_a_while_after_its_first_admission()
 
 
 def test_a_workload_that_recorded_no_size_gets_the_undeclared_cap() -> None:
-    """Pods admitted before the bounds were recorded, and workloads whose object is not read."""
+    """Workloads whose object is not read (or whose first pods recorded no size)."""
     settings = WebhookSettings(watch_priority_classes=False, workload_class_undeclared_pods=2)
     classes = WorkloadClasses(settings)
     classes.replace_all([admitted("a", age=1)])

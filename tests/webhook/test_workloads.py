@@ -422,11 +422,15 @@ def test_the_other_bounds_are_named_before_the_creator(caplog: pytest.LogCapture
         ("", False),
     ],
 )
-def test_workload_controllers_are_named_or_under_a_prefix(username: str, controller: bool) -> None:
-    settings = WebhookSettings(
-        workload_controllers="system:kube-controller-manager, system:serviceaccount:kube-system:,"
-        "system:serviceaccount:volcano-system:volcano-controllers"
+def test_workload_controllers_are_named_or_under_a_prefix(
+    monkeypatch: pytest.MonkeyPatch, username: str, controller: bool
+) -> None:
+    monkeypatch.setenv(
+        "WEBHOOK_WORKLOAD_CONTROLLERS",
+        "system:kube-controller-manager, system:serviceaccount:kube-system:,"
+        "system:serviceaccount:volcano-system:volcano-controllers",
     )
+    settings = WebhookSettings()
 
     assert settings.is_workload_controller(username) is controller
     assert SETTINGS.is_workload_controller(username) is (controller and "volcano" not in username)

@@ -119,8 +119,9 @@ def declared_size(kind: str, obj: Mapping[str, Any]) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class WorkloadClass:
-    """The class one admitted pod of a workload runs at, and the bounds its workload's first admission
-    recorded on it (None on a pod admitted before they were)."""
+    """The class one admitted pod of a workload runs at, the bounds its workload's first admission
+    recorded on it (None on a pod admitted before they were), and, for a pod being deleted, when its grace
+    period ends (its deletionTimestamp, the API server's: until then it may still run)."""
 
     created: datetime | None
     pod: str
@@ -129,6 +130,11 @@ class WorkloadClass:
     preemption_policy: str | None
     size: int | None = None
     since: datetime | None = None
+    deleted: datetime | None = None
+
+    def runs(self, now: datetime) -> bool:
+        """Whether the pod may still run: not being deleted, or within its grace period."""
+        return self.deleted is None or now < self.deleted
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +175,7 @@ def _entry(pod: client.V1Pod, settings: WebhookSettings) -> tuple[str, Key, Work
     annotations are protected: a pod without them never speaks for a workload), for one no workload
     controller created (the tenant's own pods take no class, so they neither count nor pass one on) and
     for one that has ended. A pod being deleted still runs, through a grace period the tenant sets: it
-    counts until it is gone, but passes its class on to no one (its workload is going)."""
+    counts until its grace period ends (WorkloadClass.runs), but passes its class on to no one."""
     metadata, spec = pod.metadata, pod.spec
     if pod.status is not None and pod.status.phase in ("Succeeded", "Failed"):
         return None
@@ -195,6 +201,7 @@ def _entry(pod: client.V1Pod, settings: WebhookSettings) -> tuple[str, Key, Work
         spec.preemption_policy,
         _parsed_size(annotations.get(names.ANNOTATION_WORKLOAD_SIZE)),
         _parsed_time(annotations.get(names.ANNOTATION_WORKLOAD_SINCE)),
+        metadata.deletion_timestamp,
     )
     role: Role = (
         "evicted"
@@ -340,7 +347,7 @@ class WorkloadClasses:
         if since is not None and now - since > timedelta(seconds=age):
             return f"was first admitted more than {age:g} s ago"
         size = self._size(key, source)
-        if sum(role != "evicted" for _, role in siblings.values()) + pending >= size:
+        if sum(role != "evicted" and kept.runs(now) for kept, role in siblings.values()) + pending >= size:
             return f"has as many pods as it declared ({size})"
         return None
 

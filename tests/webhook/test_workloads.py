@@ -374,13 +374,17 @@ def test_a_pod_being_evicted_is_no_source_and_a_preempted_one_no_eviction() -> N
 
 def test_a_pod_being_deleted_counts_until_it_is_gone_but_passes_its_class_to_no_one() -> None:
     """Issue 37: a pod deleted with a one-year grace period still runs; were it not counted, each delete
-    made room for one more pod at the workload's class while the deleted one held its GPU."""
+    made room for one more pod at the workload's class while the deleted one held its GPU. Its place is
+    free once it is gone, or once its grace period has ended (a pod deleted with none, as an unscheduled
+    one is, runs no more though the watch may show it a moment longer than the Job controller does)."""
     going = admitted("a", age=1, size=2)
-    going.metadata.deletion_timestamp = START
+    going.metadata.deletion_timestamp = START + timedelta(seconds=600)  # deleted, its grace period ends
     classes = view_of(going, admitted("b", age=2, size=2))
 
     refused = reuse(classes, dry_run=True)
     assert refused.kept is None and refused.refused == "has as many pods as it declared (2)"
+    assert reuse(classes, at=599, dry_run=True).refused is not None
+    assert reuse(classes, at=600, dry_run=True).refused is None  # its grace period has ended
     classes.remove(going)
     assert reuse(classes).kept is not None  # gone: its place is free
     alone = view_of(going)

@@ -89,7 +89,9 @@ class Admission:
         if pod is not None and self.dra_watch is not None and (pod.get("spec") or {}).get("resourceClaims"):
             await self.dra_watch.fetch_missing(self._namespace(request, pod), pod)
         if pod is not None:
-            await self.workloads.prepare(self._namespace(request, pod), workload_of(pod, request.name))
+            await self.workloads.prepare(
+                self._namespace(request, pod), workload_of(pod, request.name), request.username
+            )
 
     def _namespace(self, request: AdmissionRequest, pod: dict[str, Any]) -> str:
         return request.namespace or (pod.get("metadata") or {}).get("namespace", "")
@@ -130,6 +132,7 @@ class Admission:
             namespace,
             workload,
             datetime.now(UTC),
+            creator=request.username,
             arrived_decided=previous is not None,
             dry_run=request.dry_run,
         )
@@ -152,6 +155,7 @@ class Admission:
             names.ANNOTATION_PRIORITY_DECISION: decision.annotation,
             names.ANNOTATION_INJECTED: self.settings.sidecar_image,
             names.ANNOTATION_WORKLOAD: workload.annotation,
+            names.ANNOTATION_CREATED_BY: request.username,
             **reuse.annotations,
         }
         metadata["labels"] = {**(metadata.get("labels") or {}), names.LABEL_GPU_POD: "true"}

@@ -173,6 +173,20 @@ def test_user_supplied_workload_bounds_are_dropped(webhook: Webhook) -> None:
     assert not set(planted) & set(annotations)
 
 
+@pytest.mark.parametrize("username", ["alice", "system:serviceaccount:kube-system:job-controller"])
+def test_the_pods_creator_is_recorded_from_the_request_not_the_pod(webhook: Webhook, username: str) -> None:
+    """Issue 37: who created a pod decides whether it may share its workload's class; the tenant writes
+    its ownerReference, never the API server's userInfo."""
+    planted = pod(
+        container("main", {"nvidia.com/gpu": 1}),
+        annotations={names.ANNOTATION_CREATED_BY: "system:kube-controller-manager"},
+    )
+
+    annotations = webhook.admit(planted, username=username)["metadata"]["annotations"]
+
+    assert annotations[names.ANNOTATION_CREATED_BY] == username
+
+
 def test_exhausted_namespace_gets_the_reduced_class(webhook: Webhook, publish: Publish) -> None:
     publish(namespaces={"team-a": entry("exhausted")})
     patched = webhook.admit(pod(container("main", {"nvidia.com/gpu": 1})))

@@ -45,7 +45,7 @@ async def _body_routes(api: Api) -> list[tuple[str, str]]:
 
 
 async def test_every_body_route_is_found(api: Api) -> None:
-    assert len(await _body_routes(api)) == 9
+    assert len(await _body_routes(api)) >= 9  # those of today; a new one is found alike
 
 
 @pytest.mark.parametrize("body", DEEP_BODIES.values(), ids=DEEP_BODIES.keys())

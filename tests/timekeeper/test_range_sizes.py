@@ -68,7 +68,7 @@ async def _time_parameters(api: Api) -> list[tuple[str, str]]:
 
 @on_the_loop
 async def test_every_time_parameter_is_found(api: Api) -> None:
-    assert len(await _time_parameters(api)) == 8
+    assert len(await _time_parameters(api)) >= 8  # those of today; a new one is found alike
 
 
 @on_the_loop

@@ -65,3 +65,16 @@ async def test_without_a_token_a_deep_body_is_still_a_401(api: Api, body: bytes)
     response = await api.client.post("/reports", content=body, headers={"Content-Type": "application/json"})
 
     assert response.status_code == 401
+
+
+async def test_a_body_as_deep_as_the_limit_is_refused_for_its_shape_alone(api: Api) -> None:
+    """Just within the limit, the 422 that echoes the deep value back is written whole."""
+    body = b'{"namespace":' + _nested("[", "]", MAX_BODY_DEPTH - 1) + b"}"
+    for method, path in await _body_routes(api):
+        token = api.tokens.reporter if path.endswith("/reports") else api.tokens.admin
+        response = await api.client.request(
+            method, path, content=body, headers={**bearer(token), "Content-Type": "application/json"}
+        )
+
+        assert response.status_code == 422, (method, path, response.text[:200])
+        assert "deeper than" not in response.text, (method, path)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from bench import admission, hostile, ingest, sidecar_bench
+from bench import admission, hostile, ingest, ranges, sidecar_bench
 from bench.common import RESULTS_FILE, Section, progress, write_results
 
 
@@ -34,6 +34,8 @@ def main() -> None:
     sections.append(hostile.run())
     progress("both servers under issue #27's hostile clients")
     sections.append(hostile.run_issue_27())
+    progress("requests sized before they are expanded (issue #38)")
+    sections.append(ranges.run())
     progress(f"sidecar footprint, {args.sidecar_seconds:g}s")
     sections.append(sidecar_bench.run(args.sidecar_seconds))
     sections.append(

@@ -16,6 +16,9 @@ ANNOTATION_WORKLOAD: Final = f"{DOMAIN}/workload"  # kind/name (gpuaccounting.wo
 # as the webhook recorded them (webhook.workloads bounds the reuse of a workload's class by both).
 ANNOTATION_WORKLOAD_SIZE: Final = f"{DOMAIN}/workload-size"
 ANNOTATION_WORKLOAD_SINCE: Final = f"{DOMAIN}/workload-since"
+# On every GPU pod: the user the API server said created it (the admission request's userInfo), which the
+# tenant cannot forge as it can an ownerReference: only a workload controller's pods share a class.
+ANNOTATION_CREATED_BY: Final = f"{DOMAIN}/created-by"
 # On every GPU pod the webhook admits, so that it can watch them alone for their workloads' classes.
 LABEL_GPU_POD: Final = f"{DOMAIN}/gpu-pod"
 

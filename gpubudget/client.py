@@ -17,6 +17,9 @@ _TOKEN_HINT = (
     "timekeeper is configured with; in a cluster: a Kubernetes token, e.g. `kubectl create token "
     "<serviceaccount> -n <namespace>`)"
 )
+# What reading an answer as JSON raises for one that is not: RecursionError for JSON nested deeper than the
+# standard parser's stack (no timekeeper answer nests more than a few levels).
+_NOT_JSON = (ValueError, RecursionError)
 _RBAC_HINT = (
     "reading a namespace needs `get gpubudgets` (group gpu-timekeeper.io) in it, which the built-in view, "
     "edit and admin roles include; listing every namespace needs `list gpubudgets` cluster-wide; budgets, "
@@ -61,7 +64,7 @@ class Api:
         if response.is_success:
             try:
                 return response.json()
-            except ValueError:
+            except _NOT_JSON:
                 raise CliError(
                     f"{method} {path} answered {response.status_code} with something other than JSON: is "
                     f"{self.target.description} a GPU Timekeeper?"
@@ -85,7 +88,7 @@ class Api:
     def _refusal(self, method: str, path: str, response: httpx.Response) -> str:
         try:
             body = response.json()
-        except ValueError:
+        except _NOT_JSON:
             body = None
         status = response.status_code
         if self.target.through_api_server and isinstance(body, dict) and body.get("kind") == "Status":

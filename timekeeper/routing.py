@@ -18,11 +18,15 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import models_json_schema
 
+from gpuserving.nesting import deeper_than
 from timekeeper.auth.base import Action, Principal
 from timekeeper.auth.dependencies import require
 from timekeeper.errors import TimekeeperError
 
 Model = TypeVar("Model", bound=BaseModel)
+# How deep a body may nest: deeper than any body the API reads (a report is 3 levels), and refused before
+# the recursive steps below (the member counts, the standard parser naming a repeated key).
+MAX_BODY_DEPTH = 32
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -76,8 +80,10 @@ def _repeats_a_key(value: Any, body: bytes) -> bool:
 def loads_strict(body: bytes) -> Any:
     """The body as JSON, or json.JSONDecodeError for anything not strict RFC 8259 JSON or with a key
     repeated in one object: orjson decides strictness, member counts find a repeat, and only then does
-    the standard parser name the repeated key."""
+    the standard parser name the repeated key; a body nested deeper than MAX_BODY_DEPTH is refused first."""
     value = orjson.loads(body)
+    if deeper_than(value, MAX_BODY_DEPTH):
+        raise json.JSONDecodeError(f"nested deeper than {MAX_BODY_DEPTH} levels", body.decode(), 0)
     if isinstance(value, dict | list) and _repeats_a_key(value, body):
         try:
             json.loads(body, object_pairs_hook=_unique_keys)

@@ -24,6 +24,8 @@ from webhook.state import BudgetStateCache
 from webhook.workloads import BOUND_ANNOTATIONS, WorkloadClasses
 
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
+# Who makes mirror pods: a kubelet, as the Node authorizer names it (`system:node:<node>`).
+NODE_USERNAME_PREFIX: Final = "system:node:"
 CONTAINER_CAP_RULE: Final = "max-containers"
 
 SKIPPED: Final = AdmissionResponse("skipped")
@@ -31,9 +33,13 @@ NON_GPU: Final = AdmissionResponse("non_gpu")
 ALLOWED: Final = AdmissionResponse("allowed")
 
 
-def _is_mirror(pod: dict[str, Any]) -> bool:
-    """A kubelet's static pod: it runs whatever we answer, and may not carry ServiceAccount tokens."""
-    return MIRROR_POD_ANNOTATION in ((pod.get("metadata") or {}).get("annotations") or {})
+def _is_mirror(request: AdmissionRequest, pod: dict[str, Any]) -> bool:
+    """A kubelet's static pod: it runs whatever we answer, and may not carry ServiceAccount tokens. The
+    annotation alone is anyone's to write (a tenant's pod with it and a `nodeName` is stored as asked), so
+    only a node's request makes a mirror pod."""
+    return request.username.startswith(NODE_USERNAME_PREFIX) and MIRROR_POD_ANNOTATION in (
+        (pod.get("metadata") or {}).get("annotations") or {}
+    )
 
 
 def _new_pod(request: AdmissionRequest) -> dict[str, Any] | None:
@@ -42,7 +48,7 @@ def _new_pod(request: AdmissionRequest) -> dict[str, Any] | None:
     pod = request.object
     if not request.is_pod or request.operation != "CREATE" or request.subresource or pod is None:
         return None
-    return None if _is_mirror(pod) else pod
+    return None if _is_mirror(request, pod) else pod
 
 
 def _describe_pod(request: AdmissionRequest, pod: dict[str, Any]) -> str:
@@ -83,7 +89,9 @@ class Admission:
         if pod is not None and self.dra_watch is not None and (pod.get("spec") or {}).get("resourceClaims"):
             await self.dra_watch.fetch_missing(self._namespace(request, pod), pod)
         if pod is not None:
-            await self.workloads.prepare(self._namespace(request, pod), workload_of(pod, request.name))
+            await self.workloads.prepare(
+                self._namespace(request, pod), workload_of(pod, request.name), request.username
+            )
 
     def _namespace(self, request: AdmissionRequest, pod: dict[str, Any]) -> str:
         return request.namespace or (pod.get("metadata") or {}).get("namespace", "")
@@ -124,6 +132,7 @@ class Admission:
             namespace,
             workload,
             datetime.now(UTC),
+            creator=request.username,
             arrived_decided=previous is not None,
             dry_run=request.dry_run,
         )
@@ -146,6 +155,7 @@ class Admission:
             names.ANNOTATION_PRIORITY_DECISION: decision.annotation,
             names.ANNOTATION_INJECTED: self.settings.sidecar_image,
             names.ANNOTATION_WORKLOAD: workload.annotation,
+            names.ANNOTATION_CREATED_BY: request.username,
             **reuse.annotations,
         }
         metadata["labels"] = {**(metadata.get("labels") or {}), names.LABEL_GPU_POD: "true"}
@@ -161,7 +171,7 @@ class Admission:
             not request.is_pod
             or pod is None
             or request.operation not in ("CREATE", "UPDATE")
-            or _is_mirror(pod)
+            or _is_mirror(request, pod)
         ):
             return []
         if request.subresource not in (None, "", "ephemeralcontainers"):

@@ -36,9 +36,10 @@ def _spec(pod: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return spec if isinstance(spec, dict) else {}
 
 
-def _ours(pod: Mapping[str, Any] | None) -> dict[str, Any]:
+def _ours(pod: Mapping[str, Any] | None, field: str = "annotations") -> dict[str, Any]:
+    """Our annotations (or labels) on the pod: those under our prefix."""
     metadata = pod.get("metadata") if pod else None
-    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+    annotations = metadata.get(field) if isinstance(metadata, dict) else None
     if not isinstance(annotations, dict):
         return {}
     return {key: value for key, value in annotations.items() if key.startswith(names.ANNOTATION_PREFIX)}
@@ -220,17 +221,20 @@ def on_update(
     found.extend(_share_inputs_changed(request.old_object, request.object or {}, catalogue))
     if request.username in settings.privileged_usernames:
         return found
-    old, new = _ours(request.old_object), _ours(request.object)
-    for key in sorted(old.keys() | new.keys()):
-        if old.get(key) != new.get(key):
-            found.append(
-                Violation(
-                    Rule.PROTECTED_ANNOTATIONS,
-                    f"is written by gpu-timekeeper and may not be changed (was {old.get(key)!r})",
-                    resource=f"annotation {key}",
-                    value=repr(new.get(key)),
+    # Our labels too: the pod watch that counts a workload's pods selects them by our label, so a pod
+    # relabelled would stop counting while it runs (issue 37).
+    for field, what in (("annotations", "annotation"), ("labels", "label")):
+        old, new = _ours(request.old_object, field), _ours(request.object, field)
+        for key in sorted(old.keys() | new.keys()):
+            if old.get(key) != new.get(key):
+                found.append(
+                    Violation(
+                        Rule.PROTECTED_ANNOTATIONS,
+                        f"is written by gpu-timekeeper and may not be changed (was {old.get(key)!r})",
+                        resource=f"{what} {key}",
+                        value=repr(new.get(key)),
+                    )
                 )
-            )
     old_spec, new_spec = _spec(request.old_object), _spec(request.object)
     if _sidecar(old_spec) != _sidecar(new_spec):
         found.append(

@@ -20,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from gpuserving.nesting import deeper_than
 from webhook.podshape import PodObject
 
 if TYPE_CHECKING:
@@ -30,6 +31,9 @@ Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
 Result = Literal["patched", "unchanged", "non_gpu", "skipped", "allowed", "warned", "denied"]
 _ERRORS_SHOWN: Final = 3
 CONTAINER_LISTS: Final = ("initContainers", "containers", "ephemeralContainers")
+# How deep a review may nest: a JobSet's pod affinity is about 20 levels down. A patch carries parts of
+# the review, and orjson writes no more than 255 levels; deeper is refused before anything reads it.
+MAX_REVIEW_DEPTH: Final = 128
 
 
 class WebhookError(Exception):
@@ -143,6 +147,8 @@ def parse_review(body: bytes, max_containers: int | None = None) -> AdmissionRev
         document = orjson.loads(body)
     except orjson.JSONDecodeError as error:
         raise MalformedReview(f"body: not valid JSON: {error}") from None
+    if deeper_than(document, MAX_REVIEW_DEPTH):
+        raise MalformedReview(f"body: nested deeper than {MAX_REVIEW_DEPTH} levels")
     try:
         return AdmissionReview.model_validate(document, context={"max_containers": max_containers})
     except ValidationError as error:

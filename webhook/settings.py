@@ -115,6 +115,12 @@ class WebhookSettings(BaseSettings):
     disabled_rules: Annotated[frozenset[str], NoDecode] = frozenset()
     # Users (e.g. the timekeeper's ServiceAccount) allowed to change our annotations on running pods.
     privileged_usernames: Annotated[frozenset[str], NoDecode] = frozenset()
+    # The users whose pods may share their workload's class (docs/webhook.md, "The bounds of reuse"): the
+    # controllers that create a workload's pods, never its tenant. An entry ending in ":" is a prefix (all
+    # ServiceAccounts of a namespace no tenant may create pods in); add Volcano's, Kubeflow's... here.
+    workload_controllers: Annotated[frozenset[str], NoDecode] = frozenset(
+        {"system:kube-controller-manager", "system:serviceaccount:kube-system:"}
+    )
 
     @field_validator("log_format", mode="before")
     @classmethod
@@ -122,7 +128,7 @@ class WebhookSettings(BaseSettings):
         """`console`, this setting's name for text lines before the deployables shared one logger."""
         return "text" if value == "console" else value
 
-    @field_validator("disabled_rules", "privileged_usernames", mode="before")
+    @field_validator("disabled_rules", "privileged_usernames", "workload_controllers", mode="before")
     @classmethod
     def _split_names(cls, value: object) -> object:
         if isinstance(value, str):
@@ -166,6 +172,13 @@ class WebhookSettings(BaseSettings):
 
     def enforces(self, rule: str) -> bool:
         return rule not in self.disabled_rules
+
+    def is_workload_controller(self, username: str) -> bool:
+        """Whether `username` is one of `workload_controllers`, or under a prefix of them."""
+        return any(
+            username == entry or (entry.endswith(":") and username.startswith(entry))
+            for entry in self.workload_controllers
+        )
 
 
 @lru_cache

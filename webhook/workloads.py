@@ -1,6 +1,8 @@
 """The class each workload's admitted GPU pods run at, from the pods carrying our label (webhook.kubewatch):
 a workload's later pods get the class of its oldest live pod, within the bounds its first admission recorded
-(docs/webhook.md, "One class per workload"). Needs list/watch on pods, get on the workload kinds it sizes."""
+(docs/webhook.md, "One class per workload"). Only pods a workload controller created share a class: an
+ownerReference or a gang marker is the tenant's to write, the creator is not. Needs list/watch on pods, get
+on the workload kinds it sizes."""
 
 from __future__ import annotations
 
@@ -35,11 +37,15 @@ EVICTION_REASON: Final = "EvictionByEvictionAPI"  # a DisruptionTarget condition
 BOUND_ANNOTATIONS: Final = (names.ANNOTATION_WORKLOAD_SIZE, names.ANNOTATION_WORKLOAD_SINCE)
 
 Key = tuple[str, str]  # namespace, workload annotation (kind/name)
-Role = Literal["source", "follower", "evicted"]
+Role = Literal["source", "follower", "terminating", "evicted"]
+# Why a pod its workload's controllers did not create keeps no class (completes "workload Job/x ...").
+NOT_A_CONTROLLERS_POD: Final = "shares its class only with the pods its controllers create"
 
 # The object that declares a workload's size, kept by the API server (a tenant may edit it, so it is read
 # once, at the workload's first admission): by kind and the marker key or owner apiVersion that named it.
-# Kueue's plain pod groups declare theirs on the pods only: undeclared.
+# Kueue's plain pod groups declare theirs on the pods only: undeclared. A ReplicaSet's and a StatefulSet's
+# replicas too (issue 37): else a Deployment started with one pod in budget, scaled up once exhausted, kept
+# its class for the undeclared cap's pods that never ran in budget.
 _VOLCANO: Final = ("scheduling.volcano.sh", "v1beta1", "podgroups")
 _COSCHEDULING: Final = ("scheduling.x-k8s.io", "v1alpha1", "podgroups")
 DECLARING_OBJECTS: Final[dict[tuple[str, str], tuple[str, str, str]]] = {
@@ -51,6 +57,8 @@ DECLARING_OBJECTS: Final[dict[tuple[str, str], tuple[str, str, str]]] = {
     ("PodGroup", "pod-group-name"): ("scheduling.run.ai", "v2alpha2", "podgroups"),
     ("PodGroup", "scheduling.x-k8s.io/pod-group"): _COSCHEDULING,
     ("PodGroup", "pod-group.scheduling.sigs.k8s.io"): ("scheduling.sigs.k8s.io", "v1alpha1", "podgroups"),
+    ("ReplicaSet", "apps/v1"): ("apps", "v1", "replicasets"),
+    ("StatefulSet", "apps/v1"): ("apps", "v1", "statefulsets"),
 }
 
 
@@ -104,13 +112,16 @@ def declared_size(kind: str, obj: Mapping[str, Any]) -> int | None:
         return _product(_count(spec.get("replicas")), _count(template.get("size")))
     if kind == "PodGroup":
         return _count(spec.get("minMember"))
+    if kind in ("ReplicaSet", "StatefulSet"):
+        return _count(spec.get("replicas"))
     return None
 
 
 @dataclass(frozen=True, slots=True)
 class WorkloadClass:
-    """The class one admitted pod of a workload runs at, and the bounds its workload's first admission
-    recorded on it (None on a pod admitted before they were)."""
+    """The class one admitted pod of a workload runs at, the bounds its workload's first admission
+    recorded on it (None on a pod admitted before they were), and, for a pod being deleted, when its grace
+    period ends (its deletionTimestamp, the API server's: until then it may still run)."""
 
     created: datetime | None
     pod: str
@@ -119,6 +130,11 @@ class WorkloadClass:
     preemption_policy: str | None
     size: int | None = None
     since: datetime | None = None
+    deleted: datetime | None = None
+
+    def runs(self, now: datetime) -> bool:
+        """Whether the pod may still run: not being deleted, or within its grace period."""
+        return self.deleted is None or now < self.deleted
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,21 +170,22 @@ def _evicted(pod: client.V1Pod) -> bool:
     )
 
 
-def _entry(pod: client.V1Pod) -> tuple[str, Key, WorkloadClass, Role] | None:
-    """The pod's uid, workload, class and role; None for a pod our webhook did not decide (labels are the
-    tenant's, our annotations are protected: a pod without them never speaks for a workload) and for one
-    that has ended or is going other than by eviction (its controller's replacement takes its place)."""
+def _entry(pod: client.V1Pod, settings: WebhookSettings) -> tuple[str, Key, WorkloadClass, Role] | None:
+    """The pod's uid, workload, class and role; None for a pod our webhook did not decide (our label and
+    annotations are protected: a pod without them never speaks for a workload), for one no workload
+    controller created (the tenant's own pods take no class, so they neither count nor pass one on) and
+    for one that has ended. A pod being deleted still runs, through a grace period the tenant sets: it
+    counts until its grace period ends (WorkloadClass.runs), but passes its class on to no one."""
     metadata, spec = pod.metadata, pod.spec
     if pod.status is not None and pod.status.phase in ("Succeeded", "Failed"):
         return None
     annotations = (metadata.annotations if metadata else None) or {}
     workload = annotations.get(names.ANNOTATION_WORKLOAD)
-    evicted = _evicted(pod)
     if (
         metadata is None
         or spec is None
         or not metadata.uid
-        or (metadata.deletion_timestamp is not None and not evicted)
+        or not settings.is_workload_controller(annotations.get(names.ANNOTATION_CREATED_BY, ""))
         or not workload
         or workload.startswith("Pod/")
         or names.ANNOTATION_PRIORITY_DECISION not in annotations
@@ -184,8 +201,17 @@ def _entry(pod: client.V1Pod) -> tuple[str, Key, WorkloadClass, Role] | None:
         spec.preemption_policy,
         _parsed_size(annotations.get(names.ANNOTATION_WORKLOAD_SIZE)),
         _parsed_time(annotations.get(names.ANNOTATION_WORKLOAD_SINCE)),
+        metadata.deletion_timestamp,
     )
-    role: Role = "evicted" if evicted else "follower" if _inherited_while_exhausted(annotations) else "source"
+    role: Role = (
+        "evicted"
+        if _evicted(pod)
+        else "terminating"
+        if metadata.deletion_timestamp is not None
+        else "follower"
+        if _inherited_while_exhausted(annotations)
+        else "source"
+    )
     return metadata.uid, (metadata.namespace or "", workload), kept, role
 
 
@@ -237,7 +263,7 @@ class WorkloadClasses:
         self._put(pod, self._keys.keys())
 
     def _put(self, pod: client.V1Pod, known: Iterable[str] | set[str]) -> None:
-        found = _entry(pod)
+        found = _entry(pod, self.settings)
         if found is None:
             self.remove(pod)
             return
@@ -321,26 +347,42 @@ class WorkloadClasses:
         if since is not None and now - since > timedelta(seconds=age):
             return f"was first admitted more than {age:g} s ago"
         size = self._size(key, source)
-        if sum(role != "evicted" for _, role in siblings.values()) + pending >= size:
+        if sum(role != "evicted" and kept.runs(now) for kept, role in siblings.values()) + pending >= size:
             return f"has as many pods as it declared ({size})"
         return None
 
     def admit(
-        self, namespace: str, workload: Workload, now: datetime, *, arrived_decided: bool, dry_run: bool
+        self,
+        namespace: str,
+        workload: Workload,
+        now: datetime,
+        *,
+        creator: str,
+        arrived_decided: bool,
+        dry_run: bool,
     ) -> Reuse:
-        """What a new pod of `workload` takes from its siblings, counted (unless `dry_run`) until the watch
-        shows it. `arrived_decided`: the pod arrives with a decision of ours, as a re-invocation does (or a
-        tenant's copy of one): it claims one admission pending for the workload rather than counting
-        twice, so each admission counted excuses at most one more pod, and only until the watch shows it."""
+        """What a new pod of `workload`, created by the user `creator`, takes from its siblings, counted
+        (unless `dry_run`) until the watch shows it. A pod no workload controller created takes nothing,
+        records no bounds and is not counted: its ownerReference and markers are the tenant's to write.
+        `arrived_decided`: the pod arrives with a decision of ours, as a re-invocation does (or a tenant's
+        copy of one): it claims one admission pending for the workload rather than counting twice, so each
+        admission counted excuses at most one more pod, and only until the watch shows it."""
         if workload.is_bare_pod or not self.loaded:  # before the first list (or with no watch): alone
             return Reuse(None, None, {})
         self._prune()
         key = (namespace, workload.annotation)
         source = self.class_of(*key)
+        member = self.settings.is_workload_controller(creator)
         pending = self._pending_now(key)
-        claimed = next((entry for entry in pending if not entry.claimed), None) if arrived_decided else None
+        claimed = (
+            next((entry for entry in pending if not entry.claimed), None)
+            if arrived_decided and member
+            else None
+        )
         others = len(pending) - (claimed is not None)  # a re-invoked pod does not count itself
         refused = None if source is None else self._refusal(key, source, now, others)
+        if source is not None and refused is None and not member:
+            refused = NOT_A_CONTROLLERS_POD
         kept = source if source is not None and refused is None else None
         since = kept.since or kept.created if kept is not None else None
         annotations = {
@@ -351,21 +393,34 @@ class WorkloadClasses:
             if refused is not None:  # a tenant's pods claiming a workload past its bounds show here
                 log.info(
                     "workload_class_refused",
-                    extra={"namespace": namespace, "workload": workload.annotation, "bound": refused},
+                    extra={
+                        "namespace": namespace,
+                        "workload": workload.annotation,
+                        "bound": refused,
+                        "creator": creator,
+                    },
                 )
             if claimed is not None:
                 claimed.claimed = True
-            else:
+            elif member:
                 self._pending.setdefault(key, []).append(_Pending(time.monotonic() + PENDING_SECONDS))
-        return Reuse(kept, refused, annotations)
+        return Reuse(kept, refused, annotations if member else {})
 
-    async def prepare(self, namespace: str, workload: Workload) -> None:
+    async def prepare(self, namespace: str, workload: Workload, creator: str) -> None:
         """Before a workload's first pod is decided, read the size its object declares (one GET, short
-        timeout, shared by the siblings admitted meanwhile); its later pods carry the size recorded."""
+        timeout, shared by the siblings admitted meanwhile); its later pods carry the size recorded. Not
+        for a pod `creator` made that no controller did: it records no size."""
         key = (namespace, workload.annotation)
         target = DECLARING_OBJECTS.get((workload.kind, workload.via))
-        if target is None or self.objects is None or self.class_of(*key) is not None:
-            return  # nothing to read (a bare pod, an undeclared kind, no watch), or a pod of it carries it
+        # Nothing to read (a bare pod, an undeclared kind, no watch, a tenant's own pod), or a pod of the
+        # workload carries its size already.
+        if (
+            target is None
+            or self.objects is None
+            or not self.settings.is_workload_controller(creator)
+            or self.class_of(*key) is not None
+        ):
+            return
         read = self._declared.get(key)
         if read is not None and time.monotonic() - read[1] < DECLARED_SECONDS:
             return

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from timekeeper.routing import _unique_keys, loads_strict
+from timekeeper.routing import MAX_BODY_DEPTH, _unique_keys, loads_strict
 
 _TEXT = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=6)
 # Keys that hold what could fool a count of ':' (colons, quotes, backslashes, escapes), or collide.
@@ -101,3 +101,17 @@ def test_a_body_without_repeated_keys_is_parsed_once(monkeypatch: pytest.MonkeyP
     )
 
     assert loads_strict(body)["gpus"] == [{"uuid": "GPU-0", "sm_util_pct": 50.0}]
+
+
+@pytest.mark.parametrize(("opening", "closing"), [("[", "]"), ('{"a":', "}")])
+def test_a_body_is_read_to_the_depth_limit_and_refused_beyond(opening: str, closing: str) -> None:
+    def nested(depth: int, inner: str = "1") -> bytes:
+        return (opening * depth + inner + closing * depth).encode()
+
+    assert loads_strict(nested(MAX_BODY_DEPTH)) is not None
+    with pytest.raises(json.JSONDecodeError, match=f"nested deeper than {MAX_BODY_DEPTH} levels"):
+        loads_strict(nested(MAX_BODY_DEPTH + 1))
+    # As deep as orjson reads, a repeated key at the bottom: refused for its depth, before the standard
+    # parser (which recurses once per level) would name the key.
+    with pytest.raises(json.JSONDecodeError, match="nested deeper"):
+        loads_strict(nested(1_000, inner='{"b":1,"b":2}'))

@@ -111,10 +111,14 @@ def test_a_gpu_pods_kai_label_may_not_name_a_class_above_its_own(webhook: Webhoo
     publish(namespaces={"team-a": entry("exhausted")})
     labelled = webhook.admit(pod(container("main", GPU), labels={"priorityClassName": "high"}))
     admitted = webhook.admit(pod(container("main", GPU)))
-    raised = {**admitted, "metadata": {**admitted["metadata"], "labels": {"priorityClassName": "high"}}}
+    labels = admitted["metadata"]["labels"]
+    raised = {
+        **admitted,
+        "metadata": {**admitted["metadata"], "labels": {**labels, "priorityClassName": "high"}},
+    }
     same = {
         **admitted,
-        "metadata": {**admitted["metadata"], "labels": {"priorityClassName": "gpu-over-budget"}},
+        "metadata": {**admitted["metadata"], "labels": {**labels, "priorityClassName": "gpu-over-budget"}},
     }
 
     assert labelled["metadata"]["labels"]["priorityClassName"] == "high"  # labels are never changed

@@ -173,6 +173,20 @@ def test_user_supplied_workload_bounds_are_dropped(webhook: Webhook) -> None:
     assert not set(planted) & set(annotations)
 
 
+@pytest.mark.parametrize("username", ["alice", "system:serviceaccount:kube-system:job-controller"])
+def test_the_pods_creator_is_recorded_from_the_request_not_the_pod(webhook: Webhook, username: str) -> None:
+    """Issue 37: who created a pod decides whether it may share its workload's class; the tenant writes
+    its ownerReference, never the API server's userInfo."""
+    planted = pod(
+        container("main", {"nvidia.com/gpu": 1}),
+        annotations={names.ANNOTATION_CREATED_BY: "system:kube-controller-manager"},
+    )
+
+    annotations = webhook.admit(planted, username=username)["metadata"]["annotations"]
+
+    assert annotations[names.ANNOTATION_CREATED_BY] == username
+
+
 def test_exhausted_namespace_gets_the_reduced_class(webhook: Webhook, publish: Publish) -> None:
     publish(namespaces={"team-a": entry("exhausted")})
     patched = webhook.admit(pod(container("main", {"nvidia.com/gpu": 1})))
@@ -229,8 +243,15 @@ def test_dry_run_answers_alike_and_leaves_no_trace(tls: Tls) -> None:
 def test_mirror_pods_of_static_pods_are_left_alone(webhook: Webhook) -> None:
     # The API server refuses ServiceAccount token volumes in mirror pods; the static pod runs regardless.
     mirror = pod(container("main", {"nvidia.com/gpu": 1}), annotations={"kubernetes.io/config.mirror": "abc"})
-    assert webhook.mutate(mirror).patch == []
-    assert webhook.validate(mirror).allowed
+    assert webhook.mutate(mirror, username="system:node:gpu-1").patch == []
+    assert webhook.validate(mirror, username="system:node:gpu-1").allowed
+
+
+def test_a_mirror_annotation_from_anyone_but_a_node_is_a_pod_like_any_other(webhook: Webhook) -> None:
+    """The annotation is the tenant's to write (issue 37's inventory): its pod is mutated and judged."""
+    marked = pod(container("main", {"nvidia.com/gpu": 1}), annotations={"kubernetes.io/config.mirror": "abc"})
+    assert webhook.mutate(marked).patch != []
+    assert not webhook.validate(marked).allowed  # no sidecar: denied
 
 
 def test_updates_deletes_and_subresources_are_not_mutated(webhook: Webhook) -> None:

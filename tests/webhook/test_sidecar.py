@@ -154,7 +154,7 @@ def test_the_pod_as_the_api_server_stores_it_is_ours(tls: Tls, state: Any, mode:
         assert served.validate(as_stored).allowed
         assert served.mutate(as_stored).patch == []
         old = copy.deepcopy(as_stored)
-        as_stored["metadata"]["labels"] = {"touched": "yes"}
+        as_stored["metadata"]["labels"] |= {"touched": "yes"}
         assert served.validate(as_stored, operation="UPDATE", old=old).allowed
 
 

@@ -207,7 +207,7 @@ def test_update_of_other_metadata_is_allowed_even_when_rules_would_now_deny(webh
         pod(container("train", {"tencent.com/vcuda-core": 150, "tencent.com/vcuda-memory": 1}))
     )
     new = copy.deepcopy(old)
-    new["metadata"]["labels"] = {"touched": "yes"}
+    new["metadata"]["labels"] |= {"touched": "yes"}
     assert webhook.validate(new, operation="UPDATE", old=old).allowed
 
 
@@ -273,6 +273,25 @@ def test_update_may_not_change_what_the_share_is_computed_from(
         # The privileged may change our annotations, never what the share is computed from.
         about_ours = "gpu-timekeeper.io/" in fragment or "protected-annotations" in fragment
         assert (fragment in answer.message) == (not about_ours or username != timekeeper), fragment
+
+
+@pytest.mark.parametrize("value", [None, "false"], ids=["removed", "changed"])
+def test_update_may_not_remove_or_change_our_label(tls: Tls, state: Any, value: str | None) -> None:
+    """Issue 37: the pod watch that counts a workload's pods selects them by our label; a tenant that
+    removed it from its running pods made room for more at its workload's class."""
+    timekeeper = "system:serviceaccount:gpu-timekeeper:timekeeper"
+    with serve_webhook(tls, state, privileged_usernames=timekeeper) as served:
+        old = served.admit(pod(container("train", {"nvidia.com/gpu": 1})))
+        new = copy.deepcopy(old)
+        new["metadata"]["labels"].pop(names.LABEL_GPU_POD)
+        if value is not None:
+            new["metadata"]["labels"][names.LABEL_GPU_POD] = value
+
+        answer = served.validate(new, operation="UPDATE", old=old, username="alice")
+
+        assert not answer.allowed
+        assert f"label {names.LABEL_GPU_POD}={value!r}: is written by gpu-timekeeper" in answer.message
+        assert served.validate(new, operation="UPDATE", old=old, username=timekeeper).allowed
 
 
 def test_update_may_not_change_the_sidecar(webhook: Webhook) -> None:

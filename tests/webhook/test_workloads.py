@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
@@ -16,10 +17,12 @@ from gpuaccounting.workloads import Workload
 from tests.webhook.test_priority import IN_BUDGET, REDUCED, catalog, outcome, view
 from webhook.priority import PriorityDecider, PriorityRule
 from webhook.settings import WebhookSettings
-from webhook.workloads import Reuse, WorkloadClass, WorkloadClasses, declared_size
+from webhook.workloads import NOT_A_CONTROLLERS_POD, Reuse, WorkloadClass, WorkloadClasses, declared_size
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 SETTINGS = WebhookSettings(watch_priority_classes=False)
+JOB_CONTROLLER = "system:serviceaccount:kube-system:job-controller"
+TENANT = "system:serviceaccount:team-a:tenant"
 
 
 def admitted(
@@ -33,9 +36,11 @@ def admitted(
     state: str = "in_budget",
     size: int | None = None,
     conditions: list[client.V1PodCondition] | None = None,
+    creator: str = JOB_CONTROLLER,
 ) -> client.V1Pod:
     annotations = {
         names.ANNOTATION_WORKLOAD: workload,
+        names.ANNOTATION_CREATED_BY: creator,
         names.ANNOTATION_GPU_SHARE: "1",
         names.ANNOTATION_BUDGET_STATE: state,
     }
@@ -194,9 +199,18 @@ def follower(uid: str, age: int, size: int = 4) -> client.V1Pod:
     return admitted(uid, age=age, decision=KEPT_WORDS, state="exhausted", size=size)
 
 
-def reuse(classes: WorkloadClasses, at: int = 60, workload: Workload = TRAIN, **options: bool) -> Reuse:
+CONTROLLERS_POD: dict[str, Any] = {"creator": JOB_CONTROLLER, "arrived_decided": False, "dry_run": False}
+
+
+def reuse(
+    classes: WorkloadClasses,
+    at: int = 60,
+    workload: Workload = TRAIN,
+    creator: str = JOB_CONTROLLER,
+    **options: bool,
+) -> Reuse:
     flags = {"arrived_decided": False, "dry_run": False, **options}
-    return classes.admit("team-a", workload, START + timedelta(seconds=at), **flags)
+    return classes.admit("team-a", workload, START + timedelta(seconds=at), creator=creator, **flags)
 
 
 @pytest.mark.parametrize(
@@ -212,7 +226,9 @@ def reuse(classes: WorkloadClasses, at: int = 60, workload: Workload = TRAIN, **
         ("LeaderWorkerSet", {"replicas": 3, "leaderWorkerTemplate": {"size": 4}}, 12),
         ("PodGroup", {"minMember": 8}, 8),
         ("PodGroup", {"minMember": True}, None),
-        ("ReplicaSet", {"replicas": 3}, None),  # not read: the undeclared cap
+        ("ReplicaSet", {"replicas": 3}, 3),  # a Deployment scaled up later declares nothing more
+        ("StatefulSet", {}, 1),
+        ("ReplicationController", {"replicas": 3}, None),  # not read: the undeclared cap
     ],
 )
 def test_the_size_a_workloads_object_declares(kind: str, spec: dict[str, object], size: int | None) -> None:
@@ -297,17 +313,15 @@ def test_a_workload_keeps_its_class_only_for_a_while_after_its_first_admission()
 
 
 def test_a_workload_that_recorded_no_size_gets_the_undeclared_cap() -> None:
-    """Pods admitted before the bounds were recorded, and workloads whose object is not read."""
+    """Workloads whose object is not read (or whose first pods recorded no size)."""
     settings = WebhookSettings(watch_priority_classes=False, workload_class_undeclared_pods=2)
     classes = WorkloadClasses(settings)
     classes.replace_all([admitted("a", age=1)])
 
-    assert classes.admit("team-a", TRAIN, START, arrived_decided=False, dry_run=False).kept is not None
-    refused = classes.admit("team-a", TRAIN, START, arrived_decided=False, dry_run=False)
+    assert classes.admit("team-a", TRAIN, START, **CONTROLLERS_POD).kept is not None
+    refused = classes.admit("team-a", TRAIN, START, **CONTROLLERS_POD)
     assert refused.refused == "has as many pods as it declared (2)"
-    first = classes.admit(
-        "team-a", Workload("ReplicaSet", "web"), START, arrived_decided=False, dry_run=False
-    )
+    first = classes.admit("team-a", Workload("ReplicationController", "web"), START, **CONTROLLERS_POD)
     assert first.annotations[names.ANNOTATION_WORKLOAD_SIZE] == "2"
 
 
@@ -317,9 +331,7 @@ def test_a_declared_size_is_capped() -> None:
     classes.replace_all([admitted("a", age=1, size=100)])
 
     assert (
-        classes.admit("team-a", TRAIN, START, arrived_decided=False, dry_run=False).annotations[
-            names.ANNOTATION_WORKLOAD_SIZE
-        ]
+        classes.admit("team-a", TRAIN, START, **CONTROLLERS_POD).annotations[names.ANNOTATION_WORKLOAD_SIZE]
         == "3"
     )
 
@@ -358,6 +370,74 @@ def test_a_pod_being_evicted_is_no_source_and_a_preempted_one_no_eviction() -> N
     classes.remove(admitted("e"))
     assert classes.class_of("team-a", "Job/train") is None  # the preempted pod is simply gone
     assert reuse(classes).refused is None
+
+
+def test_a_pod_being_deleted_counts_until_it_is_gone_but_passes_its_class_to_no_one() -> None:
+    """Issue 37: a pod deleted with a one-year grace period still runs; were it not counted, each delete
+    made room for one more pod at the workload's class while the deleted one held its GPU. Its place is
+    free once it is gone, or once its grace period has ended (a pod deleted with none, as an unscheduled
+    one is, runs no more though the watch may show it a moment longer than the Job controller does)."""
+    going = admitted("a", age=1, size=2)
+    going.metadata.deletion_timestamp = START + timedelta(seconds=600)  # deleted, its grace period ends
+    classes = view_of(going, admitted("b", age=2, size=2))
+
+    refused = reuse(classes, dry_run=True)
+    assert refused.kept is None and refused.refused == "has as many pods as it declared (2)"
+    assert reuse(classes, at=599, dry_run=True).refused is not None
+    assert reuse(classes, at=600, dry_run=True).refused is None  # its grace period has ended
+    classes.remove(going)
+    assert reuse(classes).kept is not None  # gone: its place is free
+    alone = view_of(going)
+    assert alone.class_of("team-a", "Job/train") is None  # the workload is going: decided afresh
+
+
+def test_only_a_pod_a_workload_controller_created_shares_its_workloads_class() -> None:
+    """Issue 37: a tenant's bare pods naming an in-budget Job as their owner (a declared size with no pods
+    behind it) took its class. The owner is the tenant's to write, the creator is not: its own pods take
+    no class, record no bounds and, so, neither count nor pass a class on."""
+    classes = view_of(admitted("a", age=1, size=1024))
+
+    theirs = reuse(classes, creator=TENANT)
+    assert theirs == Reuse(None, NOT_A_CONTROLLERS_POD, {})
+    assert reuse(classes, creator="system:kube-controller-manager").kept is not None
+    tenants = view_of(admitted("t", age=1, size=1024, creator=TENANT))
+    assert tenants.class_of("team-a", "Job/train") is None
+    assert tenants.known() == 0
+
+
+def test_the_other_bounds_are_named_before_the_creator(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="webhook.workloads")
+
+    refused = reuse(view_of(admitted("a", age=1, size=1)), creator=TENANT)
+
+    assert refused.refused == "has as many pods as it declared (1)"
+    assert [getattr(r, "creator", None) for r in caplog.records] == [TENANT]
+
+
+@pytest.mark.parametrize(
+    ("username", "controller"),
+    [
+        ("system:kube-controller-manager", True),
+        ("system:serviceaccount:kube-system:job-controller", True),
+        ("system:serviceaccount:volcano-system:volcano-controllers", True),
+        ("system:serviceaccount:volcano-system:other", False),
+        ("system:serviceaccount:team-a:tenant", False),
+        ("system:serviceaccount:kube-system", False),
+        ("", False),
+    ],
+)
+def test_workload_controllers_are_named_or_under_a_prefix(
+    monkeypatch: pytest.MonkeyPatch, username: str, controller: bool
+) -> None:
+    monkeypatch.setenv(
+        "WEBHOOK_WORKLOAD_CONTROLLERS",
+        "system:kube-controller-manager, system:serviceaccount:kube-system:,"
+        "system:serviceaccount:volcano-system:volcano-controllers",
+    )
+    settings = WebhookSettings()
+
+    assert settings.is_workload_controller(username) is controller
+    assert SETTINGS.is_workload_controller(username) is (controller and "volcano" not in username)
 
 
 def test_a_pod_refused_reuse_is_refused_again_when_re_invoked() -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query
-from pydantic import AwareDatetime
 
 from gpuaccounting.names import DNS_LABEL
 from timekeeper.audit.schemas import AuditEntryOut
 from timekeeper.audit.service import AuditService
 from timekeeper.auth.dependencies import Admin
 from timekeeper.db.session import SessionDep
+from timekeeper.schemas import Timestamp
 
 router = APIRouter(tags=["audit"])
 
@@ -21,7 +21,7 @@ async def list_audit(
     session: SessionDep,
     _: Admin,
     namespace: Annotated[str | None, Query(max_length=63, pattern=DNS_LABEL)] = None,
-    since: AwareDatetime | None = None,
+    since: Timestamp | None = None,
     before_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,  # a bigint id
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[AuditEntryOut]:

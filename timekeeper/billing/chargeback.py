@@ -20,7 +20,7 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from timekeeper.domain.periods import Period, PeriodKind, periods_overlapping
+from timekeeper.domain.periods import Period, PeriodKind, count_periods, periods_overlapping
 from timekeeper.errors import TimekeeperError
 from timekeeper.store.billing.repository import BillingRepository
 from timekeeper.store.usage.repository import UNKNOWN_MODEL, UsageRepository
@@ -53,15 +53,15 @@ class ChargebackRange:
 
 
 def chargeback_range(kind: BucketKind, since: datetime, until: datetime) -> ChargebackRange:
-    """The periods of `kind` that [since, until) touches, each clipped to it."""
+    """The periods of `kind` that [since, until) touches, each clipped to it; counted before any is built."""
     if until <= since:
         raise TimekeeperError("until must be after since", 422)
-    periods = periods_overlapping(PeriodKind(kind), since, until)
-    if len(periods) > MAX_PERIODS:
+    count = count_periods(PeriodKind(kind), since, until)
+    if count > MAX_PERIODS:
         raise TimekeeperError(
-            f"the range holds {len(periods)} {kind} periods; at most {MAX_PERIODS} (ask for longer periods)",
-            422,
+            f"the range holds {count} {kind} periods; at most {MAX_PERIODS} (ask for longer periods)", 422
         )
+    periods = periods_overlapping(PeriodKind(kind), since, until)
     clipped = tuple(
         Period(period.kind, max(period.start, since), min(period.end or until, until)) for period in periods
     )

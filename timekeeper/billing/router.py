@@ -6,7 +6,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
-from pydantic import AwareDatetime
 
 from timekeeper.auth.dependencies import Admin, Reader, ReadScope
 from timekeeper.billing.chargeback import (
@@ -30,7 +29,7 @@ from timekeeper.billing.service import BillingService
 from timekeeper.db.session import SessionDep
 from timekeeper.domain.periods import PeriodKind, period_containing
 from timekeeper.routing import admin_body
-from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
+from timekeeper.schemas import BODY_ERRORS, NamespacePath, Timestamp, error_responses
 
 router = APIRouter(prefix="/billing", tags=["billing"])
 namespaced = APIRouter(tags=["billing"])
@@ -111,8 +110,8 @@ _CSV = "text/csv"
 async def export_chargeback(
     request: Request,
     scope: ReadScope,
-    since: AwareDatetime | None = None,
-    until: AwareDatetime | None = None,
+    since: Timestamp | None = None,
+    until: Timestamp | None = None,
     period: BucketKind = "monthly",
     export_format: Annotated[ExportFormat | None, Query(alias="format")] = None,
 ) -> StreamingResponse:

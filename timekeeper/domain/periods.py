@@ -9,6 +9,7 @@ from enum import StrEnum
 from functools import lru_cache
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_MICROSECOND = timedelta(microseconds=1)  # datetime's resolution: [start, end) ends at end - 1 µs
 Interval = tuple[datetime, datetime]
 
 
@@ -52,11 +53,32 @@ def _period_containing_day(kind: PeriodKind, day: date) -> Period:
 
 
 def periods_overlapping(kind: PeriodKind, start: datetime, end: datetime) -> list[Period]:
-    """The periods that [start, end) touches, in order."""
+    """The periods that [start, end) touches, in order: size the range with `count_periods` first."""
     periods = [period_containing(kind, start)]
     while periods[-1].end is not None and periods[-1].end < end:
         periods.append(period_containing(kind, periods[-1].end))
     return periods
+
+
+def count_periods(kind: PeriodKind, start: datetime, end: datetime) -> int:
+    """How many periods [start, end) touches (start < end): what periods_overlapping would list, counted
+    by arithmetic on the first and last day, so that a request's range is sized before any is built."""
+    return (
+        _ordinal(kind, (end - _ONE_MICROSECOND).astimezone(UTC).date())
+        - _ordinal(kind, start.astimezone(UTC).date())
+        + 1
+    )
+
+
+def _ordinal(kind: PeriodKind, day: date) -> int:
+    """The number of the period of `kind` that holds `day`, counted from year 1's first."""
+    if kind is PeriodKind.DAILY:
+        return day.toordinal()
+    if kind is PeriodKind.WEEKLY:
+        return (day.toordinal() - 1) // 7  # 0001-01-01 was a Monday
+    if kind is PeriodKind.MONTHLY:
+        return day.year * 12 + day.month
+    return 0
 
 
 def current_period_starts(moment: datetime) -> dict[PeriodKind, datetime]:

@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
-from pydantic import AwareDatetime
 
 from timekeeper.auth.dependencies import Reader
 from timekeeper.db.session import SessionDep, read
-from timekeeper.schemas import NamespacePath
+from timekeeper.schemas import NamespacePath, Timestamp
 from timekeeper.snapshot.schemas import BudgetEventOut
 from timekeeper.snapshot.service import SnapshotService
 
@@ -62,7 +61,7 @@ async def budget_events(
     namespace: NamespacePath,
     session: SessionDep,
     _: Reader,
-    since: AwareDatetime | None = None,
+    since: Timestamp | None = None,
     before_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,  # a bigint id
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[BudgetEventOut]:

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from pydantic import AwareDatetime
 
 from gpuaccounting.names import API_PREFIX, REPORTS_PATH
 from timekeeper.auth.base import Action, Principal
@@ -24,7 +23,7 @@ from timekeeper.domain.measurements import GroupBy
 from timekeeper.metrics import Metrics
 from timekeeper.refusals import REFUSALS
 from timekeeper.routing import json_body, reads_body
-from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
+from timekeeper.schemas import BODY_ERRORS, NamespacePath, Timestamp, error_responses
 from timekeeper.usage.efficiency import EfficiencyService
 from timekeeper.usage.schemas import EfficiencyOut, IdleReportOut, ReportAck, ReportIn, UsageOut
 from timekeeper.usage.service import AdmittedShareUnknown, IngestOutcome, UsageService, check_report
@@ -107,8 +106,8 @@ async def get_usage(
     namespace: NamespacePath,
     session: SessionDep,
     _: Reader,
-    since: AwareDatetime | None = None,
-    until: AwareDatetime | None = None,
+    since: Timestamp | None = None,
+    until: Timestamp | None = None,
     group_by: Annotated[GroupBy, Query()] = "pod",
 ) -> UsageOut:
     service = UsageService(session, request.app.state.settings, request.app.state.clock)
@@ -127,8 +126,8 @@ async def get_efficiency(
     namespace: NamespacePath,
     service: Efficiency,
     _: Reader,
-    since: AwareDatetime | None = None,
-    until: AwareDatetime | None = None,
+    since: Timestamp | None = None,
+    until: Timestamp | None = None,
 ) -> EfficiencyOut:
     """Allocated beside utilised GPU-minutes, per pod and for the namespace, over [since, until)
     (default: the current period until now)."""

@@ -70,7 +70,10 @@ def token_mounts(pod: Mapping[str, Any]) -> list[Violation]:
     for key, container in _containers(spec):
         if key != "ephemeralContainers" and container.get("name") == names.SIDECAR_CONTAINER_NAME:
             continue
-        if key == "ephemeralContainers" and container.get("targetContainerName") == names.SIDECAR_CONTAINER_NAME:
+        if (
+            key == "ephemeralContainers"
+            and container.get("targetContainerName") == names.SIDECAR_CONTAINER_NAME
+        ):
             found.append(
                 Violation(
                     Rule.TOKEN_VOLUME_MOUNT,

@@ -79,7 +79,12 @@ def review(
 
 
 def connect_review(
-    pod_name: str, subresource: str, container: str | None, *, namespace: str = "team-a", username: str = "alice"
+    pod_name: str,
+    subresource: str,
+    container: str | None,
+    *,
+    namespace: str = "team-a",
+    username: str = "alice",
 ) -> dict[str, Any]:
     """The AdmissionReview of a CONNECT to `pods/exec` or `pods/attach` (`kubectl exec`, `cp`, `attach`), as
     the API server sends it: the object is the options, naming the container (left out when not given)."""
@@ -89,7 +94,9 @@ def connect_review(
         options["command"] = ["cat", "/var/run/secrets/gpu-timekeeper/token"]
     if container is not None:
         options["container"] = container
-    body = review(options, operation="CONNECT", subresource=subresource, kind=("", "v1", kind), username=username)
+    body = review(
+        options, operation="CONNECT", subresource=subresource, kind=("", "v1", kind), username=username
+    )
     request = body["request"]
     request["resource"] = {"group": "", "version": "v1", "resource": "pods"}
     request |= {"name": pod_name, "namespace": namespace}

@@ -99,6 +99,22 @@ def test_a_debug_container_targeting_our_sidecar_is_refused(
     assert f"targetContainerName={names.SIDECAR_CONTAINER_NAME}" in answer["status"]["message"]
 
 
+def test_the_tenant_cannot_mint_a_token_for_its_pod(tenant: Tenant) -> None:
+    """A TokenRequest for our audience bound to its own pod would speak as the sidecar without reaching it:
+    1.20's `edit` may neither create `serviceaccounts/token` nor impersonate the pod's ServiceAccount. (This
+    held before issue 37; a cluster granting either is listed in docs/security.md.)"""
+    stored = tenant.kubectl.create(gpu_pod(tenant.namespace, "minted"))
+    account = f"system:serviceaccount:{tenant.namespace}:default"
+    request = ("create", "token", "default", "-n", tenant.namespace, f"--audience={names.TOKEN_AUDIENCE}")
+    bound = ("--bound-object-kind=Pod", "--bound-object-name=minted")
+    bound += (f"--bound-object-uid={stored['metadata']['uid']}",)
+
+    for impersonating in ((), ("--as", account)):
+        with pytest.raises(KubectlError) as refused:
+            tenant.kubectl.run(*impersonating, *request, *bound)
+        assert "forbidden" in refused.value.stderr
+
+
 def labelled_node(kubectl: Kubectl, name: str) -> None:
     """A node as GPU Feature Discovery labels it (no kubelet behind it: the pods bound to it never run)."""
     labels = {"nvidia.com/gpu.product": H100}

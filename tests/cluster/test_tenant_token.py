@@ -23,7 +23,7 @@ from kubernetes import client
 
 from gpuaccounting import names
 from tests.cluster.harness import Install, Kubectl, KubectlError, Tenant, TimekeeperApi, sidecar_token, stamp
-from tests.cluster.test_tenant import charged, gpu_pod, sent_to_webhook
+from tests.cluster.test_tenant import charged, gpu_pod, sent_to_webhook, sidecar_of
 from tests.support.pods import review
 from tests.support.processes import LOCAL_HTTP, WebhookProcess
 from tests.support.timekeeper import report_body
@@ -97,6 +97,32 @@ def test_a_debug_container_targeting_our_sidecar_is_refused(
     assert sent_to_webhook(install.configuration("ValidatingWebhookConfiguration"), request["request"])
     assert answer["allowed"] is False
     assert f"targetContainerName={names.SIDECAR_CONTAINER_NAME}" in answer["status"]["message"]
+
+
+def test_a_debug_copy_of_the_pod_does_not_reach_our_sidecar(tenant: Tenant) -> None:
+    """`kubectl debug --copy-to` makes a new pod, which the webhooks judge as any: one sharing its process
+    namespace (`--share-processes`) is refused, and a copy whose sidecar would run the tenant's command is
+    given ours back; the copy's token is its own pod's, mounted by our sidecar only. (This held before
+    issue 37.)"""
+    stored = tenant.kubectl.create(gpu_pod(tenant.namespace, "original"))
+    debug = ("debug", "original", "-n", tenant.namespace, "--image=busybox:1.36")
+
+    with pytest.raises(KubectlError) as shared:
+        tenant.kubectl.run(*debug, "--copy-to=shared", "--share-processes=true", "--", "cat", TOKEN_PATH)
+    tenant.kubectl.run(
+        *debug, "--copy-to=replaced", "--share-processes=false",
+        f"--container={names.SIDECAR_CONTAINER_NAME}", "--", "cat", TOKEN_PATH,
+    )  # fmt: skip
+    copied = tenant.kubectl.json("get", "pod", "replaced", "-n", tenant.namespace)
+
+    assert 'admission webhook "validate.gpu-timekeeper.io" denied the request' in shared.value.stderr
+    assert "shareProcessNamespace" in shared.value.stderr
+    ours, theirs = (sidecar_of(pod) for pod in (stored, copied))
+    assert (theirs["image"], theirs.get("command"), theirs.get("args")) == (
+        ours["image"],
+        ours.get("command"),
+        ours.get("args"),
+    )
 
 
 def test_the_tenant_cannot_mint_a_token_for_its_pod(tenant: Tenant) -> None:

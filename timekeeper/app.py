@@ -84,7 +84,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     if settings.admitted_share_from_pod:  # the Kubernetes client only where it is used
         from timekeeper.usage.admitted import build_pod_shares
 
-        app.state.pod_shares = await build_pod_shares(settings)
+        app.state.pod_shares = await build_pod_shares(settings, app.state.clock)
     app.state.metrics.outages.attach(engine)
     app.state.ingest = IngestBatcher(
         lambda: app.state.sessionmaker, settings, app.state.clock, app.state.metrics

@@ -166,6 +166,8 @@ class Admission:
         return AdmissionResponse("unchanged", priority=decision)
 
     def violations(self, request: AdmissionRequest) -> list[Violation]:
+        if request.operation == "CONNECT":
+            return governance.sidecar_session(request)
         pod = request.object
         if (
             not request.is_pod

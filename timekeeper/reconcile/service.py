@@ -19,7 +19,6 @@ from gpuaccounting.admission_state import is_exempt
 from gpuaccounting.wire import BudgetState
 from timekeeper.clock import Clock
 from timekeeper.domain.periods import Interval
-from timekeeper.domain.weights import model_key
 from timekeeper.kube import (
     EvictionResult,
     KubeClient,
@@ -46,14 +45,12 @@ from timekeeper.reconcile.quotas import quota_hard
 from timekeeper.reconcile.repository import ReconcileRepository
 from timekeeper.reconcile.workloads import workload_key
 from timekeeper.settings import Settings
+from timekeeper.usage.admitted import NodeModels
 from timekeeper.usage.schemas import SilentInterval
 from timekeeper.usage.service import IngestService
 
 log = logging.getLogger(__name__)
 
-# GPU Feature Discovery's label naming the node's GPU model (with the MIG profile under the single strategy).
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-NODE_LABEL_TTL = timedelta(minutes=10)
 # A sequence number no sidecar reaches; coverage, not the number, is what prevents double charging.
 RECONCILER_SEQ = 2**62
 
@@ -127,7 +124,7 @@ class Reconciler:
         self._shared: set[str] = set()  # uids whose coverage row holds their admitted share
         self._named: set[str] = set()  # uids whose coverage row holds their workload (or bare pods)
         self._skipped: set[str] = set()  # uids whose silent time could not be charged (logged once)
-        self._node_models: dict[str, tuple[str | None, datetime]] = {}  # node -> (model, read at)
+        self._node_models = NodeModels(kube, clock)
 
     # ---- leadership: the watch runs only on the leader, whose passes it feeds ----------------------------
 
@@ -163,7 +160,7 @@ class Reconciler:
         self._shared = set()
         self._named = set()
         self._skipped = set()
-        self._node_models = {}
+        self._node_models.forget()
         self._claim_holders = set()
 
     async def aclose(self) -> None:
@@ -366,8 +363,8 @@ class Reconciler:
 
     async def _learn_models(self, result: PassResult) -> None:
         """Each bound GPU pod's GPU model from its node's GPU Feature Discovery label, recorded on its
-        coverage row unless the sidecar named one first (billing weights). A node's label is read at most
-        once per NODE_LABEL_TTL; a pod without a coverage row yet is tried again next pass."""
+        coverage row unless one is known (billing weights; its first report may have read it already). A
+        node's label is read at most once per NODE_LABEL_TTL; a pod without a row is tried next pass."""
         pods = {
             pod.info.uid: pod.info.node_name
             for pod in self.registry.pods()
@@ -376,7 +373,7 @@ class Reconciler:
         self._modelled &= {pod.info.uid for pod in self.registry.pods()}
         models: dict[str, str] = {}
         for uid, node in pods.items():
-            model = await self._node_model(node) if node else None
+            model = await self._node_models.model(node) if node else None
             if model is not None:
                 models[uid] = model
         if models:
@@ -407,20 +404,6 @@ class Reconciler:
         if named:
             async with self.sessionmaker() as session, session.begin():
                 self._named |= await ReconcileRepository(session).record_workloads(named)
-
-    async def _node_model(self, node: str) -> str | None:
-        now = self.clock.now()
-        cached = self._node_models.get(node)
-        if cached is not None and now - cached[1] < NODE_LABEL_TTL:
-            return cached[0]
-        try:
-            product = (await self.kube.node_labels(node)).get(GPU_PRODUCT_LABEL)
-        except KubeError as error:
-            log.warning("node_labels_unavailable", extra={"node": node, "error": str(error)})
-            return None if cached is None else cached[0]
-        model = model_key(product) if product else None
-        self._node_models[node] = (model, now)
-        return model
 
     async def _sync_labels(self, result: PassResult) -> None:
         """The namespaces' labels, for the pools' selectors (docs/timekeeper.md#pools)."""
@@ -473,7 +456,7 @@ class Reconciler:
         transaction that leaves the pod's last report time alone and, for an ended pod, closes it at its
         end. A pod whose time cannot be charged is logged once, with the reason."""
         info = pod.info
-        model = await self._node_model(info.node_name) if info.node_name else None
+        model = await self._node_models.model(info.node_name) if info.node_name else None
         try:
             report = SilentInterval(
                 namespace=info.namespace,

@@ -254,6 +254,20 @@ class Settings(BaseSettings):
         allow_inf_nan=False,
         description="Idle report: the utilisation threshold (%).",
     )
+    # Downgrades a tenant cannot stall (docs/timekeeper.md, "Bounded downgrades").
+    downgrade_pdb_patience_seconds: float = Field(
+        default=600.0,
+        ge=0,
+        description="How long a PodDisruptionBudget may refuse a workload's downgrade eviction; after it "
+        "the workload's pods are deleted (a DELETE no PodDisruptionBudget can refuse).",
+    )
+    over_budget_max_grace_seconds: int = Field(
+        default=30,
+        ge=0,
+        description="The longest grace a downgraded pod is given (its eviction or deletion passes it when "
+        "the pod's own terminationGracePeriodSeconds is longer); the webhook's "
+        "WEBHOOK_OVER_BUDGET_MAX_GRACE_SECONDS caps a reduced pod's at admission.",
+    )
 
     @field_validator(
         "admin_token_sha256",

@@ -116,6 +116,10 @@ class WebhookSettings(BaseSettings):
     # Users (e.g. the timekeeper's ServiceAccount) allowed to change our annotations on running pods.
     privileged_usernames: Annotated[frozenset[str], NoDecode] = frozenset()
 
+    # A GPU pod admitted at the reduced class frees its GPU within this many seconds of its preemption:
+    # /mutate caps its terminationGracePeriodSeconds, /validate refuses more (docs/webhook.md).
+    over_budget_max_grace_seconds: int = Field(default=30, ge=0)
+
     @field_validator("log_format", mode="before")
     @classmethod
     def _console_is_text(cls, value: object) -> object:

@@ -1,11 +1,15 @@
 """The running-pod action `kueue`: an exhausted namespace's Kueue Workloads lowered in place to the reduced
 WorkloadPriorityClass's value, and given back once it is not, never above what the priority policy allows
-(the annotation keeping the old value is the tenant's to write too). docs/kubernetes.md, "Kueue Workloads"."""
+(the annotation keeping the old value is the tenant's to write too). Each pass decides which namespaces are
+lowered; between passes a watch on the Workloads lowers one the tenant raised (or made anew) as soon as the
+change arrives. docs/kubernetes.md, "Kueue Workloads"."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable, Mapping
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -19,6 +23,7 @@ from gpuaccounting.names import DOMAIN
 from gpuaccounting.shares import read_pod
 from timekeeper.clock import Clock
 from timekeeper.kube import KubeApiError, KubeClient, KubeError, ObjectReference
+from timekeeper.metrics import DowngradeMetrics
 from timekeeper.settings import Settings
 from timekeeper.store.audit.repository import AuditRepository
 from timekeeper.store.budgets.models import DefaultBudget, NamespaceBudget
@@ -127,14 +132,57 @@ def uses_gpus(workload: Mapping[str, Any], settings: Settings) -> bool:
     return False
 
 
-@dataclass(frozen=True, slots=True)
 class KueuePriorities:
-    """One pass of the action, run by the reconciler after its evictions."""
+    """The action: a pass, run by the reconciler after its evictions, and the Workload watch between
+    passes (on the leader only, like the pass), which acts on what the last pass decided."""
 
-    kube: KubeClient
-    sessionmaker: async_sessionmaker[AsyncSession]
-    settings: Settings
-    clock: Clock
+    def __init__(
+        self,
+        kube: KubeClient,
+        sessionmaker: async_sessionmaker[AsyncSession],
+        settings: Settings,
+        clock: Clock,
+        metrics: DowngradeMetrics,
+    ) -> None:
+        self.kube = kube
+        self.sessionmaker = sessionmaker
+        self.settings = settings
+        self.clock = clock
+        self.metrics = metrics
+        self.served = asyncio.Event()  # a pass found Kueue's Workloads served: the watch may start
+        # What the last pass decided: the namespaces being lowered (with their policy), and to what value.
+        self._lowering: dict[str, KueuePolicy] = {}
+        self._reduced: int | None = None
+
+    def forget(self) -> None:
+        """Not leading: nothing decided (a new leadership's first pass decides again)."""
+        self.served.clear()
+        self._lowering = {}
+        self._reduced = None
+
+    async def follow(self) -> None:
+        """Once a pass has found Workloads served, every Workload change: one in a namespace the last pass
+        lowers, raised above the reduced value (a tenant's patch, or a Workload made anew), is lowered at
+        once, not on the next pass. The watch's first events list every Workload (each one checked)."""
+        await self.served.wait()
+        try:
+            changes = self.kube.watch_custom_raw(KUEUE_GROUP, KUEUE_VERSION, WORKLOADS)
+            async with aclosing(changes):
+                async for type_, workload in changes:
+                    if type_ != "DELETED":
+                        await self.on_change(workload)
+        except Exception:
+            log.exception("kueue_watch_crashed")  # the passes still lower every Workload that lasts
+            raise
+
+    async def on_change(self, workload: Mapping[str, Any]) -> None:
+        namespace = (workload.get("metadata") or {}).get("namespace")
+        policy = self._lowering.get(namespace) if isinstance(namespace, str) else None
+        reduced = self._reduced
+        if policy is None or reduced is None or not self._to_lower(workload, policy, reduced):
+            return
+        if await self._lower(workload, reduced):
+            self.metrics.kueue_lowered.labels(trigger="watch").inc()
 
     async def run(self, lowered: list[tuple[str, str]], restored: list[tuple[str, str]]) -> None:
         """Give back what no longer needs lowering, then lower what does; nothing where Kueue's Workloads
@@ -145,6 +193,7 @@ class KueuePriorities:
             )
             if marked is None:
                 return
+            self.served.set()
             async with self.sessionmaker() as session:
                 policies = await kueue_policies(session, (w["metadata"]["namespace"] for w in marked))
             giving_back = [w for w in marked if not policies[w["metadata"]["namespace"]].lowering]
@@ -155,9 +204,11 @@ class KueuePriorities:
                     if await self._restore(workload, policy.bound(in_budget)):
                         restored.append(_key(workload))
             lowering = sorted(ns for ns, policy in policies.items() if policy.lowering)
-            if not lowering:
-                return
-            reduced = await self._class_value(self.settings.kueue_over_budget_priority_class)
+            reduced = (
+                await self._class_value(self.settings.kueue_over_budget_priority_class) if lowering else None
+            )
+            self._lowering = {ns: policies[ns] for ns in lowering} if reduced is not None else {}
+            self._reduced = reduced
             if reduced is None:
                 return
             for namespace in lowering:
@@ -169,6 +220,7 @@ class KueuePriorities:
                         workload, reduced
                     ):
                         lowered.append(_key(workload))
+                        self.metrics.kueue_lowered.labels(trigger="pass").inc()
         except KubeError as error:
             log.warning("kueue_priority_failed", extra={"error": str(error)})
 
@@ -230,8 +282,8 @@ class KueuePriorities:
         reason: str,
         message: str,
     ) -> bool:
-        """The patch, conditional on the version read (a Workload changed since is left for the next
-        pass), then its audit entry and an Event on the Workload."""
+        """The patch, conditional on the version read (a Workload changed since is left for its next
+        watch event or the next pass), then its audit entry and an Event on the Workload."""
         meta = workload["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         patch = {

@@ -134,7 +134,7 @@ def uses_gpus(workload: Mapping[str, Any], settings: Settings) -> bool:
 
 class KueuePriorities:
     """The action: a pass, run by the reconciler after its evictions, and the Workload watch between
-    passes (on the leader only, like the pass), which acts on what the last pass decided."""
+    passes (on the leader only, like the pass)."""
 
     def __init__(
         self,
@@ -149,22 +149,22 @@ class KueuePriorities:
         self.settings = settings
         self.clock = clock
         self.metrics = metrics
-        self.served = asyncio.Event()  # a pass found Kueue's Workloads served: the watch may start
-        # What the last pass decided: the namespaces being lowered (with their policy), and to what value.
-        self._lowering: dict[str, KueuePolicy] = {}
-        self._reduced: int | None = None
+        self._reduced: int | None = None  # the reduced class's value, as the last pass (or the watch) read it
 
     def forget(self) -> None:
-        """Not leading: nothing decided (a new leadership's first pass decides again)."""
-        self.served.clear()
-        self._lowering = {}
+        """Not leading: the reduced value is read again by the next leadership."""
         self._reduced = None
 
     async def follow(self) -> None:
-        """Once a pass has found Workloads served, every Workload change: one in a namespace the last pass
-        lowers, raised above the reduced value (a tenant's patch, or a Workload made anew), is lowered at
-        once, not on the next pass. The watch's first events list every Workload (each one checked)."""
-        await self.served.wait()
+        """Every Workload change, once Kueue's Workloads are served (asked each reconcile interval until
+        then): a GPU Workload of a namespace lowered now, above the reduced value (a tenant's raise, or a
+        Workload made anew), is lowered at once, not on the next pass. The namespace's state and action
+        are read when such a change arrives; the watch's first events list every Workload."""
+        served = False
+        while not served:
+            served = await self._served()
+            if not served:
+                await asyncio.sleep(self.settings.reconcile_interval_seconds)
         try:
             changes = self.kube.watch_custom_raw(KUEUE_GROUP, KUEUE_VERSION, WORKLOADS)
             async with aclosing(changes):
@@ -175,14 +175,37 @@ class KueuePriorities:
             log.exception("kueue_watch_crashed")  # the passes still lower every Workload that lasts
             raise
 
+    async def _served(self) -> bool:
+        try:
+            found = await self.kube.list_served_objects(
+                KUEUE_GROUP, KUEUE_VERSION, WORKLOADS, label_selector=LOWERED_LABEL
+            )
+        except KubeError as error:
+            log.warning("kueue_priority_failed", extra={"error": str(error)})
+            return False
+        return found is not None
+
     async def on_change(self, workload: Mapping[str, Any]) -> None:
+        """Lower one changed Workload if the pass would (cheap checks first: most changes are status)."""
         namespace = (workload.get("metadata") or {}).get("namespace")
-        policy = self._lowering.get(namespace) if isinstance(namespace, str) else None
-        reduced = self._reduced
-        if policy is None or reduced is None or not self._to_lower(workload, policy, reduced):
+        if not isinstance(namespace, str) or is_finished(workload) or not uses_gpus(workload, self.settings):
             return
-        if await self._lower(workload, reduced):
-            self.metrics.kueue_lowered.labels(trigger="watch").inc()
+        try:
+            if self._reduced is None:
+                self._reduced = await self._class_value(self.settings.kueue_over_budget_priority_class)
+            reduced = self._reduced
+            if reduced is None or (priority_of(workload) or 0) <= reduced:
+                return
+            async with self.sessionmaker() as session:
+                policy = (await kueue_policies(session, [namespace]))[namespace]
+            if (
+                policy.lowering
+                and self._to_lower(workload, policy, reduced)
+                and await self._lower(workload, reduced)
+            ):
+                self.metrics.kueue_lowered.labels(trigger="watch").inc()
+        except KubeError as error:
+            log.warning("kueue_priority_failed", extra={"namespace": namespace, "error": str(error)})
 
     async def run(self, lowered: list[tuple[str, str]], restored: list[tuple[str, str]]) -> None:
         """Give back what no longer needs lowering, then lower what does; nothing where Kueue's Workloads
@@ -193,7 +216,6 @@ class KueuePriorities:
             )
             if marked is None:
                 return
-            self.served.set()
             async with self.sessionmaker() as session:
                 policies = await kueue_policies(session, (w["metadata"]["namespace"] for w in marked))
             giving_back = [w for w in marked if not policies[w["metadata"]["namespace"]].lowering]
@@ -204,11 +226,9 @@ class KueuePriorities:
                     if await self._restore(workload, policy.bound(in_budget)):
                         restored.append(_key(workload))
             lowering = sorted(ns for ns, policy in policies.items() if policy.lowering)
-            reduced = (
-                await self._class_value(self.settings.kueue_over_budget_priority_class) if lowering else None
-            )
-            self._lowering = {ns: policies[ns] for ns in lowering} if reduced is not None else {}
-            self._reduced = reduced
+            if not lowering:
+                return
+            reduced = self._reduced = await self._class_value(self.settings.kueue_over_budget_priority_class)
             if reduced is None:
                 return
             for namespace in lowering:

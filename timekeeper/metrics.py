@@ -18,7 +18,7 @@ REPORT_RESULTS = ("charged", "duplicate", "rejected")
 BATCH_FAILURE_REASONS = ("outage", "refused")
 GITOPS_OUTCOMES = ("ok", "error")
 GITOPS_ACTIONS = ("applied", "released")
-DOWNGRADE_OUTCOMES = ("evicted", "blocked_by_pdb", "deleted_past_pdb")
+DOWNGRADE_OUTCOMES = ("evicted", "blocked_by_pdb", "deleted_past_pdb", "grace_shortened")
 KUEUE_TRIGGERS = ("pass", "watch")
 
 
@@ -272,12 +272,14 @@ class GitOpsMetrics(Collector):
 class DowngradeMetrics(Collector):
     """What the reconciler did to an exhausted namespace's running work (on the leader; a follower
     exports zeros): pods evicted, refused by a PodDisruptionBudget, deleted once the PDB's patience was
-    spent; Kueue Workloads lowered by a pass or, as soon as they changed, by the Workload watch."""
+    spent, or deleted again to shorten a tenant's own long deletion grace; Kueue Workloads lowered by a
+    pass or, as soon as they changed, by the Workload watch."""
 
     def __init__(self) -> None:
         self.pods = Counter(
             "timekeeper_downgraded_pods",
-            "Downgrades of running GPU pods by outcome (evicted, blocked_by_pdb, deleted_past_pdb)",
+            "Downgrades of running GPU pods by outcome (evicted, blocked_by_pdb, deleted_past_pdb, "
+            "grace_shortened)",
             ["outcome"],
             registry=None,
         )

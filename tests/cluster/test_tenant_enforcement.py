@@ -23,7 +23,7 @@ import pytest
 
 from tests.cluster.harness import Kubectl, Tenant, TimekeeperApi, gpu_probe, wait_for_admission_state
 from tests.cluster.kueue_crds import CRDS
-from tests.cluster.test_eviction import mark_running, pods
+from tests.cluster.test_eviction import mark_running, pods, replica_set
 from tests.cluster.test_kueue import HIGH, OVER_BUDGET, kueue_api, priority, stored, workload  # noqa: F401
 from tests.support.processes import LOCAL_HTTP, TimekeeperProcess, wait_until
 
@@ -146,6 +146,58 @@ def test_a_reduced_gpu_pod_frees_its_gpu_within_the_bounded_grace(
     kubectl.run("delete", "pod", "squatter", "-n", namespace, "--wait=false")
     deleting = kubectl.json("get", "pod", "squatter", "-n", namespace)
     assert deleting["metadata"]["deletionGracePeriodSeconds"] == MAX_GRACE
+
+
+def test_a_tenants_own_long_deletion_of_a_reduced_pod_is_shortened(
+    tenant: Tenant, kubectl: Kubectl, api: TimekeeperApi, node: str
+) -> None:
+    """`kubectl delete --grace-period=31536000`: the DELETE's grace overrides the pod's capped one, and
+    the scheduler waits for a terminating pod rather than preempt around it."""
+    namespace = tenant.namespace
+    api.set_budget(namespace, 0)
+    wait_for_admission_state(kubectl, namespace, "exhausted")
+    body = gpu_probe(namespace)
+    body["metadata"]["name"] = "lingering"
+    body["spec"]["nodeName"] = node
+    tenant.kubectl.create(body)
+    mark_running(kubectl, namespace, "lingering")
+
+    tenant.kubectl.run(
+        "delete", "pod", "lingering", "-n", namespace, f"--grace-period={YEAR}", "--wait=false"
+    )
+
+    def grace() -> int:
+        found = kubectl.json("get", "pod", "lingering", "-n", namespace)
+        return int(found["metadata"]["deletionGracePeriodSeconds"])
+
+    wait_until(lambda: grace() == MAX_GRACE, timeout=30, what="the tenant's year of grace shortened")
+
+
+def test_a_pod_its_controller_released_is_still_downgraded(
+    tenant: Tenant, kubectl: Kubectl, api: TimekeeperApi
+) -> None:
+    """The tenant relabels a running pod of its ReplicaSet: the controller releases it (drops its
+    ownerReference) and makes another; the released pod was a bare pod to the pass, never evicted."""
+    namespace = tenant.namespace
+    api.set_budget(namespace, 1000)
+    wait_for_admission_state(kubectl, namespace, "in_budget")
+    tenant.kubectl.create(replica_set(namespace, "web"))
+    wait_until(lambda: pods(kubectl, namespace, "web"), timeout=30, what="the ReplicaSet's pod")
+    [first] = pods(kubectl, namespace, "web")
+    name = first["metadata"]["name"]
+    mark_running(kubectl, namespace, name)
+    api.set_budget(namespace, 0)
+    wait_for_admission_state(kubectl, namespace, "exhausted")
+
+    tenant.kubectl.run("label", "pod", name, "-n", namespace, "app=released", "--overwrite")
+    wait_until(
+        lambda: not kubectl.json("get", "pod", name, "-n", namespace)["metadata"].get("ownerReferences"),
+        timeout=30,
+        what="the ReplicaSet releasing the pod",
+    )
+    api.set_budget(namespace, 0, running_pod_action="evict")
+
+    wait_until(lambda: not pods(kubectl, namespace, "released"), timeout=30, what="the released pod evicted")
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ terminationGracePeriodSeconds it was admitted with in budget."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -128,3 +128,50 @@ async def test_a_pod_made_anew_under_the_name_is_not_deleted_in_its_place(
     assert result.deleted == []
     assert apiserver.get("v1", "Pod", "team-a", "guarded")["metadata"]["uid"] == anew["metadata"]["uid"]
     assert not deleting(apiserver, "team-a", "guarded")
+
+
+async def test_a_pod_its_tenant_orphans_is_downgraded_with_its_workload(
+    apiserver: KubeApiServer, reconciler: Reconciler, sessionmaker
+):
+    """The tenant drops a running pod's ownerReferences (or has its ReplicaSet release it by a label):
+    what it was admitted as, the webhook's protected annotation, still says it is no bare pod."""
+    gpu_pod(apiserver, "team-a", "orphan", controlled=False, workload="ReplicaSet/web")
+    gpu_pod(apiserver, "team-a", "bare", controlled=False, workload="Pod/bare")
+    await _exhaust(apiserver, reconciler, sessionmaker, "team-a", running_pod_action="evict")
+
+    result = await reconciler.run_pass()
+
+    assert ("team-a", "orphan") in result.evicted
+    assert ("team-a", "bare") not in result.evicted
+
+
+@pytest.mark.parametrize(
+    ("priority_class", "action", "shortened"),
+    [
+        ("gpu-over-budget", "none", True),  # a reduced pod, whatever the action
+        ("gpu-in-budget", "evict", True),  # due for downgrade
+        ("gpu-in-budget", "none", False),  # in its class by the namespace's own policy
+    ],
+)
+async def test_a_tenants_own_long_deletion_is_shortened_to_the_bounded_grace(
+    apiserver: KubeApiServer,
+    reconciler: Reconciler,
+    sessionmaker,
+    clock: ManualClock,
+    priority_class: str,
+    action: str,
+    shortened: bool,
+):
+    """`kubectl delete --grace-period=31536000 --wait=false`: the pod would run on, terminating, for a
+    year; the scheduler does not preempt around a terminating pod."""
+    gpu_pod(apiserver, "team-a", "lingering", labels={"app": "lingering"}, priority_class=priority_class)
+    await _exhaust(apiserver, reconciler, sessionmaker, "team-a", running_pod_action=action)
+    apiserver.remove("v1", "Pod", "team-a", "spender")
+    apiserver.delete_pod("team-a", "lingering", YEAR)
+    clock.set(datetime.now(UTC))  # the API server's clock: a deletion's end is its own time
+    await sync(reconciler)
+
+    result = await reconciler.run_pass()
+
+    assert (result.shortened == [("team-a", "lingering")]) is shortened
+    assert grace(apiserver, "lingering") == (30 if shortened else YEAR)

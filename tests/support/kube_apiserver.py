@@ -42,7 +42,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -559,6 +559,13 @@ class KubeApiServer:
         with self._cond:
             self._delete(_KINDS[api_version.rpartition("/")[0], kind], namespace, name, graceful=False)
 
+    def delete_pod(self, namespace: str, name: str, grace_period_seconds: int) -> None:
+        """What a client's DELETE of the pod with this gracePeriodSeconds does."""
+        with self._cond:
+            self._delete(
+                _KINDS["", "Pod"], namespace, name, options={"gracePeriodSeconds": grace_period_seconds}
+            )
+
     def finish_pod_deletion(self, namespace: str, name: str) -> None:
         """What the kubelet does once a gracefully deleted pod's containers have stopped."""
         self.remove("v1", "Pod", namespace, name)
@@ -645,11 +652,14 @@ class KubeApiServer:
         if wanted_uid is not None and wanted_uid != obj["metadata"]["uid"]:
             raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: {wanted_uid}")
         if graceful and rtype.plural == "pods" and self._deletes_gracefully(obj):
-            if "deletionTimestamp" not in obj["metadata"]:
-                grace = options.get("gracePeriodSeconds")
-                if grace is None:
-                    grace = (obj.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
-                obj["metadata"]["deletionTimestamp"] = _now()
+            # The deletionTimestamp is when the grace ends; a second DELETE may shorten it, never lengthen.
+            grace = options.get("gracePeriodSeconds")
+            if grace is None:
+                grace = (obj.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+            current = obj["metadata"].get("deletionGracePeriodSeconds")
+            if current is None or grace < current:
+                ends = datetime.now(UTC) + timedelta(seconds=grace)
+                obj["metadata"]["deletionTimestamp"] = ends.strftime("%Y-%m-%dT%H:%M:%SZ")
                 obj["metadata"]["deletionGracePeriodSeconds"] = grace
                 self._bump(rtype, namespace, "MODIFIED", obj)
             return copy.deepcopy(obj)

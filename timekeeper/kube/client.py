@@ -135,7 +135,6 @@ def pod_info(raw: JSON) -> PodInfo:
         started_at=_parse_time(status.get("startTime")),
         finished_at=max(known_finishes) if phase in ("Succeeded", "Failed") and known_finishes else None,
         deleting_since=_parse_time(meta.get("deletionTimestamp")),
-        has_controller=any(ref.get("controller") for ref in meta.get("ownerReferences") or []),
         raw=raw,
     )
 

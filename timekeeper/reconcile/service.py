@@ -58,6 +58,8 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 NODE_LABEL_TTL = timedelta(minutes=10)
 # A sequence number no sidecar reaches; coverage, not the number, is what prevents double charging.
 RECONCILER_SEQ = 2**62
+# How far the API server's clock may run ahead of ours before a deletion's end looks too late.
+TERMINATION_SLACK = timedelta(minutes=1)
 
 _TRANSITION_EVENTS: dict[BudgetState, tuple[str, str]] = {
     "exhausted": ("GPUBudgetExhausted", "Warning"),
@@ -78,6 +80,7 @@ class PassResult:
     evicted: list[tuple[str, str]] = field(default_factory=list)
     blocked: list[tuple[str, str]] = field(default_factory=list)  # by a PodDisruptionBudget
     deleted: list[tuple[str, str]] = field(default_factory=list)  # past the PDB patience
+    shortened: list[tuple[str, str]] = field(default_factory=list)  # terminating with too long a grace
     deferred: list[tuple[str, str]] = field(default_factory=list)  # past the pass's eviction limit
     kueue_lowered: list[tuple[str, str]] = field(default_factory=list)  # Workloads (reconcile/kueue.py)
     kueue_restored: list[tuple[str, str]] = field(default_factory=list)
@@ -95,6 +98,7 @@ class PassResult:
             "evicted": [list(pod) for pod in self.evicted],
             "blocked": [list(pod) for pod in self.blocked],
             "deleted": [list(pod) for pod in self.deleted],
+            "shortened": [list(pod) for pod in self.shortened],
             "deferred": [list(pod) for pod in self.deferred],
             "kueue_lowered": [list(workload) for workload in self.kueue_lowered],
             "kueue_restored": [list(workload) for workload in self.kueue_restored],
@@ -244,6 +248,7 @@ class Reconciler:
         self._count_pods(reports, result)
         await self._announce(states, result)
         await self._downgrade(evicting, result)
+        await self._bound_terminations(evicting, result)
         await self.kueue.run(result.kueue_lowered, result.kueue_restored)
         await self._apply_quotas(limits, result)
         return result
@@ -546,28 +551,17 @@ class Reconciler:
         reduced class. A workload goes whole or not at all: a gang missing some pods holds GPUs without
         progress. Through the Eviction API (PodDisruptionBudgets honoured, for a bounded time: see
         `_evict_workload`), with a grace of at most `over_budget_max_grace_seconds`; bare pods only when
-        configured; at most `evictions_per_pass` workloads per pass, the longest-running first."""
-        if not evicting:
-            return
-        reduced = self.settings.over_budget_priority_class
+        configured, a bare pod being one admitted bare (the webhook's protected workload annotation: the
+        tenant may drop a running pod's ownerReferences, or have its controller release it, but not
+        that); at most `evictions_per_pass` workloads per pass, the longest-running first."""
         workloads: dict[tuple[str, str], list[TrackedPod]] = {}
         for pod in self.registry.pods():
             info = pod.info
-            exempt = evicting.get(info.namespace)
-            if (
-                exempt is None
-                or pod.ended_at is not None
-                or info.ended
-                or info.deleting_since is not None
-                or not self._holds_gpus(pod)
-            ):
+            if info.deleting_since is not None or not self._above_reduced(pod, evicting):
                 continue
-            priority_class = (info.raw.get("spec") or {}).get("priorityClassName")
-            exempt_here = is_exempt(priority_class, info.namespace, exempt, self.settings.exempt_namespaces)
-            if priority_class == reduced or exempt_here:
-                continue
-            if info.has_controller or self.settings.evict_bare_pods:
-                workloads.setdefault(workload_key(info), []).append(pod)
+            key = workload_key(info)
+            if not key[1].startswith("Pod/") or self.settings.evict_bare_pods:
+                workloads.setdefault(key, []).append(pod)
         now = self.clock.now()
         due = {pod.info.uid for pods in workloads.values() for pod in pods}
         self._due_since = {uid: self._due_since.get(uid, now) for uid in due}
@@ -593,6 +587,58 @@ class Reconciler:
                         "namespace": pods[0].info.namespace,
                         "pods": [p.info.name for p in pods],
                         "error": str(error),
+                    },
+                )
+
+    def _above_reduced(self, pod: TrackedPod, evicting: dict[str, frozenset[str]]) -> bool:
+        """A GPU pod not ended, of a namespace that evicts, neither at the reduced class nor at a class
+        its priority policy exempts there."""
+        info = pod.info
+        exempt = evicting.get(info.namespace)
+        if exempt is None or pod.ended_at is not None or info.ended or not self._holds_gpus(pod):
+            return False
+        priority_class = (info.raw.get("spec") or {}).get("priorityClassName")
+        return priority_class != self.settings.over_budget_priority_class and not is_exempt(
+            priority_class, info.namespace, exempt, self.settings.exempt_namespaces
+        )
+
+    async def _bound_terminations(self, evicting: dict[str, frozenset[str]], result: PassResult) -> None:
+        """A pod being deleted runs until its deletion's grace ends, and a tenant chooses that grace with
+        its own DELETE (a year, say), beyond its spec's: the scheduler waits for a terminating pod rather
+        than preempt another, and `_downgrade` skips it. A GPU pod at the reduced class, or one due for
+        downgrade, whose deletion ends more than `over_budget_max_grace_seconds` (and a minute's slack
+        for clocks) from now is deleted again with that grace: the API server shortens a deletion's
+        grace, never lengthens it."""
+        cap = self.settings.over_budget_max_grace_seconds
+        limit = self.clock.now() + timedelta(seconds=cap) + TERMINATION_SLACK
+        for pod in self.registry.pods():
+            info = pod.info
+            ends = info.deleting_since  # the deletionTimestamp: when the grace ends
+            if ends is None or ends <= limit or pod.ended_at is not None or info.ended:
+                continue
+            reduced = (info.raw.get("spec") or {}).get("priorityClassName") == (
+                self.settings.over_budget_priority_class
+            )
+            if not (reduced and self._holds_gpus(pod)) and not self._above_reduced(pod, evicting):
+                continue
+            try:
+                shortened = await self.kube.delete_pod(info.namespace, info.name, info.uid, cap)
+            except KubeError as error:
+                log.warning(
+                    "downgrade_failed",
+                    extra={"namespace": info.namespace, "pods": [info.name], "error": str(error)},
+                )
+                continue
+            if shortened:
+                result.shortened.append((info.namespace, info.name))
+                self.downgrade_metrics.pods.labels(outcome="grace_shortened").inc()
+                log.warning(
+                    "termination_grace_shortened",
+                    extra={
+                        "namespace": info.namespace,
+                        "pod": info.name,
+                        "deletion_ended_at": ends.isoformat(),
+                        "grace_seconds": cap,
                     },
                 )
 

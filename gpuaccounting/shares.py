@@ -48,6 +48,7 @@ class Rule(StrEnum):
     TOKEN_VOLUME_MOUNT = "token-volume-mount"
     SIDECAR_REQUIRED = "sidecar-required"
     PROTECTED_SHARE_INPUTS = "protected-share-inputs"
+    REDUCED_GRACE = "reduced-grace"  # a reduced-class GPU pod's grace above the cap
     # Not a rule that may be disabled: the floor is lowered in the hardware file (`minimum_shares`).
     MINIMUM_SHARE = "minimum-share"
 

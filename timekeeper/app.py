@@ -127,7 +127,7 @@ async def leader_work(
 
         reconciler = await build_reconciler(settings, sessionmaker, clock)
         jobs, services = (*jobs, reconcile_job(reconciler)), (*services, reconciler)
-        collectors = (*collectors, reconciler.pod_metrics)
+        collectors = (*collectors, reconciler.pod_metrics, reconciler.downgrade_metrics)
     if settings.gitops:
         from timekeeper.gitops.sync import build_gitops_sync
 

@@ -18,6 +18,8 @@ REPORT_RESULTS = ("charged", "duplicate", "rejected")
 BATCH_FAILURE_REASONS = ("outage", "refused")
 GITOPS_OUTCOMES = ("ok", "error")
 GITOPS_ACTIONS = ("applied", "released")
+DOWNGRADE_OUTCOMES = ("evicted", "blocked_by_pdb", "deleted_past_pdb", "grace_shortened")
+KUEUE_TRIGGERS = ("pass", "watch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,4 +266,32 @@ class GitOpsMetrics(Collector):
 
     def collect(self) -> Iterator[Metric]:
         for metric in (self.passes, self.changes, self.not_ready):
+            yield from metric.collect()
+
+
+class DowngradeMetrics(Collector):
+    """What the reconciler did to an exhausted namespace's running work (on the leader; a follower
+    exports zeros): pods evicted, refused by a PodDisruptionBudget, deleted once the PDB's patience was
+    spent, or deleted again to shorten a tenant's own long deletion grace; Kueue Workloads lowered by a
+    pass or, as soon as they changed, by the Workload watch."""
+
+    def __init__(self) -> None:
+        self.pods = Counter(
+            "timekeeper_downgraded_pods",
+            "Downgrades of running GPU pods by outcome (evicted, blocked_by_pdb, deleted_past_pdb, "
+            "grace_shortened)",
+            ["outcome"],
+            registry=None,
+        )
+        start_at_zero(self.pods, outcome=DOWNGRADE_OUTCOMES)
+        self.kueue_lowered = Counter(
+            "timekeeper_kueue_workloads_lowered",
+            "Kueue Workloads lowered to the reduced priority, by trigger (pass, watch)",
+            ["trigger"],
+            registry=None,
+        )
+        start_at_zero(self.kueue_lowered, trigger=KUEUE_TRIGGERS)
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in (self.pods, self.kueue_lowered):
             yield from metric.collect()

@@ -260,6 +260,20 @@ class Settings(BaseSettings):
         "measured charge basis. A report carries a pod's token, which a tenant may hold: off, a report "
         "is charged by allocation whatever its figures (docs/billing.md, 'What a report cannot lower').",
     )
+    # Downgrades a tenant cannot stall (docs/timekeeper.md, "Bounded downgrades").
+    downgrade_pdb_patience_seconds: float = Field(
+        default=600.0,
+        ge=0,
+        description="How long a PodDisruptionBudget may refuse a workload's downgrade eviction; after it "
+        "the workload's pods are deleted (a DELETE no PodDisruptionBudget can refuse).",
+    )
+    over_budget_max_grace_seconds: int = Field(
+        default=30,
+        ge=0,
+        description="The longest grace a downgraded pod is given (its eviction or deletion passes it when "
+        "the pod's own terminationGracePeriodSeconds is longer); the webhook's "
+        "WEBHOOK_OVER_BUDGET_MAX_GRACE_SECONDS caps a reduced pod's at admission.",
+    )
 
     @field_validator(
         "admin_token_sha256",

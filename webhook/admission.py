@@ -146,6 +146,8 @@ class Admission:
             refused=reuse.refused,
         )
         decision.apply(spec)
+        if (grace := governance.capped_grace(spec, self.settings)) is not None:
+            spec["terminationGracePeriodSeconds"] = grace
         share_text = format_share(share.share)
         metadata["annotations"] = {
             **{key: value for key, value in annotations.items() if key not in BOUND_ANNOTATIONS},
@@ -184,9 +186,10 @@ class Admission:
             found = governance.on_update(request, self.settings, self.hardware.catalogue)
         else:
             namespace = self._namespace(request, pod)
-            found = governance.on_create(
-                pod, self.read(pod, namespace), self.cache.view(namespace), self.sidecar
-            )
+            share = self.read(pod, namespace)
+            found = governance.on_create(pod, share, self.cache.view(namespace), self.sidecar)
+            if share.uses_gpu:
+                found.extend(governance.reduced_grace(pod, self.settings))
         if (label := self.gangs.pod_label_violation(request)) is not None:
             found.append(label)
         return found

@@ -148,6 +148,36 @@ def sidecar_session(request: AdmissionRequest) -> list[Violation]:
     ]
 
 
+def capped_grace(spec: Mapping[str, Any], settings: WebhookSettings) -> int | None:
+    """The cap, where a GPU pod at the reduced class has a longer terminationGracePeriodSeconds (None:
+    within it, or another class). Preemption waits out its victim's grace: the reduced class must free
+    the GPU within a bounded time, or it would mean nothing to the in-budget team waiting for it."""
+    if spec.get("priorityClassName") != settings.over_budget_priority_class:
+        return None
+    own = spec.get("terminationGracePeriodSeconds", names.DEFAULT_TERMINATION_GRACE_SECONDS)
+    cap = settings.over_budget_max_grace_seconds
+    if isinstance(own, int) and not isinstance(own, bool) and own <= cap:
+        return None
+    return cap
+
+
+def reduced_grace(pod: Mapping[str, Any], settings: WebhookSettings) -> list[Violation]:
+    """A later mutation (another webhook's, after ours) may not lengthen a reduced pod's grace again."""
+    spec = _spec(pod)
+    cap = capped_grace(spec, settings)
+    if cap is None:
+        return []
+    return [
+        Violation(
+            Rule.REDUCED_GRACE,
+            f"a GPU pod at PriorityClass {settings.over_budget_priority_class} frees its GPU within {cap} s"
+            f" of its preemption (WEBHOOK_OVER_BUDGET_MAX_GRACE_SECONDS); set at most {cap}",
+            resource="terminationGracePeriodSeconds",
+            value=shorten(repr(spec.get("terminationGracePeriodSeconds"))),
+        )
+    ]
+
+
 def _sidecar_problems(
     sidecar: Mapping[str, Any], share: PodShare, volumes: list[Any], template: SidecarTemplate
 ) -> list[str]:

@@ -40,7 +40,13 @@ GPU_RESOURCES = [
     "volcano.sh/vgpu-number",
     "volcano.sh/vgpu-memory",
 ]
-OTHER_RESOURCES = ["cpu", "memory", "ephemeral-storage", "intel.com/sriov_netdevice", "rdma/hca_shared_devices_a"]
+OTHER_RESOURCES = [
+    "cpu",
+    "memory",
+    "ephemeral-storage",
+    "intel.com/sriov_netdevice",
+    "rdma/hca_shared_devices_a",
+]
 
 
 def pod(

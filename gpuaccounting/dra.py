@@ -22,8 +22,13 @@ from gpuaccounting.shares import (
     mig_gpu_slices,
 )
 
-# A quoted MIG profile in a selector's CEL (`...attributes['gpu.nvidia.com'].profile == '1g.10gb'`).
-_QUOTED_PROFILE: Final = re.compile(r"""['"]((?:[0-9]{1,2}c\.)?[0-9]{1,2}g\.[0-9]{1,4}gb[^'"]{0,32})['"]""")
+# A selector's CEL that pins a MIG device's profile: `device.attributes['gpu.nvidia.com'].profile ==
+# '1g.10gb'`, alone or as one conjunct of an `&&` chain. The tenant writes the CEL: an expression with `||`,
+# `!`, `?` or parentheses may admit a larger profile than the one it quotes, so it pins nothing.
+_PINNED_PROFILE: Final = re.compile(
+    r"""^device\.attributes\[\s*['"]gpu\.nvidia\.com['"]\s*\]\.profile\s*==\s*['"]([^'"]{1,64})['"]$"""
+)
+_NOT_A_CONJUNCTION: Final = re.compile(r"""\|\||!|\?|\(|\)""")
 # `device.driver == 'gpu.nvidia.com'` in a DeviceClass's selector: a class the catalogue does not name
 # that selects a GPU driver's devices is that driver's GPU class.
 _DRIVER: Final = re.compile(r"""device\.driver\s*==\s*['"]([^'"]{1,253})['"]""")
@@ -54,6 +59,17 @@ def class_drivers(device_class: Mapping[str, Any]) -> frozenset[str]:
         if isinstance(expression, str):
             found.update(_DRIVER.findall(expression))
     return frozenset(found)
+
+
+def pinned_profile(expression: object) -> str | None:
+    """The MIG profile a selector's CEL expression pins every device it admits to; None where it pins
+    none (`||`, `!`, a ternary or parentheses anywhere, or no profile equality among its `&&` parts)."""
+    if not isinstance(expression, str) or _NOT_A_CONJUNCTION.search(expression):
+        return None
+    for part in expression.split("&&"):
+        if found := _PINNED_PROFILE.match(part.strip()):
+            return found.group(1)
+    return None
 
 
 def claim_refs(pod: Mapping[str, Any]) -> list[ClaimRef]:
@@ -138,13 +154,12 @@ class _ClaimReader:
         return min(max(fractions), Fraction(1))
 
     def mig_fraction(self, request: Mapping[str, Any]) -> Fraction:
+        """The profile the request's selectors pin (each selector must hold), else a whole GPU."""
         slices = self.hardware.mig_slices_per_gpu
         held = [
             mig_gpu_slices(profile, slices) or slices
             for selector in _list(request.get("selectors"))
-            for profile in _QUOTED_PROFILE.findall(
-                str(_mapping(_mapping(selector).get("cel")).get("expression", ""))
-            )
+            if (profile := pinned_profile(_mapping(_mapping(selector).get("cel")).get("expression")))
         ]
         return Fraction(max(held, default=slices), slices)
 

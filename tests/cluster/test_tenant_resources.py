@@ -1,6 +1,7 @@
 """What decides whether something is a GPU at all (issue 37, points 5 and 8), replayed by a hostile tenant: a
-member of its namespace with only the built-in `edit` role (granted resource.k8s.io claims and templates, as
-1.34's `edit` is), the namespace's budget exhausted, on the real API server.
+member of its namespace with only the built-in `edit` role (aggregated with resource.k8s.io claims and
+templates, as a cluster offering DRA to its tenants grants them), the namespace's budget exhausted, on the
+real API server.
 
 - A claim the tenant annotates `resource.kubernetes.io/extended-resource-claim` (itself, or through its
   template's spec.metadata) is charged: only the pod's status, which the scheduler writes, says a claim is
@@ -39,8 +40,8 @@ from tests.support.dra import DEVICE_CLASSES, SINGLE_GPU, claim, template
 from tests.support.pods import container, pod
 from tests.support.processes import wait_until
 
-# As 1.34's bootstrap policy aggregates into `edit` (1.20's has no resource.k8s.io): a namespace's members
-# write claims and templates, never a claim's status (the scheduler's) nor DeviceClasses (the admin's).
+# What a cluster offering DRA to its tenants aggregates into `edit`: a namespace's members write claims and
+# templates, never a claim's status (the scheduler's) nor DeviceClasses (the admin's).
 DRA_EDIT_ROLE = {
     "apiVersion": "rbac.authorization.k8s.io/v1",
     "kind": "ClusterRole",

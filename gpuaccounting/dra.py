@@ -22,13 +22,18 @@ from gpuaccounting.shares import (
     mig_gpu_slices,
 )
 
-# A selector's CEL that pins a MIG device's profile: `device.attributes['gpu.nvidia.com'].profile ==
-# '1g.10gb'`, alone or as one conjunct of an `&&` chain. The tenant writes the CEL: an expression with `||`,
-# `!`, `?` or parentheses may admit a larger profile than the one it quotes, so it pins nothing.
+# A selector's CEL that pins a MIG device's profile. The tenant writes the CEL, and a quoted profile can be
+# neutralised (`|| true`, `!=`, a ternary, a comment, a list literal around it), so only a whole expression
+# of plain equalities joined by `&&` pins one: `device.attributes['gpu.nvidia.com'].profile == '1g.10gb'`,
+# beside e.g. `device.attributes['gpu.nvidia.com'].type == 'mig'` or `device.driver == 'gpu.nvidia.com'`.
+_QUOTED: Final = r"""(?:'[^'\\\n]*'|"[^"\\\n]*")"""
+_ATTRIBUTE: Final = rf"""attributes\[\s*{_QUOTED}\s*\]\.[A-Za-z][A-Za-z0-9_]*"""
+_EQUALITY: Final = rf"""device\.(?:driver|{_ATTRIBUTE})\s*==\s*{_QUOTED}"""
+_CONJUNCTION: Final = re.compile(rf"""^\s*{_EQUALITY}(?:\s*&&\s*{_EQUALITY})*\s*$""")
+_CONJUNCT: Final = re.compile(rf"""\s*(?:&&\s*)?({_EQUALITY})""")
 _PINNED_PROFILE: Final = re.compile(
-    r"""^device\.attributes\[\s*['"]gpu\.nvidia\.com['"]\s*\]\.profile\s*==\s*['"]([^'"]{1,64})['"]$"""
+    r"""device\.attributes\[\s*['"]gpu\.nvidia\.com['"]\s*\]\.profile\s*==\s*['"]([^'"]{1,64})['"]"""
 )
-_NOT_A_CONJUNCTION: Final = re.compile(r"""\|\||!|\?|\(|\)""")
 # `device.driver == 'gpu.nvidia.com'` in a DeviceClass's selector: a class the catalogue does not name
 # that selects a GPU driver's devices is that driver's GPU class.
 _DRIVER: Final = re.compile(r"""device\.driver\s*==\s*['"]([^'"]{1,253})['"]""")
@@ -62,13 +67,15 @@ def class_drivers(device_class: Mapping[str, Any]) -> frozenset[str]:
 
 
 def pinned_profile(expression: object) -> str | None:
-    """The MIG profile a selector's CEL expression pins every device it admits to; None where it pins
-    none (`||`, `!`, a ternary or parentheses anywhere, or no profile equality among its `&&` parts)."""
-    if not isinstance(expression, str) or _NOT_A_CONJUNCTION.search(expression):
+    """The MIG profile a selector's CEL expression pins every device it admits to: one of its equalities,
+    where the whole expression is plain equalities joined by `&&`; None otherwise."""
+    if not isinstance(expression, str) or not _CONJUNCTION.match(expression):
         return None
-    for part in expression.split("&&"):
-        if found := _PINNED_PROFILE.match(part.strip()):
-            return found.group(1)
+    position = 0
+    while conjunct := _CONJUNCT.match(expression, position):  # in order, so a quoted `&&` stays quoted
+        position = conjunct.end()
+        if pinned := _PINNED_PROFILE.fullmatch(conjunct.group(1)):
+            return pinned.group(1)
     return None
 
 

@@ -83,9 +83,9 @@ _MIG_PROFILE: Final = re.compile(
     rf"^(?:([0-9]{{1,2}})c\.)?([0-9]{{1,2}})g\.[0-9]{{1,4}}gb(?:[+.-]{_ATTRIBUTE}(?:,{_ATTRIBUTE})*)?$"
 )
 # An NVIDIA vGPU type as the sandbox device plugin names it (blanks as `_`): `NVIDIA_A10-12Q` (12 GB of an
-# A10, Q-series), `GRID_T4-1B4`, a MIG-backed `NVIDIA_A100-2-10C` (2 slices, 10 GB).
+# A10, Q-series), `GRID_T4-1B4`, a MIG-backed `NVIDIA_A100-2-10C` (2 slices, 10 GB) or `-1-5CME`.
 _VGPU_TYPE: Final = re.compile(
-    r"^(?:NVIDIA|GRID)_([A-Z0-9]{1,16})-(?:([0-9]{1,2})-)?([0-9]{1,3})[A-Z][0-9]?$"
+    r"^(?:NVIDIA|GRID)_([A-Z0-9]{1,16})-(?:([0-9]{1,2})-)?([0-9]{1,3})[A-Z]{1,4}[0-9]?$"
 )
 
 # Plain `nvidia.com/gpu` is the device count that HAMi and MIG pods use too, so it joins either system.

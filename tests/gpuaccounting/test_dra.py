@@ -78,6 +78,10 @@ PROFILE = "device.attributes['gpu.nvidia.com'].profile"
         (f"{PROFILE} == '7g.80gb' ? true : {PROFILE} == '1g.10gb'", Fraction(1)),
         (f"{PROFILE}.startsWith('1g.10gb')", Fraction(1)),
         (f"'1g.10gb' in [{PROFILE}, 'x'] || {PROFILE} == '1g.10gb'", Fraction(1)),
+        (f"[true, false && {PROFILE} == '1g.10gb' && true][0]", Fraction(1)),
+        (f"true // && {PROFILE} == '1g.10gb'", Fraction(1)),
+        (f"{PROFILE} == '1g.10gb' == false", Fraction(1)),
+        (f"device.driver == \"{PROFILE} == '1g.10gb'\"", Fraction(1)),
     ],
 )
 def test_a_mig_request_counts_the_profile_its_selector_pins_every_device_to(

@@ -209,6 +209,7 @@ def test_the_schedulers_claim_for_a_pods_extended_resource_is_left_to_the_pods_s
             [tracked("pod-a", "1", {**EXTENDED_STATUS, "resourceClaimName": "other"})],
             "the pod's status names another claim",
         ),
+        ([tracked("pod-a", "0.25", EXTENDED_STATUS)], "a time-sliced share below the whole device given"),
     ],
 )
 def test_any_other_claim_is_charged(pods: list[TrackedPod], why: str):

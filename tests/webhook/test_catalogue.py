@@ -114,6 +114,7 @@ def test_mig_media_extension_names_are_admitted_at_their_profiles_share(
         ("nvidia.com/NVIDIA_A10-12Q", "1", "nvidia-vgpu"),  # 12 of the A10's 24 GB, twice
         ("nvidia.com/GRID_T4-4Q", "0.5", "nvidia-vgpu"),
         ("nvidia.com/NVIDIA_A100-3-20C", "0.857143", "nvidia-vgpu"),  # MIG-backed: 3 of 7 slices, twice
+        ("nvidia.com/NVIDIA_A100-1-5CME", "0.285714", "nvidia-vgpu"),  # with media extensions
     ],
 )
 def test_sandbox_and_vgpu_names_are_gpus_at_their_share(

@@ -242,10 +242,15 @@ class ClaimConsumers:
 
     def charged_to_pods(self, claim: TrackedClaim, users: list[TrackedPod]) -> bool:
         """Whether the claim is the scheduler's for its consumers' extended resources, which their admitted
-        shares count: every consumer is a pod the scheduler made it for. A claim any other pod uses (one
-        made again under a freed name, say) is the claim's to charge."""
+        shares count: every consumer is a pod the scheduler made it for, and their shares are at least
+        the claim's devices (a time-sliced `nvidia.com/gpu` counted 1/4 may be given a whole device by a
+        DRA driver). A claim any other pod uses (one made again under a freed name, say) is the claim's."""
         made_for = self._extended.get((claim.namespace, claim.name), set())
-        return bool(users) and all(pod.info.uid in made_for for pod in users)
+        if not users or not all(pod.info.uid in made_for for pod in users):
+            return False
+        return sum((part.share for part in claim.parts), Decimal(0)) <= sum(
+            (pod.share for pod in users), Decimal(0)
+        )
 
 
 def ran(pods: Iterable[TrackedPod], until: datetime) -> list[Interval]:

@@ -24,6 +24,8 @@ from webhook.state import BudgetStateCache
 from webhook.workloads import BOUND_ANNOTATIONS, WorkloadClasses
 
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
+# Who makes mirror pods: a kubelet, as the Node authorizer names it (`system:node:<node>`).
+NODE_USERNAME_PREFIX: Final = "system:node:"
 CONTAINER_CAP_RULE: Final = "max-containers"
 
 SKIPPED: Final = AdmissionResponse("skipped")
@@ -31,9 +33,13 @@ NON_GPU: Final = AdmissionResponse("non_gpu")
 ALLOWED: Final = AdmissionResponse("allowed")
 
 
-def _is_mirror(pod: dict[str, Any]) -> bool:
-    """A kubelet's static pod: it runs whatever we answer, and may not carry ServiceAccount tokens."""
-    return MIRROR_POD_ANNOTATION in ((pod.get("metadata") or {}).get("annotations") or {})
+def _is_mirror(request: AdmissionRequest, pod: dict[str, Any]) -> bool:
+    """A kubelet's static pod: it runs whatever we answer, and may not carry ServiceAccount tokens. The
+    annotation alone is anyone's to write (a tenant's pod with it and a `nodeName` is stored as asked), so
+    only a node's request makes a mirror pod."""
+    return request.username.startswith(NODE_USERNAME_PREFIX) and MIRROR_POD_ANNOTATION in (
+        (pod.get("metadata") or {}).get("annotations") or {}
+    )
 
 
 def _new_pod(request: AdmissionRequest) -> dict[str, Any] | None:
@@ -42,7 +48,7 @@ def _new_pod(request: AdmissionRequest) -> dict[str, Any] | None:
     pod = request.object
     if not request.is_pod or request.operation != "CREATE" or request.subresource or pod is None:
         return None
-    return None if _is_mirror(pod) else pod
+    return None if _is_mirror(request, pod) else pod
 
 
 def _describe_pod(request: AdmissionRequest, pod: dict[str, Any]) -> str:
@@ -161,7 +167,7 @@ class Admission:
             not request.is_pod
             or pod is None
             or request.operation not in ("CREATE", "UPDATE")
-            or _is_mirror(pod)
+            or _is_mirror(request, pod)
         ):
             return []
         if request.subresource == "ephemeralcontainers":

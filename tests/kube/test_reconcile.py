@@ -176,6 +176,21 @@ async def test_a_reporting_pod_is_charged_only_for_its_gaps(
     assert result.charged == {pod["metadata"]["uid"]: Decimal("4.000000000")}  # 2 minutes x 2 GPUs
 
 
+async def test_a_final_report_from_a_pod_still_running_does_not_end_its_charge(
+    apiserver: KubeApiServer, reconciler: Reconciler, sessionmaker, clock: ManualClock
+):
+    """`final` is the report's word (whoever holds the pod's token writes it), the pod's end is the
+    kubelet's: time after a final report is charged while the pod runs (issue 37's inventory)."""
+    started = START - timedelta(minutes=30)
+    pod = gpu_pod(apiserver, "team-a", "said-final", share="1", started_at=iso(started))
+    await report(sessionmaker, pod, started, 10, clock, final=True)
+    await sync(reconciler)
+
+    result = await reconciler.run_pass()
+
+    assert result.charged == {pod["metadata"]["uid"]: Decimal("15.000000000")}  # to the grace, 5 min ago
+
+
 async def test_an_ended_pod_is_closed_out_at_its_real_end_once(
     apiserver: KubeApiServer, reconciler: Reconciler, clock: ManualClock
 ):

@@ -229,8 +229,15 @@ def test_dry_run_answers_alike_and_leaves_no_trace(tls: Tls) -> None:
 def test_mirror_pods_of_static_pods_are_left_alone(webhook: Webhook) -> None:
     # The API server refuses ServiceAccount token volumes in mirror pods; the static pod runs regardless.
     mirror = pod(container("main", {"nvidia.com/gpu": 1}), annotations={"kubernetes.io/config.mirror": "abc"})
-    assert webhook.mutate(mirror).patch == []
-    assert webhook.validate(mirror).allowed
+    assert webhook.mutate(mirror, username="system:node:gpu-1").patch == []
+    assert webhook.validate(mirror, username="system:node:gpu-1").allowed
+
+
+def test_a_mirror_annotation_from_anyone_but_a_node_is_a_pod_like_any_other(webhook: Webhook) -> None:
+    """The annotation is the tenant's to write (issue 37's inventory): its pod is mutated and judged."""
+    marked = pod(container("main", {"nvidia.com/gpu": 1}), annotations={"kubernetes.io/config.mirror": "abc"})
+    assert webhook.mutate(marked).patch != []
+    assert not webhook.validate(marked).allowed  # no sidecar: denied
 
 
 def test_updates_deletes_and_subresources_are_not_mutated(webhook: Webhook) -> None:

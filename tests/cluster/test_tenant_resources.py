@@ -36,7 +36,7 @@ from tests.cluster.harness import (
     wait_for_admission_state,
 )
 from tests.cluster.test_dra import allocate, charged, publish, started
-from tests.support.dra import DEVICE_CLASSES, SINGLE_GPU, claim, template
+from tests.support.dra import DEVICE_CLASSES, EXTENDED_RESOURCE_CLAIM, SINGLE_GPU, claim, template
 from tests.support.pods import container, pod
 from tests.support.processes import wait_until
 
@@ -57,7 +57,6 @@ DRA_EDIT_ROLE = {
         }
     ],
 }
-EXTENDED_RESOURCE_CLAIM = "resource.kubernetes.io/extended-resource-claim"
 
 
 def gone(kubectl: Kubectl, references: list[str]) -> bool:

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionm
 
 from tests.kube.factories import dra_pod, gpu_pod, resource_claim, resource_slice
 from tests.kube.test_reconcile import GRACE, _exhaust, iso, sync
+from tests.support.dra import EXTENDED_RESOURCE_CLAIM
 from tests.support.kube_apiserver import KubeApiServer
 from tests.timekeeper.conftest import START
 from timekeeper.clock import ManualClock
@@ -143,9 +144,6 @@ async def test_a_mig_claim_is_charged_its_profiles_fraction_at_its_parent_gpus_w
             sa.select(PodCoverage.gpu_model).where(PodCoverage.pod_uid == claim["metadata"]["uid"])
         )
     assert model == "NVIDIA-A100-SXM4-80GB"
-
-
-EXTENDED_RESOURCE_CLAIM = "resource.kubernetes.io/extended-resource-claim"
 
 
 async def test_an_extended_resource_backed_pod_is_charged_once_by_its_limit(

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from gpuaccounting.shares import GpuHardware
+from tests.support.dra import EXTENDED_RESOURCE_CLAIM
 from timekeeper.kube.client import pod_info
 from timekeeper.reconcile.claims import (
     ClaimConsumers,
@@ -146,9 +147,7 @@ def test_admin_access_devices_and_other_drivers_devices_charge_nothing():
 def test_a_claim_annotated_as_an_extended_resources_is_charged_as_any_claim():
     """The tenant writes its claim's annotations (or its template's spec.metadata, which the claim
     copies): `resource.kubernetes.io/extended-resource-claim` decides nothing."""
-    annotated = claim(
-        [result("gpu-0")], annotations={"resource.kubernetes.io/extended-resource-claim": "true"}
-    )
+    annotated = claim([result("gpu-0")], annotations={EXTENDED_RESOURCE_CLAIM: "true"})
 
     assert parts(annotated) == [ClaimPart("claim-uid", "NVIDIA-H100-80GB-HBM3", Decimal(1))]
 

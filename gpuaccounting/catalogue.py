@@ -95,14 +95,15 @@ DEFAULT_GPU_RESOURCE_PATTERNS: Final[Mapping[str, GpuEntry]] = {
     "nvidia.com/GRID_*": GpuEntry(SharingSystem.VGPU),
 }
 # What a GPU vendor's domain holds that is no GPU: the sandbox device plugin's other PCI functions of a
-# GPU board (`GA102_HIGH_DEFINITION_AUDIO_CONTROLLER`, USB and USB-C controllers), NVSwitches, and the
-# Network Operator's host-device NICs.
+# GPU board (`GA102_HIGH_DEFINITION_AUDIO_CONTROLLER`, USB and USB-C controllers), NVSwitches, the Network
+# Operator's host-device NICs, and HAMi's task priority (asked beside a HAMi pod's GPU resources).
 DEFAULT_NON_GPU_RESOURCES: Final = (
     "nvidia.com/*AUDIO_CONTROLLER",
     "nvidia.com/*_USB_*",
     "nvidia.com/*UCSI*",
     "nvidia.com/*NVSWITCH*",
     "nvidia.com/hostdev",
+    "nvidia.com/priority",
 )
 # Each vGPU board's framebuffer in GB, as NVIDIA's vGPU types size theirs (`A10-12Q`: 12 of the A10's 24).
 DEFAULT_VGPU_BOARD_MEMORY_GB: Final[Mapping[str, int]] = {

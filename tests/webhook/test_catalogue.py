@@ -147,8 +147,21 @@ def test_what_a_gpu_vendors_domain_holds_that_the_catalogue_does_not_know_is_den
 
 
 @pytest.mark.parametrize(
-    "resource", ["nvidia.com/GA102_HIGH_DEFINITION_AUDIO_CONTROLLER", "nvidia.com/hostdev"]
+    "resource",
+    ["nvidia.com/GA102_HIGH_DEFINITION_AUDIO_CONTROLLER", "nvidia.com/hostdev", "nvidia.com/priority"],
 )
 def test_a_gpu_vendors_resources_that_are_no_gpu_leave_the_pod_alone(webhook: Webhook, resource: str) -> None:
     original = pod(container("vm", {resource: 1}))
     assert webhook.admit(original) == original
+
+
+def test_hamis_task_priority_beside_its_gpu_resources_changes_no_share(webhook: Webhook) -> None:
+    """`nvidia.com/priority` is HAMi's task priority: under NVIDIA's domain, and no GPU."""
+    resources = {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 30, "nvidia.com/priority": 1}
+    patched = webhook.admit(pod(container("train", resources)))
+    annotations = patched["metadata"]["annotations"]
+    assert (annotations[names.ANNOTATION_GPU_SHARE], annotations[names.ANNOTATION_SHARING_SYSTEM]) == (
+        "0.3",
+        "hami",
+    )
+    assert webhook.validate(patched).allowed

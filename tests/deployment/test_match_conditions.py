@@ -26,6 +26,10 @@ GPU_RESOURCES = [
     "deviceclass.resource.kubernetes.io/gpu.nvidia.com",
     "nvidia.com/mig-1g.5gb",
     "nvidia.com/mig-3g.40gb",
+    "nvidia.com/mig-1g.10gb.me",
+    "nvidia.com/GA102GL_A10",
+    "nvidia.com/NVIDIA_A10-12Q",
+    "nvidia.com/2236",  # a passthrough GPU pci.ids does not name: denied by the webhook
     "nvidia.com/gpucores",
     "nvidia.com/gpumem",
     "tencent.com/vcuda-core",
@@ -36,7 +40,13 @@ GPU_RESOURCES = [
     "volcano.sh/vgpu-number",
     "volcano.sh/vgpu-memory",
 ]
-OTHER_RESOURCES = ["cpu", "memory", "ephemeral-storage", "nvidia.com/hostdev", "rdma/hca_shared_devices_a"]
+OTHER_RESOURCES = [
+    "cpu",
+    "memory",
+    "ephemeral-storage",
+    "intel.com/sriov_netdevice",
+    "rdma/hca_shared_devices_a",
+]
 
 
 def pod(

@@ -299,18 +299,20 @@ class Reconciler:
         self.claims.update(claims, slices, self.hardware)
         now = self.clock.now()
         until = now - timedelta(seconds=self.settings.silent_grace_seconds)
-        consumers = ClaimConsumers(self.registry.pods())
+        consumers = ClaimConsumers(self.registry.pods(), self.hardware.catalogue)
         holders: set[str] = set()
         plans: list[tuple[TrackedClaim, ClaimPart, list[Interval], bool]] = []
         finished: list[str] = []  # forgotten once their final charge is committed
         for uid, claim in self.claims.claims().items():
             users = consumers.of(claim)
             holders.update(pod.info.uid for pod in users)
-            spans = ran(users, until)
             final = not claim.listed and all(pod.ended_at is not None for pod in users)
-            plans.extend((claim, part, spans, final) for part in claim.parts if spans)
             if final:
                 finished.append(uid)
+            if consumers.charged_to_pods(claim, users):
+                continue  # the scheduler's claim for extended resources its pods' shares count
+            spans = ran(users, until)
+            plans.extend((claim, part, spans, final) for part in claim.parts if spans)
         self._claim_holders = holders
         flat = [(part.key, start, end) for _, part, spans, _ in plans for start, end in spans]
         async with self.sessionmaker() as session:

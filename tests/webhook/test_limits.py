@@ -18,7 +18,13 @@ import orjson
 import pytest
 
 from tests.support.admission_state_server import StateServer
-from tests.support.hostile_clients import api_server_timeout_seconds, beside_trickle, hold_plain_sockets
+from tests.support.hostile_clients import (
+    Hostile,
+    api_server_timeout_seconds,
+    beside_hostile,
+    hold_plain_sockets,
+    hostile_sources,
+)
 from tests.support.pods import container, pod, review
 from tests.support.processes import REPO_ROOT, free_port
 from tests.support.raw_https import is_open, open_tls, post, send_endless_body
@@ -282,8 +288,8 @@ def test_admissions_on_new_connections_pass_while_a_pod_trickles(
                 return answer.startswith(b"HTTP/1.1 200")
             return False
 
-        ca_pem = tls.ca_file.read_text()
-        outcomes, _ = asyncio.run(beside_trickle(port, ca_pem, clients, admission, 60))
+        hostile = Hostile("trickle", port, clients, ca_pem=tls.ca_file.read_text())
+        outcomes, _ = asyncio.run(beside_hostile(hostile, admission, 60))
 
     assert sum(outcomes) >= 0.99 * len(outcomes)
 

@@ -43,6 +43,14 @@ def api_server_timeout_seconds() -> float:
     return float(min(hook["timeoutSeconds"] for manifest in manifests for hook in manifest["webhooks"]))
 
 
+def image_malloc_env(image: str) -> dict[str, str]:
+    """The allocator settings `image` ("webhook", "timekeeper") runs with: its Dockerfile's `ENV MALLOC_...`
+    lines, so that a test's process has the image's memory behaviour."""
+    dockerfile = (REPO_ROOT / f"deployment/images/{image}.Dockerfile").read_text()
+    lines = [line.split(None, 1)[1] for line in dockerfile.splitlines() if line.startswith("ENV MALLOC_")]
+    return dict(line.split("=", 1) for line in lines)
+
+
 async def _connect(
     port: int, context: ssl.SSLContext | None, source: str
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

@@ -26,6 +26,7 @@ SOURCE_OVER_CAPACITY = "source_over_capacity"
 HEAD_TIMEOUT = "head_timeout"
 BODY_TIMEOUT = "body_timeout"
 IDLE_TIMEOUT = "idle_timeout"  # answered, and nothing more came within the keep-alive timeout
+WRITE_TIMEOUT = "write_timeout"  # the client took in none of a pending answer for the body's time
 HEADERS_TOO_LARGE_REASON = "headers_too_large"
 # A connection that gave way to a newcomer, by what the server was waiting on it for.
 GAVE_WAY_HEAD = "gave_way_head"
@@ -41,6 +42,7 @@ REASONS = (
     GAVE_WAY_HEAD,
     GAVE_WAY_BODY,
     GAVE_WAY_IDLE,
+    WRITE_TIMEOUT,
 )
 
 # Where the guard's parser is: between requests, in a request head, in its body.
@@ -150,6 +152,7 @@ class ConnectionGuard(asyncio.Protocol):
         self.head_bytes = 0
         self.framing_bytes = 0  # of the body being received, read since its last body byte
         self.body_read = False  # by the parser, in the read being parsed
+        self.writing_paused = False  # the transport's buffer is full: the client does not read
         self.handshake: asyncio.Future[None] | None = None
         self.early: list[bytes] = []  # what arrived after the TLS handshake, before start_tls returned
 
@@ -218,10 +221,18 @@ class ConnectionGuard(asyncio.Protocol):
         return self.inner.eof_received() if self.started else None
 
     def pause_writing(self) -> None:
+        """A client that reads no more of its answer holds uvicorn's answer (and the connection) until it
+        does: it gets the body's time to, unless a deadline runs already."""
+        self.writing_paused = True
+        if self.timer is None:
+            self._arm(self.limits.body_timeout_seconds, WRITE_TIMEOUT)
         if self.started:
             self.inner.pause_writing()
 
     def resume_writing(self) -> None:
+        self.writing_paused = False
+        if self.timer is not None and self.timer_reason == WRITE_TIMEOUT:
+            self._disarm()
         if self.started:
             self.inner.resume_writing()
 
@@ -234,8 +245,10 @@ class ConnectionGuard(asyncio.Protocol):
         return cycle is not None and not cycle.response_complete
 
     def waiting_on_client(self) -> bool:
-        """Whether the server waits on the client alone: for its TLS handshake, a head, a body, or (the
-        last answer sent) a next request."""
+        """Whether the server waits on the client alone: for its TLS handshake, a head, a body, to read
+        its answer, or (the last answer sent) a next request."""
+        if self.writing_paused:
+            return True
         return not (self.started and self.parser is not None and self.phase == IDLE and self._answering())
 
     def give_way(self) -> None:
@@ -325,8 +338,11 @@ class ConnectionGuard(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self.phase = IDLE
         self._disarm()
+        if self.writing_paused:
+            self._arm(self.limits.body_timeout_seconds, WRITE_TIMEOUT)
 
-    # The one deadline, for the head or the body being received, or an answered connection's next request.
+    # The one deadline: for the head or the body being received, an answer being taken in, or an answered
+    # connection's next request.
 
     def _arm(self, seconds: float, reason: str) -> None:
         self._disarm()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 
 import pytest
@@ -18,6 +19,7 @@ from gpuserving.connections import (
     HEADERS_TOO_LARGE_REASON,
     IDLE_TIMEOUT,
     OVER_CAPACITY,
+    WRITE_TIMEOUT,
     ConnectionLimits,
     GuardedHttp,
 )
@@ -43,9 +45,21 @@ GOOD = b"POST /echo HTTP/1.1\r\nHost: test\r\nContent-Length: 2\r\nConnection: c
 
 
 async def _app(scope: Scope, receive: Receive, send: Send) -> None:
-    """/answer-first answers 401 before reading the body (as an auth check does); any other path reads
-    the body whole and answers its size."""
+    """/answer-first answers 401 before reading the body (as an auth check does); /large answers 16 MiB
+    (an export); any other path reads the body whole and answers its size."""
     if scope["type"] != "http":
+        return
+    if scope["path"] == "/large":
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-length", b"%d" % (16 * MIB))],
+            }
+        )
+        for _ in range(16):
+            await send({"type": "http.response.body", "body": b"l" * MIB, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
         return
     size = 0
     if scope["path"] != "/answer-first":
@@ -229,3 +243,18 @@ async def test_a_small_trailer_and_a_chunked_body_in_small_chunks_pass() -> None
     assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"2000")
     assert still
     assert refused == []
+
+
+async def test_a_client_that_reads_none_of_its_answer_is_dropped_at_the_body_deadline() -> None:
+    """A GET of a large answer, never read: uvicorn waits to write it for ever (the connection and the
+    app's task held); the guard gives the client the body's time."""
+    refused: list[str] = []
+    async with _guarded(refused) as port:
+        with socket.socket() as client:
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            client.bind((hostile_sources(1)[0], 0))
+            client.connect(("127.0.0.1", port))
+            client.sendall(b"GET /large HTTP/1.1\r\nHost: test\r\n\r\n")  # and read nothing
+            await asyncio.sleep(LIMITS.body_timeout_seconds + 1.5)
+
+    assert refused == [WRITE_TIMEOUT]

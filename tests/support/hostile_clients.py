@@ -10,19 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import multiprocessing
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 from typing import Any
 
+import orjson
 import yaml
 
 from tests.support.raw_https import Connection, is_open
+from tests.support.timekeeper import report_body
 
 HOSTILE_SOURCE = "127.0.0.2"  # Linux routes all of 127/8 to the loopback
 MIB = 2**20
@@ -220,7 +224,7 @@ async def beside_hostile(
         stop.set()
         await asyncio.to_thread(child.join, 30 + max(hostile.checks, default=0))
         child.kill()
-    return outcomes, HostileOutcome(made.value, tuple(counts))
+    return outcomes, HostileOutcome(made.value, tuple(counts[:]))
 
 
 async def slow_heads(
@@ -331,3 +335,33 @@ async def plain_request(port: int, request: bytes, patience: float) -> int:
         return int(status.split(b" ", 2)[1])
     except (OSError, TimeoutError, IndexError, ValueError):
         return 0
+
+
+def good_timekeeper_requests(
+    port: int, reporter: str, reader: str, latencies: list[float] | None = None
+) -> Callable[[], Awaitable[bool]]:
+    """A sidecar's report and a budget read (`reader` may read team-a) in turn, each on a new connection
+    from 127.0.0.1, passed when answered 200 within 5 s (a stall's measure: a sidecar buffers and retries);
+    the seconds each took go to `latencies`."""
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=2)
+    calls = itertools.count()
+
+    async def good() -> bool:
+        index = next(calls)
+        began = time.perf_counter()
+        if index % 2:
+            head = f"GET /api/v1/namespaces/team-a/budget HTTP/1.1\r\nAuthorization: Bearer {reader}\r\n"
+            body = b""
+        else:
+            body = orjson.dumps(report_body(pod=f"good-{index}", pod_uid=f"uid-good-{index}", start=start))
+            head = (
+                f"POST /api/v1/reports HTTP/1.1\r\nAuthorization: Bearer {reporter}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            )
+        request = f"{head}Host: timekeeper\r\nConnection: close\r\n\r\n".encode() + body
+        status = await plain_request(port, request, 5)
+        if latencies is not None:
+            latencies.append(time.perf_counter() - began)
+        return status == 200
+
+    return good

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
-import orjson
 import pytest
 from sqlalchemy.engine import URL
 
@@ -25,6 +23,7 @@ from tests.support.hostile_clients import (
     MIB,
     Hostile,
     beside_hostile,
+    good_timekeeper_requests,
     hostile_sources,
     huge_header_line,
     huge_trailer,
@@ -124,29 +123,6 @@ def test_connections_beyond_the_caps_are_dropped_at_once(database_url: URL, tmp_
     assert status == 200
 
 
-def _good_requests(port: int, tokens: Tokens) -> Callable[[], Awaitable[bool]]:
-    """A report and a budget read in turn, each on a new connection from 127.0.0.1: answered 200 within
-    5 s (a sidecar's patience is its own; this is a stall's measure)."""
-    start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=2)
-    calls = itertools.count()
-
-    async def good() -> bool:
-        index = next(calls)
-        if index % 2:
-            read = "GET /api/v1/namespaces/team-a/budget HTTP/1.1\r\nHost: timekeeper\r\n"
-            auth = f"Authorization: Bearer {tokens.reader}\r\n"
-            return await plain_request(port, f"{read}{auth}Connection: close\r\n\r\n".encode(), 5) == 200
-        body = orjson.dumps(report_body(pod=f"good-{index}", pod_uid=f"uid-good-{index}", start=start))
-        head = (
-            "POST /api/v1/reports HTTP/1.1\r\nHost: timekeeper\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer {tokens.reporter}\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n"
-        )
-        return await plain_request(port, head.encode() + body, 5) == 200
-
-    return good
-
-
 def _refused(url: str, tokens: Tokens, reason: str) -> float:
     scrape = httpx.get(f"{url}/api/v1/metrics", headers=bearer(tokens.admin)).text
     line = f'timekeeper_connections_refused_total{{reason="{reason}"}} '
@@ -178,7 +154,9 @@ def test_reports_and_reads_pass_beside_1000_hostile_connections(
         port = httpx.URL(url).port
         assert port is not None
         hostile = Hostile(kind, port, 1000, hostile_sources(sources), head=head, body=body, checks=(8.0,))
-        outcomes, seen = asyncio.run(beside_hostile(hostile, _good_requests(port, tokens), 20))
+        outcomes, seen = asyncio.run(
+            beside_hostile(hostile, good_timekeeper_requests(port, tokens.reporter, tokens.reader), 20)
+        )
         gave_way = _refused(url, tokens, "gave_way_head" if kind == "slow_heads" else "gave_way_idle")
 
     assert seen.made == 1000

@@ -82,7 +82,7 @@ class ConnectionTable:
 
     def _giving_way(self, newcomer_held: int) -> ConnectionGuard | None:
         """The connection that makes room for a newcomer whose address holds `newcomer_held`: the oldest
-        one waiting on its client (for a head, a body or a next request) of the address holding the most,
+        one waiting on its client (`waiting_on_client`) of the address holding the most,
         provided that address holds at least two more than the newcomer's. So a full table is shared
         out between addresses: one address crowding out others loses its waiting connections to them,
         and addresses holding about as many never take turns throwing each other out."""

@@ -309,15 +309,21 @@ class ConnectionGuard(asyncio.Protocol):
             self._arm(self.limits.body_timeout_seconds, BODY_TIMEOUT)
 
     def _refuse_head(self) -> None:
-        """431 and close; only close when uvicorn has begun an answer (the limit passed in a body)."""
+        """431 and close. Past a body's start (the limit passed in its trailers) the answer may have begun
+        (then it gets no 431), and the connection is ended at once: a client streaming a trailer is not
+        read on through a TLS close."""
         assert self.transport is not None
         self.http.on_refused(HEADERS_TOO_LARGE_REASON)
         self.parser = None
         self._disarm()
-        cycle = getattr(self.inner, "cycle", None) if self.phase == BODY else None
+        in_body = self.phase == BODY
+        cycle = getattr(self.inner, "cycle", None) if in_body else None
         if cycle is None or not cycle.response_started:
             self.transport.write(HEADERS_TOO_LARGE)
-        self.transport.close()
+        if in_body:
+            self.transport.abort()
+        else:
+            self.transport.close()
 
     def on_message_begin(self) -> None:
         self.phase = HEAD

@@ -373,8 +373,7 @@ def test_8_trailers_of_48_mib_are_refused_under_the_memory_limit(tls: Tls, state
 
     assert admitted
     assert peak < 256
-    # What a client writes after the 431 is read and dropped by TLS's shutdown (bounded in time by
-    # WEBHOOK_HEAD_TIMEOUT_SECONDS): the bytes sent are no measure here, the memory is.
+    # No bound on the bytes sent here: a TLS stream's writes after the server's reset vanish unnoticed.
     for answered, _, seconds in results:
         assert answered.startswith(b"HTTP/1.1 431") or answered == b""
         assert seconds < 5

@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 
 from gpuaccounting.counters import start_at_zero
 from gpuaccounting.wire import BUDGET_STATES
+from gpuserving.connections import REASONS as CONNECTION_REASONS
 from timekeeper.db.outage import OutageWatch
 
 REPORT_RESULTS = ("charged", "duplicate", "rejected")
@@ -20,6 +21,23 @@ GITOPS_OUTCOMES = ("ok", "error")
 GITOPS_ACTIONS = ("applied", "released")
 DOWNGRADE_OUTCOMES = ("evicted", "blocked_by_pdb", "deleted_past_pdb", "grace_shortened")
 KUEUE_TRIGGERS = ("pass", "watch")
+
+# The connection guard's (gpuserving.connections) refusals, timeouts and connections that gave way. The
+# guard is built before the app and handed to each worker, so it counts through this module's function
+# into a counter of the process, which each app's registry shows.
+CONNECTIONS_REFUSED = Counter(
+    "timekeeper_connections_refused",
+    "Connections refused, timed out or given way to a newcomer by the connection guard, by reason "
+    "(docs/security.md, Hostile clients)",
+    ["reason"],
+    registry=None,
+)
+start_at_zero(CONNECTIONS_REFUSED, reason=CONNECTION_REASONS)
+
+
+def count_refused_connection(reason: str) -> None:
+    """The guard's `on_refused` (a module function: the guard is pickled for uvicorn's workers)."""
+    CONNECTIONS_REFUSED.labels(reason=reason).inc()
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +238,7 @@ class Metrics:
         )
         self.pools = PoolCollector()
         self.registry.register(self.pools)
+        self.registry.register(CONNECTIONS_REFUSED)
         self.read_at: float | None = None  # time.monotonic() of the last successful read
         Gauge(
             "timekeeper_budget_metrics_age_seconds",

@@ -36,6 +36,8 @@ def main() -> None:
     sections.append(hostile.run_issue_27())
     progress("requests sized before they are expanded (issue #38)")
     sections.append(ranges.run())
+    progress("both servers under issue #38's hostile clients from many addresses")
+    sections.append(hostile.run_issue_38())
     progress(f"sidecar footprint, {args.sidecar_seconds:g}s")
     sections.append(sidecar_bench.run(args.sidecar_seconds))
     sections.append(

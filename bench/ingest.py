@@ -60,6 +60,7 @@ class Server:
     token: str  # the reporter's
     reader: str  # an admin's, for the reads
     dsn: str
+    pids: Sequence[int] = ()  # one per timekeeper process
 
     @property
     def url(self) -> str:
@@ -72,10 +73,11 @@ def timekeeper(
     replicas: int = 1,
     settings: dict[str, str] | None = None,
     server: URL | None = None,
+    command: Sequence[str] = (PYTHON, "-m", "timekeeper"),
 ) -> Iterator[Server]:
     """`python -m timekeeper` (`replicas` processes, each with `workers` workers, `settings` added to their
     environment) on a fresh migrated database of `server` (None: a private server of its own), with a
-    reporter and an admin token made for this run."""
+    reporter and an admin token made for this run; `command` runs it from another checkout."""
     token, reader = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     digest = hashlib.sha256(token.encode()).hexdigest()
     admin_digest = hashlib.sha256(reader.encode()).hexdigest()
@@ -89,15 +91,16 @@ def timekeeper(
             "TIMEKEEPER_REPORTER_TOKEN_SHA256": digest,
             **(settings or {}),
         }
-        urls = []
+        urls, pids = [], []
         for _ in range(replicas):
             port = free_port()
-            args = [PYTHON, "-m", "timekeeper", "--port", str(port), "--workers", str(workers)]
-            processes.enter_context(
+            args = [*command, "--port", str(port), "--workers", str(workers)]
+            child = processes.enter_context(
                 process([*args, "--no-access-log", "--log-level", "warning"], env=env, port=port)
             )
             urls.append(f"http://127.0.0.1:{port}")
-        yield Server(urls, token, reader, url_string(url.set(drivername="postgresql")))
+            pids.append(child.pid)
+        yield Server(urls, token, reader, url_string(url.set(drivername="postgresql")), pids)
 
 
 @contextmanager

@@ -23,6 +23,7 @@ class SharingSystem(StrEnum):
     KAI = "kai"
     VOLCANO = "volcano-vgpu"
     DEVICES = "devices"  # another vendor's devices (or replicas of them), counted as GPUs
+    VGPU = "nvidia-vgpu"  # NVIDIA vGPU types as the GPU Operator's sandbox device plugin names them
 
 
 class UnknownAccelerators(StrEnum):
@@ -84,6 +85,47 @@ DEFAULT_GPU_RESOURCE_PATTERNS: Final[Mapping[str, GpuEntry]] = {
     "nvidia.com/mig-*": GpuEntry(SharingSystem.MIG),
     # ClearML's CFGI renames the device plugin's time-slicing replicas per GPU index, 8 to a GPU.
     "nvidia.com/gpu-*": GpuEntry(SharingSystem.CLEARML, 8),
+    # The GPU Operator's sandbox device plugin (kubevirt-gpu-device-plugin): a GPU passed through whole is
+    # named by its pci.ids entry, chip then board (`GA102GL [A10]` becomes `GA102GL_A10`)...
+    "nvidia.com/G[A-Z][0-9][0-9][0-9]*": GpuEntry(SharingSystem.NVIDIA, 1),
+    "nvidia.com/TU[0-9][0-9][0-9]*": GpuEntry(SharingSystem.NVIDIA, 1),
+    "nvidia.com/AD[0-9][0-9][0-9]*": GpuEntry(SharingSystem.NVIDIA, 1),
+    # ... and a vGPU by its type's name (`NVIDIA A10-12Q` becomes `NVIDIA_A10-12Q`; older drivers: `GRID`).
+    "nvidia.com/NVIDIA_*": GpuEntry(SharingSystem.VGPU),
+    "nvidia.com/GRID_*": GpuEntry(SharingSystem.VGPU),
+}
+# What a GPU vendor's domain holds that is no GPU: the sandbox device plugin's other PCI functions of a
+# GPU board (`GA102_HIGH_DEFINITION_AUDIO_CONTROLLER`, USB and USB-C controllers), NVSwitches, the Network
+# Operator's host-device NICs, and HAMi's task priority (asked beside a HAMi pod's GPU resources).
+DEFAULT_NON_GPU_RESOURCES: Final = (
+    "nvidia.com/*AUDIO_CONTROLLER",
+    "nvidia.com/*_USB_*",
+    "nvidia.com/*UCSI*",
+    "nvidia.com/*NVSWITCH*",
+    "nvidia.com/hostdev",
+    "nvidia.com/priority",
+)
+# Each vGPU board's framebuffer in GB, as NVIDIA's vGPU types size theirs (`A10-12Q`: 12 of the A10's 24).
+DEFAULT_VGPU_BOARD_MEMORY_GB: Final[Mapping[str, int]] = {
+    "A2": 16,
+    "A10": 24,
+    "A16": 16,
+    "A30": 24,
+    "A40": 48,
+    "A100": 40,
+    "A100D": 80,
+    "H100": 80,
+    "H100XM": 80,
+    "L4": 24,
+    "L40": 48,
+    "L40S": 48,
+    "M10": 8,
+    "M60": 8,
+    "P40": 24,
+    "T4": 16,
+    "V100": 16,
+    "V100D": 32,
+    "V100DX": 32,
 }
 DEFAULT_GPU_DEVICE_CLASSES: Final[Mapping[str, DeviceClassEntry]] = {
     "gpu.nvidia.com": DeviceClassEntry(SharingSystem.NVIDIA),
@@ -92,6 +134,7 @@ DEFAULT_GPU_DEVICE_CLASSES: Final[Mapping[str, DeviceClassEntry]] = {
 }
 DEFAULT_ACCELERATOR_PATTERNS: Final = (
     "*gpu*",  # amd.com/gpu, gpu.intel.com/i915 and gpu.intel.com/xe, renamed NVIDIA resources
+    "nvidia.com/*",  # a GPU vendor's domain: what the catalogue does not name there is denied
     "amd.com/*",
     "habana.ai/*",
     "aws.amazon.com/neuron*",
@@ -106,7 +149,7 @@ DEFAULT_ACCELERATOR_PATTERNS: Final = (
 FIXED_NAMES: Final[Mapping[SharingSystem, frozenset[str]]] = {
     system: frozenset(name for name, entry in DEFAULT_GPU_RESOURCES.items() if entry.system is system)
     for system in SharingSystem
-    if system not in COUNTING_SYSTEMS and system is not SharingSystem.MIG
+    if system not in COUNTING_SYSTEMS and system not in (SharingSystem.MIG, SharingSystem.VGPU)
 }
 
 
@@ -134,9 +177,11 @@ class GpuCatalogue:
         "_seen",
         "accelerator_patterns",
         "device_classes",
+        "non_gpu",
         "patterns",
         "resources",
         "unknown",
+        "vgpu_boards",
     )
 
     def __init__(
@@ -146,6 +191,8 @@ class GpuCatalogue:
         device_classes: Mapping[str, DeviceClassEntry] = DEFAULT_GPU_DEVICE_CLASSES,
         accelerator_patterns: Iterable[str] = DEFAULT_ACCELERATOR_PATTERNS,
         unknown: UnknownAccelerators = UnknownAccelerators.DENY,
+        non_gpu: Iterable[str] = DEFAULT_NON_GPU_RESOURCES,
+        vgpu_boards: Mapping[str, int] = DEFAULT_VGPU_BOARD_MEMORY_GB,
     ) -> None:
         self.resources = dict(resources)
         # The most specific pattern first: JSON merged by Helm has no order to rely on.
@@ -153,12 +200,16 @@ class GpuCatalogue:
         self.device_classes = dict(device_classes)
         self.accelerator_patterns = tuple(sorted(set(accelerator_patterns)))
         self.unknown = unknown
+        self.non_gpu = tuple(sorted(set(non_gpu)))
+        self.vgpu_boards = dict(vgpu_boards)
         self._key = (
             tuple(sorted(self.resources.items())),
             tuple(self.patterns),
             tuple(sorted(self.device_classes.items())),
             self.accelerator_patterns,
             unknown,
+            self.non_gpu,
+            tuple(sorted(self.vgpu_boards.items())),
         )
         self._hash = hash(self._key)  # the share arithmetic's caches hash the hardware on every read
         self._seen: dict[str, GpuEntry | None] = {}
@@ -173,17 +224,19 @@ class GpuCatalogue:
         return f"GpuCatalogue{self._key!r}"
 
     def entry(self, resource: str) -> GpuEntry | None:
-        """The resource's entry; None for a resource that is no GPU. An accelerator the catalogue does not
-        name counts as whole devices, marked unknown under `deny` (its pod is then denied)."""
+        """The resource's entry; None for a resource that is no GPU (`non_gpu` says so before any pattern).
+        An accelerator the catalogue does not name counts as whole devices, marked unknown under `deny`
+        (its pod is then denied)."""
         seen = self._seen.get(resource, _NOT_SEEN)
         if seen is not _NOT_SEEN:
             return seen  # type: ignore[return-value]
         found = self.resources.get(resource)
+        not_gpu = found is None and any(fnmatchcase(resource, pattern) for pattern in self.non_gpu)
         if found is None and resource.startswith(DEVICE_CLASS_RESOURCE_PREFIX):
             found = self._implicit(resource.removeprefix(DEVICE_CLASS_RESOURCE_PREFIX))
-        elif found is None:
+        elif found is None and not not_gpu:
             found = next((e for pattern, e in self.patterns if fnmatchcase(resource, pattern)), None)
-        if found is None and self.looks_like_accelerator(resource):
+        if found is None and not not_gpu and self.looks_like_accelerator(resource):
             found = self.unknown_entry()
         if len(self._seen) >= 4096:  # pods name few resources; a flood of invented names must not grow this
             self._seen.clear()

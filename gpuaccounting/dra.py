@@ -22,8 +22,18 @@ from gpuaccounting.shares import (
     mig_gpu_slices,
 )
 
-# A quoted MIG profile in a selector's CEL (`...attributes['gpu.nvidia.com'].profile == '1g.10gb'`).
-_QUOTED_PROFILE: Final = re.compile(r"""['"]((?:[0-9]{1,2}c\.)?[0-9]{1,2}g\.[0-9]{1,4}gb[^'"]{0,32})['"]""")
+# A selector's CEL that pins a MIG device's profile. The tenant writes the CEL, and a quoted profile can be
+# neutralised (`|| true`, `!=`, a ternary, a comment, a list literal around it), so only a whole expression
+# of plain equalities joined by `&&` pins one: `device.attributes['gpu.nvidia.com'].profile == '1g.10gb'`,
+# beside e.g. `device.attributes['gpu.nvidia.com'].type == 'mig'` or `device.driver == 'gpu.nvidia.com'`.
+_QUOTED: Final = r"""(?:'[^'\\\n]*'|"[^"\\\n]*")"""
+_ATTRIBUTE: Final = rf"""attributes\[\s*{_QUOTED}\s*\]\.[A-Za-z][A-Za-z0-9_]*"""
+_EQUALITY: Final = rf"""device\.(?:driver|{_ATTRIBUTE})\s*==\s*{_QUOTED}"""
+_CONJUNCTION: Final = re.compile(rf"""^\s*{_EQUALITY}(?:\s*&&\s*{_EQUALITY})*\s*$""")
+_CONJUNCT: Final = re.compile(rf"""\s*(?:&&\s*)?({_EQUALITY})""")
+_PINNED_PROFILE: Final = re.compile(
+    r"""device\.attributes\[\s*['"]gpu\.nvidia\.com['"]\s*\]\.profile\s*==\s*['"]([^'"]{1,64})['"]"""
+)
 # `device.driver == 'gpu.nvidia.com'` in a DeviceClass's selector: a class the catalogue does not name
 # that selects a GPU driver's devices is that driver's GPU class.
 _DRIVER: Final = re.compile(r"""device\.driver\s*==\s*['"]([^'"]{1,253})['"]""")
@@ -54,6 +64,19 @@ def class_drivers(device_class: Mapping[str, Any]) -> frozenset[str]:
         if isinstance(expression, str):
             found.update(_DRIVER.findall(expression))
     return frozenset(found)
+
+
+def pinned_profile(expression: object) -> str | None:
+    """The MIG profile a selector's CEL expression pins every device it admits to: one of its equalities,
+    where the whole expression is plain equalities joined by `&&`; None otherwise."""
+    if not isinstance(expression, str) or not _CONJUNCTION.match(expression):
+        return None
+    position = 0
+    while conjunct := _CONJUNCT.match(expression, position):  # in order, so a quoted `&&` stays quoted
+        position = conjunct.end()
+        if pinned := _PINNED_PROFILE.fullmatch(conjunct.group(1)):
+            return pinned.group(1)
+    return None
 
 
 def claim_refs(pod: Mapping[str, Any]) -> list[ClaimRef]:
@@ -138,13 +161,12 @@ class _ClaimReader:
         return min(max(fractions), Fraction(1))
 
     def mig_fraction(self, request: Mapping[str, Any]) -> Fraction:
+        """The profile the request's selectors pin (each selector must hold), else a whole GPU."""
         slices = self.hardware.mig_slices_per_gpu
         held = [
             mig_gpu_slices(profile, slices) or slices
             for selector in _list(request.get("selectors"))
-            for profile in _QUOTED_PROFILE.findall(
-                str(_mapping(_mapping(selector).get("cel")).get("expression", ""))
-            )
+            if (profile := pinned_profile(_mapping(_mapping(selector).get("cel")).get("expression")))
         ]
         return Fraction(max(held, default=slices), slices)
 

@@ -155,6 +155,10 @@ def _unknown(key: str, value: Any) -> UnknownAccelerators:
         raise ValueError(f"{key} must be one of {choices}, not {value!r}") from None
 
 
+def _board_memory(key: str, value: Any) -> dict[str, int]:
+    return {str(board): _positive_int(f"{key}.{board}", gb) for board, gb in _object(key, value).items()}
+
+
 # The catalogue's keys in the file: `GpuCatalogue`'s parameter each gives, and its reader.
 CATALOGUE_KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "gpu_resources": ("resources", lambda key, value: _gpu_entries(key, value, patterns=False)),
@@ -162,6 +166,8 @@ CATALOGUE_KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "gpu_device_classes": ("device_classes", _device_classes),
     "accelerator_patterns": ("accelerator_patterns", _patterns),
     "unknown_accelerators": ("unknown", _unknown),
+    "non_gpu_resources": ("non_gpu", _patterns),
+    "vgpu_board_memory_gb": ("vgpu_boards", _board_memory),
 }
 
 

@@ -43,3 +43,6 @@ ADMISSION_STATE_PATH: Final = f"{API_PREFIX}/admission-state"
 # server's service proxy (`kubectl gpu-budget`): the API server removes `Authorization` once it has
 # authenticated a request, so the token would not arrive otherwise.
 PROXIED_AUTHORIZATION_HEADER: Final = "X-Gpu-Timekeeper-Authorization"
+
+# A pod's terminationGracePeriodSeconds when its spec names none (the API server's default).
+DEFAULT_TERMINATION_GRACE_SECONDS: Final = 30

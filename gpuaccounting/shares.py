@@ -36,6 +36,7 @@ class Rule(StrEnum):
     DEVICE_COUNT_REQUIRED = "device-count-required"
     MEMORY_WITHIN_GPU = "memory-within-gpu"
     MIG_PROFILE = "mig-profile"
+    VGPU_TYPE = "vgpu-type"
     CLEARML_FRACTION = "clearml-fraction"
     KAI_FRACTION = "kai-fraction"
     KAI_CONTAINER = "kai-container"
@@ -49,6 +50,7 @@ class Rule(StrEnum):
     TOKEN_VOLUME_MOUNT = "token-volume-mount"
     SIDECAR_REQUIRED = "sidecar-required"
     PROTECTED_SHARE_INPUTS = "protected-share-inputs"
+    REDUCED_GRACE = "reduced-grace"  # a reduced-class GPU pod's grace above the cap
     # Not a rule that may be disabled: the floor is lowered in the hardware file (`minimum_shares`).
     MINIMUM_SHARE = "minimum-share"
     # A GPU route beside the device plugin (gpuaccounting.supply): an env variable, a mount, a CDI
@@ -78,11 +80,17 @@ KAI_CONTAINER_ANNOTATION: Final = "gpu-fraction-container-name"
 KAI_MEMORY_ANNOTATION: Final = "gpu-memory"
 KAI_DEVICES_ANNOTATION: Final = "gpu-fraction-num-devices"
 
-# MIG profile names as NVIDIA's go-nvlib writes them (the device plugin's `nvidia.com/mig-<profile>`, the DRA
-# driver's `profile` attribute): [<c>c.]<g>g.<gb>gb, then +attributes (me, me.all, gfx) or -me.
+# MIG profile names as NVIDIA's go-nvlib writes them (the DRA driver's `profile` attribute):
+# [<c>c.]<g>g.<gb>gb, then +attributes (me, me.all, gfx) or -me; the device plugin's resource
+# `nvidia.com/mig-<profile>` has each `+` as `.` (`mig-1g.10gb.me`, `mig-1g.10gb.me.all`, `mig-1g.10gb-me`).
 _ATTRIBUTE: Final = r"[A-Za-z][A-Za-z0-9]*(?:\.[A-Za-z0-9]+)*"
 _MIG_PROFILE: Final = re.compile(
-    rf"^(?:([0-9]{{1,2}})c\.)?([0-9]{{1,2}})g\.[0-9]{{1,4}}gb(?:[+-]{_ATTRIBUTE}(?:,{_ATTRIBUTE})*)?$"
+    rf"^(?:([0-9]{{1,2}})c\.)?([0-9]{{1,2}})g\.[0-9]{{1,4}}gb(?:[+.-]{_ATTRIBUTE}(?:,{_ATTRIBUTE})*)?$"
+)
+# An NVIDIA vGPU type as the sandbox device plugin names it (blanks as `_`): `NVIDIA_A10-12Q` (12 GB of an
+# A10, Q-series), `GRID_T4-1B4`, a MIG-backed `NVIDIA_A100-2-10C` (2 slices, 10 GB) or `-1-5CME`.
+_VGPU_TYPE: Final = re.compile(
+    r"^(?:NVIDIA|GRID)_([A-Z0-9]{1,16})-(?:([0-9]{1,2})-)?([0-9]{1,3})[A-Z]{1,4}[0-9]?$"
 )
 
 # Plain `nvidia.com/gpu` is the device count that HAMi and MIG pods use too, so it joins either system.
@@ -323,6 +331,46 @@ def _mig_share(reader: _Reader, requests: Mapping[str, object]) -> Fraction:
     return share
 
 
+def _vgpu_type_fraction(reader: _Reader, name: str, raw: object) -> Fraction:
+    """One NVIDIA vGPU's share: its type's framebuffer over its board's (`vgpu_board_memory_gb`; a 0 GB
+    type such as M10-0B has half a GB), a MIG-backed type its slices over `mig_slices_per_gpu`. A name
+    that is no vGPU type, or a board the catalogue does not know, counts whole and is flagged."""
+    hardware = reader.hardware
+    found = _VGPU_TYPE.match(name.rsplit("/", 1)[-1])
+    if found is None:
+        reader.flag(Rule.VGPU_TYPE, "is not an NVIDIA vGPU type name (such as NVIDIA_A10-12Q)", name, raw)
+        return Fraction(1)
+    board, slices, framebuffer = found.group(1), found.group(2), int(found.group(3))
+    if slices is not None:
+        return min(Fraction(int(slices), hardware.mig_slices_per_gpu), Fraction(1))
+    board_gb = hardware.catalogue.vgpu_boards.get(board)
+    if board_gb is not None:
+        return min((framebuffer or Fraction(1, 2)) / Fraction(board_gb), Fraction(1))
+    if not hardware.catalogue.unknown_entry().known:
+        reader.flag(
+            Rule.UNKNOWN_ACCELERATOR,
+            f'is a vGPU of board {board}, whose memory the GPU catalogue does not know: add "{board}" to'
+            " vgpu_board_memory_gb in the hardware configuration (its framebuffer in GB, e.g. 24), or set"
+            ' unknown_accelerators to "whole-gpus"',
+            name,
+            raw,
+        )
+    return Fraction(1)
+
+
+def _vgpu_type_share(reader: _Reader, requests: Mapping[str, object]) -> Fraction:
+    """NVIDIA vGPUs (the sandbox device plugin's types): each count at its type's share."""
+    share = Fraction(0)
+    for name, raw in requests.items():
+        entry = reader.hardware.catalogue.entry(name)
+        if entry is None or entry.system is not SharingSystem.VGPU:
+            continue
+        per_device = _vgpu_type_fraction(reader, name, raw)
+        if (count := reader.count(name, raw)) is not None:
+            share += count * per_device
+    return share
+
+
 def _vgpu_share(
     reader: _Reader,
     requests: Mapping[str, object],
@@ -454,8 +502,8 @@ def _read_requests(
             reader.flag(
                 Rule.UNKNOWN_ACCELERATOR,
                 f'is an accelerator the GPU catalogue does not name: add "{resource}" to gpu_resources in'
-                ' the hardware configuration (e.g. {"system": "devices", "units_per_gpu": 1}), or set'
-                ' unknown_accelerators to "whole-gpus"',
+                ' the hardware configuration (e.g. {"system": "devices", "units_per_gpu": 1}), or to'
+                ' non_gpu_resources if it is no GPU, or set unknown_accelerators to "whole-gpus"',
                 resource,
                 raw,
             )
@@ -482,6 +530,8 @@ def _read_requests(
         )
     elif system is SharingSystem.VCUDA:
         share = _vcuda_share(reader, requests)
+    elif system is SharingSystem.VGPU:
+        share = _vgpu_type_share(reader, requests)
     elif system is SharingSystem.METAGPU:
         units = reader.count(METAGPU, requests[METAGPU])
         share = Fraction(0) if units is None else units / hardware.metagpu_units_per_gpu

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from gpuaccounting.logs import configure_logging
 from gpuserving.connections import ConnectionLimits, GuardedHttp
 from timekeeper.app import create_app
+from timekeeper.metrics import count_refused_connection
 from timekeeper.settings import Settings, get_settings
 
 # The youngest generation's threshold once the start-up heap is frozen (CPython's default is 700).
@@ -50,7 +51,8 @@ def serving_app() -> FastAPI:
 
 
 def guarded_http(settings: Settings) -> GuardedHttp:
-    """uvicorn's httptools protocol behind the connection limits of `settings`."""
+    """uvicorn's httptools protocol behind the connection limits of `settings`, counting what they refuse
+    on /metrics."""
     limits = ConnectionLimits(
         max_connections=settings.max_connections,
         max_connections_per_source=settings.max_connections_per_source,
@@ -58,7 +60,7 @@ def guarded_http(settings: Settings) -> GuardedHttp:
         head_timeout_seconds=settings.head_timeout_seconds,
         body_timeout_seconds=settings.body_timeout_seconds,
     )
-    return GuardedHttp(limits, "httptools")
+    return GuardedHttp(limits, "httptools", on_refused=count_refused_connection)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -84,7 +84,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     if settings.admitted_share_from_pod:  # the Kubernetes client only where it is used
         from timekeeper.usage.admitted import build_pod_shares
 
-        app.state.pod_shares = await build_pod_shares(settings)
+        app.state.pod_shares = await build_pod_shares(settings, app.state.clock)
     app.state.metrics.outages.attach(engine)
     app.state.ingest = IngestBatcher(
         lambda: app.state.sessionmaker, settings, app.state.clock, app.state.metrics
@@ -127,7 +127,7 @@ async def leader_work(
 
         reconciler = await build_reconciler(settings, sessionmaker, clock)
         jobs, services = (*jobs, reconcile_job(reconciler)), (*services, reconciler)
-        collectors = (*collectors, reconciler.pod_metrics)
+        collectors = (*collectors, reconciler.pod_metrics, reconciler.downgrade_metrics)
     if settings.gitops:
         from timekeeper.gitops.sync import build_gitops_sync
 

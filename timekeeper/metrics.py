@@ -12,12 +12,32 @@ from prometheus_client.registry import Collector
 
 from gpuaccounting.counters import start_at_zero
 from gpuaccounting.wire import BUDGET_STATES
+from gpuserving.connections import REASONS as CONNECTION_REASONS
 from timekeeper.db.outage import OutageWatch
 
 REPORT_RESULTS = ("charged", "duplicate", "rejected")
 BATCH_FAILURE_REASONS = ("outage", "refused")
 GITOPS_OUTCOMES = ("ok", "error")
 GITOPS_ACTIONS = ("applied", "released")
+DOWNGRADE_OUTCOMES = ("evicted", "blocked_by_pdb", "deleted_past_pdb", "grace_shortened")
+KUEUE_TRIGGERS = ("pass", "watch")
+
+# The connection guard's (gpuserving.connections) refusals, timeouts and connections that gave way. The
+# guard is built before the app and handed to each worker, so it counts through this module's function
+# into a counter of the process, which each app's registry shows.
+CONNECTIONS_REFUSED = Counter(
+    "timekeeper_connections_refused",
+    "Connections refused, timed out or given way to a newcomer by the connection guard, by reason "
+    "(docs/security.md, Hostile clients)",
+    ["reason"],
+    registry=None,
+)
+start_at_zero(CONNECTIONS_REFUSED, reason=CONNECTION_REASONS)
+
+
+def count_refused_connection(reason: str) -> None:
+    """The guard's `on_refused` (a module function: the guard is pickled for uvicorn's workers)."""
+    CONNECTIONS_REFUSED.labels(reason=reason).inc()
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +238,7 @@ class Metrics:
         )
         self.pools = PoolCollector()
         self.registry.register(self.pools)
+        self.registry.register(CONNECTIONS_REFUSED)
         self.read_at: float | None = None  # time.monotonic() of the last successful read
         Gauge(
             "timekeeper_budget_metrics_age_seconds",
@@ -264,4 +285,32 @@ class GitOpsMetrics(Collector):
 
     def collect(self) -> Iterator[Metric]:
         for metric in (self.passes, self.changes, self.not_ready):
+            yield from metric.collect()
+
+
+class DowngradeMetrics(Collector):
+    """What the reconciler did to an exhausted namespace's running work (on the leader; a follower
+    exports zeros): pods evicted, refused by a PodDisruptionBudget, deleted once the PDB's patience was
+    spent, or deleted again to shorten a tenant's own long deletion grace; Kueue Workloads lowered by a
+    pass or, as soon as they changed, by the Workload watch."""
+
+    def __init__(self) -> None:
+        self.pods = Counter(
+            "timekeeper_downgraded_pods",
+            "Downgrades of running GPU pods by outcome (evicted, blocked_by_pdb, deleted_past_pdb, "
+            "grace_shortened)",
+            ["outcome"],
+            registry=None,
+        )
+        start_at_zero(self.pods, outcome=DOWNGRADE_OUTCOMES)
+        self.kueue_lowered = Counter(
+            "timekeeper_kueue_workloads_lowered",
+            "Kueue Workloads lowered to the reduced priority, by trigger (pass, watch)",
+            ["trigger"],
+            registry=None,
+        )
+        start_at_zero(self.kueue_lowered, trigger=KUEUE_TRIGGERS)
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in (self.pods, self.kueue_lowered):
             yield from metric.collect()

@@ -254,6 +254,26 @@ class Settings(BaseSettings):
         allow_inf_nan=False,
         description="Idle report: the utilisation threshold (%).",
     )
+    trust_reported_utilisation: bool = Field(
+        default=False,
+        description="Kubernetes auth mode: let a report's SM utilisation lower its charge under the "
+        "measured charge basis. A report carries a pod's token, which a tenant may hold: off, a report "
+        "is charged by allocation whatever its figures (docs/billing.md, 'What a report cannot lower').",
+    )
+    # Downgrades a tenant cannot stall (docs/timekeeper.md, "Bounded downgrades").
+    downgrade_pdb_patience_seconds: float = Field(
+        default=600.0,
+        ge=0,
+        description="How long a PodDisruptionBudget may refuse a workload's downgrade eviction; after it "
+        "the workload's pods are deleted (a DELETE no PodDisruptionBudget can refuse).",
+    )
+    over_budget_max_grace_seconds: int = Field(
+        default=30,
+        ge=0,
+        description="The longest grace a downgraded pod is given (its eviction or deletion passes it when "
+        "the pod's own terminationGracePeriodSeconds is longer); the webhook's "
+        "WEBHOOK_OVER_BUDGET_MAX_GRACE_SECONDS caps a reduced pod's at admission.",
+    )
 
     @field_validator(
         "admin_token_sha256",
@@ -344,6 +364,13 @@ class Settings(BaseSettings):
         """Kubernetes auth mode: each report's token is bound to its pod, so a pod's admitted share is
         read from the pod itself when the pods table does not hold it yet (docs/timekeeper.md)."""
         return self.auth_mode == "kubernetes"
+
+    @property
+    def reports_trusted(self) -> bool:
+        """Static auth mode: reporter tokens are an admin's, so a report's GPU model and utilisation are
+        believed. Kubernetes auth mode: a report carries its pod's token; its model is its node's and its
+        utilisation lowers nothing unless trust_reported_utilisation says so (docs/billing.md)."""
+        return not self.admitted_share_from_pod
 
     @model_validator(mode="after")
     def _clock_is_complete(self) -> Settings:

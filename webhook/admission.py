@@ -146,6 +146,8 @@ class Admission:
             refused=reuse.refused,
         )
         decision.apply(spec)
+        if (grace := governance.capped_grace(spec, self.settings)) is not None:
+            spec["terminationGracePeriodSeconds"] = grace
         share_text = format_share(share.share)
         metadata["annotations"] = {
             **{key: value for key, value in annotations.items() if key not in BOUND_ANNOTATIONS},
@@ -166,6 +168,8 @@ class Admission:
         return AdmissionResponse("unchanged", priority=decision)
 
     def violations(self, request: AdmissionRequest) -> list[Violation]:
+        if request.operation == "CONNECT":
+            return governance.sidecar_session(request)
         pod = request.object
         if (
             not request.is_pod
@@ -186,6 +190,8 @@ class Admission:
             found.extend(governance.supply_routes_added(request, namespace, share, self.hardware))
         else:
             found = governance.on_create(pod, share, self.cache.view(namespace), self.sidecar)
+            if share.uses_gpu:
+                found.extend(governance.reduced_grace(pod, self.settings))
             found.extend(governance.supply_routes(pod, namespace, share, self.hardware))
         if (label := self.gangs.pod_label_violation(request)) is not None:
             found.append(label)

@@ -72,6 +72,20 @@ def token_mounts(pod: Mapping[str, Any]) -> list[Violation]:
     for key, container in _containers(spec):
         if key != "ephemeralContainers" and container.get("name") == names.SIDECAR_CONTAINER_NAME:
             continue
+        if (
+            key == "ephemeralContainers"
+            and container.get("targetContainerName") == names.SIDECAR_CONTAINER_NAME
+        ):
+            found.append(
+                Violation(
+                    Rule.TOKEN_VOLUME_MOUNT,
+                    "a debug container in the gpu-timekeeper-sidecar's process namespace reads its token"
+                    " through /proc/<pid>/root; target another container",
+                    str(container.get("name")),
+                    "targetContainerName",
+                    names.SIDECAR_CONTAINER_NAME,
+                )
+            )
         for mount in _list(container.get("volumeMounts")):
             if isinstance(mount, dict) and mount.get("name") in _SIDECAR_ONLY_VOLUMES:
                 found.append(
@@ -109,6 +123,60 @@ def token_mounts(pod: Mapping[str, Any]) -> list[Violation]:
                 )
             )
     return found
+
+
+# The subresources whose CONNECT opens a session in one container the options name (`kubectl exec`, `kubectl
+# cp`, which runs tar through exec, and `kubectl attach`).
+SESSION_SUBRESOURCES = frozenset({"exec", "attach"})
+
+
+def sidecar_session(request: AdmissionRequest) -> list[Violation]:
+    """A session in our sidecar hands its holder the sidecar's token (`cat` the file) and with it the pod's
+    reports. The options name the container; one left out is resolved by the API server to the pod's only
+    app container, never ours (an init container when native, else one of at least two)."""
+    if request.operation != "CONNECT" or request.subresource not in SESSION_SUBRESOURCES:
+        return []
+    options = request.object or {}
+    if options.get("container") != names.SIDECAR_CONTAINER_NAME:
+        return []
+    return [
+        Violation(
+            Rule.TOKEN_VOLUME_MOUNT,
+            f"`kubectl {request.subresource}` into the injected container would hand over the token it"
+            " reports with; open a session in one of the pod's own containers",
+            names.SIDECAR_CONTAINER_NAME,
+        )
+    ]
+
+
+def capped_grace(spec: Mapping[str, Any], settings: WebhookSettings) -> int | None:
+    """The cap, where a GPU pod at the reduced class has a longer terminationGracePeriodSeconds (None:
+    within it, or another class). Preemption waits out its victim's grace: the reduced class must free
+    the GPU within a bounded time, or it would mean nothing to the in-budget team waiting for it."""
+    if spec.get("priorityClassName") != settings.over_budget_priority_class:
+        return None
+    own = spec.get("terminationGracePeriodSeconds", names.DEFAULT_TERMINATION_GRACE_SECONDS)
+    cap = settings.over_budget_max_grace_seconds
+    if isinstance(own, int) and not isinstance(own, bool) and own <= cap:
+        return None
+    return cap
+
+
+def reduced_grace(pod: Mapping[str, Any], settings: WebhookSettings) -> list[Violation]:
+    """A later mutation (another webhook's, after ours) may not lengthen a reduced pod's grace again."""
+    spec = _spec(pod)
+    cap = capped_grace(spec, settings)
+    if cap is None:
+        return []
+    return [
+        Violation(
+            Rule.REDUCED_GRACE,
+            f"a GPU pod at PriorityClass {settings.over_budget_priority_class} frees its GPU within {cap} s"
+            f" of its preemption (WEBHOOK_OVER_BUDGET_MAX_GRACE_SECONDS); set at most {cap}",
+            resource="terminationGracePeriodSeconds",
+            value=shorten(repr(spec.get("terminationGracePeriodSeconds"))),
+        )
+    ]
 
 
 def _sidecar_problems(

@@ -6,6 +6,9 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gpuaccounting.counters import start_at_zero
+from gpuserving.connections import REASONS as CONNECTION_REASONS
+
 LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25)
 
 
@@ -33,10 +36,12 @@ class WebhookMetrics:
         )
         self.refused = Counter(
             "webhook_requests_refused",
-            "Requests and connections refused by a limit (docs/webhook.md, Limits), by reason",
+            "Requests and connections refused by a limit, timed out or given way to a newcomer"
+            " (docs/webhook.md, Limits), by reason",
             ["reason"],
             registry=self.registry,
         )
+        start_at_zero(self.refused, reason=CONNECTION_REASONS)
         self.stale_decisions = Counter(
             "webhook_state_stale_decisions",
             "Priority decisions made on budget state older than the maximum age",

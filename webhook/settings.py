@@ -122,6 +122,10 @@ class WebhookSettings(BaseSettings):
         {"system:kube-controller-manager", "system:serviceaccount:kube-system:"}
     )
 
+    # A GPU pod admitted at the reduced class frees its GPU within this many seconds of its preemption:
+    # /mutate caps its terminationGracePeriodSeconds, /validate refuses more (docs/webhook.md).
+    over_budget_max_grace_seconds: int = Field(default=30, ge=0)
+
     @field_validator("log_format", mode="before")
     @classmethod
     def _console_is_text(cls, value: object) -> object:

@@ -17,6 +17,10 @@ RUN /opt/venv/bin/pip install ".[timekeeper]"
 FROM ${PYTHON_IMAGE}
 # No .pyc writes at run time (pip compiled them at build): the root filesystem can be read-only.
 ENV PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+# As the webhook's image: a large buffer (a connection's, a big body's) always in its own mapping, given
+# back when freed; glibc's sliding threshold would keep them in the heap after a burst (docs/security.md,
+# "Hostile clients").
+ENV MALLOC_MMAP_THRESHOLD_=131072
 COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
 # The migration Job runs `alembic upgrade head` from this image.

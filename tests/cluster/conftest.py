@@ -185,6 +185,9 @@ def timekeeper(
         "TIMEKEEPER_GITOPS_INTERVAL_SECONDS": "1",
         "TIMEKEEPER_GITOPS_STATUS_INTERVAL_SECONDS": "0",  # figures written as soon as they move
         "TIMEKEEPER_LOG_FORMAT": "json",
+        # A tenant's PodDisruptionBudget refuses a downgrade for 10 s, then its pod is deleted
+        # (tests/cluster/test_tenant_enforcement.py; test_eviction.py's guarded pod is checked before).
+        "TIMEKEEPER_DOWNGRADE_PDB_PATIENCE_SECONDS": "10",
     }
     with migrated_database("gtk_cluster") as database:
         process = TimekeeperProcess(database, env, free_port(), folder / "timekeeper.log")

@@ -247,10 +247,11 @@ def _render_pointed_at(
                 ]
             ),
         }
-        # The mutating configuration's pod, PodGroup and owner webhooks all call /mutate.
+        # The mutating configuration's pod, PodGroup and owner webhooks all call /mutate; the validating
+        # configuration's pod and session (exec, attach) webhooks /validate.
         for kind, path, webhooks in (
             ("MutatingWebhookConfiguration", "/mutate", 3),
-            ("ValidatingWebhookConfiguration", "/validate", 1),
+            ("ValidatingWebhookConfiguration", "/validate", 2),
         )
     ]
     # kustomize takes only relative paths to other kustomizations.

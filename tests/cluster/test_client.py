@@ -134,7 +134,6 @@ async def test_list_pods_reads_every_page_with_share_phase_and_real_end(
     assert done.ended and done.phase == "Succeeded"
     assert done.annotations[ANNOTATION_GPU_SHARE] == "0.5"
     assert (done.started_at, done.finished_at) == (start, finished)
-    assert not done.has_controller
 
 
 async def test_watch_streams_every_change_after_the_snapshot(

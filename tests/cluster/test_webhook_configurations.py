@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from gpuaccounting import names
-from tests.cluster.harness import Kubectl, admits, gpu_probe
+from tests.cluster.harness import Kubectl, KubectlError, admits, gpu_probe
 from tests.support.loopback import LoopbackServer, send_json
 from tests.support.pods import container, pod
 from tests.support.processes import REPO_ROOT, free_port, wait_until
@@ -76,6 +76,37 @@ def test_with_failure_policy_fail_a_gpu_pod_is_refused_while_the_webhook_is_down
 
     assert 'failed calling webhook "mutate.gpu-timekeeper.io"' in refusal
     assert kubectl.json("get", "pods", "-n", namespace)["items"] == []
+
+
+def session_error(kubectl: Kubectl, namespace: str, pod_name: str) -> str:
+    """What `kubectl exec` into the pod's sidecar prints (it never opens: ours refuses, or no kubelet)."""
+    try:
+        kubectl.run("exec", pod_name, "-n", namespace, "-c", names.SIDECAR_CONTAINER_NAME, "--", "true")
+    except KubectlError as error:
+        return error.stderr
+    raise AssertionError("a session into our sidecar opened")
+
+
+def test_with_failure_policy_fail_a_session_into_our_sidecar_is_refused_while_the_webhook_is_down(
+    kubectl: Kubectl, namespace: str, shipped_again: None
+) -> None:
+    """The sessions webhook (`kubectl exec`/`attach` into our sidecar, issue 37) ships `failurePolicy: Fail`
+    too: a session that could not be judged does not open. (1.20 has no matchConditions and sends every
+    session in the namespaces selected; 1.30+ only those naming our sidecar.)"""
+    kubectl.create(pod(container("train", {"nvidia.com/gpu": 1}), name="held", namespace=namespace))
+    down = [{"op": "replace", "path": "/webhooks/1/clientConfig/url", "value": f"{unreachable()}/validate"}]
+    assert 'admission webhook "sessions.gpu-timekeeper.io" denied' in session_error(
+        kubectl, namespace, "held"
+    )
+    with changed(kubectl, KINDS[1], down):
+        wait_until(
+            lambda: "failed calling webhook" in session_error(kubectl, namespace, "held"),
+            timeout=30,
+            what="the API server to miss the sessions webhook",
+        )
+        refusal = session_error(kubectl, namespace, "held")
+
+    assert 'failed calling webhook "sessions.gpu-timekeeper.io"' in refusal
 
 
 def dev_overlay_operations() -> list[dict[str, Any]]:

@@ -106,7 +106,8 @@ def test_first_run_creates_a_ca_and_a_serving_cert_the_api_server_will_trust(api
     serving.verify_directly_issued_by(ca)
     sans = serving.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert f"{SERVICE}.{NAMESPACE}.svc" in sans.get_values_for_type(x509.DNSName)
-    assert ca_bundles(apiserver) == [tls["ca.crt"]] * 4  # the pod, PodGroup and owner webhooks, validate
+    # the pod, PodGroup and owner webhooks; validate and its sessions (exec, attach) webhook
+    assert ca_bundles(apiserver) == [tls["ca.crt"]] * 5
     assert x509.load_pem_x509_certificates(tls["ca.crt"]) == [ca]
     assert "ca.key" not in tls
 

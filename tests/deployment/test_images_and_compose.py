@@ -88,6 +88,17 @@ def test_the_timekeeper_image_carries_the_migrations():
     assert {"alembic.ini", "migrations"} <= copied
 
 
+def test_both_servers_images_set_the_same_allocator_settings():
+    """Issue #38: after an attack the timekeeper kept some 270 MiB, as its image lacked the webhook's
+    MALLOC_MMAP_THRESHOLD_ (each server's buffers given back when freed)."""
+
+    def malloc(part: str) -> set[str]:
+        env = " ".join(args for op, args in final_stage(part) if op == "ENV")
+        return {setting for setting in env.split() if setting.startswith("MALLOC_")}
+
+    assert malloc("timekeeper") == malloc("webhook") == {"MALLOC_MMAP_THRESHOLD_=131072"}
+
+
 def test_the_build_context_admits_what_the_dockerfiles_copy():
     allowed = {
         line.removeprefix("!").rstrip("/")

@@ -57,6 +57,7 @@ def containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 GANG_WEBHOOKS = ("podgroups.gpu-timekeeper.io", "owners.gpu-timekeeper.io")
+SESSIONS_WEBHOOK = "sessions.gpu-timekeeper.io"
 
 
 def all_webhooks(objects) -> list[tuple[str, dict[str, Any]]]:
@@ -69,9 +70,11 @@ def all_webhooks(objects) -> list[tuple[str, dict[str, Any]]]:
 
 
 def webhook_configurations(objects) -> list[tuple[str, dict[str, Any]]]:
-    """The pod webhooks (the gang schedulers' are `GANG_WEBHOOKS`)."""
+    """The pod webhooks (the gang schedulers' are `GANG_WEBHOOKS`, the sessions one `SESSIONS_WEBHOOK`)."""
     return [
-        (kind, webhook) for kind, webhook in all_webhooks(objects) if webhook["name"] not in GANG_WEBHOOKS
+        (kind, webhook)
+        for kind, webhook in all_webhooks(objects)
+        if webhook["name"] not in (*GANG_WEBHOOKS, SESSIONS_WEBHOOK)
     ]
 
 
@@ -389,6 +392,24 @@ def test_the_gang_webhooks_mutate_podgroups_and_labelled_owners_beside_the_pod_w
     assert owners["objectSelector"] == {
         "matchExpressions": [{"key": "priorityClassName", "operator": "Exists"}]
     }
+
+
+@pytest.mark.parametrize("build", RENDERS)
+def test_the_sessions_webhook_sees_exec_and_attach_beside_the_pod_webhook(build):
+    """`kubectl exec`/`cp`/`attach` into our sidecar would read its token (issue 37): the validating
+    configuration sees CONNECT on both, with the pod webhook's service, namespaces and failurePolicy."""
+    webhooks = {webhook["name"]: (kind, webhook) for kind, webhook in all_webhooks(render(build))}
+    kind, sessions = webhooks[SESSIONS_WEBHOOK]
+    _, pods = webhooks["validate.gpu-timekeeper.io"]
+    assert kind == "ValidatingWebhookConfiguration"
+    assert sessions["clientConfig"] == pods["clientConfig"]
+    assert sessions["namespaceSelector"] == pods["namespaceSelector"]
+    assert (sessions["failurePolicy"], sessions["sideEffects"]) == (pods["failurePolicy"], "None")
+    assert 2 <= sessions["timeoutSeconds"] <= 3
+    assert [(r["apiGroups"], r["resources"], r["operations"]) for r in sessions["rules"]] == [
+        ([""], ["pods/exec", "pods/attach"], ["CONNECT"])
+    ]
+    assert "objectSelector" not in sessions  # the options carry no labels: a selector would match nothing
 
 
 def test_production_fails_closed_and_dev_fails_open():

@@ -28,6 +28,10 @@ GPU_RESOURCES = [
     "deviceclass.resource.kubernetes.io/gpu.nvidia.com",
     "nvidia.com/mig-1g.5gb",
     "nvidia.com/mig-3g.40gb",
+    "nvidia.com/mig-1g.10gb.me",
+    "nvidia.com/GA102GL_A10",
+    "nvidia.com/NVIDIA_A10-12Q",
+    "nvidia.com/2236",  # a passthrough GPU pci.ids does not name: denied by the webhook
     "nvidia.com/gpucores",
     "nvidia.com/gpumem",
     "tencent.com/vcuda-core",
@@ -38,7 +42,13 @@ GPU_RESOURCES = [
     "volcano.sh/vgpu-number",
     "volcano.sh/vgpu-memory",
 ]
-OTHER_RESOURCES = ["cpu", "memory", "ephemeral-storage", "nvidia.com/hostdev", "rdma/hca_shared_devices_a"]
+OTHER_RESOURCES = [
+    "cpu",
+    "memory",
+    "ephemeral-storage",
+    "intel.com/sriov_netdevice",
+    "rdma/hca_shared_devices_a",
+]
 
 
 def pod(
@@ -233,6 +243,34 @@ def test_an_update_is_sent_when_either_object_is_ours(build, case):
 def test_an_update_of_a_pod_that_never_was_ours_is_not_sent(build):
     (expression,) = conditions_of(build, "ValidatingWebhookConfiguration")
     assert not admitted_to_webhook(expression, pod(labels={"app": "web"}), pod())
+
+
+def sessions_condition(build: str) -> str:
+    (expression,) = [
+        condition["expression"]
+        for obj in render(build)
+        if obj["kind"] == "ValidatingWebhookConfiguration"
+        for webhook in obj["webhooks"]
+        if webhook["name"] == "sessions.gpu-timekeeper.io"
+        for condition in webhook["matchConditions"]
+    ]
+    return expression
+
+
+@pytest.mark.parametrize("build", [*BUILDS, *CHART_RENDERS])
+@pytest.mark.parametrize("kind", ["PodExecOptions", "PodAttachOptions"])
+def test_only_a_session_in_our_sidecar_is_sent_to_the_sessions_webhook(build: str, kind: str) -> None:
+    """A 1.30+ API server sends `kubectl exec`/`attach` to /validate only when it names our sidecar: every
+    other session (one naming no container included) costs no call."""
+    expression = sessions_condition(build)
+
+    def sent(options: dict[str, Any]) -> bool:
+        variables = {"object": celpy.json_to_cel({"kind": kind, "apiVersion": "v1", **options})}
+        return bool(compiled(expression).evaluate(variables))
+
+    assert sent({"container": "gpu-timekeeper-sidecar", "command": ["cat", "/token"]})
+    assert not sent({"container": "main"})
+    assert not sent({})
 
 
 @pytest.mark.parametrize("case", sorted(ROUTE_PODS))

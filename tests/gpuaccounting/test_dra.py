@@ -62,6 +62,35 @@ def test_a_mig_request_without_a_profile_counts_as_a_whole_gpu() -> None:
     assert read(claim_spec(request("mig", "mig.nvidia.com"))).share == 1
 
 
+PROFILE = "device.attributes['gpu.nvidia.com'].profile"
+
+
+@pytest.mark.parametrize(
+    ("expression", "share"),
+    [
+        (f"{PROFILE} == '1g.10gb'", Fraction(1, 7)),
+        (f"device.attributes['gpu.nvidia.com'].type == 'mig' && {PROFILE} == '3g.40gb'", Fraction(3, 7)),
+        (f"{PROFILE} == '1g.10gb+me'", Fraction(1, 7)),
+        # The tenant writes the CEL: a quoted small profile that does not bind the device is a whole GPU.
+        (f"{PROFILE} == '1g.10gb' || true", Fraction(1)),
+        (f"{PROFILE} != '1g.10gb'", Fraction(1)),
+        (f"!({PROFILE} == '1g.10gb')", Fraction(1)),
+        (f"{PROFILE} == '7g.80gb' ? true : {PROFILE} == '1g.10gb'", Fraction(1)),
+        (f"{PROFILE}.startsWith('1g.10gb')", Fraction(1)),
+        (f"'1g.10gb' in [{PROFILE}, 'x'] || {PROFILE} == '1g.10gb'", Fraction(1)),
+        (f"[true, false && {PROFILE} == '1g.10gb' && true][0]", Fraction(1)),
+        (f"true // && {PROFILE} == '1g.10gb'", Fraction(1)),
+        (f"{PROFILE} == '1g.10gb' == false", Fraction(1)),
+        (f"device.driver == \"{PROFILE} == '1g.10gb'\"", Fraction(1)),
+    ],
+)
+def test_a_mig_request_counts_the_profile_its_selector_pins_every_device_to(
+    expression: str, share: Fraction
+) -> None:
+    selectors = [{"cel": {"expression": expression}}]
+    assert read(claim_spec(request("mig", "mig.nvidia.com", selectors=selectors))).share == share
+
+
 def test_admin_access_asks_for_no_gpu_time() -> None:
     result = read(claim_spec(request("debug", NVIDIA_GPU_CLASS, adminAccess=True)))
     assert not result.uses_gpu and result.claims == ()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuaccounting.catalogue import GpuEntry, SharingSystem, UnknownAccelerators
+from gpuaccounting.catalogue import UNKNOWN, GpuEntry, SharingSystem, UnknownAccelerators
 from gpuaccounting.hardware import KEYS, HardwareConfigError, load_hardware
 from gpuaccounting.shares import GpuHardware, Rule, read_pod
 from tests.support.pods import container, pod
@@ -106,7 +106,8 @@ def test_the_shipped_file_states_the_defaults() -> None:
         "gpu_memory_mib", "mig_slices_per_gpu", "time_slicing_replicas", "time_slicing_renamed",
         "metagpu_units_per_gpu", "gpushare_memory_unit_mib", "clearml_fractions", "minimum_shares",
         "gpu_resources", "gpu_resource_patterns", "gpu_device_classes", "accelerator_patterns",
-        "unknown_accelerators", "gpu_supply_routes", "gpu_supply_exempt", "gpu_runtime_classes",
+        "unknown_accelerators", "non_gpu_resources", "vgpu_board_memory_gb", "gpu_supply_routes",
+        "gpu_supply_exempt", "gpu_runtime_classes",
     }  # fmt: skip
     assert set(document["minimum_shares"]) == {system.value for system in SharingSystem}
     assert load_hardware(SHIPPED) == GpuHardware()
@@ -137,6 +138,20 @@ def test_the_catalogue_keys_are_read(tmp_path: Path) -> None:
     assert catalogue.unknown is UnknownAccelerators.WHOLE_GPUS
 
 
+def test_what_is_no_gpu_and_the_vgpu_boards_are_read(tmp_path: Path) -> None:
+    """An admin's own no-GPU names under a GPU vendor's domain, and a vGPU board the defaults lack."""
+    hardware = load_hardware(
+        write(
+            tmp_path,
+            {"non_gpu_resources": ["nvidia.com/sriov_*"], "vgpu_board_memory_gb": {"RTXA6000": 48}},
+        )
+    )
+
+    assert hardware.catalogue.entry("nvidia.com/sriov_rdma") is None
+    assert hardware.catalogue.entry("nvidia.com/hostdev") == UNKNOWN  # the file's list replaces the default
+    assert hardware.catalogue.vgpu_boards == {"RTXA6000": 48}
+
+
 @pytest.mark.parametrize(
     ("document", "message"),
     [
@@ -163,6 +178,9 @@ def test_the_catalogue_keys_are_read(tmp_path: Path) -> None:
         ({"gpu_device_classes": {"g": {"system": "nvidia", "capacity": {"cores": 0}}}}, "is not above zero"),
         ({"accelerator_patterns": "*gpu*"}, "must be a list of name patterns"),
         ({"unknown_accelerators": "allow"}, "unknown_accelerators must be one of"),
+        ({"non_gpu_resources": ["nvidia.com/hostdev", ""]}, "must be a list of name patterns"),
+        ({"vgpu_board_memory_gb": {"A10": 0}}, r"vgpu_board_memory_gb.A10 must be a positive integer"),
+        ({"vgpu_board_memory_gb": ["A10"]}, "vgpu_board_memory_gb must be an object"),
     ],
 )
 def test_a_wrong_catalogue_entry_is_refused_with_its_key(

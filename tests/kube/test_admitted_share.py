@@ -8,19 +8,21 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 from decimal import Decimal
+from typing import Any
 
 import httpx
 import pytest
 import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, async_sessionmaker
 
 from gpuaccounting.names import TOKEN_AUDIENCE
-from tests.kube.factories import dra_pod, gpu_pod
+from tests.kube.factories import dra_pod, gpu_node, gpu_pod
 from tests.support.kube_apiserver import KubeApiServer
 from tests.support.timekeeper import bearer, report_body
 from tests.timekeeper.conftest import START
 from timekeeper.settings import Settings
+from timekeeper.store.billing.repository import BillingRepository
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -41,9 +43,10 @@ def pod_token(apiserver: KubeApiServer, pod: dict) -> str:
 
 
 async def send(
-    client: httpx.AsyncClient, token: str, pod: dict, seq: int, gpu_share: float
+    client: httpx.AsyncClient, token: str, pod: dict, seq: int, gpu_share: float, **figures: Any
 ) -> httpx.Response:
-    """The pod's report of the 5 minutes numbered `seq` (one after another), stating `gpu_share`."""
+    """The pod's report of the 5 minutes numbered `seq` (one after another), stating `gpu_share` (and
+    `figures`: the report's `gpus`, say)."""
     meta = pod["metadata"]
     body = report_body(
         namespace=meta["namespace"],
@@ -53,6 +56,7 @@ async def send(
         start=START - timedelta(minutes=60 - 5 * seq),
         minutes=5,
         gpu_share=gpu_share,
+        **figures,
     )
     return await client.post("/reports", json=body, headers=bearer(token))
 
@@ -182,3 +186,28 @@ async def test_a_pod_gone_before_its_first_report_is_refused(
 
     assert response.status_code == 409
     assert "gone" in response.json()["detail"]
+
+
+async def test_a_first_report_naming_a_cheap_gpu_is_weighted_by_its_nodes_label(
+    apiserver: KubeApiServer, client: httpx.AsyncClient, connection: AsyncConnection
+):
+    """Issue 37: a forged "Tesla T4" first report fixed an H100 pod's model. The first report's read of the
+    pod reads its node's `nvidia.com/gpu.product` too; a pod on a node without it counts 1."""
+    sessions = async_sessionmaker(bind=connection, join_transaction_mode="create_savepoint")
+    async with sessions() as session, session.begin():
+        billing = BillingRepository(session)
+        await billing.set_weight("NVIDIA-H100-80GB-HBM3", Decimal(3), START - timedelta(days=1), "admin")
+        await billing.set_weight("Tesla-T4", Decimal("0.5"), START - timedelta(days=1), "admin")
+    gpu_node(apiserver, "h100-node", "NVIDIA-H100-80GB-HBM3")
+    gpu_node(apiserver, "plain-node", None)
+    forger = gpu_pod(apiserver, "team-a", "forger", node="h100-node")
+    unlabelled = gpu_pod(apiserver, "team-a", "unlabelled", node="plain-node")
+    t4 = [
+        {"uuid": "GPU-0", "sm_util_pct": 90.0, "mem_used_bytes": 1, "mem_total_bytes": 2, "name": "Tesla T4"}
+    ]
+
+    token = pod_token(apiserver, forger)
+    first, second = [await send(client, token, forger, seq, 1, gpus=t4) for seq in (1, 2)]
+    plain = await send(client, pod_token(apiserver, unlabelled), unlabelled, 1, 1, gpus=t4)
+
+    assert [answer.json()["gpu_minutes"] for answer in (first, second, plain)] == [15, 15, 5]

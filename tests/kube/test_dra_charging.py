@@ -16,11 +16,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionm
 
 from tests.kube.factories import dra_pod, gpu_pod, resource_claim, resource_slice
 from tests.kube.test_reconcile import GRACE, _exhaust, iso, sync
+from tests.support.dra import EXTENDED_RESOURCE_CLAIM
 from tests.support.kube_apiserver import KubeApiServer
 from tests.timekeeper.conftest import START
 from timekeeper.clock import ManualClock
 from timekeeper.kube import KubeClient
-from timekeeper.reconcile.claims import EXTENDED_RESOURCE_CLAIM
 from timekeeper.reconcile.service import Reconciler
 from timekeeper.settings import Settings
 from timekeeper.store.billing.repository import BillingRepository
@@ -151,11 +151,40 @@ async def test_an_extended_resource_backed_pod_is_charged_once_by_its_limit(
 ):
     resource_slice(apiserver, "gpu-node-1", [H100])
     pod = gpu_pod(apiserver, "team-a", "plain", share="1", started_at=iso(START - timedelta(minutes=65)))
-    # The scheduler's claim for the pod's nvidia.com/gpu served by a DeviceClass's extendedResourceName.
+    # The scheduler's claim for the pod's nvidia.com/gpu served by a DeviceClass's extendedResourceName,
+    # and the pod's status naming it (written by the scheduler alone).
     resource_claim(
         apiserver,
         "team-a",
-        "plain-gpu-xyz",
+        "plain-extended-resources-xyz",
+        ["gpu-0"],
+        reserved_for=[pod],
+        annotations={EXTENDED_RESOURCE_CLAIM: "true"},
+    )
+    pod["status"]["extendedResourceClaimStatus"] = {
+        "resourceClaimName": "plain-extended-resources-xyz",
+        "requestMappings": [{"containerName": "main", "resourceName": "nvidia.com/gpu", "requestName": "r0"}],
+    }
+    apiserver.put(pod)
+    await sync(reconciler)
+
+    result = await reconciler.run_pass()
+
+    assert (result.charged, result.claims_charged) == ({pod["metadata"]["uid"]: Decimal("60.000000000")}, {})
+    assert await ledger_total(sessionmaker) == Decimal(60)
+
+
+async def test_a_claim_its_tenant_annotated_as_an_extended_resources_is_charged(
+    apiserver: KubeApiServer, reconciler: Reconciler, sessionmaker
+):
+    """Issue 37: the annotation is the tenant's to write (on its claim, or its template's spec.metadata);
+    no pod's status names the claim, so it is the claim's to charge."""
+    resource_slice(apiserver, "gpu-node-1", [H100])
+    pod = dra_pod(apiserver, "team-a", "free", "free-gpu", started_at=iso(START - timedelta(minutes=65)))
+    claim = resource_claim(
+        apiserver,
+        "team-a",
+        "free-gpu",
         ["gpu-0"],
         reserved_for=[pod],
         annotations={EXTENDED_RESOURCE_CLAIM: "true"},
@@ -164,7 +193,7 @@ async def test_an_extended_resource_backed_pod_is_charged_once_by_its_limit(
 
     result = await reconciler.run_pass()
 
-    assert (result.charged, result.claims_charged) == ({pod["metadata"]["uid"]: Decimal("60.000000000")}, {})
+    assert result.claims_charged == {claim["metadata"]["uid"]: Decimal("60.000000000")}
     assert await ledger_total(sessionmaker) == Decimal(60)
 
 

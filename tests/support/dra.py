@@ -11,6 +11,9 @@ GROUP = "resource.k8s.io"
 NVIDIA_GPU_CLASS = "gpu.nvidia.com"
 NVIDIA_MIG_CLASS = "mig.nvidia.com"
 HAMI_CLASS = "hami-core-gpu.project-hami.io"
+# The annotation the scheduler puts on the claim it makes for a pod's extended resources; a tenant can put
+# it on its own claims too, so the charge reads it nowhere (issue 37).
+EXTENDED_RESOURCE_CLAIM = "resource.kubernetes.io/extended-resource-claim"
 
 
 def device_class(name: str, expression: str, extended_resource: str | None = None) -> dict[str, Any]:

@@ -42,7 +42,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -559,6 +559,13 @@ class KubeApiServer:
         with self._cond:
             self._delete(_KINDS[api_version.rpartition("/")[0], kind], namespace, name, graceful=False)
 
+    def delete_pod(self, namespace: str, name: str, grace_period_seconds: int) -> None:
+        """What a client's DELETE of the pod with this gracePeriodSeconds does."""
+        with self._cond:
+            self._delete(
+                _KINDS["", "Pod"], namespace, name, options={"gracePeriodSeconds": grace_period_seconds}
+            )
+
     def finish_pod_deletion(self, namespace: str, name: str) -> None:
         """What the kubelet does once a gracefully deleted pod's containers have stopped."""
         self.remove("v1", "Pod", namespace, name)
@@ -627,14 +634,33 @@ class KubeApiServer:
         self._bump(rtype, namespace, "MODIFIED", obj)
         return copy.deepcopy(obj)
 
-    def _delete(self, rtype: ResourceType, namespace: str | None, name: str, graceful: bool = True) -> JSON:
+    def _delete(
+        self,
+        rtype: ResourceType,
+        namespace: str | None,
+        name: str,
+        graceful: bool = True,
+        options: JSON | None = None,
+    ) -> JSON:
+        """`options`: the DeleteOptions (an Eviction's `deleteOptions`): their `gracePeriodSeconds` over
+        the pod's terminationGracePeriodSeconds, and a `preconditions.uid` that must match (else 409)."""
         obj = self._objects.get((rtype, namespace, name))
         if obj is None:
             raise ApiError.not_found(rtype.plural, name)
+        options = options or {}
+        wanted_uid = (options.get("preconditions") or {}).get("uid")
+        if wanted_uid is not None and wanted_uid != obj["metadata"]["uid"]:
+            raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: {wanted_uid}")
         if graceful and rtype.plural == "pods" and self._deletes_gracefully(obj):
-            if "deletionTimestamp" not in obj["metadata"]:
-                obj["metadata"]["deletionTimestamp"] = _now()
-                obj["metadata"]["deletionGracePeriodSeconds"] = 30
+            # The deletionTimestamp is when the grace ends; a second DELETE may shorten it, never lengthen.
+            grace = options.get("gracePeriodSeconds")
+            if grace is None:
+                grace = (obj.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+            current = obj["metadata"].get("deletionGracePeriodSeconds")
+            if current is None or grace < current:
+                ends = datetime.now(UTC) + timedelta(seconds=grace)
+                obj["metadata"]["deletionTimestamp"] = ends.strftime("%Y-%m-%dT%H:%M:%SZ")
+                obj["metadata"]["deletionGracePeriodSeconds"] = grace
                 self._bump(rtype, namespace, "MODIFIED", obj)
             return copy.deepcopy(obj)
         del self._objects[(rtype, namespace, name)]
@@ -689,7 +715,8 @@ class KubeApiServer:
             if r.method == "PATCH" and r.name:
                 return 200, self._patch(r)
             if r.method == "DELETE" and r.name:
-                return 200, self._delete(r.rtype, r.namespace, r.name)
+                options = r.body if isinstance(r.body, dict) else None
+                return 200, self._delete(r.rtype, r.namespace, r.name, options=options)
         raise ApiError(405, "MethodNotAllowed", f"the server does not allow this method on {r.rtype.plural}")
 
     def _checked_body(self, r: Request) -> JSON:
@@ -800,7 +827,7 @@ class KubeApiServer:
         if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
             self._charge_disruption_budget(pod, spend=not dry_run)
         if not dry_run:
-            self._delete(r.rtype, r.namespace, r.name or "")
+            self._delete(r.rtype, r.namespace, r.name or "", options=body.get("deleteOptions"))
         return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 
     def _charge_disruption_budget(self, pod: JSON, spend: bool = True) -> None:

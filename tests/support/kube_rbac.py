@@ -29,6 +29,7 @@ def timekeeper_rules() -> list[dict[str, Any]]:
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list"]},
         {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]},  # a downgrade past the PDB patience
         {
             "apiGroups": [""],
             "resources": ["resourcequotas"],
@@ -51,7 +52,7 @@ def timekeeper_rules() -> list[dict[str, Any]]:
             "verbs": ["update"],
         },
         # running_pod_action `kueue` (timekeeper/reconcile/kueue.py)
-        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list", "patch"]},
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list", "watch", "patch"]},
         {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloadpriorityclasses"], "verbs": ["get"]},
     ]
 

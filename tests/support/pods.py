@@ -78,6 +78,31 @@ def review(
     return {"apiVersion": api_version, "kind": "AdmissionReview", "request": request}
 
 
+def connect_review(
+    pod_name: str,
+    subresource: str,
+    container: str | None,
+    *,
+    namespace: str = "team-a",
+    username: str = "alice",
+) -> dict[str, Any]:
+    """The AdmissionReview of a CONNECT to `pods/exec` or `pods/attach` (`kubectl exec`, `cp`, `attach`), as
+    the API server sends it: the object is the options, naming the container (left out when not given)."""
+    kind = "PodExecOptions" if subresource == "exec" else "PodAttachOptions"
+    options: dict[str, Any] = {"kind": kind, "apiVersion": "v1", "stdout": True, "stderr": True}
+    if subresource == "exec":
+        options["command"] = ["cat", "/var/run/secrets/gpu-timekeeper/token"]
+    if container is not None:
+        options["container"] = container
+    body = review(
+        options, operation="CONNECT", subresource=subresource, kind=("", "v1", kind), username=username
+    )
+    request = body["request"]
+    request["resource"] = {"group": "", "version": "v1", "resource": "pods"}
+    request |= {"name": pod_name, "namespace": namespace}
+    return body
+
+
 # One valid GPU pod per sharing system (keyed by its `sharing-system` annotation value), with its share.
 GPU_PODS: dict[str, tuple[dict[str, Any], str]] = {
     "nvidia": (pod(container("main", {"nvidia.com/gpu": 2})), "2"),

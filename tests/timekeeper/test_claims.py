@@ -1,6 +1,7 @@
 """A DRA claim's charge from its allocation, decided without the API server: each allocated device's
 share (whole, MIG profile, consumable capacity, admin access), its model (a MIG device's parent's), grouped
-by model; no charge for devices that are no GPU or for an extended resource's claim."""
+by model; no charge for devices that are no GPU, nor for the claim the scheduler made for a pod's extended
+resources (known from the pod's status, never from the claim's annotations, which are the tenant's)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+import pytest
+
 from gpuaccounting.shares import GpuHardware
+from tests.support.dra import EXTENDED_RESOURCE_CLAIM
+from timekeeper.kube.client import pod_info
 from timekeeper.reconcile.claims import (
-    EXTENDED_RESOURCE_CLAIM,
+    ClaimConsumers,
     ClaimPart,
     ClaimRegistry,
     claim_parts,
@@ -18,6 +23,13 @@ from timekeeper.reconcile.claims import (
     pod_claim_names,
     slice_devices,
 )
+from timekeeper.reconcile.pods import TrackedPod
+
+# What only a pod's status says, and only the scheduler writes: the claim it made for `nvidia.com/gpu`.
+EXTENDED_STATUS = {
+    "resourceClaimName": "c",
+    "requestMappings": [{"containerName": "main", "resourceName": "nvidia.com/gpu", "requestName": "r0"}],
+}
 
 HARDWARE = GpuHardware()
 T0 = datetime(2026, 3, 18, 12, 0, tzinfo=UTC)
@@ -132,8 +144,78 @@ def test_admin_access_devices_and_other_drivers_devices_charge_nothing():
     assert parts(claim(results, requests), NVIDIA, nic) == []
 
 
-def test_an_extended_resource_claim_is_left_to_the_pods_limit():
-    assert parts(claim([result("gpu-0")], annotations={EXTENDED_RESOURCE_CLAIM: "true"})) == []
+def test_a_claim_annotated_as_an_extended_resources_is_charged_as_any_claim():
+    """The tenant writes its claim's annotations (or its template's spec.metadata, which the claim
+    copies): `resource.kubernetes.io/extended-resource-claim` decides nothing."""
+    annotated = claim([result("gpu-0")], annotations={EXTENDED_RESOURCE_CLAIM: "true"})
+
+    assert parts(annotated) == [ClaimPart("claim-uid", "NVIDIA-H100-80GB-HBM3", Decimal(1))]
+
+
+def tracked(uid: str, share: str, extended: dict[str, Any] | None = None) -> TrackedPod:
+    raw: dict[str, Any] = {
+        "metadata": {"name": uid, "namespace": "team-a", "uid": uid, "resourceVersion": "1"},
+        "spec": {"containers": [{"name": "main"}]},
+        "status": {"phase": "Running"},
+    }
+    if extended is not None:
+        raw["status"]["extendedResourceClaimStatus"] = extended
+    return TrackedPod(pod_info(raw), Decimal(share))
+
+
+def extended_claim(reserved: list[str]):
+    registry = ClaimRegistry()
+    obj = claim([result("gpu-0")])
+    obj["status"]["reservedFor"] = [{"resource": "pods", "name": uid, "uid": uid} for uid in reserved]
+    registry.update([obj], [NVIDIA], HARDWARE)
+    return registry.claims()["claim-uid"]
+
+
+def test_the_schedulers_claim_for_a_pods_extended_resource_is_left_to_the_pods_share():
+    consumers = ClaimConsumers([tracked("pod-a", "1", EXTENDED_STATUS)], HARDWARE.catalogue)
+    made = extended_claim(["pod-a"])
+
+    assert consumers.charged_to_pods(made, consumers.of(made))
+
+
+@pytest.mark.parametrize(
+    ("pods", "why"),
+    [
+        ([tracked("pod-a", "1")], "no pod's status names the claim"),
+        ([tracked("pod-a", "0", EXTENDED_STATUS)], "the pod's admitted share counts nothing"),
+        (
+            [tracked("pod-a", "1", {**EXTENDED_STATUS, "requestMappings": []})],
+            "no request is mapped to an extended resource",
+        ),
+        (
+            [
+                tracked(
+                    "pod-a",
+                    "1",
+                    {
+                        **EXTENDED_STATUS,
+                        "requestMappings": [{"containerName": "main", "resourceName": "example.com/fast"}],
+                    },
+                )
+            ],
+            "the extended resource is no GPU to the catalogue, so the pod's share did not count it",
+        ),
+        (
+            [tracked("pod-a", "1", EXTENDED_STATUS), tracked("pod-b", "1")],
+            "another pod uses the claim too",
+        ),
+        (
+            [tracked("pod-a", "1", {**EXTENDED_STATUS, "resourceClaimName": "other"})],
+            "the pod's status names another claim",
+        ),
+        ([tracked("pod-a", "0.25", EXTENDED_STATUS)], "a time-sliced share below the whole device given"),
+    ],
+)
+def test_any_other_claim_is_charged(pods: list[TrackedPod], why: str):
+    consumers = ClaimConsumers(pods, HARDWARE.catalogue)
+    made = extended_claim([pod.info.uid for pod in pods])
+
+    assert not consumers.charged_to_pods(made, consumers.of(made)), why
 
 
 def test_a_device_no_slice_publishes_counts_whole_and_unweighted():

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from timekeeper.metrics import DowngradeMetrics
 from timekeeper.reconcile.kueue import (
     NO_PRIORITY,
     ORIGINAL_ANNOTATION,
@@ -53,7 +54,7 @@ def policy(
 
 
 def to_lower(item: dict[str, Any], namespace_policy: KueuePolicy, **settings: Any) -> bool:
-    priorities = KueuePriorities(None, None, Settings(**settings), None)  # type: ignore[arg-type]
+    priorities = KueuePriorities(None, None, Settings(**settings), None, DowngradeMetrics())  # type: ignore[arg-type]
     return priorities._to_lower(item, namespace_policy, REDUCED)
 
 

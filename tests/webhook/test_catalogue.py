@@ -83,3 +83,85 @@ def test_mig_names_nvidias_tools_advertise_are_admitted(webhook: Webhook, profil
     patched = webhook.admit(pod(container("train", {f"nvidia.com/mig-{profile}": 1})))
     assert patched["metadata"]["annotations"][names.ANNOTATION_SHARING_SYSTEM] == "nvidia-mig"
     assert webhook.validate(patched).allowed
+
+
+@pytest.mark.parametrize(
+    ("resource", "share"),
+    [
+        ("nvidia.com/mig-1g.10gb.me", "0.142857"),  # the device plugin writes go-nvlib's `+` as `.`
+        ("nvidia.com/mig-1g.24gb.me.all", "0.142857"),
+        ("nvidia.com/mig-2g.48gb.gfx", "0.285714"),
+    ],
+)
+def test_mig_media_extension_names_are_admitted_at_their_profiles_share(
+    webhook: Webhook, publish: Publish, resource: str, share: str
+) -> None:
+    publish(namespaces={"team-a": entry("exhausted")})
+    patched = reduced_and_injected(webhook, pod(container("train", {resource: 1})))
+    annotations = patched["metadata"]["annotations"]
+    assert (annotations[names.ANNOTATION_GPU_SHARE], annotations[names.ANNOTATION_SHARING_SYSTEM]) == (
+        share,
+        "nvidia-mig",
+    )
+    assert webhook.validate(patched).allowed
+
+
+@pytest.mark.parametrize(
+    ("resource", "share", "system"),
+    [
+        ("nvidia.com/GA102GL_A10", "2", "nvidia"),  # the sandbox device plugin's passthrough A10
+        ("nvidia.com/GH100_H100_PCIE", "2", "nvidia"),
+        ("nvidia.com/NVIDIA_A10-12Q", "1", "nvidia-vgpu"),  # 12 of the A10's 24 GB, twice
+        ("nvidia.com/GRID_T4-4Q", "0.5", "nvidia-vgpu"),
+        ("nvidia.com/NVIDIA_A100-3-20C", "0.857143", "nvidia-vgpu"),  # MIG-backed: 3 of 7 slices, twice
+        ("nvidia.com/NVIDIA_A100-1-5CME", "0.285714", "nvidia-vgpu"),  # with media extensions
+    ],
+)
+def test_sandbox_and_vgpu_names_are_gpus_at_their_share(
+    webhook: Webhook, publish: Publish, resource: str, share: str, system: str
+) -> None:
+    publish(namespaces={"team-a": entry("exhausted")})
+    patched = reduced_and_injected(webhook, pod(container("vm", {resource: 2})))
+    annotations = patched["metadata"]["annotations"]
+    assert (annotations[names.ANNOTATION_GPU_SHARE], annotations[names.ANNOTATION_SHARING_SYSTEM]) == (
+        share,
+        system,
+    )
+    assert webhook.validate(patched).allowed
+
+
+@pytest.mark.parametrize(
+    ("resource", "key"),
+    [
+        ("nvidia.com/NVIDIA_B9-12Q", 'add "B9" to vgpu_board_memory_gb'),
+        ("nvidia.com/2236", 'add "nvidia.com/2236" to gpu_resources'),  # pci.ids lacks the name
+        ("nvidia.com/ANYTHING", 'add "nvidia.com/ANYTHING" to gpu_resources'),
+    ],
+)
+def test_what_a_gpu_vendors_domain_holds_that_the_catalogue_does_not_know_is_denied_with_the_key(
+    webhook: Webhook, resource: str, key: str
+) -> None:
+    answer = webhook.validate(webhook.admit(pod(container("vm", {resource: 1}))))
+    assert not answer.allowed
+    assert key in answer.message and "rule unknown-accelerator" in answer.message
+
+
+@pytest.mark.parametrize(
+    "resource",
+    ["nvidia.com/GA102_HIGH_DEFINITION_AUDIO_CONTROLLER", "nvidia.com/hostdev", "nvidia.com/priority"],
+)
+def test_a_gpu_vendors_resources_that_are_no_gpu_leave_the_pod_alone(webhook: Webhook, resource: str) -> None:
+    original = pod(container("vm", {resource: 1}))
+    assert webhook.admit(original) == original
+
+
+def test_hamis_task_priority_beside_its_gpu_resources_changes_no_share(webhook: Webhook) -> None:
+    """`nvidia.com/priority` is HAMi's task priority: under NVIDIA's domain, and no GPU."""
+    resources = {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 30, "nvidia.com/priority": 1}
+    patched = webhook.admit(pod(container("train", resources)))
+    annotations = patched["metadata"]["annotations"]
+    assert (annotations[names.ANNOTATION_GPU_SHARE], annotations[names.ANNOTATION_SHARING_SYSTEM]) == (
+        "0.3",
+        "hami",
+    )
+    assert webhook.validate(patched).allowed

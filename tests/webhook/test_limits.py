@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +18,20 @@ import orjson
 import pytest
 
 from tests.support.admission_state_server import StateServer
-from tests.support.hostile_clients import api_server_timeout_seconds, beside_trickle, hold_plain_sockets
+from tests.support.hostile_clients import (
+    MIB,
+    Hostile,
+    api_server_timeout_seconds,
+    beside_hostile,
+    hold_plain_sockets,
+    hostile_sources,
+    huge_trailer,
+    image_malloc_env,
+)
 from tests.support.pods import container, pod, review
-from tests.support.processes import REPO_ROOT, free_port
+from tests.support.processes import free_port
 from tests.support.raw_https import is_open, open_tls, post, send_endless_body
 from tests.webhook.conftest import Tls, Webhook, running_module, serve_webhook
-
-MIB = 2**20
 
 
 def _context(tls: Tls) -> ssl.SSLContext:
@@ -46,19 +53,14 @@ def _rss_mib(pid: int) -> float:
     return _memory_mib(pid, "VmRSS")
 
 
-def _image_malloc_env() -> dict[str, str]:
-    """The allocator settings the webhook's image runs with (its Dockerfile's `ENV MALLOC_...` lines)."""
-    dockerfile = (REPO_ROOT / "deployment/images/webhook.Dockerfile").read_text()
-    lines = [line.split(None, 1)[1] for line in dockerfile.splitlines() if line.startswith("ENV MALLOC_")]
-    return dict(line.split("=", 1) for line in lines)
-
-
 @contextlib.contextmanager
-def _webhook_process(tls: Tls, state: StateServer) -> Iterator[tuple[int, int]]:
-    """`python -m webhook` with its default limits, as its image runs it; (port, pid)."""
+def _webhook_process(tls: Tls, state: StateServer, **settings: str) -> Iterator[tuple[int, int]]:
+    """`python -m webhook` with its default limits (or `settings`, by environment variable), as its image
+    runs it; (port, pid)."""
     port = free_port()
     env = {
-        **_image_malloc_env(),
+        **settings,
+        **image_malloc_env("webhook"),
         "WEBHOOK_TLS_CERT_FILE": str(tls.cert_file),
         "WEBHOOK_TLS_KEY_FILE": str(tls.key_file),
         "WEBHOOK_TIMEKEEPER_URL": state.url,
@@ -272,18 +274,9 @@ def test_admissions_on_new_connections_pass_while_a_pod_trickles(
     tls: Tls, state: StateServer, clients: int
 ) -> None:
     """Issue #27: 150 slow clients of one pod made 56 of 63 admissions on new connections fail."""
-    normal = orjson.dumps(review(pod(container("main", {"nvidia.com/gpu": 1}))))
-    timeout = api_server_timeout_seconds()
     with _webhook_process(tls, state) as (port, _):
-
-        async def admission() -> bool:
-            with contextlib.suppress(OSError, ssl.SSLError, TimeoutError):
-                answer = await asyncio.wait_for(post(port, _context(tls), "/mutate", normal), timeout)
-                return answer.startswith(b"HTTP/1.1 200")
-            return False
-
-        ca_pem = tls.ca_file.read_text()
-        outcomes, _ = asyncio.run(beside_trickle(port, ca_pem, clients, admission, 60))
+        hostile = Hostile("trickle", port, clients, ca_pem=tls.ca_file.read_text())
+        outcomes, _ = asyncio.run(beside_hostile(hostile, _admission(port, tls), 60))
 
     assert sum(outcomes) >= 0.99 * len(outcomes)
 
@@ -310,3 +303,77 @@ def test_10000_sockets_that_never_start_tls_stay_under_the_memory_limit(tls: Tls
     # MiB: the admitted connections' TLS buffers are given back; what stays is the first TLS use's and
     # the allocator's (bench.hostile measures it).
     assert after - at_rest < 32
+
+
+def _admission(port: int, tls: Tls) -> Callable[[], Awaitable[bool]]:
+    """A GPU pod's admission on a new TLS connection: answered 200 within the API server's patience."""
+    normal = orjson.dumps(review(pod(container("main", {"nvidia.com/gpu": 1}))))
+    timeout = api_server_timeout_seconds()
+
+    async def admission() -> bool:
+        with contextlib.suppress(OSError, ssl.SSLError, TimeoutError):
+            answer = await asyncio.wait_for(post(port, _context(tls), "/mutate", normal), timeout)
+            return answer.startswith(b"HTTP/1.1 200")
+        return False
+
+    return admission
+
+
+@pytest.mark.e2e  # a real `python -m` process over real sockets
+def test_admissions_on_new_connections_pass_while_ten_pods_trickle(tls: Tls, state: StateServer) -> None:
+    """Issue #38: 150 slow TLS clients from 10 addresses (15 each, under the cap of 50 per address) let
+    4 of 58 admissions through; the connections waiting on them now give way."""
+    with _webhook_process(tls, state) as (port, _):
+        hostile = Hostile("trickle", port, 150, hostile_sources(10), ca_pem=tls.ca_file.read_text())
+        outcomes, _ = asyncio.run(beside_hostile(hostile, _admission(port, tls), 60))
+
+    assert sum(outcomes) >= 0.95 * len(outcomes)
+
+
+@pytest.mark.e2e  # a real `python -m` process over real sockets
+def test_connections_answered_before_their_body_are_closed_and_admissions_pass(
+    tls: Tls, state: StateServer
+) -> None:
+    """Issue #38: 100 `GET /healthz` with `Content-Length: 1` from 2 addresses, the byte sent after the
+    answer, stayed open for ever (uvicorn's keep-alive timer cancelled by it) and 0 of 20 admissions
+    passed."""
+    keep_alive = 2
+    with _webhook_process(tls, state, WEBHOOK_KEEP_ALIVE_TIMEOUT_SECONDS=str(keep_alive)) as (port, _):
+        hostile = Hostile(
+            "answer_before_body",
+            port,
+            100,
+            hostile_sources(2),
+            ca_pem=tls.ca_file.read_text(),
+            head=b"GET /healthz HTTP/1.1\r\nHost: webhook\r\nContent-Length: 1\r\n\r\n",
+            body=b"x",
+            checks=(keep_alive + 3,),
+        )
+        outcomes, seen = asyncio.run(beside_hostile(hostile, _admission(port, tls), 20))
+
+    assert seen.made == 100
+    assert sum(outcomes) >= 0.95 * len(outcomes)
+    assert seen.still_open == (0,)
+
+
+@pytest.mark.e2e  # a real `python -m` process over real sockets
+def test_8_trailers_of_48_mib_are_refused_under_the_memory_limit(tls: Tls, state: StateServer) -> None:
+    """Issue #38: trailers went past the head limit into the request's headers; 8 x 48 MiB from one
+    address took the webhook to 261 MiB (its limit is 256 MiB)."""
+    head = b"POST /mutate HTTP/1.1\r\nHost: webhook\r\nTransfer-Encoding: chunked\r\n\r\n"
+    with _webhook_process(tls, state) as (port, pid):
+
+        async def attack() -> tuple[list[tuple[bytes, int, float]], bool]:
+            trailers = [huge_trailer(port, 48 * MIB, head, _context(tls)) for _ in range(8)]
+            results = await asyncio.gather(*trailers, _admission(port, tls)())
+            return list(results[:-1]), results[-1]
+
+        results, admitted = asyncio.run(attack())
+        peak = _peak_rss_mib(pid)
+
+    assert admitted
+    assert peak < 256
+    # No bound on the bytes sent here: a TLS stream's writes after the server's reset vanish unnoticed.
+    for answered, _, seconds in results:
+        assert answered.startswith(b"HTTP/1.1 431") or answered == b""
+        assert seconds < 5

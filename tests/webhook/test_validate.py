@@ -9,7 +9,7 @@ import pytest
 
 from gpuaccounting import names
 from tests.support.admission_state_server import entry
-from tests.support.pods import container, pod
+from tests.support.pods import connect_review, container, pod
 from tests.webhook.conftest import Publish, Tls, Webhook, serve_webhook
 
 # (pod, what the denial must say): container, resource, value and rule, for each system's invalid variants.
@@ -347,3 +347,47 @@ def test_disabled_rules_warn_instead_of_deny(tls: Tls, state: Any) -> None:
         )
     assert answer.allowed
     assert any("rule vcuda-core-range" in warning for warning in answer.response["warnings"])
+
+
+@pytest.mark.parametrize("subresource", ["exec", "attach"])
+def test_a_session_in_our_sidecar_is_denied_and_one_in_the_pods_own_container_allowed(
+    webhook: Webhook, subresource: str
+) -> None:
+    """`kubectl exec`/`cp`/`attach -c gpu-timekeeper-sidecar` would read the token it reports with (issue 37,
+    point 6); a session in the tenant's own container, or one naming none, is none of ours."""
+    into_sidecar = connect_review("train", subresource, names.SIDECAR_CONTAINER_NAME)
+
+    denied = webhook.post("/validate", into_sidecar)
+
+    assert denied.status_code == 200 and not denied.allowed
+    assert denied.message.startswith("pod train in namespace team-a: ")
+    assert f"`kubectl {subresource}` into the injected container" in denied.message
+    assert "(rule token-volume-mount)" in denied.message
+    for container_name in ("train", None):
+        assert webhook.post("/validate", connect_review("train", subresource, container_name)).allowed
+
+
+def test_a_session_for_port_forward_or_proxy_is_not_judged(webhook: Webhook) -> None:
+    """Port forwarding names no container: the sidecar listens on no port, so it reaches nothing of ours."""
+    forward = connect_review("train", "exec", names.SIDECAR_CONTAINER_NAME)
+    forward["request"]["subResource"] = "portforward"
+    forward["request"]["kind"]["kind"] = "PodPortForwardOptions"
+
+    assert webhook.post("/validate", forward).allowed
+
+
+def test_a_debug_container_targeting_our_sidecar_is_denied(webhook: Webhook) -> None:
+    """`kubectl debug --target=gpu-timekeeper-sidecar` joins the sidecar's process namespace, where
+    /proc/<pid>/root holds its token; a debug container targeting the tenant's own container is allowed."""
+    old = webhook.admit(pod(container("train", {"nvidia.com/gpu": 1})))
+    debug = copy.deepcopy(old)
+    debug["spec"]["ephemeralContainers"] = [
+        {"name": "debugger", "image": "busybox:1.36", "targetContainerName": names.SIDECAR_CONTAINER_NAME}
+    ]
+
+    answer = webhook.validate(debug, operation="UPDATE", old=old, subresource="ephemeralcontainers")
+
+    assert not answer.allowed
+    assert f'container "debugger": targetContainerName={names.SIDECAR_CONTAINER_NAME}' in answer.message
+    debug["spec"]["ephemeralContainers"][0]["targetContainerName"] = "train"
+    assert webhook.validate(debug, operation="UPDATE", old=old, subresource="ephemeralcontainers").allowed

@@ -135,7 +135,6 @@ def pod_info(raw: JSON) -> PodInfo:
         started_at=_parse_time(status.get("startTime")),
         finished_at=max(known_finishes) if phase in ("Succeeded", "Failed") and known_finishes else None,
         deleting_since=_parse_time(meta.get("deletionTimestamp")),
-        has_controller=any(ref.get("controller") for ref in meta.get("ownerReferences") or []),
         raw=raw,
     )
 
@@ -406,14 +405,20 @@ class KubeClient:
             if not token:
                 return items
 
-    async def evict_pod(self, namespace: str, name: str, *, dry_run: bool = False) -> EvictionResult:
+    async def evict_pod(
+        self, namespace: str, name: str, *, dry_run: bool = False, grace_period_seconds: int | None = None
+    ) -> EvictionResult:
         """Evict through the Eviction API, so PodDisruptionBudgets are honoured; with `dry_run`, only ask
-        whether it would be allowed (nothing is evicted, no disruption spent)."""
+        whether it would be allowed (nothing is evicted, no disruption spent). `grace_period_seconds`
+        overrides the pod's own terminationGracePeriodSeconds for this deletion (None: the pod's)."""
         options: dict[str, Any] = {"dry_run": "All"} if dry_run else {}
         body = client.V1Eviction(
             api_version=await self.eviction_api_version(),
             kind="Eviction",
             metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+            delete_options=None
+            if grace_period_seconds is None
+            else client.V1DeleteOptions(grace_period_seconds=grace_period_seconds),
         )
         try:
             await self._call(
@@ -432,6 +437,24 @@ class KubeClient:
                 return EvictionResult.GONE
             raise
         return EvictionResult.EVICTED
+
+    async def delete_pod(self, namespace: str, name: str, uid: str, grace_period_seconds: int) -> bool:
+        """DELETE the pod (no PodDisruptionBudget is asked) with this grace period, only if it is still
+        the pod `uid` (a pod re-created under the name is left alone); whether it was there to delete."""
+        options = client.V1DeleteOptions(
+            grace_period_seconds=grace_period_seconds, preconditions=client.V1Preconditions(uid=uid)
+        )
+        try:
+            await self._call(
+                self._core.delete_namespaced_pod(
+                    name, namespace, body=options, _request_timeout=self._timeout
+                )
+            )
+        except KubeApiError as error:
+            if error.status in (HTTP_NOT_FOUND, HTTP_CONFLICT):  # gone, or another pod by now
+                return False
+            raise
+        return True
 
     # ---- quotas ----------------------------------------------------------------------------------------
 

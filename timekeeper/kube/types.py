@@ -82,7 +82,6 @@ class PodInfo:
     # The latest finishedAt of the app containers once the pod has ended (Succeeded / Failed).
     finished_at: datetime | None
     deleting_since: datetime | None
-    has_controller: bool
     raw: JSON
 
     @property

@@ -1,6 +1,7 @@
 """What a Dynamic Resource Allocation claim is charged (its allocated devices at each one's share and weight,
-for the time any consumer ran; never a claim made for an extended resource, which its pod's charge counts),
-decided without the API server or the database. The rule in full: docs/timekeeper.md, "DRA claims"."""
+for the time any consumer ran; never the claim the scheduler made for a pod's extended resources, which
+that pod's admitted share counts), decided without the API server or the database. The rule in full:
+docs/timekeeper.md, "DRA claims"."""
 
 from __future__ import annotations
 
@@ -11,14 +12,13 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any, Final
 
-from gpuaccounting.catalogue import SharingSystem
+from gpuaccounting.catalogue import GpuCatalogue, SharingSystem
 from gpuaccounting.quantity import QuantityError, parse_quantity
 from gpuaccounting.shares import GpuHardware, mig_gpu_slices
 from timekeeper.domain.periods import Interval
 from timekeeper.domain.weights import model_key
 from timekeeper.reconcile.pods import TrackedPod
 
-EXTENDED_RESOURCE_CLAIM: Final = "resource.kubernetes.io/extended-resource-claim"
 CLAIM_POD_PREFIX: Final = "claim."  # a claim's rows in the ledger: `claim.<name>` beside the pods' names
 
 DeviceKey = tuple[str, str, str]  # driver, pool, device
@@ -140,10 +140,8 @@ def _model(device: Device | None, by_uuid: Mapping[str, Device]) -> str | None:
 
 def claim_parts(claim: Mapping[str, Any], devices: SliceDevices, hardware: GpuHardware) -> list[ClaimPart]:
     """The claim's GPU devices as allocated, grouped by model (most claims have one); none for a claim
-    with no allocation, no GPU devices, or one made for an extended resource."""
+    with no allocation or no GPU devices. Its annotations are the tenant's: they decide nothing."""
     metadata = _mapping(claim.get("metadata"))
-    if EXTENDED_RESOURCE_CLAIM in _mapping(metadata.get("annotations")):
-        return []
     classes = _request_classes(claim)
     entries = hardware.catalogue.device_classes
     shares: dict[str | None, Fraction] = {}
@@ -209,20 +207,50 @@ def pod_claim_names(pod: Mapping[str, Any]) -> set[str]:
     return {str(name) for name in names if name}
 
 
-class ClaimConsumers:
-    """The tracked pods by uid, and by the claims they name in their namespace."""
+def extended_resource_claim(pod: TrackedPod, catalogue: GpuCatalogue) -> str | None:
+    """The claim the scheduler made for the pod's extended resources (`status.extendedResourceClaimStatus`,
+    which only the scheduler writes), where the pod's admitted share already counts each of them: a share
+    above 0 and every mapped resource a GPU to the catalogue. None otherwise: such a claim is charged."""
+    found = _mapping(_mapping(pod.info.raw.get("status")).get("extendedResourceClaimStatus"))
+    name, mappings = found.get("resourceClaimName"), _list(found.get("requestMappings"))
+    if not isinstance(name, str) or not name or pod.share <= 0 or not mappings:
+        return None
+    resources = [_mapping(mapping).get("resourceName") for mapping in mappings]
+    if not all(isinstance(resource, str) and catalogue.entry(resource) for resource in resources):
+        return None
+    return name
 
-    def __init__(self, pods: Iterable[TrackedPod]) -> None:
+
+class ClaimConsumers:
+    """The tracked pods by uid, by the claims they name in their namespace, and by the extended-resource
+    claim the scheduler made for them."""
+
+    def __init__(self, pods: Iterable[TrackedPod], catalogue: GpuCatalogue) -> None:
         self._pods = {pod.info.uid: pod for pod in pods}
         self._naming: dict[tuple[str, str], set[str]] = {}
+        self._extended: dict[tuple[str, str], set[str]] = {}
         for pod in self._pods.values():
             for name in pod_claim_names(pod.info.raw):
                 self._naming.setdefault((pod.info.namespace, name), set()).add(pod.info.uid)
+            if (extended := extended_resource_claim(pod, catalogue)) is not None:
+                self._extended.setdefault((pod.info.namespace, extended), set()).add(pod.info.uid)
 
     def of(self, claim: TrackedClaim) -> list[TrackedPod]:
         """The claim's consumers: the pods seen reserving it and those naming it."""
         uids = claim.consumers | self._naming.get((claim.namespace, claim.name), set())
         return [self._pods[uid] for uid in sorted(uids) if uid in self._pods]
+
+    def charged_to_pods(self, claim: TrackedClaim, users: list[TrackedPod]) -> bool:
+        """Whether the claim is the scheduler's for its consumers' extended resources, which their admitted
+        shares count: every consumer is a pod the scheduler made it for, and their shares are at least
+        the claim's devices (a time-sliced `nvidia.com/gpu` counted 1/4 may be given a whole device by a
+        DRA driver). A claim any other pod uses (one made again under a freed name, say) is the claim's."""
+        made_for = self._extended.get((claim.namespace, claim.name), set())
+        if not users or not all(pod.info.uid in made_for for pod in users):
+            return False
+        return sum((part.share for part in claim.parts), Decimal(0)) <= sum(
+            (pod.share for pod in users), Decimal(0)
+        )
 
 
 def ran(pods: Iterable[TrackedPod], until: datetime) -> list[Interval]:

@@ -1,11 +1,15 @@
 """The running-pod action `kueue`: an exhausted namespace's Kueue Workloads lowered in place to the reduced
 WorkloadPriorityClass's value, and given back once it is not, never above what the priority policy allows
-(the annotation keeping the old value is the tenant's to write too). docs/kubernetes.md, "Kueue Workloads"."""
+(the annotation keeping the old value is the tenant's to write too). Each pass decides which namespaces are
+lowered; between passes a watch on the Workloads lowers one the tenant raised (or made anew) as soon as the
+change arrives. docs/kubernetes.md, "Kueue Workloads"."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable, Mapping
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -19,6 +23,7 @@ from gpuaccounting.names import DOMAIN
 from gpuaccounting.shares import read_pod
 from timekeeper.clock import Clock
 from timekeeper.kube import KubeApiError, KubeClient, KubeError, ObjectReference
+from timekeeper.metrics import DowngradeMetrics
 from timekeeper.settings import Settings
 from timekeeper.store.audit.repository import AuditRepository
 from timekeeper.store.budgets.models import DefaultBudget, NamespaceBudget
@@ -127,14 +132,80 @@ def uses_gpus(workload: Mapping[str, Any], settings: Settings) -> bool:
     return False
 
 
-@dataclass(frozen=True, slots=True)
 class KueuePriorities:
-    """One pass of the action, run by the reconciler after its evictions."""
+    """The action: a pass, run by the reconciler after its evictions, and the Workload watch between
+    passes (on the leader only, like the pass)."""
 
-    kube: KubeClient
-    sessionmaker: async_sessionmaker[AsyncSession]
-    settings: Settings
-    clock: Clock
+    def __init__(
+        self,
+        kube: KubeClient,
+        sessionmaker: async_sessionmaker[AsyncSession],
+        settings: Settings,
+        clock: Clock,
+        metrics: DowngradeMetrics,
+    ) -> None:
+        self.kube = kube
+        self.sessionmaker = sessionmaker
+        self.settings = settings
+        self.clock = clock
+        self.metrics = metrics
+        self._reduced: int | None = None  # the reduced class's value, as the last pass (or the watch) read it
+
+    def forget(self) -> None:
+        """Not leading: the reduced value is read again by the next leadership."""
+        self._reduced = None
+
+    async def follow(self) -> None:
+        """Every Workload change, once Kueue's Workloads are served (asked each reconcile interval until
+        then): a GPU Workload of a namespace lowered now, above the reduced value (a tenant's raise, or a
+        Workload made anew), is lowered at once, not on the next pass. The namespace's state and action
+        are read when such a change arrives; the watch's first events list every Workload."""
+        served = False
+        while not served:
+            served = await self._served()
+            if not served:
+                await asyncio.sleep(self.settings.reconcile_interval_seconds)
+        try:
+            changes = self.kube.watch_custom_raw(KUEUE_GROUP, KUEUE_VERSION, WORKLOADS)
+            async with aclosing(changes):
+                async for type_, workload in changes:
+                    if type_ != "DELETED":
+                        await self.on_change(workload)
+        except Exception:
+            log.exception("kueue_watch_crashed")  # the passes still lower every Workload that lasts
+            raise
+
+    async def _served(self) -> bool:
+        try:
+            found = await self.kube.list_served_objects(
+                KUEUE_GROUP, KUEUE_VERSION, WORKLOADS, label_selector=LOWERED_LABEL
+            )
+        except KubeError as error:
+            log.warning("kueue_priority_failed", extra={"error": str(error)})
+            return False
+        return found is not None
+
+    async def on_change(self, workload: Mapping[str, Any]) -> None:
+        """Lower one changed Workload if the pass would (cheap checks first: most changes are status)."""
+        namespace = (workload.get("metadata") or {}).get("namespace")
+        if not isinstance(namespace, str) or is_finished(workload) or not uses_gpus(workload, self.settings):
+            return
+        try:
+            if self._reduced is None:
+                self._reduced = await self._class_value(self.settings.kueue_over_budget_priority_class)
+            reduced = self._reduced
+            if reduced is None or (priority_of(workload) or 0) <= reduced:
+                return
+            async with self.sessionmaker() as session:
+                policy = (await kueue_policies(session, [namespace]))[namespace]
+            if (
+                policy.lowering
+                and self._to_lower(workload, policy, reduced)
+                and await self._lower(workload, reduced)
+            ):
+                self.metrics.kueue_lowered.labels(trigger="watch").inc()
+        except KubeError as error:
+            log.warning("kueue_priority_failed", extra={"namespace": namespace, "error": str(error)})
 
     async def run(self, lowered: list[tuple[str, str]], restored: list[tuple[str, str]]) -> None:
         """Give back what no longer needs lowering, then lower what does; nothing where Kueue's Workloads
@@ -157,7 +228,7 @@ class KueuePriorities:
             lowering = sorted(ns for ns, policy in policies.items() if policy.lowering)
             if not lowering:
                 return
-            reduced = await self._class_value(self.settings.kueue_over_budget_priority_class)
+            reduced = self._reduced = await self._class_value(self.settings.kueue_over_budget_priority_class)
             if reduced is None:
                 return
             for namespace in lowering:
@@ -169,6 +240,7 @@ class KueuePriorities:
                         workload, reduced
                     ):
                         lowered.append(_key(workload))
+                        self.metrics.kueue_lowered.labels(trigger="pass").inc()
         except KubeError as error:
             log.warning("kueue_priority_failed", extra={"error": str(error)})
 
@@ -230,8 +302,8 @@ class KueuePriorities:
         reason: str,
         message: str,
     ) -> bool:
-        """The patch, conditional on the version read (a Workload changed since is left for the next
-        pass), then its audit entry and an Event on the Workload."""
+        """The patch, conditional on the version read (a Workload changed since is left for its next
+        watch event or the next pass), then its audit entry and an Event on the Workload."""
         meta = workload["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         patch = {

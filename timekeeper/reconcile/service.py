@@ -16,10 +16,10 @@ from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpuaccounting.admission_state import is_exempt
+from gpuaccounting.names import DEFAULT_TERMINATION_GRACE_SECONDS
 from gpuaccounting.wire import BudgetState
 from timekeeper.clock import Clock
 from timekeeper.domain.periods import Interval
-from timekeeper.domain.weights import model_key
 from timekeeper.kube import (
     EvictionResult,
     KubeClient,
@@ -27,10 +27,11 @@ from timekeeper.kube import (
     KubeError,
     KubeUnavailableError,
     ObjectReference,
+    PodInfo,
     QuotaChange,
 )
 from timekeeper.kube.client import DRA_GROUP
-from timekeeper.metrics import PodWatchCollector
+from timekeeper.metrics import DowngradeMetrics, PodWatchCollector
 from timekeeper.pools.service import PoolService
 from timekeeper.reconcile.claims import (
     CLAIM_POD_PREFIX,
@@ -46,16 +47,16 @@ from timekeeper.reconcile.quotas import quota_hard
 from timekeeper.reconcile.repository import ReconcileRepository
 from timekeeper.reconcile.workloads import workload_key
 from timekeeper.settings import Settings
+from timekeeper.usage.admitted import NodeModels
 from timekeeper.usage.schemas import SilentInterval
 from timekeeper.usage.service import IngestService
 
 log = logging.getLogger(__name__)
 
-# GPU Feature Discovery's label naming the node's GPU model (with the MIG profile under the single strategy).
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-NODE_LABEL_TTL = timedelta(minutes=10)
 # A sequence number no sidecar reaches; coverage, not the number, is what prevents double charging.
 RECONCILER_SEQ = 2**62
+# How far the API server's clock may run ahead of ours before a deletion's end looks too late.
+TERMINATION_SLACK = timedelta(minutes=1)
 
 _TRANSITION_EVENTS: dict[BudgetState, tuple[str, str]] = {
     "exhausted": ("GPUBudgetExhausted", "Warning"),
@@ -75,6 +76,8 @@ class PassResult:
     transitions: dict[str, tuple[BudgetState | None, BudgetState]] = field(default_factory=dict)
     evicted: list[tuple[str, str]] = field(default_factory=list)
     blocked: list[tuple[str, str]] = field(default_factory=list)  # by a PodDisruptionBudget
+    deleted: list[tuple[str, str]] = field(default_factory=list)  # past the PDB patience
+    shortened: list[tuple[str, str]] = field(default_factory=list)  # terminating with too long a grace
     deferred: list[tuple[str, str]] = field(default_factory=list)  # past the pass's eviction limit
     kueue_lowered: list[tuple[str, str]] = field(default_factory=list)  # Workloads (reconcile/kueue.py)
     kueue_restored: list[tuple[str, str]] = field(default_factory=list)
@@ -91,6 +94,8 @@ class PassResult:
             "transitions": {ns: list(change) for ns, change in self.transitions.items()},
             "evicted": [list(pod) for pod in self.evicted],
             "blocked": [list(pod) for pod in self.blocked],
+            "deleted": [list(pod) for pod in self.deleted],
+            "shortened": [list(pod) for pod in self.shortened],
             "deferred": [list(pod) for pod in self.deferred],
             "kueue_lowered": [list(workload) for workload in self.kueue_lowered],
             "kueue_restored": [list(workload) for workload in self.kueue_restored],
@@ -115,19 +120,23 @@ class Reconciler:
         self.clock = clock
         self.hardware = settings.hardware  # the webhook's sizes too: shares and quotas agree with admission
         self.registry = PodRegistry(clock, self.hardware)
-        self.kueue = KueuePriorities(kube, sessionmaker, settings, clock)
+        self.downgrade_metrics = DowngradeMetrics()
+        self.kueue = KueuePriorities(kube, sessionmaker, settings, clock, self.downgrade_metrics)
         self.claims = ClaimRegistry()
         self._claim_holders: set[str] = set()  # uids of the pods using a GPU claim (the last pass's)
         self._last_states: dict[str, BudgetState] | None = None
         self._watch: asyncio.Task[None] | None = None
         self._claims_watch: asyncio.Task[None] | None = None
+        self._kueue_watch: asyncio.Task[None] | None = None
+        # uid -> when a pass first found the pod due for downgrade (the PDB patience runs from there)
+        self._due_since: dict[str, datetime] = {}
         self.pod_metrics = PodWatchCollector()
         self._silent: set[str] = set()  # uids found silent by the last pass (logged once per silence)
         self._modelled: set[str] = set()  # uids whose coverage row holds their GPU model
         self._shared: set[str] = set()  # uids whose coverage row holds their admitted share
         self._named: set[str] = set()  # uids whose coverage row holds their workload (or bare pods)
         self._skipped: set[str] = set()  # uids whose silent time could not be charged (logged once)
-        self._node_models: dict[str, tuple[str | None, datetime]] = {}  # node -> (model, read at)
+        self._node_models = NodeModels(kube, clock)
 
     # ---- leadership: the watch runs only on the leader, whose passes it feeds ----------------------------
 
@@ -144,12 +153,13 @@ class Reconciler:
         self._forget_pods()
         self._watch = asyncio.create_task(self._follow(self.registry), name="pod-watch")
         self._claims_watch = asyncio.create_task(self._follow_claims(self.claims), name="claims-watch")
+        self._kueue_watch = asyncio.create_task(self.kueue.follow(), name="kueue-watch")
 
     async def stop_leading(self) -> None:
         """Cancel the watches: their open requests end with the tasks, nothing is left waiting (the next
         leader lists the pods and claims itself). The client stays open for next time."""
-        watches = [w for w in (self._watch, self._claims_watch) if w is not None]
-        self._watch = self._claims_watch = None
+        watches = [w for w in (self._watch, self._claims_watch, self._kueue_watch) if w is not None]
+        self._watch = self._claims_watch = self._kueue_watch = None
         self._forget_pods()
         for watch in watches:
             watch.cancel()
@@ -163,8 +173,10 @@ class Reconciler:
         self._shared = set()
         self._named = set()
         self._skipped = set()
-        self._node_models = {}
+        self._node_models.forget()
         self._claim_holders = set()
+        self._due_since = {}
+        self.kueue.forget()
 
     async def aclose(self) -> None:
         await self.stop_leading()
@@ -233,6 +245,7 @@ class Reconciler:
         self._count_pods(reports, result)
         await self._announce(states, result)
         await self._downgrade(evicting, result)
+        await self._bound_terminations(evicting, result)
         await self.kueue.run(result.kueue_lowered, result.kueue_restored)
         await self._apply_quotas(limits, result)
         return result
@@ -286,18 +299,20 @@ class Reconciler:
         self.claims.update(claims, slices, self.hardware)
         now = self.clock.now()
         until = now - timedelta(seconds=self.settings.silent_grace_seconds)
-        consumers = ClaimConsumers(self.registry.pods())
+        consumers = ClaimConsumers(self.registry.pods(), self.hardware.catalogue)
         holders: set[str] = set()
         plans: list[tuple[TrackedClaim, ClaimPart, list[Interval], bool]] = []
         finished: list[str] = []  # forgotten once their final charge is committed
         for uid, claim in self.claims.claims().items():
             users = consumers.of(claim)
             holders.update(pod.info.uid for pod in users)
-            spans = ran(users, until)
             final = not claim.listed and all(pod.ended_at is not None for pod in users)
-            plans.extend((claim, part, spans, final) for part in claim.parts if spans)
             if final:
                 finished.append(uid)
+            if consumers.charged_to_pods(claim, users):
+                continue  # the scheduler's claim for extended resources its pods' shares count
+            spans = ran(users, until)
+            plans.extend((claim, part, spans, final) for part in claim.parts if spans)
         self._claim_holders = holders
         flat = [(part.key, start, end) for _, part, spans, _ in plans for start, end in spans]
         async with self.sessionmaker() as session:
@@ -366,8 +381,8 @@ class Reconciler:
 
     async def _learn_models(self, result: PassResult) -> None:
         """Each bound GPU pod's GPU model from its node's GPU Feature Discovery label, recorded on its
-        coverage row unless the sidecar named one first (billing weights). A node's label is read at most
-        once per NODE_LABEL_TTL; a pod without a coverage row yet is tried again next pass."""
+        coverage row unless one is known (billing weights; its first report may have read it already). A
+        node's label is read at most once per NODE_LABEL_TTL; a pod without a row is tried next pass."""
         pods = {
             pod.info.uid: pod.info.node_name
             for pod in self.registry.pods()
@@ -376,7 +391,7 @@ class Reconciler:
         self._modelled &= {pod.info.uid for pod in self.registry.pods()}
         models: dict[str, str] = {}
         for uid, node in pods.items():
-            model = await self._node_model(node) if node else None
+            model = await self._node_models.model(node) if node else None
             if model is not None:
                 models[uid] = model
         if models:
@@ -407,20 +422,6 @@ class Reconciler:
         if named:
             async with self.sessionmaker() as session, session.begin():
                 self._named |= await ReconcileRepository(session).record_workloads(named)
-
-    async def _node_model(self, node: str) -> str | None:
-        now = self.clock.now()
-        cached = self._node_models.get(node)
-        if cached is not None and now - cached[1] < NODE_LABEL_TTL:
-            return cached[0]
-        try:
-            product = (await self.kube.node_labels(node)).get(GPU_PRODUCT_LABEL)
-        except KubeError as error:
-            log.warning("node_labels_unavailable", extra={"node": node, "error": str(error)})
-            return None if cached is None else cached[0]
-        model = model_key(product) if product else None
-        self._node_models[node] = (model, now)
-        return model
 
     async def _sync_labels(self, result: PassResult) -> None:
         """The namespaces' labels, for the pools' selectors (docs/timekeeper.md#pools)."""
@@ -473,7 +474,7 @@ class Reconciler:
         transaction that leaves the pod's last report time alone and, for an ended pod, closes it at its
         end. A pod whose time cannot be charged is logged once, with the reason."""
         info = pod.info
-        model = await self._node_model(info.node_name) if info.node_name else None
+        model = await self._node_models.model(info.node_name) if info.node_name else None
         try:
             report = SilentInterval(
                 namespace=info.namespace,
@@ -533,30 +534,22 @@ class Reconciler:
         class their priority policy exempts where an admin listed it: `is_exempt`, the webhook's rule). A
         pod's priority is immutable: its controller recreates it and the webhook gives the new pods the
         reduced class. A workload goes whole or not at all: a gang missing some pods holds GPUs without
-        progress. Through the Eviction API (PodDisruptionBudgets honoured); bare pods only when
-        configured; at most `evictions_per_pass` workloads per pass, the longest-running first."""
-        if not evicting:
-            return
-        reduced = self.settings.over_budget_priority_class
+        progress. Through the Eviction API (PodDisruptionBudgets honoured, for a bounded time: see
+        `_evict_workload`), with a grace of at most `over_budget_max_grace_seconds`; bare pods only when
+        configured, a bare pod being one admitted bare (the webhook's protected workload annotation: the
+        tenant may drop a running pod's ownerReferences, or have its controller release it, but not
+        that); at most `evictions_per_pass` workloads per pass, the longest-running first."""
         workloads: dict[tuple[str, str], list[TrackedPod]] = {}
         for pod in self.registry.pods():
             info = pod.info
-            exempt = evicting.get(info.namespace)
-            if (
-                exempt is None
-                or pod.ended_at is not None
-                or info.ended
-                or info.deleting_since is not None
-                or not self._holds_gpus(pod)
-            ):
+            if info.deleting_since is not None or not self._above_reduced(pod, evicting):
                 continue
-            priority_class = (info.raw.get("spec") or {}).get("priorityClassName")
-            exempt_here = is_exempt(priority_class, info.namespace, exempt, self.settings.exempt_namespaces)
-            if priority_class == reduced or exempt_here:
-                continue
-            if info.has_controller or self.settings.evict_bare_pods:
-                workloads.setdefault(workload_key(info), []).append(pod)
+            key = workload_key(info)
+            if not key[1].startswith("Pod/") or self.settings.evict_bare_pods:
+                workloads.setdefault(key, []).append(pod)
         now = self.clock.now()
+        due = {pod.info.uid for pods in workloads.values() for pod in pods}
+        self._due_since = {uid: self._due_since.get(uid, now) for uid in due}
         running = sorted(
             (
                 sorted(pods, key=lambda pod: (pod.info.started_at or now, pod.info.uid))
@@ -582,45 +575,149 @@ class Reconciler:
                     },
                 )
 
+    def _above_reduced(self, pod: TrackedPod, evicting: dict[str, frozenset[str]]) -> bool:
+        """A GPU pod not ended, of a namespace that evicts, neither at the reduced class nor at a class
+        its priority policy exempts there."""
+        info = pod.info
+        exempt = evicting.get(info.namespace)
+        if exempt is None or pod.ended_at is not None or info.ended or not self._holds_gpus(pod):
+            return False
+        priority_class = (info.raw.get("spec") or {}).get("priorityClassName")
+        return priority_class != self.settings.over_budget_priority_class and not is_exempt(
+            priority_class, info.namespace, exempt, self.settings.exempt_namespaces
+        )
+
+    async def _bound_terminations(self, evicting: dict[str, frozenset[str]], result: PassResult) -> None:
+        """A pod being deleted runs until its deletion's grace ends, and a tenant chooses that grace with
+        its own DELETE (a year, say), beyond its spec's: the scheduler waits for a terminating pod rather
+        than preempt another, and `_downgrade` skips it. A GPU pod at the reduced class, or one due for
+        downgrade, whose deletion ends more than `over_budget_max_grace_seconds` (and a minute's slack
+        for clocks) from now is deleted again with that grace: the API server shortens a deletion's
+        grace, never lengthens it."""
+        cap = self.settings.over_budget_max_grace_seconds
+        limit = self.clock.now() + timedelta(seconds=cap) + TERMINATION_SLACK
+        for pod in self.registry.pods():
+            info = pod.info
+            ends = info.deleting_since  # the deletionTimestamp: when the grace ends
+            if ends is None or ends <= limit or pod.ended_at is not None or info.ended:
+                continue
+            reduced = (info.raw.get("spec") or {}).get("priorityClassName") == (
+                self.settings.over_budget_priority_class
+            )
+            if not (reduced and self._holds_gpus(pod)) and not self._above_reduced(pod, evicting):
+                continue
+            try:
+                shortened = await self.kube.delete_pod(info.namespace, info.name, info.uid, cap)
+            except KubeError as error:
+                log.warning(
+                    "downgrade_failed",
+                    extra={"namespace": info.namespace, "pods": [info.name], "error": str(error)},
+                )
+                continue
+            if shortened:
+                result.shortened.append((info.namespace, info.name))
+                self.downgrade_metrics.pods.labels(outcome="grace_shortened").inc()
+                log.warning(
+                    "termination_grace_shortened",
+                    extra={
+                        "namespace": info.namespace,
+                        "pod": info.name,
+                        "deletion_ended_at": ends.isoformat(),
+                        "grace_seconds": cap,
+                    },
+                )
+
     async def _evict_workload(self, pods: list[TrackedPod], result: PassResult) -> bool:
         """Evict every pod of one workload, or none when a PodDisruptionBudget refuses any of them (asked
-        first with dry-run evictions); whether it was evicted."""
+        first with dry-run evictions); whether it was evicted. A PDB is the tenant's to write, and an
+        admin's budget policy is not the tenant's to veto: once any of the workload's pods has been due
+        for `downgrade_pdb_patience_seconds`, a refused workload is deleted instead (no PDB is asked)."""
         for pod in pods:
             info = pod.info
             if (
                 await self.kube.evict_pod(info.namespace, info.name, dry_run=True)
                 is EvictionResult.BLOCKED_BY_PDB
             ):
-                result.blocked.append((info.namespace, info.name))
-                log.info(
-                    "downgrade_blocked_by_pdb",
-                    extra={"namespace": info.namespace, "pod": info.name, "workload": workload_key(info)[1]},
-                )
+                if self._patience_spent(pods):
+                    await asyncio.gather(*(self._delete(pod, result) for pod in pods))
+                    return True
+                self._blocked(info, result)
                 return False
         # All at once: a controller recreating the first pod before the last is gone races the webhook,
         # whose view still holds the rest at the old class.
         await asyncio.gather(*(self._evict(pod, result) for pod in pods))
         return True
 
+    def _patience_spent(self, pods: list[TrackedPod]) -> bool:
+        patience = timedelta(seconds=self.settings.downgrade_pdb_patience_seconds)
+        now = self.clock.now()
+        return any(now - self._due_since.get(pod.info.uid, now) >= patience for pod in pods)
+
+    def _blocked(self, info: PodInfo, result: PassResult) -> None:
+        result.blocked.append((info.namespace, info.name))
+        self.downgrade_metrics.pods.labels(outcome="blocked_by_pdb").inc()
+        due = self._due_since.get(info.uid, self.clock.now())
+        log.info(
+            "downgrade_blocked_by_pdb",
+            extra={
+                "namespace": info.namespace,
+                "pod": info.name,
+                "workload": workload_key(info)[1],
+                "due_since": due.isoformat(),
+            },
+        )
+
+    def _grace(self, info: PodInfo) -> int:
+        """The grace a downgrade gives the pod: its own terminationGracePeriodSeconds, at most
+        `over_budget_max_grace_seconds` (a pod admitted in budget may carry any, and it is immutable)."""
+        own = (info.raw.get("spec") or {}).get("terminationGracePeriodSeconds")
+        if not isinstance(own, int) or isinstance(own, bool) or own < 0:
+            own = DEFAULT_TERMINATION_GRACE_SECONDS
+        return min(own, self.settings.over_budget_max_grace_seconds)
+
     async def _evict(self, pod: TrackedPod, result: PassResult) -> None:
         info = pod.info
-        outcome = await self.kube.evict_pod(info.namespace, info.name)
+        outcome = await self.kube.evict_pod(info.namespace, info.name, grace_period_seconds=self._grace(info))
         if outcome is EvictionResult.BLOCKED_BY_PDB:
-            result.blocked.append((info.namespace, info.name))
-            log.info("downgrade_blocked_by_pdb", extra={"namespace": info.namespace, "pod": info.name})
+            self._blocked(info, result)
             return
         if outcome is EvictionResult.EVICTED:
             result.evicted.append((info.namespace, info.name))
+            self.downgrade_metrics.pods.labels(outcome="evicted").inc()
             log.info("downgrade_evicted", extra={"namespace": info.namespace, "pod": info.name})
-            message = (
-                f"evicted: namespace {info.namespace} has spent its GPU budget; its controller recreates "
-                f"the pod at PriorityClass {self.settings.over_budget_priority_class}"
-            )
-            pod_ref = ObjectReference("Pod", info.name, info.namespace, uid=info.uid)
-            await self._post_event(info.namespace, "GPUBudgetDowngrade", message, "Warning", pod_ref)
-            await self._post_event(
-                info.namespace, "GPUBudgetDowngrade", f"pod {info.name} {message}", "Normal"
-            )
+            await self._announce_downgrade(info, "evicted")
+
+    async def _delete(self, pod: TrackedPod, result: PassResult) -> None:
+        """The DELETE past the PDB patience, with the bounded grace, of this very pod (its uid)."""
+        info = pod.info
+        grace = self._grace(info)
+        if not await self.kube.delete_pod(info.namespace, info.name, info.uid, grace):
+            return
+        result.deleted.append((info.namespace, info.name))
+        self.downgrade_metrics.pods.labels(outcome="deleted_past_pdb").inc()
+        log.warning(
+            "downgrade_deleted_past_pdb",
+            extra={
+                "namespace": info.namespace,
+                "pod": info.name,
+                "grace_seconds": grace,
+                "due_since": self._due_since.get(info.uid, self.clock.now()).isoformat(),
+            },
+        )
+        await self._announce_downgrade(
+            info,
+            f"deleted after its PodDisruptionBudget refused eviction for "
+            f"{self.settings.downgrade_pdb_patience_seconds:g} s",
+        )
+
+    async def _announce_downgrade(self, info: PodInfo, how: str) -> None:
+        message = (
+            f"{how}: namespace {info.namespace} has spent its GPU budget; its controller recreates "
+            f"the pod at PriorityClass {self.settings.over_budget_priority_class}"
+        )
+        pod_ref = ObjectReference("Pod", info.name, info.namespace, uid=info.uid)
+        await self._post_event(info.namespace, "GPUBudgetDowngrade", message, "Warning", pod_ref)
+        await self._post_event(info.namespace, "GPUBudgetDowngrade", f"pod {info.name} {message}", "Normal")
 
     async def _apply_quotas(self, limits: dict[str, Decimal | None], result: PassResult) -> None:
         """Each namespace's concurrent GPU limit as our ResourceQuota; ours removed where no limit is."""

@@ -1,21 +1,30 @@
 """The GPU share a pod was admitted at (the webhook's annotation, which users may not change, else its GPU
-requests): what its time is charged at, never a share its reports state. Imported only where the
-timekeeper talks to the cluster: the reconciler, and the report path in Kubernetes auth mode."""
+requests) and its node's GPU model (GPU Feature Discovery's label): what its time is charged at and
+weighted by, never a share or a model its reports state. Imported only where the timekeeper talks to the
+cluster: the reconciler, and the report path in Kubernetes auth mode."""
 
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 
 from gpuaccounting.dra import claim_refs
 from gpuaccounting.names import ANNOTATION_GPU_SHARE, SIDECAR_CONTAINER_NAME
 from gpuaccounting.shares import GpuHardware, read_pod
 from timekeeper.auth.base import PodIdentity
+from timekeeper.clock import Clock
+from timekeeper.domain.weights import model_key
 from timekeeper.errors import TimekeeperError
 from timekeeper.kube import KubeClient, KubeConfig, KubeError, PodInfo
 from timekeeper.settings import Settings
+from timekeeper.usage.service import PodFacts
 
 log = logging.getLogger(__name__)
+
+# GPU Feature Discovery's label naming the node's GPU model (with the MIG profile under the single strategy).
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+NODE_LABEL_TTL = timedelta(minutes=10)
 
 
 def admitted_share(pod: PodInfo, hardware: GpuHardware) -> Decimal | None:
@@ -36,18 +45,49 @@ def admitted_share(pod: PodInfo, hardware: GpuHardware) -> Decimal | None:
     return Decimal(computed.share.numerator) / Decimal(computed.share.denominator)
 
 
-class PodShares:
-    """Reads a pod's admitted share from the API server, for a pod's first report (the pods table keeps it
-    from then on). The report's token is bound to the pod, so the pod read is the one that reports."""
+class NodeModels:
+    """Each node's GPU model, from its `nvidia.com/gpu.product` label, read at most once per NODE_LABEL_TTL
+    (RBAC: get nodes). Only an admin or the node's GPU Feature Discovery writes a node's labels; None where
+    the node does not say (docs/billing.md)."""
 
-    def __init__(self, kube: KubeClient, hardware: GpuHardware) -> None:
+    def __init__(self, kube: KubeClient, clock: Clock) -> None:
+        self._kube = kube
+        self._clock = clock
+        self._models: dict[str, tuple[str | None, datetime]] = {}  # node -> (model, read at)
+
+    async def model(self, node: str) -> str | None:
+        """The node's model; an API server that cannot answer leaves the last one read (None at first)."""
+        now = self._clock.now()
+        cached = self._models.get(node)
+        if cached is not None and now - cached[1] < NODE_LABEL_TTL:
+            return cached[0]
+        try:
+            product = (await self._kube.node_labels(node)).get(GPU_PRODUCT_LABEL)
+        except KubeError as error:
+            log.warning("node_labels_unavailable", extra={"node": node, "error": str(error)})
+            return None if cached is None else cached[0]
+        model = model_key(product) if product else None
+        self._models[node] = (model, now)
+        return model
+
+    def forget(self) -> None:
+        self._models = {}
+
+
+class PodShares:
+    """Reads a pod's admitted share and its node's model from the API server, for a pod's first report (the
+    pods table keeps both from then on). The report's token is bound to the pod, so the pod read is the
+    one that reports."""
+
+    def __init__(self, kube: KubeClient, hardware: GpuHardware, clock: Clock) -> None:
         self._kube = kube
         self._hardware = hardware
+        self._nodes = NodeModels(kube, clock)
 
-    async def admitted(self, pod: PodIdentity) -> Decimal:
-        """The pod's admitted share (0: it holds no GPU). An API server that cannot answer is a 503, so the
-        sidecar retries later rather than the report being charged at a share it states; a pod that is
-        gone is a 409 (the reconciler charges its time from the pod watch)."""
+    async def admitted(self, pod: PodIdentity) -> PodFacts:
+        """The pod's admitted share (0: it holds no GPU) and its node's model. An API server that cannot
+        answer is a 503, so the sidecar retries later rather than the report being charged at a share it
+        states; a pod that is gone is a 409 (the reconciler charges its time from the pod watch)."""
         try:
             found = await self._kube.read_pod(pod.namespace, pod.name)
         except KubeError as error:
@@ -64,13 +104,14 @@ class PodShares:
                 "cannot be read",
                 409,
             )
-        return admitted_share(found, self._hardware) or Decimal(0)
+        model = await self._nodes.model(found.node_name) if found.node_name else None
+        return PodFacts(admitted_share(found, self._hardware) or Decimal(0), model)
 
     async def aclose(self) -> None:
         await self._kube.close()
 
 
-async def build_pod_shares(settings: Settings) -> PodShares:
+async def build_pod_shares(settings: Settings, clock: Clock) -> PodShares:
     """The report path's reader (Kubernetes auth mode), with a client of its own, built in the lifespan."""
     kube = await KubeClient.from_config(KubeConfig.from_settings(settings))
-    return PodShares(kube, settings.hardware)
+    return PodShares(kube, settings.hardware, clock)

@@ -11,7 +11,6 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
-from decimal import Decimal
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -24,10 +23,10 @@ from timekeeper.metrics import Metrics
 from timekeeper.refusals import unavailable
 from timekeeper.settings import Settings
 from timekeeper.usage.schemas import ReportIn
-from timekeeper.usage.service import IngestOutcome, IngestService
+from timekeeper.usage.service import IngestOutcome, IngestService, PodFacts
 
-# A report, the admitted share its pod was read at (None: the pods table's), and its answer.
-Pending = tuple[ReportIn, Decimal | None, "asyncio.Future[IngestOutcome]"]
+# A report, what was read of its pod from the cluster (None: the pods table's), and its answer.
+Pending = tuple[ReportIn, PodFacts | None, "asyncio.Future[IngestOutcome]"]
 log = logging.getLogger(__name__)
 
 
@@ -73,11 +72,12 @@ class IngestBatcher:
             if not future.done():
                 future.set_exception(TimekeeperError("the timekeeper is shutting down", 503))
 
-    async def submit(self, report: ReportIn, admitted_share: Decimal | None = None) -> IngestOutcome:
-        """Answers once the report's charge is committed (or raises what refused it); `admitted_share`:
-        the share its pod was admitted at, read from the pod (IngestService.charge's `admitted`)."""
+    async def submit(self, report: ReportIn, pod: PodFacts | None = None) -> IngestOutcome:
+        """Answers once the report's charge is committed (or raises what refused it); `pod`: the share
+        its pod was admitted at and its node's model, read from the cluster (IngestService.charge's
+        `admitted` and `models`)."""
         future: asyncio.Future[IngestOutcome] = asyncio.get_running_loop().create_future()
-        self._queue.append((report, admitted_share, future))
+        self._queue.append((report, pod, future))
         self._arrived.set()
         return await future
 
@@ -160,7 +160,12 @@ class IngestBatcher:
                     *await IngestService(session, self._settings).charge(
                         [report for report, _, _ in batch],
                         self._clock.now(),
-                        admitted={report.pod_uid: share for report, share, _ in batch if share is not None},
+                        models={
+                            report.pod_uid: pod.gpu_model
+                            for report, pod, _ in batch
+                            if pod is not None and pod.gpu_model is not None
+                        },
+                        admitted={report.pod_uid: pod.share for report, pod, _ in batch if pod is not None},
                     )
                 ]
                 charged()  # the commit is all that is left: the next batch may be gathered and charged

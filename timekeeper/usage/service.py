@@ -90,6 +90,15 @@ class AdmittedShareUnknown(TimekeeperError):
         )
 
 
+@dataclass(frozen=True, slots=True)
+class PodFacts:
+    """What the cluster says of a pod that its reports may not decide: the share it was admitted at and
+    its node's GPU model (None: the node does not say), read for its first report (usage/admitted.py)."""
+
+    share: Decimal
+    gpu_model: str | None = None
+
+
 def reported_model(report: ReportIn) -> str | None:
     """The GPU model the sidecar read from NVML (its first GPU that has a name), in model_key's spelling."""
     return next((model_key(gpu.name) for gpu in report.gpus if gpu.name), None)
@@ -162,6 +171,10 @@ class IngestService:
         self.usage = UsageRepository(session)
         self.states = BudgetStates(session)
         self.admitted_required = settings.admitted_share_from_pod
+        # What a report says about its GPU (NVML's name) and its use (utilisation) may decide a charge only
+        # where reports are believed; in Kubernetes auth mode the model is the node's (`models`).
+        self.reported_models = settings.reports_trusted
+        self.reported_utilisation = settings.reports_trusted or settings.trust_reported_utilisation
 
     async def charge_one(
         self,
@@ -201,7 +214,7 @@ class IngestService:
         accepted = [report for report in in_order if report.pod_uid in read.uncovered]
         shares = self._shares(accepted, read, outcomes)
         fresh = [report for report in accepted if report.pod_uid in shares]
-        plan = _plan(fresh, read, shares, from_sidecar)
+        plan = _plan(fresh, read, shares, from_sidecar, self.reported_utilisation)
         figures = {f.namespace: f for f in read.figures}
         namespaces = sorted({report.namespace for report in fresh})
         # Pool members' states are locked and decided together by BudgetStates.store (all members
@@ -247,7 +260,9 @@ class IngestService:
         """Lock the batch's pods and read what its plan needs, in one round trip."""
         pods = [
             pod_row(
-                report, reported_model(report) or models.get(report.pod_uid), admitted.get(report.pod_uid)
+                report,
+                (reported_model(report) if self.reported_models else None) or models.get(report.pod_uid),
+                admitted.get(report.pod_uid),
             )
             for report in in_order
         ]
@@ -360,16 +375,21 @@ class ChargePlan:
 
 
 def _plan(
-    fresh: Sequence[ReportIn], read: BatchRead, shares: Mapping[str, Decimal], from_sidecar: bool
+    fresh: Sequence[ReportIn],
+    read: BatchRead,
+    shares: Mapping[str, Decimal],
+    from_sidecar: bool,
+    utilisation_trusted: bool,
 ) -> ChargePlan:
-    """Each report's rate (its charge share, of its pod's share, x its GPU model's weight) and charge."""
+    """Each report's rate (its charge share, of its pod's share, x its GPU model's weight) and charge. A
+    report whose utilisation is not believed is charged as one without figures: by allocation."""
     measured = {report.pod_uid: measure(report) for report in fresh}
     rates = {
         report.pod_uid: Rate(
             charge_share(
                 shares[report.pod_uid],
                 resolve_basis(report.namespace, read.bases)[0],
-                measured[report.pod_uid].mean_sm_util_pct,
+                measured[report.pod_uid].mean_sm_util_pct if utilisation_trusted else None,
             ),
             timeline_of(read.models[report.pod_uid], read.weights),
         )

@@ -16,6 +16,7 @@ from gpuaccounting import names
 from tests.support.pods import container, pod, review
 from tests.webhook.conftest import Tls, Webhook, serve_webhook
 from webhook.injection import SidecarTemplate
+from webhook.review import MAX_REVIEW_DEPTH
 
 # A GPU pod admitted by the webhook (sidecar_mode=container) and created on kube-apiserver 1.20.2, read back
 # with `kubectl get -o json`: terminationMessage*, fieldRef apiVersion, defaultMode filled in.
@@ -160,13 +161,14 @@ def test_the_pod_as_the_api_server_stores_it_is_ours(tls: Tls, state: Any, mode:
 
 @pytest.mark.parametrize("path", ["/mutate", "/validate"])
 def test_a_sidecar_nested_a_thousand_deep_is_answered(webhook: Webhook, path: str) -> None:
-    """Comparing stored forms stops at a depth nothing we build reaches: an answer, never a 500."""
+    """A sidecar nested deeper than any review the API server sends is refused as malformed before
+    anything compares or patches it: a precise 400, never a 500."""
     patched = webhook.admit(pod(container("train", {"nvidia.com/gpu": 1})))
     sidecars(patched)[0]["args"] = "NESTED"
     body = orjson.dumps(review(patched)).replace(b'"NESTED"', b"[" * 1000 + b"]" * 1000)
     answer = webhook.post(path, body)
-    assert answer.status_code == 200
-    assert answer.allowed == (path == "/mutate")
+    assert answer.status_code == 400
+    assert answer.body["detail"] == f"body: nested deeper than {MAX_REVIEW_DEPTH} levels"
 
 
 TOKEN_READERS = {

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime, timedelta
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -199,7 +200,12 @@ def follower(uid: str, age: int, size: int = 4) -> client.V1Pod:
     return admitted(uid, age=age, decision=KEPT_WORDS, state="exhausted", size=size)
 
 
-CONTROLLERS_POD: dict[str, Any] = {"creator": JOB_CONTROLLER, "arrived_decided": False, "dry_run": False}
+CONTROLLERS_POD: dict[str, Any] = {
+    "creator": JOB_CONTROLLER,
+    "share": Fraction(1),
+    "arrived_decided": False,
+    "dry_run": False,
+}
 
 
 def reuse(
@@ -210,7 +216,9 @@ def reuse(
     **options: bool,
 ) -> Reuse:
     flags = {"arrived_decided": False, "dry_run": False, **options}
-    return classes.admit("team-a", workload, START + timedelta(seconds=at), creator=creator, **flags)
+    return classes.admit(
+        "team-a", workload, START + timedelta(seconds=at), creator=creator, share=Fraction(1), **flags
+    )
 
 
 @pytest.mark.parametrize(
@@ -458,3 +466,17 @@ def test_a_refusal_is_logged_unless_a_dry_run(caplog: pytest.LogCaptureFixture) 
     assert [(r.namespace, r.workload, r.bound) for r in refusals] == [  # type: ignore[attr-defined]
         ("team-a", "Job/train", "has as many pods as it declared (1)")
     ]
+
+
+def test_a_pod_asking_more_than_the_pods_it_would_keep_the_class_of_keeps_none() -> None:
+    """The size counts pods: a template raised once exhausted (a ReplicaSet's is mutable) would keep the
+    class for more GPUs than the workload ran. A pod asking up to the largest share passes."""
+    classes = WorkloadClasses(SETTINGS)
+    classes.replace_all([admitted("a", age=1)])  # one GPU
+
+    raised = classes.admit("team-a", TRAIN, START, **(CONTROLLERS_POD | {"share": Fraction(8)}))
+    same = classes.admit("team-a", TRAIN, START, **CONTROLLERS_POD)
+
+    assert raised.kept is None
+    assert raised.refused == "ran no pod asking a GPU share as large as 8"
+    assert same.kept is not None

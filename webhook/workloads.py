@@ -352,12 +352,20 @@ class WorkloadClasses:
     ) -> str | None:
         """Which bound stops `source`'s class from passing to one more pod asking `share`, with `pending`
         admissions the watch does not show yet; None within them all. The size counts pods, so a pod may
-        ask no more than the largest of the pods that pass the class on: else a template raised once
-        exhausted (a ReplicaSet's is mutable) kept the class for more GPUs than the workload ran."""
+        ask no more than the largest of the pods that pass this class on: else a template raised once
+        exhausted (a ReplicaSet's is mutable) kept the class for more GPUs than the workload ran at it (a
+        larger pod already refused it runs at another class, and speaks for none but that one)."""
         siblings = self._pods.get(key, {})
         if any(role == "evicted" for _, role in siblings.values()):
             return "is being evicted"
-        largest = max((kept.share or 0 for kept, role in siblings.values() if role == "source"), default=0)
+        largest = max(
+            (
+                kept.share or 0
+                for kept, role in siblings.values()
+                if role == "source" and kept.class_name == source.class_name
+            ),
+            default=0,
+        )
         if share > largest:
             return f"ran no pod asking a GPU share as large as {format_share(share)}"
         since = source.since or source.created

@@ -50,26 +50,31 @@ def live_pods(kubectl: Kubectl, namespace: str, app: str, count: int) -> list[di
 def test_a_template_raised_once_exhausted_keeps_no_class_for_its_larger_pods(
     kubectl: Kubectl, api: TimekeeperApi, tenant: Tenant, namespace: str
 ) -> None:
-    """A ReplicaSet of two one-GPU pods runs in budget (size 2 recorded). Exhausted, the tenant edits the
-    template to eight GPUs a pod (a ReplicaSet's template is mutable) and deletes one pod: the controller's
+    """A ReplicaSet of three one-GPU pods runs in budget (size 3 recorded). Exhausted, the tenant edits the
+    template to eight GPUs a pod (a ReplicaSet's template is mutable) and deletes a pod: the controller's
     replacement, within the size, kept the in-budget class for eight GPUs where the workload ran one. A
-    workload's class passes on only to pods asking no more than a pod it passes from."""
+    workload's class passes on only to pods asking no more than a pod it passes from at that class: the
+    first larger replacement, reduced, does not open the way for the next."""
     in_budget(kubectl, api, namespace)
-    tenant.kubectl.create(replica_set(namespace, "grow", replicas=2, gpus=1))
-    first = live_pods(kubectl, namespace, "grow", 2)
+    tenant.kubectl.create(replica_set(namespace, "grow", replicas=3, gpus=1))
+    first = live_pods(kubectl, namespace, "grow", 3)
     assert classes(first) == {IN_BUDGET}
     exhaust(kubectl, api, namespace)
 
     eight = {"name": "main", "resources": {"limits": {"nvidia.com/gpu": "8"}}}
     raised = json.dumps({"spec": {"template": {"spec": {"containers": [eight]}}}})
     tenant.kubectl.run("patch", "replicaset", "grow", "-n", namespace, "--type=strategic", "-p", raised)
-    gone = first[0]["metadata"]["name"]
-    tenant.kubectl.run("delete", "pod", gone, "-n", namespace, "--wait=false")
-    (replacement,) = [
-        pod
-        for pod in live_pods(kubectl, namespace, "grow", 2)
-        if pod["metadata"]["uid"] != first[1]["metadata"]["uid"]
-    ]
+    replacements = []
+    for gone in first[:2]:
+        known = {pod["metadata"]["uid"] for pod in live_pods(kubectl, namespace, "grow", 3)}
+        # No node: the pod is gone at once, and the ReplicaSet replaces it.
+        tenant.kubectl.run("delete", "pod", gone["metadata"]["name"], "-n", namespace)
+        (new,) = [p for p in live_pods(kubectl, namespace, "grow", 3) if p["metadata"]["uid"] not in known]
+        replacements.append(new)
 
-    assert replacement["metadata"]["annotations"][names.ANNOTATION_GPU_SHARE] == "8"
-    assert classes([replacement]) == {REDUCED}, decision(replacement)
+    assert {pod["metadata"]["annotations"][names.ANNOTATION_GPU_SHARE] for pod in replacements} == {"8"}
+    assert classes(replacements) == {REDUCED}, [decision(pod) for pod in replacements]
+    workload = first[0]["metadata"]["annotations"][names.ANNOTATION_WORKLOAD]
+    assert {decision(pod) for pod in replacements} == {
+        f"exhausted: namespace exhausted; workload {workload} ran no pod asking a GPU share as large as 8"
+    }

@@ -471,8 +471,10 @@ def test_a_refusal_is_logged_unless_a_dry_run(caplog: pytest.LogCaptureFixture) 
 def test_a_pod_asking_more_than_the_pods_it_would_keep_the_class_of_keeps_none() -> None:
     """The size counts pods: a template raised once exhausted (a ReplicaSet's is mutable) would keep the
     class for more GPUs than the workload ran. A pod asking up to the largest share passes."""
+    larger = admitted("b", class_name="gpu-over-budget", age=2, size=4, state="exhausted")
+    larger.metadata.annotations[names.ANNOTATION_GPU_SHARE] = "8"  # refused before: it speaks for its class
     classes = WorkloadClasses(SETTINGS)
-    classes.replace_all([admitted("a", age=1)])  # one GPU
+    classes.replace_all([admitted("a", age=1, size=4), larger])  # one GPU
 
     raised = classes.admit("team-a", TRAIN, START, **(CONTROLLERS_POD | {"share": Fraction(8)}))
     same = classes.admit("team-a", TRAIN, START, **CONTROLLERS_POD)

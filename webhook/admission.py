@@ -133,6 +133,7 @@ class Admission:
             workload,
             datetime.now(UTC),
             creator=request.username,
+            share=share.share,
             arrived_decided=previous is not None,
             dry_run=request.dry_run,
         )

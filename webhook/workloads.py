@@ -12,12 +12,14 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from fractions import Fraction
 from typing import Any, Final, Literal
 
 from kubernetes_asyncio import client
 
 from gpuaccounting import names
 from gpuaccounting.admission_state import is_over_budget
+from gpuaccounting.shares import format_share
 from gpuaccounting.workloads import JOBSET_LABEL, LEADER_WORKER_SET_LABEL, Workload
 from webhook.kubewatch import ListWatch
 from webhook.metrics import WebhookMetrics
@@ -131,6 +133,7 @@ class WorkloadClass:
     size: int | None = None
     since: datetime | None = None
     deleted: datetime | None = None
+    share: Fraction | None = None  # the GPU share admitted (our protected annotation)
 
     def runs(self, now: datetime) -> bool:
         """Whether the pod may still run: not being deleted, or within its grace period."""
@@ -156,6 +159,13 @@ def _parsed_time(value: str | None) -> datetime | None:
 
 def _parsed_size(value: str | None) -> int | None:
     return int(value) if value and value.isdigit() else None
+
+
+def _parsed_share(value: str | None) -> Fraction | None:
+    try:
+        return Fraction(value) if value else None
+    except (ValueError, ZeroDivisionError):
+        return None
 
 
 def _evicted(pod: client.V1Pod) -> bool:
@@ -202,6 +212,7 @@ def _entry(pod: client.V1Pod, settings: WebhookSettings) -> tuple[str, Key, Work
         _parsed_size(annotations.get(names.ANNOTATION_WORKLOAD_SIZE)),
         _parsed_time(annotations.get(names.ANNOTATION_WORKLOAD_SINCE)),
         metadata.deletion_timestamp,
+        _parsed_share(annotations.get(names.ANNOTATION_GPU_SHARE)),
     )
     role: Role = (
         "evicted"
@@ -336,12 +347,27 @@ class WorkloadClasses:
             size = self.settings.workload_class_undeclared_pods
         return min(size, self.settings.workload_class_max_pods)
 
-    def _refusal(self, key: Key, source: WorkloadClass, now: datetime, pending: int) -> str | None:
-        """Which bound stops `source`'s class from passing to one more pod, with `pending` admissions the
-        watch does not show yet; None within them all."""
+    def _refusal(
+        self, key: Key, source: WorkloadClass, now: datetime, pending: int, share: Fraction
+    ) -> str | None:
+        """Which bound stops `source`'s class from passing to one more pod asking `share`, with `pending`
+        admissions the watch does not show yet; None within them all. The size counts pods, so a pod may
+        ask no more than the largest of the pods that pass this class on: else a template raised once
+        exhausted (a ReplicaSet's is mutable) kept the class for more GPUs than the workload ran at it (a
+        larger pod already refused it runs at another class, and speaks for none but that one)."""
         siblings = self._pods.get(key, {})
         if any(role == "evicted" for _, role in siblings.values()):
             return "is being evicted"
+        largest = max(
+            (
+                kept.share or 0
+                for kept, role in siblings.values()
+                if role == "source" and kept.class_name == source.class_name
+            ),
+            default=0,
+        )
+        if share > largest:
+            return f"ran no pod asking a GPU share as large as {format_share(share)}"
         since = source.since or source.created
         age = self.settings.workload_class_max_age_seconds
         if since is not None and now - since > timedelta(seconds=age):
@@ -358,12 +384,14 @@ class WorkloadClasses:
         now: datetime,
         *,
         creator: str,
+        share: Fraction,
         arrived_decided: bool,
         dry_run: bool,
     ) -> Reuse:
-        """What a new pod of `workload`, created by the user `creator`, takes from its siblings, counted
-        (unless `dry_run`) until the watch shows it. A pod no workload controller created takes nothing,
-        records no bounds and is not counted: its ownerReference and markers are the tenant's to write.
+        """What a new pod of `workload`, created by the user `creator` and asking `share`, takes from its
+        siblings, counted (unless `dry_run`) until the watch shows it. A pod no workload controller created
+        takes nothing, records no bounds and is not counted: its ownerReference and markers are the
+        tenant's to write.
         `arrived_decided`: the pod arrives with a decision of ours, as a re-invocation does (or a tenant's
         copy of one): it claims one admission pending for the workload rather than counting twice, so each
         admission counted excuses at most one more pod, and only until the watch shows it."""
@@ -380,7 +408,7 @@ class WorkloadClasses:
             else None
         )
         others = len(pending) - (claimed is not None)  # a re-invoked pod does not count itself
-        refused = None if source is None else self._refusal(key, source, now, others)
+        refused = None if source is None else self._refusal(key, source, now, others, share)
         if source is not None and refused is None and not member:
             refused = NOT_A_CONTROLLERS_POD
         kept = source if source is not None and refused is None else None

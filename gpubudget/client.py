@@ -11,6 +11,7 @@ import httpx
 from gpuaccounting.names import API_PREFIX
 from gpubudget.connection import ENV_TOKEN, ENV_URL, Target
 from gpubudget.errors import CliError
+from gpuserving.nesting import deeper_than
 
 _TOKEN_HINT = (
     f"give one with --token, --token-file or {ENV_TOKEN} (static mode: a token whose SHA-256 the "
@@ -18,8 +19,10 @@ _TOKEN_HINT = (
     "<serviceaccount> -n <namespace>`)"
 )
 # What reading an answer as JSON raises for one that is not: RecursionError for JSON nested deeper than the
-# standard parser's stack (no timekeeper answer nests more than a few levels).
+# standard parser's stack, where the stack is shallower than the nesting.
 _NOT_JSON = (ValueError, RecursionError)
+# No timekeeper answer nests more than a few levels; a deeper one comes from another server.
+MAX_ANSWER_DEPTH = 32
 _RBAC_HINT = (
     "reading a namespace needs `get gpubudgets` (group gpu-timekeeper.io) in it, which the built-in view, "
     "edit and admin roles include; listing every namespace needs `list gpubudgets` cluster-wide; budgets, "
@@ -63,12 +66,15 @@ class Api:
             raise CliError(self._unreachable(error)) from None
         if response.is_success:
             try:
-                return response.json()
+                document = response.json()
+                if not deeper_than(document, MAX_ANSWER_DEPTH):
+                    return document
             except _NOT_JSON:
-                raise CliError(
-                    f"{method} {path} answered {response.status_code} with something other than JSON: is "
-                    f"{self.target.description} a GPU Timekeeper?"
-                ) from None
+                pass
+            raise CliError(
+                f"{method} {path} answered {response.status_code} with something other than JSON: is "
+                f"{self.target.description} a GPU Timekeeper?"
+            )
         raise CliError(self._refusal(method, path, response))
 
     def _unreachable(self, error: httpx.TransportError) -> str:

@@ -16,6 +16,24 @@ from webhook.app import create_app
 from webhook.settings import WebhookSettings, get_settings
 
 
+class _HttpsInStartedMessage(logging.Filter):
+    """uvicorn names its scheme from `Config.ssl`, which stays None here because `GuardedHttp` starts TLS
+    itself: correct the scheme in uvicorn's "running on" line rather than tell a newcomer to call http://."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message, args = record.msg, record.args
+        if (
+            isinstance(message, str)
+            and message.startswith("Uvicorn running on %s://")
+            and isinstance(args, tuple)
+        ):
+            record.args = ("https", *args[1:])
+        return True
+
+
+_HTTPS_IN_STARTED_MESSAGE = _HttpsInStartedMessage()
+
+
 def server(settings: WebhookSettings, host: str, port: int, **options: object) -> uvicorn.Server:
     """A uvicorn server for the app with TLS from the settings' files."""
     if settings.tls_cert_file is None or settings.tls_key_file is None:
@@ -53,6 +71,7 @@ def server(settings: WebhookSettings, host: str, port: int, **options: object) -
         **options,  # type: ignore[arg-type]
     )
     app.state.ssl_context = context
+    logging.getLogger("uvicorn.error").addFilter(_HTTPS_IN_STARTED_MESSAGE)  # added once, however often
     return uvicorn.Server(config)
 
 

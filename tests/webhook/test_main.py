@@ -34,11 +34,14 @@ def test_module_serves_https_with_the_state_from_the_timekeeper(tls: Tls) -> Non
         def has_the_state() -> bool:
             return "webhook_state_version 5.0" in client.get(f"https://localhost:{port}/metrics").text
 
-        with running_module("webhook", port, env, has_the_state), contextlib.closing(client):
+        with running_module("webhook", port, env, has_the_state) as child, contextlib.closing(client):
             answer = client.post(
                 f"https://localhost:{port}/mutate", json=review(pod(container("m", {"nvidia.com/gpu": 1})))
             )
             assert answer.json()["response"]["patchType"] == "JSONPatch"
+    assert child.stderr is not None
+    log = child.stderr.read().decode()
+    assert f"Uvicorn running on https://127.0.0.1:{port}" in log  # the scheme it serves, not http://
 
 
 def test_module_refuses_to_start_without_tls() -> None:

@@ -35,6 +35,7 @@ demo: $(DEMO_STAMP) ## Run the local demo on an embedded PostgreSQL (installs on
 
 .PHONY: test
 test: $(STAMP) ## Run the tests (TIMEKEEPER_TEST_DATABASE_URL, else an embedded PostgreSQL)
+	hack/test-deps.sh
 	$(BIN)/python -m pytest $(ARGS)
 
 .PHONY: kube-binaries

@@ -85,6 +85,9 @@ class Story:
         self.running: list[Running] = []
         # The newest budget event already told, per namespace (GET .../budget/events).
         self.told_event: dict[str, int] = {}
+        # The state the polls told a namespace reaching before the timekeeper had recorded that transition
+        # (a new period's exhausted -> in_budget): the events up to it, once recorded, are not told again.
+        self.told_by_polls: dict[str, str] = {}
 
     def say(self, text: str, style: str = "") -> None:
         self.view.event(self.board, text, style)
@@ -120,11 +123,19 @@ class Story:
         """Every transition up to the state now shown, from the timekeeper's record of them rather than
         the two polls': vision spends from its warning line to exhausted in about 1.4 real seconds, which
         one poll late on a loaded machine skipped (the story then lacked its warning). Transitions
-        recorded after this poll's read are told at the next one."""
+        recorded after this poll's read are told at the next one, except those the polls already told."""
         recent = [event for event in self.events(name) if event["id"] > self.told_event.get(name, 0)]
+        if name in self.told_by_polls:
+            covered = [n for n, event in enumerate(recent) if event["new_state"] == self.told_by_polls[name]]
+            if covered:
+                self.told_event[name] = recent[covered[0]]["id"]
+                recent = recent[covered[0] + 1 :]
+                del self.told_by_polls[name]
         reached = [n for n, event in enumerate(recent) if event["new_state"] == status["state"]]
         steps = [(before, str(status["state"]))]
-        if reached:
+        if not reached:
+            self.told_by_polls[name] = str(status["state"])
+        else:
             told = recent[: reached[-1] + 1]
             self.told_event[name] = told[-1]["id"]
             steps = [

@@ -144,7 +144,9 @@ def scrape_configs(stack_dir: Path, timekeeper_port: int, webhook_port: int, met
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    binary = str(required(prometheus_binary(), "no prometheus: apt-get install prometheus (.ci/run does)"))
+    binary = str(
+        required(prometheus_binary(), "no prometheus: apt-get install prometheus (hack/test-deps.sh does)")
+    )
     workdir = tmp_path_factory.mktemp("monitoring")
     tokens, metrics_token = Tokens(), secrets.token_urlsafe(24)
     ca_cert, ca_key = generate_ca("monitoring CA")

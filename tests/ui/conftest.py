@@ -4,7 +4,7 @@ Selenium; no browser is downloaded), against real `python -m timekeeper` process
 Each system is a timekeeper on a database of its own, its clock fixed mid-month (a speed-1 demo clock) so
 the seeded usage always falls in the current period, seeded through the API the way sidecars and admins do.
 The tests (marked `browser`) skip, saying why, only when Chromium or its driver is not installed
-(`apt-get install chromium chromium-driver`; .ci/run installs both).
+(`apt-get install chromium chromium-driver`; `make test` installs both as root, hack/test-deps.sh).
 """
 
 from __future__ import annotations

@@ -40,6 +40,11 @@ DEVICE_VARIABLES: Final = frozenset(
         "NVIDIA_IMEX_CHANNELS",
     }
 )
+# A "legacy" image's variable: where a container sets CUDA_VERSION and neither NVIDIA_VISIBLE_DEVICES nor
+# NVIDIA_REQUIRE_CUDA, the toolkit hands it every GPU (internal/config/image/cuda_image.go, IsLegacy). The
+# device plugin sets NVIDIA_VISIBLE_DEVICES in the containers it serves, so this is a route for a pod that
+# asks for no GPU.
+LEGACY_VARIABLE: Final = "CUDA_VERSION"
 # Values that ask for no device: the toolkit reads unset, empty and "void" as none; "none" gives the
 # driver's libraries without a device node.
 NO_DEVICE_VALUES: Final = frozenset({"", "void", "none"})
@@ -154,29 +159,35 @@ def _device_host_path(path: object) -> bool:
     )
 
 
-def _container_uses(container: Mapping[str, Any], uses: list[RouteUse]) -> None:
+def _container_uses(container: Mapping[str, Any], uses: list[RouteUse], *, asks_for_gpu: bool) -> None:
     """Append the container's uses to `uses`. Cheap for the common container: only what names a route is
     looked at further (this runs for every pod /validate sees)."""
     name = str(container.get("name"))
+    variables = DEVICE_VARIABLES if asks_for_gpu else DEVICE_VARIABLES | {LEGACY_VARIABLE}
     for variable in _list(container.get("env")):
-        if not isinstance(variable, dict) or variable.get("name") not in DEVICE_VARIABLES:
+        if not isinstance(variable, dict) or variable.get("name") not in variables:
             continue
         field = f"env {variable['name']}"
         value = variable.get("value")
         text = value.strip() if isinstance(value, str) else ""
         if "valueFrom" in variable:
             uses.append(RouteUse(SupplyRoute.VISIBLE_DEVICES_ENV, field, "valueFrom", name))
-        elif text.lower() not in NO_DEVICE_VALUES:
+        elif text if variable["name"] == LEGACY_VARIABLE else text.lower() not in NO_DEVICE_VALUES:
             uses.append(RouteUse(SupplyRoute.VISIBLE_DEVICES_ENV, field, text, name))
     for source in _list(container.get("envFrom")):
         # A prefix that may make a ConfigMap's or Secret's key a device variable; an empty prefix is the
         # image's ENV case (invisible here: docs/security.md, S9).
         prefix = source.get("prefix") if isinstance(source, dict) else None
-        if isinstance(prefix, str) and prefix and any(v.startswith(prefix) for v in DEVICE_VARIABLES):
+        if isinstance(prefix, str) and prefix and any(v.startswith(prefix) for v in variables):
             uses.append(RouteUse(SupplyRoute.VISIBLE_DEVICES_ENV, "envFrom prefix", prefix, name))
     for mount in _list(container.get("volumeMounts")):
         path = mount.get("mountPath") if isinstance(mount, dict) else None
-        if isinstance(path, str) and "nvidia-container-devices" in path and _under(path, DEVICE_LIST_ROOTS):
+        # The toolkit takes any mount path that starts with its root, without a slash after it.
+        if (
+            isinstance(path, str)
+            and "nvidia-container-devices" in path
+            and _clean(path).startswith(DEVICE_LIST_ROOTS)
+        ):
             uses.append(RouteUse(SupplyRoute.DEVICE_LIST_MOUNT, "volumeMount", path, name))
     security = _mapping(container.get("securityContext"))
     if security.get("privileged") is True:
@@ -196,7 +207,7 @@ def route_uses(pod: Mapping[str, Any], supply: GpuSupply, *, asks_for_gpu: bool)
     annotations = _mapping(_mapping(pod.get("metadata")).get("annotations"))
     uses: list[RouteUse] = []
     for container in _containers(spec):
-        _container_uses(container, uses)
+        _container_uses(container, uses, asks_for_gpu=asks_for_gpu)
     for key in sorted(annotations):
         if key.startswith(CDI_ANNOTATION_PREFIXES):
             uses.append(RouteUse(SupplyRoute.CDI_ANNOTATION, f"annotation {key}", str(annotations[key])))

@@ -17,7 +17,7 @@ from gpuaccounting import shares
 from gpuaccounting.hardware import load_hardware
 from gpuaccounting.supply import DEFAULT_SUPPLY, route_uses
 from tests.deployment.conftest import BUILDS, CHART_RENDERS, ROOT, render
-from tests.support.supply import ROUTE_PODS
+from tests.support.supply import EVASION_PODS, ROUTE_PODS
 
 GPU_RESOURCES = [
     "nvidia.com/gpu",
@@ -310,3 +310,16 @@ HARDENED_PODS = {
 def test_non_gpu_pods_without_a_route_still_never_reach_the_webhooks(case: str) -> None:
     for expression in conditions("base"):
         assert not admitted_to_webhook(expression, HARDENED_PODS[case]), case
+
+
+@pytest.mark.parametrize("case", sorted(EVASION_PODS))
+@pytest.mark.parametrize("build", ["base", CHART_RENDERS[0]])
+def test_a_route_spelled_as_the_toolkit_reads_it_reaches_both_webhooks(build: str, case: str) -> None:
+    """Every spelling /validate refuses must be sent, or on 1.30+ the pod is never judged."""
+    body = EVASION_PODS[case][0]
+    assert route_uses(body, DEFAULT_SUPPLY, asks_for_gpu=False)
+    for expression in conditions(build):
+        assert admitted_to_webhook(expression, body), case
+    debugged = {**pod(), "spec": {**pod()["spec"], "ephemeralContainers": body["spec"]["containers"]}}
+    for expression in conditions(build):
+        assert admitted_to_webhook(expression, debugged, pod()), case

@@ -125,3 +125,26 @@ def ordinary_gpu_pod(namespace: str = "team-a", name: str = "ordinary") -> dict[
         env("NVIDIA_REQUIRE_CUDA", "cuda>=12.0"),
     )
     return pod(main, name=name, namespace=namespace, runtimeClassName="nvidia")
+
+
+# Issue 36's fix attacked as the `edit` tenant would (tests/cluster/test_tenant_redsupply.py): spellings of a
+# route the first cut let through. name -> (the pod in namespace team-a, the route it uses).
+EVASION_PODS: dict[str, tuple[dict[str, Any], SupplyRoute]] = {
+    # The toolkit's legacy image: CUDA_VERSION without NVIDIA_REQUIRE_CUDA or NVIDIA_VISIBLE_DEVICES is "all".
+    "legacy-cuda-version": (
+        pod(with_env(container("main"), env("CUDA_VERSION", "12.4.1"))),
+        SupplyRoute.VISIBLE_DEVICES_ENV,
+    ),
+    "legacy-cuda-version-from-a-prefixed-config-map": (
+        pod(container("main") | {"envFrom": [{"prefix": "CUDA_", "configMapRef": {"name": "cuda"}}]}),
+        SupplyRoute.VISIBLE_DEVICES_ENV,
+    ),
+    # The toolkit's device list takes any mount path starting with its root: this one asks for "all".
+    "device-list-mount-without-a-slash": (
+        pod(
+            _mounted("/var/run/nvidia-container-devicesall"),
+            volumes=[{"name": "devices", "emptyDir": {}}],
+        ),
+        SupplyRoute.DEVICE_LIST_MOUNT,
+    ),
+}

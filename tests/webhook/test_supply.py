@@ -13,10 +13,18 @@ from typing import Any
 
 import pytest
 
-from gpuaccounting.supply import NODE_SETTINGS, SupplyRoute
+from gpuaccounting.supply import DEFAULT_SUPPLY, NODE_SETTINGS, SupplyRoute, route_uses
 from tests.support.admission_state_server import StateServer
 from tests.support.pods import GPU_PODS, container, pod
-from tests.support.supply import ROUTE_PODS, env, issue_pod, ordinary_gpu_pod, route_pod, with_env
+from tests.support.supply import (
+    EVASION_PODS,
+    ROUTE_PODS,
+    env,
+    issue_pod,
+    ordinary_gpu_pod,
+    route_pod,
+    with_env,
+)
 from tests.webhook.conftest import Tls, Webhook, serve_webhook
 
 NODE_AGENT = ("gpu-timekeeper-node", "gpu-timekeeper-nodeagent")
@@ -158,3 +166,20 @@ def test_the_admin_allows_a_route_or_exempts_a_namespace_in_the_hardware_file(al
     renamed = pod(container("main"), runtimeClassName="gpu-runtime")
     assert "route gpu-runtime-class" in allowing.validate(renamed).message
     assert allowing.validate(pod(container("main"), runtimeClassName="nvidia-cdi")).allowed
+
+
+@pytest.mark.parametrize("case", sorted(EVASION_PODS))
+def test_a_route_spelled_as_the_toolkit_reads_it_is_refused(webhook: Webhook, case: str) -> None:
+    body, route = EVASION_PODS[case]
+
+    answer = webhook.validate(webhook.admit(copy.deepcopy(body)))
+
+    assert not answer.allowed
+    assert f"route {route}" in answer.message
+
+
+def test_cuda_version_beside_a_gpu_asked_for_is_admitted() -> None:
+    """The device plugin sets NVIDIA_VISIBLE_DEVICES in the container it serves: not a legacy image."""
+    gpu = pod(with_env(container("main", {"nvidia.com/gpu": 1}), env("CUDA_VERSION", "12.4.1")))
+
+    assert route_uses(gpu, DEFAULT_SUPPLY, asks_for_gpu=True) == []

@@ -52,9 +52,20 @@ NO_DEVICE_VALUES: Final = frozenset({"", "void", "none"})
 # /var/run is a link to on the hosts the toolkit supports.
 DEVICE_LIST_ROOTS: Final = ("/var/run/nvidia-container-devices", "/run/nvidia-container-devices")
 # Pod annotation keys that device injectors read: CDI's `cdi.k8s.io/` (containerd and CRI-O pass them on
-# where configured), the toolkit's NRI plugin's `nvidia.cdi.k8s.io/`, NRI's sample device injector's
-# `devices.nri.io`.
-CDI_ANNOTATION_PREFIXES: Final = ("cdi.k8s.io/", "nvidia.cdi.k8s.io/", "devices.nri.io")
+# where configured), the toolkit's NRI plugin's `nvidia.cdi.k8s.io/`, NRI's device injector's devices, CDI
+# devices and host mounts under its keys old and new (containerd/nri plugins/device-injector), and NRI's CDI
+# device injector's `cdi.nri.io/`.
+CDI_ANNOTATION_PREFIXES: Final = (
+    "cdi.k8s.io/",
+    "nvidia.cdi.k8s.io/",
+    "devices.nri.io",
+    "devices.noderesource.dev",
+    "cdi-devices.nri.io",
+    "cdi-devices.noderesource.dev",
+    "mounts.nri.io",
+    "mounts.noderesource.dev",
+    "cdi.nri.io/",
+)
 # Host paths that hand over a GPU's device nodes in a hostPath volume: /dev/nvidia* (the GPUs, nvidiactl,
 # nvidia-uvm, nvidia-caps), /dev/dri (render nodes), /dev/null (the source the volume-mount device list
 # reads) and the GPU Operator's driver root; an ancestor of one ("/", "/dev") hands it over too.
@@ -62,8 +73,9 @@ DEVICE_HOST_PATHS: Final = ("/dev/dri", "/dev/null", "/run/nvidia", "/var/run/nv
 NVIDIA_DEVICE_NODES: Final = "/dev/nvidia"
 # Capabilities that lift a container's device limits (mounting, device cgroups) as privilege does.
 PRIVILEGED_CAPABILITIES: Final = frozenset({"ALL", "SYS_ADMIN", "CAP_SYS_ADMIN"})
-# The RuntimeClasses the NVIDIA GPU Operator and `nvidia-ctk runtime configure` create.
-DEFAULT_RUNTIME_CLASSES: Final = frozenset({"nvidia", "nvidia-cdi", "nvidia-legacy"})
+# The RuntimeClasses the NVIDIA GPU Operator and `nvidia-ctk runtime configure` create, and k3s's and
+# RKE2's `nvidia-experimental`.
+DEFAULT_RUNTIME_CLASSES: Final = frozenset({"nvidia", "nvidia-cdi", "nvidia-legacy", "nvidia-experimental"})
 # Who may use every route: the GPU Operator's and the NVIDIA device plugin's usual namespaces, kube-system,
 # and our node agent by its namespace and ServiceAccount (its NVML needs every GPU of its node).
 DEFAULT_EXEMPT: Final[Mapping[str, frozenset[str]]] = {

@@ -147,4 +147,31 @@ EVASION_PODS: dict[str, tuple[dict[str, Any], SupplyRoute]] = {
         ),
         SupplyRoute.DEVICE_LIST_MOUNT,
     ),
+    # NRI's device injector under its current keys: a device node with its cgroup rule, a CDI device, a
+    # host mount (containerd/nri plugins/device-injector).
+    "nri-device-annotation": (
+        pod(
+            container("main"),
+            annotations={"devices.noderesource.dev/container.main": "- {path: /dev/nvidia0, type: c}"},
+        ),
+        SupplyRoute.CDI_ANNOTATION,
+    ),
+    "nri-cdi-device-annotation": (
+        pod(container("main"), annotations={"cdi-devices.noderesource.dev/pod": "- nvidia.com/gpu=all"}),
+        SupplyRoute.CDI_ANNOTATION,
+    ),
+    "nri-mount-annotation": (
+        pod(
+            container("main"),
+            annotations={
+                "mounts.noderesource.dev/pod": "- {source: /dev, destination: /host-dev, type: bind}"
+            },
+        ),
+        SupplyRoute.CDI_ANNOTATION,
+    ),
+    # k3s and RKE2 create this RuntimeClass beside `nvidia` on a node with the toolkit.
+    "k3s-experimental-runtime-class": (
+        pod(container("main"), runtimeClassName="nvidia-experimental"),
+        SupplyRoute.GPU_RUNTIME_CLASS,
+    ),
 }

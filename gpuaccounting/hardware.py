@@ -41,7 +41,7 @@ class HardwareConfigError(ValueError):
 def _positive_int(key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{key} must be a positive integer, not {value!r}")
-    return value
+    return int(value)
 
 
 def _flag(key: str, value: Any) -> bool:

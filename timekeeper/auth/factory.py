@@ -24,4 +24,5 @@ async def build_access_control(settings: Settings) -> AccessControl:
             raise
         raise RuntimeError(f"auth mode {settings.auth_mode!r} is not available in this build") from error
     built = getattr(module, function_name)(settings)
-    return await built if inspect.isawaitable(built) else built
+    access: AccessControl = await built if inspect.isawaitable(built) else built
+    return access

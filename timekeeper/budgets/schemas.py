@@ -9,11 +9,11 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from gpuaccounting.admission_state import PriorityPolicy, UserClassRule
+from gpuaccounting.names import DNS_SUBDOMAIN
 from gpuaccounting.wire import BudgetState
 from timekeeper.domain.figures import RunningPodAction
 from timekeeper.domain.periods import PeriodKind
 from timekeeper.schemas import (
-    DNS_SUBDOMAIN,
     LARGEST_AMOUNT,
     Amount,
     DecimalIn,

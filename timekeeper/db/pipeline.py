@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 from sqlalchemy.ext.asyncio import AsyncSession
 
-_PSYCOPG = psycopg_dialect()
+_PSYCOPG = psycopg_dialect()  # type: ignore[no-untyped-call]
 
 
 async def pipeline_connection(session: AsyncSession) -> psycopg.AsyncConnection[Any]:

@@ -22,7 +22,7 @@ from timekeeper.kube import (
     PodSnapshot,
     QuotaChange,
 )
-from timekeeper.kube.client import QUOTA_NAME
+from timekeeper.kube.core import QUOTA_NAME
 from timekeeper.kube.types import MANAGED_BY, MANAGED_BY_LABEL
 
 # The client's connections belong to the loop of the fixture that built it (the session's).

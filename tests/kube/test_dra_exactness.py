@@ -25,7 +25,7 @@ from tests.support.timekeeper import report_body
 from tests.timekeeper.conftest import START
 from timekeeper.clock import ManualClock
 from timekeeper.kube import KubeClient
-from timekeeper.kube.client import pod_info
+from timekeeper.kube.types import pod_info
 from timekeeper.reconcile.claims import merged
 from timekeeper.reconcile.service import Reconciler
 from timekeeper.settings import Settings

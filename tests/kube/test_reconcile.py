@@ -29,7 +29,7 @@ from timekeeper.budgets.schemas import BudgetIn
 from timekeeper.budgets.service import BudgetService
 from timekeeper.clock import ManualClock
 from timekeeper.kube import KubeClient, KubeUnavailableError, QuotaChange
-from timekeeper.kube.client import QUOTA_NAME
+from timekeeper.kube.core import QUOTA_NAME
 from timekeeper.periodic.jobs import JOBS_BY_NAME, reconcile_job, run_job
 from timekeeper.periodic.repository import RUNNING_POD
 from timekeeper.reconcile.service import Reconciler
@@ -657,7 +657,7 @@ async def test_a_running_pod_whose_sidecar_stopped_reporting_counts_as_silent(
     assert closed.detail is not None
     assert sorted(p["pod"] for p in closed.detail["closed"]) == ["done", "quiet"]
     # ... the pass, which sees the pod still running, counts it silent (and the one never heard from).
-    with caplog.at_level(logging.WARNING, logger="timekeeper.reconcile.service"):
+    with caplog.at_level(logging.WARNING, logger="timekeeper.reconcile.census"):
         passed = await run_job(reconcile_job(reconciler), sessionmaker, settings, clock, "replica")
     assert passed.detail is not None
     assert passed.detail["silent"] == [["team-a", "never"], ["team-a", "quiet"]]
@@ -673,7 +673,7 @@ async def test_a_running_pod_whose_sidecar_stopped_reporting_counts_as_silent(
     # Still silent a minute later: counted again, not logged again.
     clock.advance(timedelta(minutes=1))
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="timekeeper.reconcile.service"):
+    with caplog.at_level(logging.WARNING, logger="timekeeper.reconcile.census"):
         assert (await reconciler.run_pass()).silent == [("team-a", "never"), ("team-a", "quiet")]
     assert not [r for r in caplog.records if r.message == "sidecar_silent"]
 

@@ -13,7 +13,7 @@ import pytest
 
 from gpuaccounting.shares import GpuHardware
 from tests.support.dra import EXTENDED_RESOURCE_CLAIM
-from timekeeper.kube.client import pod_info
+from timekeeper.kube.types import pod_info
 from timekeeper.reconcile.claims import (
     ClaimConsumers,
     ClaimPart,

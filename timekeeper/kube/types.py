@@ -112,3 +112,35 @@ class ObjectReference:
     namespace: str | None = None
     api_version: str = "v1"
     uid: str | None = None
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def pod_info(raw: JSON) -> PodInfo:
+    """The typed view of a pod's JSON."""
+    meta, spec, status = raw["metadata"], raw.get("spec") or {}, raw.get("status") or {}
+    finished = [
+        _parse_time(((cs.get("state") or {}).get("terminated") or {}).get("finishedAt"))
+        for cs in status.get("containerStatuses") or []
+    ]
+    phase = status.get("phase") or "Pending"
+    known_finishes = [f for f in finished if f is not None]
+    return PodInfo(
+        namespace=meta["namespace"],
+        name=meta["name"],
+        uid=meta["uid"],
+        phase=phase,
+        resource_version=meta.get("resourceVersion", ""),
+        labels=meta.get("labels") or {},
+        annotations=meta.get("annotations") or {},
+        node_name=spec.get("nodeName"),
+        created_at=_parse_time(meta.get("creationTimestamp")),
+        started_at=_parse_time(status.get("startTime")),
+        finished_at=max(known_finishes) if phase in ("Succeeded", "Failed") and known_finishes else None,
+        deleting_since=_parse_time(meta.get("deletionTimestamp")),
+        raw=raw,
+    )

@@ -99,7 +99,7 @@ def priority_of(workload: Mapping[str, Any]) -> int | None:
 def recorded_priority(workload: Mapping[str, Any]) -> int | str | None:
     """The priority the annotation says the Workload had: an int, None (it had none), or the annotation's
     raw text when it is missing or not a priority (a Workload a tenant tampered with)."""
-    raw = ((workload.get("metadata") or {}).get("annotations") or {}).get(ORIGINAL_ANNOTATION, "")
+    raw: str = ((workload.get("metadata") or {}).get("annotations") or {}).get(ORIGINAL_ANNOTATION, "")
     if raw == NO_PRIORITY:
         return None
     try:

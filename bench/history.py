@@ -46,7 +46,7 @@ from timekeeper.app import create_app
 from timekeeper.clock import ManualClock
 from timekeeper.periodic.jobs import JOBS_BY_NAME, run_job
 from timekeeper.settings import Settings
-from timekeeper.store.usage.repository import INSERT_LEDGER
+from timekeeper.usage.repository import INSERT_LEDGER
 
 STEP = 30  # seconds between a pod's reports
 MODEL = "NVIDIA H100 80GB HBM3"

@@ -13,13 +13,13 @@ from datetime import UTC, datetime, timedelta
 
 from bench.common import new_database, postgres_server
 from tests.support.postgres import url_string
+from timekeeper.budgets.repository import figures_of, figures_parameters
 from timekeeper.db.lists import arity
 from timekeeper.db.pipeline import pipeline_sql
 from timekeeper.db.session import build_engine, build_sessionmaker
-from timekeeper.store.billing.repository import CHARGE_INPUTS, charge_inputs_parameters
-from timekeeper.store.budgets.repository import figures_of, figures_parameters
-from timekeeper.store.usage import repository
-from timekeeper.store.usage.repository import IngestStatements, batch_json
+from timekeeper.usage import repository
+from timekeeper.usage.charge_inputs import CHARGE_INPUTS, charge_inputs_parameters
+from timekeeper.usage.repository import IngestStatements, batch_json
 
 NOW = datetime.now(UTC) - timedelta(hours=1)
 SPAN = (NOW - timedelta(seconds=30), NOW)

@@ -14,9 +14,9 @@ import psycopg
 from bench.history import STEP, generate
 from tests.support.postgres import create_database, drop_database, url_string
 from tests.support.timekeeper import migrate, report_body
-from timekeeper.store.usage.repository import batch_json
 from timekeeper.usage.measure import measure
 from timekeeper.usage.planning import Rate
+from timekeeper.usage.repository import batch_json
 from timekeeper.usage.schemas import ReportIn
 from timekeeper.usage.service import ledger_row
 

@@ -8,17 +8,17 @@ from logging.config import fileConfig
 import sqlalchemy as sa
 from alembic import context
 
+from timekeeper.audit import models as audit
+from timekeeper.billing import models as billing
+from timekeeper.budgets import models as budgets
+from timekeeper.budgets.managed import models as managed
+from timekeeper.budgets.pools import models as pools
+from timekeeper.budgets.states import models as states
 from timekeeper.db.base import Base
 from timekeeper.db.embedded import embedded_database_url
-from timekeeper.periodic import models as scheduler
+from timekeeper.periodic import models as periodic
 from timekeeper.settings import Settings, normalise_database_url
-from timekeeper.store.audit import models as audit
-from timekeeper.store.billing import models as billing
-from timekeeper.store.budgets import models as budgets
-from timekeeper.store.gitops import models as gitops
-from timekeeper.store.pools import models as pools
-from timekeeper.store.states import models as states
-from timekeeper.store.usage import models as usage
+from timekeeper.usage import models as usage
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logging", True):
@@ -26,7 +26,7 @@ if config.config_file_name is not None and config.attributes.get("configure_logg
 
 # Every domain's models, gathered here (not in timekeeper/db/, which the domains build on): importing a
 # models module registers its tables on Base.metadata, the schema autogenerate and `alembic check` compare.
-MODELS = (audit, billing, budgets, gitops, pools, scheduler, states, usage)
+MODELS = (audit, billing, budgets, managed, periodic, pools, states, usage)
 target_metadata = Base.metadata
 
 
@@ -39,7 +39,7 @@ def database_url() -> str:
 
 
 def include_name(name: str | None, type_: str, parent_names: object) -> bool:
-    """The ledger's partitions (store/usage/partitions.py) are made at run time, not models."""
+    """The ledger's partitions (usage/partitions.py) are made at run time, not models."""
     return not (type_ == "table" and name is not None and name.startswith("usage_ledger_"))
 
 

@@ -22,7 +22,9 @@ from timekeeper.auth.router import router as auth_router
 from timekeeper.billing.chargeback import ChargebackExports
 from timekeeper.billing.router import namespaced as billing_namespaced_router
 from timekeeper.billing.router import router as billing_router
+from timekeeper.budgets.pools.router import router as pools_router
 from timekeeper.budgets.router import router as budgets_router
+from timekeeper.budgets.states.repository import known_namespaces
 from timekeeper.clock import Clock
 from timekeeper.db.session import (
     build_engine,
@@ -35,17 +37,15 @@ from timekeeper.health.router import router as health_router
 from timekeeper.metrics import Metrics
 from timekeeper.periodic.jobs import Job, reconcile_job
 from timekeeper.periodic.runner import LeaderService, LeaderWork, with_scheduler
-from timekeeper.pools.router import router as pools_router
 from timekeeper.refusals import install_error_handler
 from timekeeper.routing import document_strict_bodies
 from timekeeper.schemas import API_ERRORS
 from timekeeper.settings import Settings, get_settings
 from timekeeper.snapshot.router import router as snapshot_router
 from timekeeper.snapshot.service import SnapshotCache
-from timekeeper.store.states.repository import known_namespaces
-from timekeeper.store.usage.partitions import days_ahead, ensure_days
 from timekeeper.ui import mount_docs, mount_ui
 from timekeeper.usage.batcher import IngestBatcher
+from timekeeper.usage.partitions import days_ahead, ensure_days
 from timekeeper.usage.router import router as usage_router
 
 

@@ -2,7 +2,7 @@
 ingest, so the forecast's burn on every budget read sums a window's buckets (72 rows for six hours)
 instead of scanning the namespace's ledger rows in the window (pods x window / 30 s of them). Backfilled
 from the ledger's raw rows of the last 7 days, each row's charge attributed to the buckets its charged
-time overlaps in proportion to that time (the rule ingest follows, timekeeper/store/budgets/burn.py).
+time overlaps in proportion to that time (the rule ingest follows, timekeeper/budgets/burn.py).
 
 Revision ID: b5d2e8f1c3a7
 Revises: e7b2c9d4a1f6

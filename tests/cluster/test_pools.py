@@ -23,11 +23,11 @@ from tests.support.postgres import url_string
 from tests.support.timekeeper import report_body
 from tests.timekeeper.conftest import clock, connection, database_url  # noqa: F401 (fixtures)
 from timekeeper.auth.base import Principal
+from timekeeper.budgets.pools.schemas import PoolIn
+from timekeeper.budgets.pools.service import PoolService
 from timekeeper.clock import ManualClock
 from timekeeper.kube import KubeClient
 from timekeeper.kube.client import KubeConfig
-from timekeeper.pools.schemas import PoolIn
-from timekeeper.pools.service import PoolService
 from timekeeper.reconcile.service import Reconciler
 from timekeeper.settings import Settings
 from timekeeper.usage.schemas import ReportIn

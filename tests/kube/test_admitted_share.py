@@ -21,8 +21,8 @@ from tests.kube.factories import dra_pod, gpu_node, gpu_pod
 from tests.support.kube_apiserver import KubeApiServer
 from tests.support.timekeeper import bearer, report_body
 from tests.timekeeper.conftest import START
+from timekeeper.billing.repository import BillingRepository
 from timekeeper.settings import Settings
-from timekeeper.store.billing.repository import BillingRepository
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -19,12 +19,12 @@ from tests.kube.test_reconcile import GRACE, _exhaust, iso, sync
 from tests.support.dra import EXTENDED_RESOURCE_CLAIM
 from tests.support.kube_apiserver import KubeApiServer
 from tests.timekeeper.conftest import START
+from timekeeper.billing.repository import BillingRepository
 from timekeeper.clock import ManualClock
 from timekeeper.kube import KubeClient
 from timekeeper.reconcile.service import Reconciler
 from timekeeper.settings import Settings
-from timekeeper.store.billing.repository import BillingRepository
-from timekeeper.store.usage.models import LedgerEntry, PodCoverage
+from timekeeper.usage.models import LedgerEntry, PodCoverage
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

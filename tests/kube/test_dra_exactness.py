@@ -23,13 +23,13 @@ from tests.kube.test_reconcile import GRACE, iso, sync
 from tests.support.kube_apiserver import KubeApiServer
 from tests.support.timekeeper import report_body
 from tests.timekeeper.conftest import START
+from timekeeper.billing.repository import BillingRepository
 from timekeeper.clock import ManualClock
 from timekeeper.kube import KubeClient
 from timekeeper.kube.types import pod_info
 from timekeeper.reconcile.claims import merged
 from timekeeper.reconcile.service import Reconciler
 from timekeeper.settings import Settings
-from timekeeper.store.billing.repository import BillingRepository
 from timekeeper.usage.admitted import admitted_share
 from timekeeper.usage.schemas import ReportIn
 from timekeeper.usage.service import IngestService

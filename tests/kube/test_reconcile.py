@@ -25,6 +25,7 @@ from tests.support.timekeeper import report_body
 from tests.timekeeper.conftest import START
 from timekeeper.app import create_app
 from timekeeper.auth.base import Principal
+from timekeeper.billing.repository import BillingRepository
 from timekeeper.budgets.schemas import BudgetIn
 from timekeeper.budgets.service import BudgetService
 from timekeeper.clock import ManualClock
@@ -34,8 +35,7 @@ from timekeeper.periodic.jobs import JOBS_BY_NAME, reconcile_job, run_job
 from timekeeper.periodic.repository import RUNNING_POD
 from timekeeper.reconcile.service import Reconciler
 from timekeeper.settings import Settings
-from timekeeper.store.billing.repository import BillingRepository
-from timekeeper.store.usage.models import PodCoverage
+from timekeeper.usage.models import PodCoverage
 from timekeeper.usage.schemas import ReportIn
 from timekeeper.usage.service import IngestService
 

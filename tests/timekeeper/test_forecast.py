@@ -15,9 +15,9 @@ from tests.support.timekeeper import Api, ok
 from tests.timekeeper.conftest import START
 from tests.timekeeper.test_health import root_client, samples
 from tests.timekeeper.test_scheduler_jobs import run
+from timekeeper.budgets.burn import attribute
 from timekeeper.budgets.forecast import forecast
 from timekeeper.clock import ManualClock
-from timekeeper.store.budgets.burn import attribute
 
 SIX_HOURS = timedelta(hours=6)
 NOW = START

@@ -9,7 +9,7 @@ from fastapi import FastAPI
 
 from tests.support.timekeeper import Api, ok
 from tests.timekeeper.conftest import START
-from timekeeper.store.gitops.repository import ManagedRepository, ObjectRef
+from timekeeper.budgets.managed.repository import ManagedRepository, ObjectRef
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -24,7 +24,7 @@ from timekeeper.clock import ManualClock
 from timekeeper.db.session import build_engine, build_sessionmaker
 from timekeeper.periodic.jobs import JOBS_BY_NAME, run_job
 from timekeeper.settings import Settings
-from timekeeper.store.usage import partitions
+from timekeeper.usage import partitions
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

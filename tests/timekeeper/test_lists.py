@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
+from timekeeper.budgets.repository import BudgetRepository
 from timekeeper.db.lists import ONE_BY_ONE, arity
-from timekeeper.store.budgets.repository import BudgetRepository
 
 NOW = datetime(2026, 3, 18, 12, 0, tzinfo=UTC)
 

@@ -1,4 +1,4 @@
-"""Every writer sorts namespaces as store/locks.py says, in Python and in SQL alike: two orders that differ
+"""Every writer sorts namespaces as db/locks.py says, in Python and in SQL alike: two orders that differ
 for some names would let two writers lock the same rows in opposite orders and deadlock."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from timekeeper.store.locks import NAMESPACE_ORDER_SQL, by_namespace, in_lock_order
-from timekeeper.store.states.models import NamespaceStatus
+from timekeeper.budgets.states.models import NamespaceStatus
+from timekeeper.db.locks import NAMESPACE_ORDER_SQL, by_namespace, in_lock_order
 
 # DNS labels a locale's collation sorts otherwise than bytes do (hyphens ignored at first, digits apart).
 NAMES = ["ab", "a-c", "a0", "a-b", "b", "a", "a9z", "a-0", "aa"]

@@ -20,7 +20,7 @@ from sqlalchemy.engine import URL
 from tests.support.postgres import create_database, drop_database, url_string
 from tests.support.processes import REPO_ROOT
 from tests.support.timekeeper import alembic_config, migrate
-from timekeeper.store.budgets.burn import bucket_of
+from timekeeper.budgets.burn import bucket_of
 from timekeeper.usage.schemas import GPU_FIELDS, GpuFiguresIn, gpu_entry, stored_gpu
 
 
@@ -101,7 +101,7 @@ def test_the_migrations_go_down_and_up_again() -> None:
 
 
 def test_the_burn_buckets_are_backfilled_from_the_last_seven_days_of_the_ledger() -> None:
-    """Migration b5d2e8f1c3a7 gives the forecast's burn buckets (store/budgets/burn.py) the charges already in
+    """Migration b5d2e8f1c3a7 gives the forecast's burn buckets (budgets/burn.py) the charges already in
     the ledger, by ingest's rule: each row's charge split over the 5-minute buckets its charged time
     overlaps, in proportion to that time; rows older than seven days are left out."""
     url = create_database("gtk_burn_backfill")

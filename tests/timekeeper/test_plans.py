@@ -19,18 +19,18 @@ import pytest
 from psycopg import sql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from timekeeper.budgets.burn import window_parameters
+from timekeeper.budgets.repository import figures_of, figures_parameters
 from timekeeper.db.lists import arity, array_parameters
 from timekeeper.db.pipeline import pipeline_sql
-from timekeeper.store.billing.repository import (
+from timekeeper.usage import repository
+from timekeeper.usage.charge_inputs import (
     CHARGE_INPUTS,
     charge_inputs_parameters,
     weights,
     weights_parameters,
 )
-from timekeeper.store.budgets.burn import window_parameters
-from timekeeper.store.budgets.repository import figures_of, figures_parameters
-from timekeeper.store.usage import repository
-from timekeeper.store.usage.repository import batch_json
+from timekeeper.usage.repository import batch_json
 
 NOW = datetime(2026, 3, 18, 12, 0, tzinfo=UTC)
 START, END = NOW - timedelta(minutes=2), NOW - timedelta(minutes=1, seconds=30)

@@ -19,7 +19,7 @@ from tests.timekeeper.test_plans import (  # noqa: F401 (grown: a fixture)
     grown,
 )
 from timekeeper.billing.chargeback import chargeback_range
-from timekeeper.store.usage import repository
+from timekeeper.usage import repository
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -14,9 +14,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from tests.support.postgres import url_string
 from tests.support.timekeeper import Api, Tokens, bearer, ok, sha256
+from timekeeper.budgets.pools.repository import PoolRepository
 from timekeeper.clock import ManualClock
 from timekeeper.settings import Settings
-from timekeeper.store.pools.repository import PoolRepository
 from webhook.priority import PriorityDecider, PriorityRule
 from webhook.priorityclasses import PriorityClassCatalog
 from webhook.settings import WebhookSettings

@@ -15,8 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionm
 
 from tests.support.timekeeper import report_body
 from tests.timekeeper.conftest import START
+from timekeeper.billing.repository import BillingRepository
 from timekeeper.settings import Settings
-from timekeeper.store.billing.repository import BillingRepository
 from timekeeper.usage.schemas import ReportIn
 from timekeeper.usage.service import IngestService
 

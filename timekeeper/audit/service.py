@@ -7,8 +7,8 @@ from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from timekeeper.store.audit.models import AuditEntry
-from timekeeper.store.audit.repository import AuditRepository
+from timekeeper.audit.models import AuditEntry
+from timekeeper.audit.repository import AuditRepository
 
 
 class AuditService:

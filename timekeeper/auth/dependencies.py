@@ -108,7 +108,7 @@ async def read_scope(request: Request, principal: AuthenticatedPrincipal) -> fro
 async def readable_known_namespaces(request: Request, principal: Principal) -> frozenset[str]:
     """The known namespaces `principal` may read, one authorization each (timekeeper/auth/scope.py)."""
     state = request.app.state
-    known = await state.known_namespaces()  # the app's: store.admission.repository.known_namespaces
+    known = await state.known_namespaces()  # the app's: budgets.states.repository.known_namespaces
     return await readable_namespaces(state.access, principal, known, state.settings.read_scope_concurrency)
 
 

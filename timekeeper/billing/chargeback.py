@@ -20,10 +20,10 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from timekeeper.billing.repository import BillingRepository
 from timekeeper.domain.periods import Period, PeriodKind, count_periods, periods_overlapping
 from timekeeper.errors import TimekeeperError
-from timekeeper.store.billing.repository import BillingRepository
-from timekeeper.store.usage.repository import UNKNOWN_MODEL, UsageRepository
+from timekeeper.usage.repository import UNKNOWN_MODEL, UsageRepository
 
 ExportFormat = Literal["json", "csv"]
 BucketKind = Literal["daily", "weekly", "monthly"]

@@ -6,7 +6,10 @@ from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from timekeeper.audit.repository import AuditRepository
 from timekeeper.auth.base import Principal
+from timekeeper.billing.models import CLUSTER_SCOPE
+from timekeeper.billing.repository import BillingRepository
 from timekeeper.billing.schemas import (
     ChargeBasisIn,
     ChargeBasisOut,
@@ -20,9 +23,6 @@ from timekeeper.clock import Clock
 from timekeeper.domain.weights import ONE, model_key, resolve_basis
 from timekeeper.errors import TimekeeperError
 from timekeeper.settings import Settings
-from timekeeper.store.audit.repository import AuditRepository
-from timekeeper.store.billing.models import CLUSTER_SCOPE
-from timekeeper.store.billing.repository import BillingRepository
 
 
 class BillingService:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.names import DOMAIN as GROUP
+from timekeeper.budgets.managed.repository import ManagedRepository
 from timekeeper.errors import TimekeeperError
-from timekeeper.store.gitops.repository import ManagedRepository
 
 
 async def refuse_if_managed(session: AsyncSession, namespace: str | None) -> None:

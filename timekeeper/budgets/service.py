@@ -11,9 +11,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.admission_state import default_priority_policy, is_over_budget
 from gpuaccounting.wire import BudgetState
+from timekeeper.audit.repository import AuditRepository
 from timekeeper.auth.base import Principal
 from timekeeper.budgets.forecast import forecast
 from timekeeper.budgets.guard import refuse_if_managed
+from timekeeper.budgets.models import Grant
+from timekeeper.budgets.repository import BudgetRepository, statuses
 from timekeeper.budgets.schemas import (
     BudgetConfigOut,
     BudgetIn,
@@ -25,16 +28,13 @@ from timekeeper.budgets.schemas import (
     NamespaceBudgetOut,
     PriorityPolicyBody,
 )
+from timekeeper.budgets.states.budget_states import BudgetStates, unpooled_states
 from timekeeper.clock import Clock
 from timekeeper.domain.figures import SHIPPED_RUNNING_POD_ACTION, BudgetConfig, NamespaceFigures
 from timekeeper.domain.periods import PeriodKind, period_containing
 from timekeeper.errors import TimekeeperError
 from timekeeper.schemas import period_out
 from timekeeper.settings import Settings
-from timekeeper.store.audit.repository import AuditRepository
-from timekeeper.store.budgets.models import Grant
-from timekeeper.store.budgets.repository import BudgetRepository, statuses
-from timekeeper.store.states.budget_states import BudgetStates, unpooled_states
 
 
 def config_out(config: BudgetConfig) -> BudgetConfigOut:

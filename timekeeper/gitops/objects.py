@@ -13,9 +13,9 @@ from pydantic import ValidationError
 
 from gpuaccounting.admission_state import default_priority_policy
 from gpuaccounting.names import DOMAIN
+from timekeeper.budgets.managed.repository import ObjectRef
 from timekeeper.budgets.schemas import BudgetIn, NamespaceBudgetOut
 from timekeeper.domain.figures import SHIPPED_RUNNING_POD_ACTION
-from timekeeper.store.gitops.repository import ObjectRef
 
 GROUP = DOMAIN
 VERSION = "v1alpha1"

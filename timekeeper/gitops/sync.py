@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from timekeeper.auth.base import Principal
+from timekeeper.budgets.managed.repository import ManagedRepository, ObjectRef
 from timekeeper.budgets.schemas import BudgetIn
 from timekeeper.budgets.service import BudgetService
 from timekeeper.clock import Clock
@@ -28,7 +29,6 @@ from timekeeper.gitops.objects import (
     DEFAULTS,
     GROUP,
     VERSION,
-    ObjectRef,
     Readiness,
     SpecError,
     applied,
@@ -43,7 +43,6 @@ from timekeeper.gitops.objects import (
 from timekeeper.kube import KubeApiError, KubeClient, KubeConfig
 from timekeeper.metrics import GitOpsMetrics
 from timekeeper.settings import Settings
-from timekeeper.store.gitops.repository import ManagedRepository
 
 log = logging.getLogger(__name__)
 HTTP_NOT_FOUND = 404

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from timekeeper.budgets.pools.service import PoolService
 from timekeeper.budgets.service import BudgetService
 from timekeeper.clock import Clock
 from timekeeper.metrics import BudgetReadout, NamespaceRow
-from timekeeper.pools.service import PoolService
 from timekeeper.settings import Settings
-from timekeeper.store.billing.repository import BillingRepository
 from timekeeper.usage.efficiency import EfficiencyService
+from timekeeper.usage.repository import UsageRepository
 
 
 async def read_budget_readout(session: AsyncSession, settings: Settings, clock: Clock) -> BudgetReadout:
@@ -51,5 +51,5 @@ async def read_budget_readout(session: AsyncSession, settings: Settings, clock: 
             for pool in pools
         ],
         idle=[(namespace, count, shares) for namespace, (count, shares) in sorted(idle.items())],
-        unweighted_pods=await BillingRepository(session).running_pods_without_model(),
+        unweighted_pods=await UsageRepository(session).running_pods_without_model(),
     )

@@ -11,15 +11,15 @@ from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from timekeeper.budgets.burn import PURGE_MARGIN, BurnRepository
+from timekeeper.budgets.repository import BudgetRepository
 from timekeeper.budgets.service import end_expired_grants
+from timekeeper.budgets.states.budget_states import BudgetStates
 from timekeeper.clock import Clock
 from timekeeper.domain.periods import EPOCH, PeriodKind, period_containing
 from timekeeper.periodic.repository import SchedulerRepository
 from timekeeper.settings import Settings
-from timekeeper.store.budgets.burn import PURGE_MARGIN, BurnRepository
-from timekeeper.store.budgets.repository import BudgetRepository
-from timekeeper.store.states.budget_states import BudgetStates
-from timekeeper.store.usage.partitions import days_ahead, ensure_days
+from timekeeper.usage.partitions import days_ahead, ensure_days
 
 
 def floor_to(moment: datetime, step: timedelta) -> datetime:

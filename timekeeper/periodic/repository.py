@@ -12,11 +12,11 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from timekeeper.budgets.states.models import NamespaceStatus
+from timekeeper.db.locks import by_namespace
 from timekeeper.periodic.models import JobRun
-from timekeeper.store.locks import by_namespace
-from timekeeper.store.states.models import NamespaceStatus
-from timekeeper.store.usage.models import RUNNING_POD, PodCoverage
-from timekeeper.store.usage.partitions import (
+from timekeeper.usage.models import RUNNING_POD, PodCoverage
+from timekeeper.usage.partitions import (
     DEFAULT_PARTITION,
     LOCK_TIMEOUT,
     PARENT,

@@ -13,21 +13,18 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Final
 
-import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpuaccounting.admission_state import is_exempt
 from gpuaccounting.dra import claim_refs
 from gpuaccounting.names import DOMAIN
 from gpuaccounting.shares import read_pod
+from timekeeper.audit.repository import AuditRepository
 from timekeeper.clock import Clock
 from timekeeper.kube import KubeApiError, KubeClient, KubeError, ObjectReference
 from timekeeper.metrics import DowngradeMetrics
+from timekeeper.reconcile.repository import ReconcileRepository
 from timekeeper.settings import Settings
-from timekeeper.store.audit.repository import AuditRepository
-from timekeeper.store.budgets.models import DefaultBudget, NamespaceBudget
-from timekeeper.store.states.models import NamespaceStatus
 
 log = logging.getLogger(__name__)
 
@@ -62,32 +59,15 @@ class KueuePolicy:
 async def kueue_policies(session: AsyncSession, namespaces: Iterable[str]) -> dict[str, KueuePolicy]:
     """Every exhausted namespace and each of `namespaces`, with its effective action and priority policy
     (its own budget's, else the default's)."""
-    extra = sa.literal(sorted(set(namespaces)), ARRAY(sa.Text))
-    names = sa.union(
-        sa.select(NamespaceStatus.namespace).where(NamespaceStatus.state == "exhausted"),
-        sa.select(sa.func.unnest(extra)),
-    ).subquery("names")
-    policy = sa.func.coalesce(NamespaceBudget.priority_policy, DefaultBudget.priority_policy)
-    action = sa.func.coalesce(NamespaceBudget.running_pod_action, DefaultBudget.running_pod_action)
-    result = await session.execute(
-        sa.select(
-            names.c.namespace,
-            sa.and_(NamespaceStatus.state == "exhausted", action == "kueue").label("lowering"),
-            policy.label("policy"),
-        )
-        .select_from(names)
-        .outerjoin(NamespaceStatus, NamespaceStatus.namespace == names.c.namespace)
-        .outerjoin(NamespaceBudget, NamespaceBudget.namespace == names.c.namespace)
-        .join(DefaultBudget, sa.true())
-    )
+    found = await ReconcileRepository(session).kueue_policies(namespaces)
     return {
-        row.namespace: KueuePolicy(
-            lowering=bool(row.lowering),
-            exempt_classes=frozenset(row.policy["exempt_classes"]),
-            user_classes=row.policy["user_classes"],
-            ceiling=row.policy["ceiling"],
+        namespace: KueuePolicy(
+            lowering=lowering,
+            exempt_classes=frozenset(policy["exempt_classes"]),
+            user_classes=policy["user_classes"],
+            ceiling=policy["ceiling"],
         )
-        for row in result
+        for namespace, (lowering, policy) in found.items()
     }
 
 

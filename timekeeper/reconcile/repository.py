@@ -1,6 +1,6 @@
 """SQL the reconciler needs beyond the report path: which pods have time not yet charged, closing ended
-pods at their real end, the namespaces' states, which exhausted namespaces evict their running pods, and
-concurrent limits. Core statements on the models; the
+pods at their real end, the namespaces' states, which exhausted namespaces evict their running pods or
+lower their Kueue Workloads, and concurrent limits. Core statements on the models; the
 coverage test stays PostgreSQL (multirange arithmetic has no Core spelling)."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import InstrumentedAttribute
 
 from gpuaccounting.wire import BudgetState
-from timekeeper.store.budgets.models import DefaultBudget, NamespaceBudget
-from timekeeper.store.states.models import NamespaceStatus
-from timekeeper.store.usage.models import PodCoverage
+from timekeeper.budgets.models import DefaultBudget, NamespaceBudget
+from timekeeper.budgets.states.models import NamespaceStatus
+from timekeeper.usage.models import PodCoverage
 
 _UNCOVERED = sa.text(
     "SELECT c.n - 1 FROM unnest(CAST(:uids AS text[]), CAST(:starts AS timestamptz[]), "
@@ -115,6 +115,30 @@ class ReconcileRepository:
             .where(NamespaceStatus.state == "exhausted", action == "evict")
         )
         return {row.namespace: frozenset(row.exempt) for row in result}
+
+    async def kueue_policies(self, namespaces: Iterable[str]) -> dict[str, tuple[bool, dict[str, Any]]]:
+        """Every exhausted namespace and each of `namespaces`: whether its Workloads are lowered now (its
+        effective action is `kueue`), and its effective priority policy (its own budget's, else the
+        default's)."""
+        extra = sa.literal(sorted(set(namespaces)), ARRAY(sa.Text))
+        names = sa.union(
+            sa.select(NamespaceStatus.namespace).where(NamespaceStatus.state == "exhausted"),
+            sa.select(sa.func.unnest(extra)),
+        ).subquery("names")
+        policy = sa.func.coalesce(NamespaceBudget.priority_policy, DefaultBudget.priority_policy)
+        action = sa.func.coalesce(NamespaceBudget.running_pod_action, DefaultBudget.running_pod_action)
+        result = await self.session.execute(
+            sa.select(
+                names.c.namespace,
+                sa.and_(NamespaceStatus.state == "exhausted", action == "kueue").label("lowering"),
+                policy.label("policy"),
+            )
+            .select_from(names)
+            .outerjoin(NamespaceStatus, NamespaceStatus.namespace == names.c.namespace)
+            .outerjoin(NamespaceBudget, NamespaceBudget.namespace == names.c.namespace)
+            .join(DefaultBudget, sa.true())
+        )
+        return {row.namespace: (bool(row.lowering), row.policy) for row in result}
 
     async def concurrent_limits(self, extra_namespaces: Iterable[str]) -> dict[str, Decimal | None]:
         """Each known namespace's concurrent GPU limit (the known ones and `extra_namespaces`): its own

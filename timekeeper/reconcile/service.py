@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from timekeeper.budgets.pools.service import PoolService
 from timekeeper.clock import Clock
 from timekeeper.kube import KubeClient, KubeConfig
 from timekeeper.metrics import DowngradeMetrics, PodWatchCollector
-from timekeeper.pools.service import PoolService
 from timekeeper.reconcile.census import PodCensus
 from timekeeper.reconcile.charging import SilentCharger
 from timekeeper.reconcile.claims import ClaimRegistry

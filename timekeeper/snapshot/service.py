@@ -12,10 +12,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.admission_state import AdmissionSnapshot, NamespaceEntry, PriorityClassNames
 from gpuaccounting.wire import format_timestamp
+from timekeeper.budgets.states.models import BudgetEvent
+from timekeeper.budgets.states.repository import StateRepository
 from timekeeper.domain.states import budget_state
 from timekeeper.settings import Settings
-from timekeeper.store.states.models import BudgetEvent
-from timekeeper.store.states.repository import StateRepository
 
 
 @dataclass

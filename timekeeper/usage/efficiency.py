@@ -10,12 +10,12 @@ from decimal import ROUND_HALF_EVEN, Decimal
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from timekeeper.budgets.repository import BudgetRepository
 from timekeeper.clock import Clock
 from timekeeper.domain.periods import period_containing
 from timekeeper.errors import TimekeeperError
 from timekeeper.settings import Settings
-from timekeeper.store.budgets.repository import BudgetRepository
-from timekeeper.store.usage.repository import PodEfficiency, UsageRepository
+from timekeeper.usage.repository import PodEfficiency, UsageRepository
 from timekeeper.usage.schemas import EfficiencyOut, IdlePodOut, IdleReportOut, PodEfficiencyOut
 
 _RATIO = Decimal("1e-9")

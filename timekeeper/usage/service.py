@@ -13,6 +13,9 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.wire import BudgetState
+from timekeeper.budgets.burn import attribute, burn_rows
+from timekeeper.budgets.repository import BudgetRepository
+from timekeeper.budgets.states.budget_states import BudgetStates
 from timekeeper.clock import Clock
 from timekeeper.domain.figures import NamespaceFigures
 from timekeeper.domain.measurements import NO_MEASUREMENTS, GroupBy
@@ -21,16 +24,6 @@ from timekeeper.domain.states import figures_state
 from timekeeper.domain.weights import charge_share, model_key, resolve_basis, timeline_of
 from timekeeper.errors import TimekeeperError
 from timekeeper.settings import Settings
-from timekeeper.store.budgets.burn import attribute, burn_rows
-from timekeeper.store.budgets.repository import BudgetRepository
-from timekeeper.store.states.budget_states import BudgetStates
-from timekeeper.store.usage.repository import (
-    BatchRead,
-    BatchWritten,
-    IngestStatements,
-    UsageRepository,
-    batch_json,
-)
 from timekeeper.usage.measure import Measured, measure
 from timekeeper.usage.planning import (
     Interval,
@@ -39,6 +32,13 @@ from timekeeper.usage.planning import (
     figures_after,
     plan_charges,
     plan_totals,
+)
+from timekeeper.usage.repository import (
+    BatchRead,
+    BatchWritten,
+    IngestStatements,
+    UsageRepository,
+    batch_json,
 )
 from timekeeper.usage.schemas import ReportIn, UsageOut, UsageRow, stored_gpu
 
@@ -155,7 +155,7 @@ def ledger_row(
 def burn_json(
     reports: Sequence[ReportIn], charges: Mapping[str, ReportCharge], uncovered: Mapping[str, list[Interval]]
 ) -> str | None:
-    """The burn buckets the reports' charges add to (store/budgets/burn.py), as the write reads them."""
+    """The burn buckets the reports' charges add to (budgets/burn.py), as the write reads them."""
     added = attribute(
         (report.namespace, charges[report.pod_uid].gpu_minutes, uncovered[report.pod_uid])
         for report in reports

@@ -10,8 +10,8 @@ from sqlalchemy import CheckConstraint, DateTime, ForeignKey, Index, Numeric, Te
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
+from timekeeper.budgets.models import GPU_MINUTES, PERIOD_KINDS_SQL
 from timekeeper.db.base import Base
-from timekeeper.store.budgets.models import GPU_MINUTES, PERIOD_KINDS_SQL
 
 
 class BudgetPool(Base):

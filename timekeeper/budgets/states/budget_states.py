@@ -9,12 +9,12 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.wire import BudgetState
+from timekeeper.budgets.pools.repository import PoolRepository
+from timekeeper.budgets.repository import BudgetRepository
+from timekeeper.budgets.states.repository import StateRepository
+from timekeeper.db.locks import in_lock_order
 from timekeeper.domain.figures import NamespaceFigures
 from timekeeper.domain.states import figures_state, member_state, pool_state
-from timekeeper.store.budgets.repository import BudgetRepository
-from timekeeper.store.locks import in_lock_order
-from timekeeper.store.pools.repository import PoolRepository
-from timekeeper.store.states.repository import StateRepository
 
 
 def unpooled_states(figures: Sequence[NamespaceFigures]) -> dict[str, BudgetState] | None:

@@ -109,7 +109,7 @@ class UsageTotal(Base):
 
 
 class UsageBurn(Base):
-    """GPU-minutes charged per namespace in 5-minute buckets (store/budgets/burn.py), kept with the ledger
+    """GPU-minutes charged per namespace in 5-minute buckets (budgets/burn.py), kept with the ledger
     rows; the roll-up job purges buckets older than the largest forecast window."""
 
     __tablename__ = "usage_burn"

@@ -12,8 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpuaccounting.admission_state import NamespaceEntry, PriorityPolicy
 from gpuaccounting.wire import BudgetState
-from timekeeper.store.locks import by_namespace, in_lock_order
-from timekeeper.store.states.models import AdmissionVersion, BudgetEvent, NamespaceStatus
+from timekeeper.budgets.states.models import AdmissionVersion, BudgetEvent, NamespaceStatus
+from timekeeper.db.locks import by_namespace, in_lock_order
 
 # Inserts a namespace on first sight; touches an existing row only when its state really changes, and
 # then reports it (RETURNING yields a row for an insert or a real update, none otherwise). Two arrays,

@@ -1,4 +1,6 @@
-"""SQL for weights, prices and the charge basis: Core statements on the billing models."""
+"""What ingest charges by, read in its pipelined batch read (usage/repository.py IngestStatements): the
+weights of the GPU models a batch names and the charge basis of its namespaces (billing's tables, which
+billing/repository.py edits). Ingest owns these statements; billing does not import usage."""
 
 from __future__ import annotations
 
@@ -10,14 +12,8 @@ from decimal import Decimal
 from functools import cache
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.ext.asyncio import AsyncSession
-
 from timekeeper.db.lists import array_parameters, array_sql
-from timekeeper.domain.weights import WeightTimeline, timelines
-from timekeeper.store.billing.models import CLUSTER_SCOPE, ChargeBasis, GpuPrice, GpuWeight
-from timekeeper.store.usage.models import RUNNING_POD, PodCoverage
+from timekeeper.domain.weights import CLUSTER_SCOPE, WeightTimeline, timelines
 
 # The weight changes of the models in `models` (a text[] expression, read as a set) that can apply to time
 # in [since, until): each model's last change at or before since (the weight in force when the time
@@ -38,7 +34,7 @@ _WEIGHTS_OF = (
 # and the cluster. A pod keeps the first model known, so one may have a model its report does not name:
 # the caller reads those with `weights` (a round trip, only then). The models come from the reports, not
 # from the pods' rows: a lookup of the batch's pods would be planned once, on a young table, as a scan.
-# Run by the ingest's pipelined read (store/usage/repository.py IngestStatements), in the driver's style.
+# Run by the ingest's pipelined read (usage/repository.py IngestStatements), in the driver's style.
 CHARGE_INPUTS = (
     "WITH a AS MATERIALIZED (SELECT CASE WHEN EXISTS (SELECT FROM gpu_weights) THEN ARRAY(SELECT DISTINCT "
     "jsonb_array_elements_text(jsonb_path_query_array(CAST(%(pods)s AS jsonb), "
@@ -109,100 +105,3 @@ def charge_inputs(row: tuple[Any, ...] | None) -> ChargeInputs:
         None if models is None else frozenset(models),
         {scope: (basis, Decimal(floor)) for scope, basis, floor in bases},
     )
-
-
-class BillingRepository:
-    def __init__(self, session: AsyncSession) -> None:
-        self.session = session
-
-    async def weight_changes(self) -> Sequence[GpuWeight]:
-        return (
-            await self.session.scalars(
-                sa.select(GpuWeight).order_by(GpuWeight.model, GpuWeight.effective_from)
-            )
-        ).all()
-
-    async def timelines(self, models: Sequence[str]) -> dict[str, WeightTimeline]:
-        """The weight timelines of these models (absent: never weighted)."""
-        if not models:
-            return {}
-        result = await self.session.execute(
-            sa.select(GpuWeight.model, GpuWeight.effective_from, GpuWeight.weight).where(
-                GpuWeight.model.in_(models)
-            )
-        )
-        return timelines(result.tuples())
-
-    async def running_pods_without_model(self) -> dict[str, int]:
-        """Per namespace, the running pods no source has named a GPU model for (they count weight 1)."""
-        result = await self.session.execute(
-            sa.select(PodCoverage.namespace, sa.func.count())
-            .where(RUNNING_POD, PodCoverage.gpu_model.is_(None))
-            .group_by(PodCoverage.namespace)
-        )
-        return dict(result.tuples().all())
-
-    async def set_weight(self, model: str, weight: Decimal, effective_from: datetime, actor: str) -> None:
-        statement = insert(GpuWeight).values(
-            model=model, effective_from=effective_from, weight=weight, set_by=actor
-        )
-        await self.session.execute(
-            statement.on_conflict_do_update(
-                index_elements=[GpuWeight.model, GpuWeight.effective_from],
-                set_={"weight": statement.excluded.weight, "set_by": statement.excluded.set_by},
-            )
-        )
-
-    async def prices(self) -> Sequence[GpuPrice]:
-        return (await self.session.scalars(sa.select(GpuPrice).order_by(GpuPrice.model))).all()
-
-    async def price(self, model: str) -> GpuPrice | None:
-        return await self.session.get(GpuPrice, model, populate_existing=True)
-
-    async def set_price(self, model: str, price: Decimal, actor: str, now: datetime) -> None:
-        statement = insert(GpuPrice).values(
-            model=model, price_per_gpu_hour=price, updated_at=now, updated_by=actor
-        )
-        await self.session.execute(
-            statement.on_conflict_do_update(
-                index_elements=[GpuPrice.model],
-                set_={
-                    "price_per_gpu_hour": statement.excluded.price_per_gpu_hour,
-                    "updated_at": statement.excluded.updated_at,
-                    "updated_by": statement.excluded.updated_by,
-                },
-            )
-        )
-
-    async def delete_price(self, model: str) -> bool:
-        result = await self.session.execute(sa.delete(GpuPrice).where(GpuPrice.model == model))
-        return bool(result.rowcount)  # type: ignore[attr-defined]
-
-    async def bases(self, namespaces: Sequence[str]) -> dict[str, tuple[str, Decimal]]:
-        """The charge basis rows of these namespaces and of the cluster (CLUSTER_SCOPE), where set."""
-        result = await self.session.execute(
-            sa.select(ChargeBasis.scope, ChargeBasis.basis, ChargeBasis.floor).where(
-                ChargeBasis.scope.in_([CLUSTER_SCOPE, *namespaces])
-            )
-        )
-        return {scope: (basis, floor) for scope, basis, floor in result.tuples()}
-
-    async def set_basis(self, scope: str, basis: str, floor: Decimal, actor: str, now: datetime) -> None:
-        statement = insert(ChargeBasis).values(
-            scope=scope, basis=basis, floor=floor, updated_at=now, updated_by=actor
-        )
-        await self.session.execute(
-            statement.on_conflict_do_update(
-                index_elements=[ChargeBasis.scope],
-                set_={
-                    "basis": statement.excluded.basis,
-                    "floor": statement.excluded.floor,
-                    "updated_at": statement.excluded.updated_at,
-                    "updated_by": statement.excluded.updated_by,
-                },
-            )
-        )
-
-    async def delete_basis(self, scope: str) -> bool:
-        result = await self.session.execute(sa.delete(ChargeBasis).where(ChargeBasis.scope == scope))
-        return bool(result.rowcount)  # type: ignore[attr-defined]

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from timekeeper.store.gitops.models import ManagedBudget
+from timekeeper.budgets.managed.models import ManagedBudget
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,10 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Request, Response
 
 from timekeeper.auth.dependencies import Admin, Reader, ReadScope
+from timekeeper.budgets.pools.schemas import PoolIn, PoolOut
+from timekeeper.budgets.pools.service import PoolService
 from timekeeper.db.session import SessionDep
 from timekeeper.errors import TimekeeperError
-from timekeeper.pools.schemas import PoolIn, PoolOut
-from timekeeper.pools.service import PoolService
 from timekeeper.routing import admin_body
 from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
 

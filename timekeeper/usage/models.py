@@ -1,4 +1,5 @@
-"""The append-only usage ledger and, per pod, the time already charged."""
+"""The append-only usage ledger, the hourly aggregates old ledger rows are folded into (by the periodic
+roll-up), and per pod the time already charged."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from sqlalchemy import (
     Boolean,
     DateTime,
     Index,
+    Integer,
     Numeric,
     SmallInteger,
     Text,
@@ -24,13 +26,13 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, TSTZMULTIRANGE
 from sqlalchemy.orm import Mapped, mapped_column
 
+from timekeeper.budgets.models import GPU_MINUTES
 from timekeeper.db.base import Base
-from timekeeper.store.budgets.models import GPU_MINUTES
 
 
 class LedgerEntry(Base):
     """One accepted report interval: what was charged (and exactly which time) beside what was measured.
-    Partitioned by UTC day of interval_end (store/usage/partitions.py): a retry lands beside its first."""
+    Partitioned by UTC day of interval_end (usage/partitions.py): a retry lands beside its first."""
 
     __tablename__ = "usage_ledger"
     __table_args__ = (
@@ -69,6 +71,47 @@ class LedgerEntry(Base):
     # the allocation basis, gpu_share x max(floor, utilisation) under the measured one (billing/).
     charge_share: Mapped[Decimal] = mapped_column(Numeric)
     # The pod's GPU model (domain/weights.py's model_key) when known at ingest; None counts weight 1.
+    gpu_model: Mapped[str | None] = mapped_column(Text)
+
+
+class UsageHourly(Base):
+    """Ledger rows older than the retention window, folded per pod, hour and share: the charged time
+    (clipped to the hour) is kept as a multirange, so usage is computed from it exactly as from raw rows."""
+
+    __tablename__ = "usage_hourly"
+    __table_args__ = (
+        UniqueConstraint(
+            "pod_uid",
+            "hour_start",
+            "gpu_share",
+            "charge_share",
+            "gpu_model",
+            name="uq_usage_hourly_pod_hour_share",
+            postgresql_nulls_not_distinct=True,
+        ),
+        Index("ix_usage_hourly_namespace_hour_start", "namespace", "hour_start"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    namespace: Mapped[str] = mapped_column(Text)
+    pod: Mapped[str] = mapped_column(Text)
+    pod_uid: Mapped[str] = mapped_column(Text)
+    hour_start: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    gpu_share: Mapped[Decimal] = mapped_column(Numeric)
+    charged: Mapped[Any] = mapped_column(TSTZMULTIRANGE)
+    reports: Mapped[int] = mapped_column(Integer)
+    # The folded reports' figures as sums that fold again exactly (domain/measurements.py): figure x seconds
+    # beside the seconds that had the figure, maxima, energy, the statuses seen.
+    util_seconds: Mapped[Decimal | None] = mapped_column(Numeric)
+    util_covered_seconds: Mapped[Decimal] = mapped_column(Numeric, server_default=text("0"))
+    peak_sm_util_pct: Mapped[Decimal | None] = mapped_column(Numeric(6, 3))
+    mem_byte_seconds: Mapped[Decimal | None] = mapped_column(Numeric)
+    mem_covered_seconds: Mapped[Decimal] = mapped_column(Numeric, server_default=text("0"))
+    peak_mem_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    energy_joules: Mapped[Decimal | None] = mapped_column(Numeric)
+    gpu_status_bits: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
+    # As on the ledger rows folded (LedgerEntry): an aggregate holds rows of one charge rate and model.
+    charge_share: Mapped[Decimal] = mapped_column(Numeric)
     gpu_model: Mapped[str | None] = mapped_column(Text)
 
 

@@ -1,5 +1,5 @@
 """SQL for pools: the pools and their listed members, and each member's totals in its pool's current
-period (a member's running totals are kept in its pool's period kind: store/budgets/repository.py)."""
+period (a member's running totals are kept in its pool's period kind: budgets/repository.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from timekeeper.budgets.pools.models import MEMBERSHIP_SQL, BudgetPool, NamespaceLabels, PoolMember
 from timekeeper.domain.figures import MemberFigures
 from timekeeper.domain.periods import PeriodKind, current_period_starts
-from timekeeper.store.pools.models import MEMBERSHIP_SQL, BudgetPool, NamespaceLabels, PoolMember
 
 # The members of the given pools (listed, or chosen by a selector and listed nowhere), each with its
 # running totals of the pool's current period.
@@ -46,9 +46,9 @@ class PoolRepository:
         return list((await self.session.scalars(query)).all())
 
     async def pool_for_update(self, name: str) -> BudgetPool | None:
-        return await self.session.scalar(
-            sa.select(BudgetPool).where(BudgetPool.name == name).with_for_update()
-        )
+        return (
+            await self.session.scalars(sa.select(BudgetPool).where(BudgetPool.name == name).with_for_update())
+        ).first()
 
     async def members(self, pools: Sequence[str], now: datetime) -> dict[str, list[MemberFigures]]:
         """Each pool's members with their totals of the pool's period current at `now`."""

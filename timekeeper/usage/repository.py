@@ -18,13 +18,15 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.wire import BudgetState
+from timekeeper.budgets.repository import figures_of, figures_parameters, namespace_figures
 from timekeeper.db.lists import arity, array_parameters, array_sql
+from timekeeper.db.locks import NAMESPACE_ORDER_SQL
 from timekeeper.db.pipeline import pipeline_connection, pipeline_sql
 from timekeeper.domain.figures import NamespaceFigures, TotalKey
 from timekeeper.domain.measurements import GroupBy, MeasurementSums
 from timekeeper.domain.periods import Interval
 from timekeeper.domain.weights import WeightTimeline
-from timekeeper.store.billing.repository import (
+from timekeeper.usage.charge_inputs import (
     CHARGE_INPUTS,
     charge_inputs,
     charge_inputs_parameters,
@@ -32,15 +34,13 @@ from timekeeper.store.billing.repository import (
     weights,
     weights_parameters,
 )
-from timekeeper.store.budgets.repository import figures_of, figures_parameters, namespace_figures
-from timekeeper.store.locks import NAMESPACE_ORDER_SQL
-from timekeeper.store.usage.models import RUNNING_POD, PodCoverage
+from timekeeper.usage.models import RUNNING_POD, PodCoverage
 
 # The ingest statements run on the session's psycopg connection in pipeline mode (IngestStatements,
 # timekeeper/db/pipeline.py): a batch reads in one round trip and writes in another. A batch
 # holds at most one report per pod (ON CONFLICT may touch a row once per statement) and travels as one
 # JSON array read by jsonb_to_recordset, in pod_uid order; every statement takes its locks in the one
-# order of store/locks.py. Multiranges and jsonb_to_recordset keep these statements as text.
+# order of db/locks.py. Multiranges and jsonb_to_recordset keep these statements as text.
 _PODS = (
     "jsonb_to_recordset(CAST(%(pods)s AS jsonb)) AS r(pod_uid text, namespace text, pod text, seq bigint, "
     "interval_start timestamptz, interval_end timestamptz, final boolean, gpu_model text, "
@@ -140,7 +140,7 @@ _MISMATCHED = (
     "UPDATE pod_coverage SET share_mismatch_at = CAST(%(now)s AS timestamptz) "
     "WHERE pod_uid = ANY(%(pod_uids)s) AND share_mismatch_at IS NULL RETURNING pod_uid"
 )
-# Adds to the running totals in key order (store/locks.py); answers each total afterwards.
+# Adds to the running totals in key order (db/locks.py); answers each total afterwards.
 _ADD_USED = (
     "INSERT INTO usage_totals (namespace, period_kind, period_start, used_gpu_minutes) "
     "SELECT * FROM jsonb_to_recordset(CAST(%(totals)s AS jsonb)) "
@@ -149,7 +149,7 @@ _ADD_USED = (
     "DO UPDATE SET used_gpu_minutes = usage_totals.used_gpu_minutes + excluded.used_gpu_minutes "
     "RETURNING namespace, period_kind, period_start, used_gpu_minutes, granted_gpu_minutes"
 )
-# Adds to the forecast's burn buckets (store/budgets/burn.py), after the totals (store/locks.py).
+# Adds to the forecast's burn buckets (budgets/burn.py), after the totals (db/locks.py).
 _ADD_BURN = (
     "INSERT INTO usage_burn (namespace, bucket_start, gpu_minutes) "
     "SELECT * FROM jsonb_to_recordset(CAST(%(burn)s AS jsonb)) "
@@ -159,7 +159,7 @@ _ADD_BURN = (
 )
 
 
-# The namespaces' stored states, locked after the totals and burn buckets (store/locks.py).
+# The namespaces' stored states, locked after the totals and burn buckets (db/locks.py).
 @cache
 def lock_states(arity: int | None) -> str:
     return pipeline_sql(
@@ -335,7 +335,8 @@ _EFFICIENCY = sa.text(
     "round(coalesce(sum(share * util * seconds / per), 0) / 6000, 9) AS utilised "
     "FROM per_source GROUP BY pod ORDER BY pod"
 )
-_RUNNING = str(RUNNING_POD.compile(dialect=postgresql.dialect()))
+# SQLAlchemy leaves its dialects' constructors untyped.
+_RUNNING = str(RUNNING_POD.compile(dialect=postgresql.dialect()))  # type: ignore[no-untyped-call]
 # Running pods that have held their GPUs since before :held_since (their first charged time) and whose
 # utilisation over [:held_since, :now) is known; the caller keeps those below the threshold. Raw rows
 # only: the window is far younger than the roll-up's retention.
@@ -639,3 +640,12 @@ class UsageRepository:
             )
             for row in result
         ]
+
+    async def running_pods_without_model(self) -> dict[str, int]:
+        """Per namespace, the running pods no source has named a GPU model for (they count weight 1)."""
+        result = await self.session.execute(
+            sa.select(PodCoverage.namespace, sa.func.count())
+            .where(RUNNING_POD, PodCoverage.gpu_model.is_(None))
+            .group_by(PodCoverage.namespace)
+        )
+        return dict(result.tuples().all())

@@ -10,7 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from timekeeper.store.audit.models import AuditEntry
+from timekeeper.audit.models import AuditEntry
 
 log = logging.getLogger(__name__)
 

@@ -12,12 +12,12 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from timekeeper.budgets.burn import BURNED_SQL, window_parameters
+from timekeeper.budgets.models import Grant
+from timekeeper.budgets.pools.models import MEMBERSHIP_SQL, membership_sql
 from timekeeper.db.lists import arity, array_parameters, array_sql
 from timekeeper.domain.figures import BUDGET_FIELDS, BudgetConfig, NamespaceFigures
 from timekeeper.domain.periods import PeriodKind, current_period_starts
-from timekeeper.store.budgets.burn import BURNED_SQL, window_parameters
-from timekeeper.store.budgets.models import Grant
-from timekeeper.store.pools.models import MEMBERSHIP_SQL, membership_sql
 
 
 def _config(row: Any) -> BudgetConfig:
@@ -312,9 +312,11 @@ class BudgetRepository:
 
     async def grant_for_update(self, namespace: str, grant_id: int) -> Grant | None:
         """The namespace's grant, locked (a concurrent revoke waits, then finds it revoked)."""
-        return await self.session.scalar(
-            sa.select(Grant).where(Grant.id == grant_id, Grant.namespace == namespace).with_for_update()
-        )
+        return (
+            await self.session.scalars(
+                sa.select(Grant).where(Grant.id == grant_id, Grant.namespace == namespace).with_for_update()
+            )
+        ).first()
 
     async def revoke_grant(self, grant_id: int, actor: str, now: datetime) -> Grant:
         """Revoked now; it stops counting now unless it already had (expired)."""

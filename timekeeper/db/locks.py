@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import InstrumentedAttribute
 
 LOCK_ORDER = ("pod_coverage", "usage_totals", "usage_burn", "namespace_status", "admission_version")
-# Table locks stay out of this order: the ledger's partition DDL (store/usage/partitions.py) takes ACCESS
+# Table locks stay out of this order: the ledger's partition DDL (usage/partitions.py) takes ACCESS
 # EXCLUSIVE on usage_ledger only with NOWAIT, so it never waits while it holds row locks of its own.
 
 # A statement's ORDER BY over the rows of one namespace each, in the lock order.

@@ -12,20 +12,20 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from timekeeper.audit.repository import AuditRepository
 from timekeeper.auth.base import Principal
+from timekeeper.budgets.pools.models import BudgetPool
+from timekeeper.budgets.pools.repository import PoolRepository
+from timekeeper.budgets.pools.schemas import NamespaceSelectorBody, PoolIn, PoolMemberOut, PoolOut
+from timekeeper.budgets.repository import BudgetRepository
+from timekeeper.budgets.states.budget_states import BudgetStates
 from timekeeper.clock import Clock
 from timekeeper.domain.figures import MemberFigures
 from timekeeper.domain.periods import PeriodKind, period_containing
 from timekeeper.domain.states import member_state, pool_state
 from timekeeper.errors import TimekeeperError
-from timekeeper.pools.schemas import NamespaceSelectorBody, PoolIn, PoolMemberOut, PoolOut
 from timekeeper.schemas import period_out
 from timekeeper.settings import Settings
-from timekeeper.store.audit.repository import AuditRepository
-from timekeeper.store.budgets.repository import BudgetRepository
-from timekeeper.store.pools.models import BudgetPool
-from timekeeper.store.pools.repository import PoolRepository
-from timekeeper.store.states.budget_states import BudgetStates
 
 
 def _number(value: Decimal | None) -> str | None:

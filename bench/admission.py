@@ -32,10 +32,10 @@ from bench.common import (
 from bench.wrk import WrkResult, run_wrk
 from gpuaccounting.admission_state import AdmissionSnapshot, compact, default_priority_policy
 from tests.support.pods import review
-from webhook.app import create_app
-from webhook.review import AdmissionReview, parse_review
+from webhook.certificates.tls import generate_ca, generate_serving_cert
+from webhook.reviews.review import AdmissionReview, parse_review
+from webhook.serving.app import create_app
 from webhook.settings import WebhookSettings
-from webhook.tls import generate_ca, generate_serving_cert
 
 OUT = REPO_ROOT / "bench" / "out" / "webhook.md"
 

@@ -23,9 +23,9 @@ from pathlib import Path
 from bench.admission import _review, _snapshot
 from bench.common import PYTHON, asgi_caller, free_port, process
 from bench.profile_ingest import _top
-from webhook.app import create_app
+from webhook.certificates.tls import generate_ca, generate_serving_cert
+from webhook.serving.app import create_app
 from webhook.settings import WebhookSettings
-from webhook.tls import generate_ca, generate_serving_cert
 
 KINDS = [(path, gpu) for path in ("/mutate", "/validate") for gpu in (True, False)]
 

@@ -44,7 +44,7 @@ from tests.support.hostile_clients import (
 from tests.support.pods import container, pod, review
 from tests.support.raw_https import Connection, is_open, open_tls, post, send_endless_body
 from tests.support.timekeeper import bearer, report_body
-from webhook.tls import generate_ca, generate_serving_cert
+from webhook.certificates.tls import generate_ca, generate_serving_cert
 
 OUT = REPO_ROOT / "bench" / "out" / "hostile.md"
 HUGE_BODY = 100_000_000

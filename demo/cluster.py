@@ -26,7 +26,7 @@ import httpx
 from gpuaccounting.clock import AcceleratedClock
 from gpuaccounting.names import API_PREFIX
 from gpuaccounting.wire import format_timestamp
-from webhook.tls import generate_ca, generate_serving_cert
+from webhook.certificates.tls import generate_ca, generate_serving_cert
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Settings of the parts we configure ourselves; a developer's own values must not leak into the demo.

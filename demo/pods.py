@@ -19,7 +19,7 @@ import httpx
 import jsonpatch
 
 from gpuaccounting import names
-from webhook.injection import TOKEN_FILE_NAME
+from webhook.decisions.injection import TOKEN_FILE_NAME
 
 DEMO_USER = "alice@example.com"
 

@@ -38,7 +38,7 @@ class HardwareConfigError(ValueError):
     """The hardware file cannot be used; the message names the file and the key."""
 
 
-def _positive_int(key: str, value: Any) -> int:
+def _positive_int(key: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{key} must be a positive integer, not {value!r}")
     return int(value)

@@ -13,7 +13,7 @@ ANNOTATION_PRIORITY_DECISION: Final = f"{DOMAIN}/priority-decision"
 ANNOTATION_INJECTED: Final = f"{DOMAIN}/injected"
 ANNOTATION_WORKLOAD: Final = f"{DOMAIN}/workload"  # kind/name (gpuaccounting.workloads)
 # On a pod of a workload (not a bare pod): the pods the workload declared and the time of its first admission,
-# as the webhook recorded them (webhook.workloads bounds the reuse of a workload's class by both).
+# as the webhook recorded them (webhook.watches.workloads bounds the reuse of a workload's class by both).
 ANNOTATION_WORKLOAD_SIZE: Final = f"{DOMAIN}/workload-size"
 ANNOTATION_WORKLOAD_SINCE: Final = f"{DOMAIN}/workload-since"
 # On every GPU pod: the user the API server said created it (the admission request's userInfo), which the

@@ -20,7 +20,7 @@ from nodeagent.config import Settings as NodeAgentSettings
 from sidecar.config import Config
 from timekeeper.app import create_app as create_timekeeper_app
 from timekeeper.settings import Settings
-from webhook.app import create_app as create_webhook_app
+from webhook.serving.app import create_app as create_webhook_app
 from webhook.settings import WebhookSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,7 +33,7 @@ CONFIG_SOURCES = [
     ROOT / "docker-compose.yml",
     *sorted(path for path in (ROOT / "deployment").rglob("*") if path.is_file()),
     *sorted((ROOT / "demo").glob("*.py")),
-    ROOT / "webhook" / "injection.py",  # the sidecar's environment, as the webhook writes it
+    ROOT / "webhook" / "decisions" / "injection.py",  # the sidecar's environment, as the webhook writes it
 ]
 
 PREFIXES = ("TIMEKEEPER_", "WEBHOOK_", "SIDECAR_", "NODEAGENT_")

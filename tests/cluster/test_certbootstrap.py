@@ -20,7 +20,7 @@ from tests.cluster.conftest import (
 from tests.cluster.harness import Kubectl, admits, gpu_probe
 from tests.support.control_plane import ControlPlane
 from tests.support.processes import wait_until
-from webhook.tls import generate_ca
+from webhook.certificates.tls import generate_ca
 
 KINDS = ("mutatingwebhookconfiguration", "validatingwebhookconfiguration")
 

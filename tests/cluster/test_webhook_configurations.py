@@ -23,7 +23,7 @@ from tests.cluster.harness import Kubectl, KubectlError, admits, gpu_probe
 from tests.support.loopback import LoopbackServer, send_json
 from tests.support.pods import container, pod
 from tests.support.processes import REPO_ROOT, free_port, wait_until
-from webhook.tls import generate_ca, generate_serving_cert
+from webhook.certificates.tls import generate_ca, generate_serving_cert
 
 KINDS = ("mutatingwebhookconfiguration", "validatingwebhookconfiguration")
 SECOND_MUTATOR_LABEL = "gtk-test/second-mutator"

@@ -10,7 +10,7 @@ from demo.pods import Admitted, PodSpec, sidecar_command
 from gpuaccounting import names
 from sidecar.config import Config
 from sidecar.discovery import read_downward_file
-from webhook.injection import SidecarTemplate
+from webhook.decisions.injection import SidecarTemplate
 from webhook.settings import WebhookSettings
 
 SPEC = PodSpec("team-a", "trainer", "HAMi", {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "50"})

@@ -19,8 +19,8 @@ import yaml
 from cryptography import x509
 
 from tests.support.kube_apiserver import Call, KubeApiServer
-from webhook import certbootstrap
-from webhook.certbootstrap import Change, KubernetesStore, Target, ensure
+from webhook.certificates import bootstrap
+from webhook.certificates.bootstrap import Change, KubernetesStore, Target, ensure
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "gpu-timekeeper"
@@ -60,7 +60,7 @@ def kubeconfig(apiserver: KubeApiServer, tmp_path: Path) -> Path:
 
 
 def run(kubeconfig: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> dict[str, Any]:
-    assert certbootstrap.main([*ARGS, "--kubeconfig", str(kubeconfig), *extra]) == 0
+    assert bootstrap.main([*ARGS, "--kubeconfig", str(kubeconfig), *extra]) == 0
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
@@ -87,7 +87,7 @@ def ca_bundles(apiserver: KubeApiServer) -> list[bytes]:
 def rolled_out_with(apiserver: KubeApiServer) -> str | None:
     """The serving certificate fingerprint the webhook pods were last restarted for."""
     template = stored(apiserver, "apps/v1", "Deployment", "gpu-timekeeper-webhook")["spec"]["template"]
-    return template["metadata"].get("annotations", {}).get(certbootstrap.SERVING_CERT_ANNOTATION)
+    return template["metadata"].get("annotations", {}).get(bootstrap.SERVING_CERT_ANNOTATION)
 
 
 def fingerprint(apiserver: KubeApiServer) -> str:
@@ -147,7 +147,7 @@ def test_a_reset_ca_bundle_is_patched_back(apiserver, kubeconfig, capsys):
 def test_a_serving_cert_near_expiry_is_renewed_under_the_same_ca_and_the_webhook_restarted(
     apiserver, kubeconfig
 ):
-    with certbootstrap._api_client(str(kubeconfig)) as api:
+    with bootstrap._api_client(str(kubeconfig)) as api:
         store = KubernetesStore(api, NAMESPACE)
         ensure(store, Target(NAMESPACE))
         old = secret(apiserver, "gpu-timekeeper-webhook-tls")
@@ -183,9 +183,9 @@ def test_with_an_external_issuer_it_only_restarts_the_webhook_when_the_certifica
     external = ["--external-issuer"]
     assert run(kubeconfig, capsys, *external)["restarted"] is False  # no certificate issued yet
 
-    ca_cert, ca_key = certbootstrap.generate_ca("cert-manager")
+    ca_cert, ca_key = bootstrap.generate_ca("cert-manager")
     for _ in range(2):
-        cert, key = certbootstrap.generate_serving_cert(ca_cert, ca_key, SERVICE, NAMESPACE)
+        cert, key = bootstrap.generate_serving_cert(ca_cert, ca_key, SERVICE, NAMESPACE)
         tls = {"tls.crt": cert, "tls.key": key, "ca.crt": ca_cert}
         apiserver.put(
             {
@@ -210,7 +210,7 @@ def test_with_an_external_issuer_it_only_restarts_the_webhook_when_the_certifica
 def test_a_ca_near_expiry_is_replaced_and_both_cas_are_trusted_until_the_old_one_expires(
     apiserver, kubeconfig
 ):
-    with certbootstrap._api_client(str(kubeconfig)) as api:
+    with bootstrap._api_client(str(kubeconfig)) as api:
         store = KubernetesStore(api, NAMESPACE)
         ensure(store, Target(NAMESPACE))
         old_ca = secret(apiserver, "gpu-timekeeper-webhook-ca")["ca.crt"]
@@ -228,12 +228,12 @@ def test_a_ca_near_expiry_is_replaced_and_both_cas_are_trusted_until_the_old_one
 
 
 def test_an_expired_old_ca_leaves_the_bundle():
-    old_ca, _ = certbootstrap.generate_ca("old")
-    new_ca, _ = certbootstrap.generate_ca("new")
+    old_ca, _ = bootstrap.generate_ca("old")
+    new_ca, _ = bootstrap.generate_ca("new")
     after_expiry = x509.load_pem_x509_certificate(old_ca).not_valid_after_utc + dt.timedelta(seconds=1)
 
-    assert certbootstrap.trust_bundle(new_ca, old_ca, dt.datetime.now(dt.UTC)) == new_ca + old_ca
-    assert certbootstrap.trust_bundle(new_ca, new_ca + old_ca, after_expiry) == new_ca
+    assert bootstrap.trust_bundle(new_ca, old_ca, dt.datetime.now(dt.UTC)) == new_ca + old_ca
+    assert bootstrap.trust_bundle(new_ca, new_ca + old_ca, after_expiry) == new_ca
 
 
 def test_a_new_name_reissues_the_serving_cert(apiserver, kubeconfig, capsys):
@@ -259,7 +259,7 @@ def test_a_serving_cert_whose_key_does_not_match_is_replaced(apiserver, kubeconf
 def test_a_serving_cert_of_another_ca_with_the_same_name_is_replaced(apiserver, kubeconfig, capsys):
     """Someone replaced the CA Secret: the old serving cert's signature no longer verifies against it."""
     run(kubeconfig, capsys)
-    ca_cert, ca_key = certbootstrap.generate_ca(certbootstrap.CA_COMMON_NAME)
+    ca_cert, ca_key = bootstrap.generate_ca(bootstrap.CA_COMMON_NAME)
     ca = stored(apiserver, "v1", "Secret", "gpu-timekeeper-webhook-ca")
     ca["data"] = {"ca.crt": base64.b64encode(ca_cert).decode(), "ca.key": base64.b64encode(ca_key).decode()}
     apiserver.put(ca)
@@ -283,7 +283,7 @@ def test_a_concurrent_writer_makes_the_bootstrap_start_over(apiserver, kubeconfi
                 ensure(KubernetesStore(self.core.api_client, NAMESPACE), Target(NAMESPACE))
             super().write_secret(name, data, previous)
 
-    with certbootstrap._api_client(str(kubeconfig)) as api:
+    with bootstrap._api_client(str(kubeconfig)) as api:
         result = ensure(RacingStore(api, NAMESPACE), Target(NAMESPACE))
 
     assert result.serving is Change.UNCHANGED
@@ -298,8 +298,8 @@ def test_a_concurrent_writer_makes_the_bootstrap_start_over(apiserver, kubeconfi
 
 def test_ip_address_sans_are_kept_across_runs(tmp_path, capsys):
     args = ["--namespace", NAMESPACE, "--output-dir", str(tmp_path), "--extra-san", "127.0.0.1"]
-    assert certbootstrap.main(args) == 0
-    assert certbootstrap.main(args) == 0
+    assert bootstrap.main(args) == 0
+    assert bootstrap.main(args) == 0
 
     first, second = (json.loads(line) for line in capsys.readouterr().out.strip().splitlines())
     assert (first["serving"], second["serving"]) == ("created", "unchanged")
@@ -310,17 +310,17 @@ def test_ip_address_sans_are_kept_across_runs(tmp_path, capsys):
 
 def test_output_dir_mode_refuses_cluster_only_options(tmp_path, capsys):
     args = ["--namespace", NAMESPACE, "--output-dir", str(tmp_path), "--restart-deployment", "x"]
-    assert certbootstrap.main(args) == 2
+    assert bootstrap.main(args) == 2
     assert "--output-dir" in capsys.readouterr().err
 
 
 def test_output_dir_mode_writes_files_once_without_a_cluster(tmp_path, capsys):
     args = ["--namespace", NAMESPACE, "--output-dir", str(tmp_path)]
-    assert certbootstrap.main(args) == 0
+    assert bootstrap.main(args) == 0
     key = tmp_path / "gpu-timekeeper-webhook-tls" / "tls.key"
     written = key.read_bytes()
 
-    assert certbootstrap.main(args) == 0
+    assert bootstrap.main(args) == 0
 
     outcome = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (outcome["ca"], outcome["serving"]) == ("unchanged", "unchanged")
@@ -333,6 +333,6 @@ def test_output_dir_mode_writes_files_once_without_a_cluster(tmp_path, capsys):
 
 def test_namespace_is_required_outside_a_pod(monkeypatch, capsys):
     monkeypatch.delenv("POD_NAMESPACE", raising=False)
-    monkeypatch.setattr(certbootstrap, "SERVICE_ACCOUNT_NAMESPACE_FILE", Path("/nonexistent"))
-    assert certbootstrap.main(["--output-dir", "/tmp/unused"]) == 2
+    monkeypatch.setattr(bootstrap, "SERVICE_ACCOUNT_NAMESPACE_FILE", Path("/nonexistent"))
+    assert bootstrap.main(["--output-dir", "/tmp/unused"]) == 2
     assert "--namespace" in capsys.readouterr().err

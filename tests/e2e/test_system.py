@@ -34,7 +34,7 @@ from tests.support.processes import (
     wait_until,
 )
 from tests.support.timekeeper import Tokens, bearer, migrated_database
-from webhook.tls import generate_ca, generate_serving_cert
+from webhook.certificates.tls import generate_ca, generate_serving_cert
 
 pytestmark = pytest.mark.e2e
 

@@ -35,7 +35,7 @@ from tests.support.processes import LOCAL_HTTP, TimekeeperProcess, WebhookProces
 from tests.support.prometheus import INTERVAL, PrometheusProcess, prometheus_binary
 from tests.support.throwaway_postgres import ThrowawayPostgres, throwaway_postgres
 from tests.support.timekeeper import Tokens, bearer, migrate, report_body, sha256
-from webhook.tls import generate_ca, generate_serving_cert
+from webhook.certificates.tls import generate_ca, generate_serving_cert
 
 pytestmark = [pytest.mark.e2e, pytest.mark.prometheus]
 

@@ -17,10 +17,10 @@ from tests.support.timekeeper import Api, Tokens, bearer, ok, sha256
 from timekeeper.budgets.pools.repository import PoolRepository
 from timekeeper.clock import ManualClock
 from timekeeper.settings import Settings
-from webhook.priority import PriorityDecider, PriorityRule
-from webhook.priorityclasses import PriorityClassCatalog
+from webhook.decisions.priority import PriorityDecider, PriorityRule
 from webhook.settings import WebhookSettings
-from webhook.state import BudgetStateCache
+from webhook.watches.budgetcache import BudgetStateCache
+from webhook.watches.priorityclasses import PriorityClassCatalog
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

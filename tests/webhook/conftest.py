@@ -1,7 +1,7 @@
 """The webhook under test: the real app served by uvicorn over real HTTPS on 127.0.0.1.
 
-Certificates are made at run time by webhook.tls; the budget state comes from a real HTTP stand-in for
-the timekeeper. Each server runs in a thread of the test process with its own settings.
+Certificates are made at run time by webhook.certificates.tls; the budget state comes from a real HTTP
+stand-in for the timekeeper. Each server runs in a thread of the test process with its own settings.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import pytest
 from tests.support.admission_state_server import StateServer, run_state_server, snapshot
 from tests.support.pods import review
 from tests.support.processes import free_port, wait_until
-from webhook.__main__ import server as build_server
+from webhook.certificates.tls import generate_ca, generate_serving_cert
+from webhook.serving.server import server as build_server
 from webhook.settings import WebhookSettings
-from webhook.tls import generate_ca, generate_serving_cert
 
 
 @dataclass(frozen=True)

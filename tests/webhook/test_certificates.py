@@ -11,8 +11,8 @@ import pytest
 
 from tests.support.admission_state_server import run_state_server, snapshot
 from tests.webhook.conftest import Tls, serve_webhook
-from webhook.certificates import CertificateReloader
-from webhook.tls import generate_ca, generate_serving_cert
+from webhook.certificates.reloader import CertificateReloader
+from webhook.certificates.tls import generate_ca, generate_serving_cert
 
 
 def _fetch_healthz(url: str, ca_file: Path) -> bool:

@@ -22,9 +22,9 @@ from starlette.testclient import TestClient
 from gpuaccounting.admission_state import AdmissionSnapshot
 from tests.support.admission_state_server import entry, snapshot
 from tests.support.pods import container, pod, review
-from webhook.app import create_app
-from webhook.priority import PriorityRule
-from webhook.review import parse_review
+from webhook.decisions.priority import PriorityRule
+from webhook.reviews.review import parse_review
+from webhook.serving.app import create_app
 from webhook.settings import WebhookSettings
 
 STATE: AdmissionSnapshot = snapshot(

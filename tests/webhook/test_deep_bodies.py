@@ -13,7 +13,7 @@ import pytest
 from tests.support.pods import container, pod, review
 from tests.webhook.conftest import Webhook
 from tests.webhook.test_robustness import _nodes
-from webhook.review import MAX_REVIEW_DEPTH
+from webhook.reviews.review import MAX_REVIEW_DEPTH
 
 DEPTH = 1_000
 # Where a built review takes the deep value (orjson writes no more than 255 levels).

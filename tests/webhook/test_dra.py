@@ -31,9 +31,9 @@ from tests.support.dra import (
     template,
 )
 from tests.support.pods import container, pod, review
-from webhook.app import create_app
-from webhook.dra import CLAIMS, CLASSES, TEMPLATES
+from webhook.serving.app import create_app
 from webhook.settings import WebhookSettings
+from webhook.watches.dra import CLAIMS, CLASSES, TEMPLATES
 
 EXHAUSTED = "team-x"
 CAPPED = "team-c"

@@ -26,7 +26,7 @@ from gpuaccounting import names
 from tests.support.admission_state_server import entry, run_state_server, snapshot
 from tests.support.pods import container, pod, review
 from tests.webhook.conftest import Tls
-from webhook.app import create_app
+from webhook.serving.app import create_app
 from webhook.settings import WebhookSettings
 
 FUZZ = settings(

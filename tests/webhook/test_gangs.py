@@ -1,4 +1,4 @@
-"""Where gang schedulers read a class (webhook/gangs.py), over real HTTPS: a Volcano PodGroup's
+"""Where gang schedulers read a class (webhook/decisions/gangs.py), over real HTTPS: a Volcano PodGroup's
 `spec.priorityClassName` is decided as a GPU pod's class; KAI's label `priorityClassName` is removed from a
 GPU owner and refused on a GPU pod where it names a higher class; what asks for no GPU is left alone."""
 

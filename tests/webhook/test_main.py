@@ -17,7 +17,8 @@ from tests.support.admission_state_server import run_state_server, snapshot
 from tests.support.pods import container, pod, review
 from tests.support.processes import free_port
 from tests.webhook.conftest import Tls, running_module
-from webhook.__main__ import DEV_CERT_DIR, main
+from webhook.__main__ import main
+from webhook.certificates.devcert import DEV_CERT_DIR
 
 
 @pytest.mark.e2e  # a real `python -m` process over real sockets

@@ -7,7 +7,7 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from webhook.patch import diff, escape
+from webhook.reviews.patch import diff, escape
 
 CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "equal": ({"a": 1, "b": {"c": [1]}}, {"a": 1, "b": {"c": [1]}}),

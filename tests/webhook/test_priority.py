@@ -10,11 +10,11 @@ import pytest
 
 from gpuaccounting.wire import BudgetState
 from tests.support.admission_state_server import entry
+from webhook.decisions.priority import DecisionRecorder, PriorityDecider, PriorityDecision, PriorityRule
 from webhook.metrics import WebhookMetrics
-from webhook.priority import DecisionRecorder, PriorityDecider, PriorityDecision, PriorityRule
-from webhook.priorityclasses import PriorityClassCatalog, PriorityClassInfo
 from webhook.settings import WebhookSettings
-from webhook.state import Freshness, NamespaceView
+from webhook.watches.budgetcache import Freshness, NamespaceView
+from webhook.watches.priorityclasses import PriorityClassCatalog, PriorityClassInfo
 
 # A cluster as issue 12 found it: a globalDefault class above ours, a user's high class, a low one.
 CLUSTER = (

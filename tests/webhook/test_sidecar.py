@@ -15,8 +15,8 @@ import pytest
 from gpuaccounting import names
 from tests.support.pods import container, pod, review
 from tests.webhook.conftest import Tls, Webhook, serve_webhook
-from webhook.injection import SidecarTemplate
-from webhook.review import MAX_REVIEW_DEPTH
+from webhook.decisions.injection import SidecarTemplate
+from webhook.reviews.review import MAX_REVIEW_DEPTH
 
 # A GPU pod admitted by the webhook (sidecar_mode=container) and created on kube-apiserver 1.20.2, read back
 # with `kubectl get -o json`: terminationMessage*, fieldRef apiVersion, defaultMode filled in.

@@ -16,9 +16,15 @@ from kubernetes_asyncio import client
 from gpuaccounting import names
 from gpuaccounting.workloads import Workload
 from tests.webhook.test_priority import IN_BUDGET, REDUCED, catalog, outcome, view
-from webhook.priority import PriorityDecider, PriorityRule
+from webhook.decisions.priority import PriorityDecider, PriorityRule
 from webhook.settings import WebhookSettings
-from webhook.workloads import NOT_A_CONTROLLERS_POD, Reuse, WorkloadClass, WorkloadClasses, declared_size
+from webhook.watches.workloads import (
+    NOT_A_CONTROLLERS_POD,
+    Reuse,
+    WorkloadClass,
+    WorkloadClasses,
+    declared_size,
+)
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 SETTINGS = WebhookSettings(watch_priority_classes=False)

@@ -1,8 +1,8 @@
-"""The class each workload's admitted GPU pods run at, from the pods carrying our label (webhook.kubewatch):
-a workload's later pods get the class of its oldest live pod, within the bounds its first admission recorded
-(docs/webhook.md, "One class per workload"). Only pods a workload controller created share a class: an
-ownerReference or a gang marker is the tenant's to write, the creator is not. Needs list/watch on pods, get
-on the workload kinds it sizes."""
+"""The class each workload's admitted GPU pods run at, from the pods carrying our label
+(webhook.watches.kubewatch): a workload's later pods get the class of its oldest live pod, within the bounds
+its first admission recorded (docs/webhook.md, "One class per workload"). Only pods a workload controller
+created share a class: an ownerReference or a gang marker is the tenant's to write, the creator is not.
+Needs list/watch on pods, get on the workload kinds it sizes."""
 
 from __future__ import annotations
 
@@ -21,13 +21,13 @@ from gpuaccounting import names
 from gpuaccounting.admission_state import is_over_budget
 from gpuaccounting.shares import format_share
 from gpuaccounting.workloads import JOBSET_LABEL, LEADER_WORKER_SET_LABEL, Workload
-from webhook.kubewatch import ListWatch
 from webhook.metrics import WebhookMetrics
 from webhook.settings import WebhookSettings
+from webhook.watches.kubewatch import ListWatch
 
 log = logging.getLogger("webhook.workloads")
 
-WORKLOAD_CLASS_KEPT: Final = "workload-class-kept"  # the rule id (webhook.priority.PriorityRule)
+WORKLOAD_CLASS_KEPT: Final = "workload-class-kept"  # the rule id (webhook.decisions.priority.PriorityRule)
 # How long this replica counts a pod it admitted before its watch shows the pod (a denied one never shows).
 PENDING_SECONDS: Final = 5.0
 # How long a size read for a workload's first pods serves its siblings admitted before the watch shows them.

@@ -1,14 +1,12 @@
-"""AdmissionReview in and out: one typed model parsed once from the body (the Pod's shape included), and a
-pure response builder. A refused request is an `AdmissionResponse` with a `Denial` (200, `allowed: false`);
-a body that is not an AdmissionReview raises `MalformedReview` (400)."""
+"""AdmissionReview in: one typed model parsed once from the body (the Pod's shape included). A body that is
+not an AdmissionReview raises `MalformedReview` (400); a refusal of a well-formed request is a decision's
+(`webhook.decisions.answer`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Final, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 import orjson
-import pybase64
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -21,14 +19,9 @@ from pydantic import (
 )
 
 from gpuserving.nesting import deeper_than
-from webhook.podshape import PodObject
-
-if TYPE_CHECKING:
-    from webhook.priority import PriorityDecision
+from webhook.reviews.podshape import PodObject
 
 Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
-# What each decision answered: the `result` label of webhook_admissions_total.
-Result = Literal["patched", "unchanged", "non_gpu", "skipped", "allowed", "warned", "denied"]
 _ERRORS_SHOWN: Final = 3
 CONTAINER_LISTS: Final = ("initContainers", "containers", "ephemeralContainers")
 # How deep a review may nest: a JobSet's pod affinity is about 20 levels down. A patch carries parts of
@@ -156,37 +149,3 @@ def parse_review(body: bytes, max_containers: int | None = None) -> AdmissionRev
         shown = "; ".join(f"{_place(p['loc'])}: {p['msg']}" for p in problems[:_ERRORS_SHOWN])
         more = len(problems) - _ERRORS_SHOWN
         raise MalformedReview(shown + (f" (and {more} more)" if more > 0 else "")) from None
-
-
-@dataclass(frozen=True, slots=True)
-class Denial:
-    """Why a well-formed request is refused: the message a user reads and the rules that refused it."""
-
-    message: str
-    rules: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class AdmissionResponse:
-    """A decision, before it is encoded: the endpoint serialises it and counts it by `result`, and the
-    priority decision a GPU pod's mutation made by its rule (neither for a dryRun review)."""
-
-    result: Result
-    patch: tuple[dict[str, Any], ...] = ()
-    warnings: tuple[str, ...] = ()
-    denial: Denial | None = None
-    priority: PriorityDecision | None = None
-
-
-def build_response(review: AdmissionReview, answer: AdmissionResponse) -> bytes:
-    """The AdmissionReview answer, in the request's apiVersion; a patch is base64-encoded JSONPatch."""
-    response: dict[str, Any] = {"uid": review.request.uid, "allowed": answer.denial is None}
-    if answer.denial is not None:
-        response["status"] = {"code": 403, "reason": "Forbidden", "message": answer.denial.message}
-    elif answer.patch:
-        response["patchType"] = "JSONPatch"
-        # pybase64: SIMD base64; the standard library's scalar loop was a large part of a patch's cost
-        response["patch"] = pybase64.b64encode_as_string(orjson.dumps(answer.patch))
-    if answer.warnings:
-        response["warnings"] = answer.warnings
-    return orjson.dumps({"apiVersion": review.api_version, "kind": "AdmissionReview", "response": response})

@@ -18,11 +18,12 @@ from typing import Any, Final
 from gpuaccounting import names
 from gpuaccounting.shares import GpuHardware, Rule, Violation, read_pod
 from gpuaccounting.workloads import Workload
-from webhook.patch import diff
-from webhook.priority import PriorityDecider, PriorityRule
-from webhook.review import AdmissionRequest, AdmissionResponse
-from webhook.state import BudgetStateCache
-from webhook.workloads import WorkloadClass, WorkloadClasses
+from webhook.decisions.answer import AdmissionResponse
+from webhook.decisions.priority import PriorityDecider, PriorityRule
+from webhook.reviews.patch import diff
+from webhook.reviews.review import AdmissionRequest
+from webhook.watches.budgetcache import BudgetStateCache
+from webhook.watches.workloads import WorkloadClass, WorkloadClasses
 
 KAI_PRIORITY_LABEL: Final = "priorityClassName"  # KAI-Scheduler's podgrouper (constants.PriorityLabelKey)
 VOLCANO_GROUP: Final = ("scheduling.volcano.sh", "PodGroup")

@@ -94,7 +94,7 @@ def _field_type(hint: Any) -> Any:
 _SNAPSHOT = _model_of(AdmissionSnapshot)
 
 
-class StatePoller:
+class BudgetStatePoller:
     """Polls `GET /api/v1/admission-state`; a failure keeps the last snapshot and is counted and logged."""
 
     def __init__(

@@ -13,6 +13,7 @@ from typing import Any
 
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.config.kube_config import KUBE_CONFIG_DEFAULT_LOCATION
 from prometheus_client import Counter
 
 from gpuaccounting.backoff import Backoff
@@ -107,7 +108,7 @@ def _kubeconfig(settings: WebhookSettings) -> Path | None:
     """The kubeconfig file to load; None in a cluster with no file configured (the pod's ServiceAccount)."""
     if settings.kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
         return None
-    path = settings.kubeconfig or Path(config.KUBE_CONFIG_DEFAULT_LOCATION).expanduser()
+    path = settings.kubeconfig or Path(KUBE_CONFIG_DEFAULT_LOCATION).expanduser()
     if not path.is_file():
         raise config.ConfigException(f"no kubeconfig at {path}")
     return path
@@ -120,7 +121,8 @@ async def api_client(settings: WebhookSettings) -> client.ApiClient:
     try:
         path = _kubeconfig(settings)
         if path is None:
-            config.load_incluster_config(client_configuration=configuration)  # re-reads rotated tokens
+            # re-reads rotated tokens; kubernetes_asyncio leaves this one function unannotated
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         else:
             await config.load_kube_config(
                 config_file=str(path), client_configuration=configuration, persist_config=False

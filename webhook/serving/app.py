@@ -1,5 +1,5 @@
-"""The ASGI app: `/mutate`, `/validate`, `/healthz`, `/metrics`, the state poller and the PriorityClass
-watch in its lifespan. An admission is read within `gpuserving.bodies.BodyLimit`, parsed once, decided,
+"""The ASGI app: `/mutate`, `/validate`, `/healthz`, `/metrics`, the budget state poller and the watches
+in its lifespan. An admission is read within `gpuserving.bodies.BodyLimit`, parsed once, decided,
 encoded, then counted and logged (a dryRun leaves no trace but latency)."""
 
 from __future__ import annotations
@@ -24,25 +24,18 @@ from starlette.types import Receive, Scope, Send
 
 from gpuaccounting.counters import start_at_zero
 from gpuserving.bodies import BodyLimit, BodyTooLarge
-from webhook.admission import Admission
-from webhook.certificates import CertificateReloader
-from webhook.dra import DraObjects, DraWatch
-from webhook.kubewatch import api_client
+from webhook.certificates.reloader import CertificateReloader
+from webhook.decisions.admission import Admission
+from webhook.decisions.answer import AdmissionResponse, Result, build_response
+from webhook.decisions.priority import DecisionRecorder
 from webhook.metrics import WebhookMetrics
-from webhook.priority import DecisionRecorder
-from webhook.priorityclasses import PriorityClassCatalog, priority_class_watch
-from webhook.review import (
-    AdmissionRequest,
-    AdmissionResponse,
-    MalformedReview,
-    Result,
-    WebhookError,
-    build_response,
-    parse_review,
-)
+from webhook.reviews.review import AdmissionRequest, MalformedReview, WebhookError, parse_review
 from webhook.settings import WebhookSettings, get_settings
-from webhook.state import BudgetStateCache, StatePoller
-from webhook.workloads import workload_pod_watch
+from webhook.watches.budgetcache import BudgetStateCache, BudgetStatePoller
+from webhook.watches.dra import DraObjects, DraWatch
+from webhook.watches.kubewatch import api_client
+from webhook.watches.priorityclasses import PriorityClassCatalog, priority_class_watch
+from webhook.watches.workloads import workload_pod_watch
 
 JSON = b"application/json"
 
@@ -189,7 +182,7 @@ def create_app(settings: WebhookSettings | None = None) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with httpx.AsyncClient() as http, kube_client(settings) as kube:
-            poller = StatePoller(settings, cache, metrics, http)
+            poller = BudgetStatePoller(settings, cache, metrics, http)
             tasks = [asyncio.create_task(poller.run(), name="admission-state-poller")]
             if kube is not None and settings.watch_priority_classes:
                 watch = priority_class_watch(

@@ -16,7 +16,7 @@ from tests.support.pods import container, pod
 from tests.webhook.conftest import Tls, Webhook, serve_webhook
 from webhook.metrics import WebhookMetrics
 from webhook.settings import WebhookSettings
-from webhook.state import BudgetStateCache, StatePoller
+from webhook.watches.budgetcache import BudgetStateCache, BudgetStatePoller
 
 EXHAUSTED = {"team-a": entry("exhausted")}
 
@@ -144,7 +144,7 @@ async def test_failed_polls_back_off_and_a_good_one_returns_to_the_interval() ->
     settings = WebhookSettings(state_poll_interval_seconds=10, state_poll_retry_max_seconds=8)
     cache = BudgetStateCache(settings.state_max_age_seconds)
     async with httpx.AsyncClient() as client:
-        poller = StatePoller(
+        poller = BudgetStatePoller(
             settings, cache, WebhookMetrics(cache.age_seconds), client, Backoff(1, 8, rng=lambda: 1.0)
         )
         waits = [poller.next_wait(result) for result in ("error", "error", "error", "error", "error")]
@@ -169,7 +169,7 @@ async def test_a_snapshot_naming_a_policy_it_does_not_list_is_refused_and_the_la
     cache = BudgetStateCache(settings.state_max_age_seconds)
     with run_state_server(snapshot(version=1, namespaces=EXHAUSTED)) as state:
         async with httpx.AsyncClient() as client:
-            poller = StatePoller(
+            poller = BudgetStatePoller(
                 settings.model_copy(update={"timekeeper_url": state.url}),
                 cache,
                 WebhookMetrics(cache.age_seconds),

@@ -11,17 +11,18 @@ from gpuaccounting import names
 from gpuaccounting.dra import read_claims, with_claims
 from gpuaccounting.shares import PodShare, Violation, format_share, read_pod
 from gpuaccounting.workloads import workload_of
-from webhook import governance
-from webhook.dra import DraObjects, DraWatch
-from webhook.gangs import Gangs
-from webhook.injection import SidecarTemplate
-from webhook.patch import diff
-from webhook.priority import PriorityDecider
-from webhook.priorityclasses import PriorityClassCatalog
-from webhook.review import AdmissionRequest, AdmissionResponse, Denial, PodRequest
+from webhook.decisions import governance
+from webhook.decisions.answer import AdmissionResponse, Denial
+from webhook.decisions.gangs import Gangs
+from webhook.decisions.injection import SidecarTemplate
+from webhook.decisions.priority import PriorityDecider
+from webhook.reviews.patch import diff
+from webhook.reviews.review import AdmissionRequest, PodRequest
 from webhook.settings import WebhookSettings
-from webhook.state import BudgetStateCache
-from webhook.workloads import BOUND_ANNOTATIONS, WorkloadClasses
+from webhook.watches.budgetcache import BudgetStateCache
+from webhook.watches.dra import DraObjects, DraWatch
+from webhook.watches.priorityclasses import PriorityClassCatalog
+from webhook.watches.workloads import BOUND_ANNOTATIONS, WorkloadClasses
 
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
 # Who makes mirror pods: a kubelet, as the Node authorizer names it (`system:node:<node>`).

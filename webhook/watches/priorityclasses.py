@@ -1,4 +1,4 @@
-"""The cluster's PriorityClasses, watched (webhook.kubewatch): whether a pod's class came from the
+"""The cluster's PriorityClasses, watched (webhook.watches.kubewatch): whether a pod's class came from the
 `globalDefault` or its user, and each class's real `value` and `preemptionPolicy` (docs/webhook.md, "The
 PriorityClass watch"). Needs get/list/watch on priorityclasses.scheduling.k8s.io."""
 
@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from kubernetes_asyncio import client
 
-from webhook.kubewatch import ListWatch
 from webhook.metrics import WebhookMetrics
 from webhook.settings import WebhookSettings
+from webhook.watches.kubewatch import ListWatch
 
 DEFAULT_PREEMPTION_POLICY = "PreemptLowerPriority"  # what the API server defaults an unset field to
 

@@ -13,9 +13,9 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpuaccounting.dra import ClaimRef, ClaimSpecs, claim_refs, class_drivers
-from webhook.kubewatch import ListWatch
 from webhook.metrics import WebhookMetrics
 from webhook.settings import WebhookSettings
+from webhook.watches.kubewatch import ListWatch
 
 log = logging.getLogger("webhook.dra")
 

@@ -14,10 +14,10 @@ from gpuaccounting.quantity import shorten
 from gpuaccounting.shares import GpuHardware, PodShare, Rule, Violation, format_share, share_inputs
 from gpuaccounting.supply import NODE_SETTINGS, RouteUse, refused_uses
 from gpuaccounting.workloads import workload_of
-from webhook.injection import SidecarTemplate, claim_list, differing_fields
-from webhook.review import AdmissionRequest
+from webhook.decisions.injection import SidecarTemplate, claim_list, differing_fields
+from webhook.reviews.review import AdmissionRequest
 from webhook.settings import WebhookSettings
-from webhook.state import NamespaceView
+from webhook.watches.budgetcache import NamespaceView
 
 
 def _list(value: object) -> list[Any]:

@@ -14,10 +14,10 @@ from gpuaccounting.admission_state import PriorityPolicy, default_priority_polic
 from gpuaccounting.counters import start_at_zero
 from gpuaccounting.wire import BudgetState
 from webhook.metrics import WebhookMetrics
-from webhook.priorityclasses import DEFAULT_PREEMPTION_POLICY, PriorityClassCatalog
 from webhook.settings import WebhookSettings
-from webhook.state import Freshness, NamespaceView
-from webhook.workloads import WORKLOAD_CLASS_KEPT, WorkloadClass
+from webhook.watches.budgetcache import Freshness, NamespaceView
+from webhook.watches.priorityclasses import DEFAULT_PREEMPTION_POLICY, PriorityClassCatalog
+from webhook.watches.workloads import WORKLOAD_CLASS_KEPT, WorkloadClass
 
 log = logging.getLogger("webhook.priority")
 

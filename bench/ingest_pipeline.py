@@ -9,7 +9,9 @@ import asyncio
 import os
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 from bench.common import new_database, postgres_server
 from tests.support.postgres import url_string
@@ -17,6 +19,7 @@ from timekeeper.budgets.repository import figures_of, figures_parameters
 from timekeeper.db.lists import arity
 from timekeeper.db.pipeline import pipeline_sql
 from timekeeper.db.session import build_engine, build_sessionmaker
+from timekeeper.domain.periods import Interval
 from timekeeper.usage import repository
 from timekeeper.usage.charge_inputs import CHARGE_INPUTS, charge_inputs_parameters
 from timekeeper.usage.repository import IngestStatements, batch_json
@@ -42,6 +45,18 @@ PODS = batch_json(
 )
 
 
+@dataclass(slots=True)
+class _Pod:
+    """A report's record as IngestStatements.read fills it (the ingest's is usage/service.py BatchEntry)."""
+
+    pod_uid: str
+    uncovered: list[Interval] | None = None
+    model: str | None = None
+    admitted: Decimal | None = None
+    repeated: bool = False
+    mismatch_marked: bool = False
+
+
 def _statements() -> list[tuple[str, dict[str, object]]]:
     """IngestStatements.read's statements, in its order."""
     return [
@@ -58,7 +73,9 @@ async def _compare(url: str, batches: int, rounds: int) -> None:
 
     async def pipelined() -> None:
         async with sessions() as session:
-            await (await IngestStatements.of(session)).read(PODS, NAMESPACES, SPAN, NOW, from_sidecar=True)
+            records = [_Pod(f"uid-{index}") for index in range(30)]
+            statements = await IngestStatements.of(session)
+            await statements.read(records, PODS, NAMESPACES, SPAN, NOW, from_sidecar=True)
             await session.commit()
 
     async def one_by_one() -> None:

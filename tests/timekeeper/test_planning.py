@@ -10,7 +10,7 @@ from gpuaccounting.admission_state import default_priority_policy
 from tests.support.timekeeper import report_body
 from timekeeper.domain.figures import BudgetConfig, NamespaceFigures
 from timekeeper.domain.periods import PeriodKind
-from timekeeper.usage.planning import Rate, figures_after, plan_charges, plan_totals
+from timekeeper.usage.planning import PlanInputs, Rate, figures_after, plan_charge, plan_report, plan_totals
 from timekeeper.usage.schemas import ReportIn
 
 MIDNIGHT = datetime(2026, 3, 19, tzinfo=UTC)
@@ -36,23 +36,36 @@ def report(namespace: str, pod_uid: str, start: datetime, minutes: float, share:
     return ReportIn.model_validate(body)
 
 
-def rates(*reports: ReportIn) -> dict[str, Rate]:
-    """Each pod's rate at the share its report states (what the ingest service hands the planner is the
+def rate(report: ReportIn) -> Rate:
+    """The pod's rate at the share its report states (what the ingest service hands the planner is the
     admitted share; the planner charges whatever rate it is given)."""
-    return {report.pod_uid: Rate(report.gpu_share) for report in reports}
+    return Rate(report.gpu_share)
 
 
 def test_a_charge_is_the_uncovered_time_split_at_the_period_boundary() -> None:
     spanning = report("daily", "uid-a", MIDNIGHT - timedelta(minutes=10), 20, 0.5)
-    uncovered = {"uid-a": [(MIDNIGHT - timedelta(minutes=10), MIDNIGHT - timedelta(minutes=4))]}
-    uncovered["uid-a"].append((MIDNIGHT, MIDNIGHT + timedelta(minutes=10)))
+    uncovered = [(MIDNIGHT - timedelta(minutes=10), MIDNIGHT - timedelta(minutes=4))]
+    uncovered.append((MIDNIGHT, MIDNIGHT + timedelta(minutes=10)))
 
-    [(before, early), (after, late)] = plan_charges(
-        [spanning], uncovered, {"daily": config(PeriodKind.DAILY)}, rates(spanning)
-    )["uid-a"].by_period
+    [(before, early), (after, late)] = plan_charge(
+        rate(spanning), uncovered, config(PeriodKind.DAILY).period
+    ).by_period
 
     assert (before.start, early) == (MIDNIGHT - timedelta(days=1), Decimal(3))
     assert (after.start, late) == (MIDNIGHT, Decimal(5))
+
+
+def test_a_report_is_planned_at_the_share_given_and_told_where_a_sidecar_stated_another() -> None:
+    stated = report("team-a", "uid-a", MIDNIGHT + timedelta(hours=1), 10, 2)
+    uncovered = [(stated.interval_start, stated.interval_end)]
+
+    def planned(from_sidecar: bool) -> tuple[Decimal, Decimal, bool]:
+        inputs = PlanInputs({"team-a": PeriodKind.DAILY}, {}, {}, False, from_sidecar)
+        plan = plan_report(stated, Decimal("0.5"), uncovered, None, inputs)
+        return plan.share, plan.charge.gpu_minutes, plan.differs
+
+    assert planned(from_sidecar=True) == (Decimal("0.5"), Decimal(5), True)
+    assert planned(from_sidecar=False) == (Decimal("0.5"), Decimal(5), False)  # silent time states none
 
 
 def test_totals_gain_each_namespace_and_period_once_in_key_order() -> None:
@@ -61,10 +74,12 @@ def test_totals_gain_each_namespace_and_period_once_in_key_order() -> None:
         report("team-a", "uid-a1", MIDNIGHT + timedelta(hours=1), 10, 1),
         report("team-a", "uid-a2", MIDNIGHT + timedelta(hours=1), 10, 2),
     ]
-    uncovered = {r.pod_uid: [(r.interval_start, r.interval_end)] for r in reports}
     configs = {"team-a": config(PeriodKind.MONTHLY), "team-b": config(PeriodKind.DAILY)}
 
-    totals = plan_totals(reports, plan_charges(reports, uncovered, configs, rates(*reports)))
+    totals = plan_totals(
+        (r.namespace, plan_charge(rate(r), [(r.interval_start, r.interval_end)], configs[r.namespace].period))
+        for r in reports
+    )
 
     assert list(totals.items()) == [
         (("team-a", "monthly", datetime(2026, 3, 1, tzinfo=UTC)), Decimal(30)),

@@ -23,7 +23,7 @@ from timekeeper.metrics import Metrics
 from timekeeper.refusals import unavailable
 from timekeeper.settings import Settings
 from timekeeper.usage.schemas import ReportIn
-from timekeeper.usage.service import IngestOutcome, IngestService, PodFacts
+from timekeeper.usage.service import BatchEntry, IngestOutcome, IngestService, PodFacts
 
 # A report, what was read of its pod from the cluster (None: the pods table's), and its answer.
 Pending = tuple[ReportIn, PodFacts | None, "asyncio.Future[IngestOutcome]"]
@@ -74,8 +74,7 @@ class IngestBatcher:
 
     async def submit(self, report: ReportIn, pod: PodFacts | None = None) -> IngestOutcome:
         """Answers once the report's charge is committed (or raises what refused it); `pod`: the share
-        its pod was admitted at and its node's model, read from the cluster (IngestService.charge's
-        `admitted` and `models`)."""
+        its pod was admitted at and its node's model, read from the cluster (BatchEntry.of)."""
         future: asyncio.Future[IngestOutcome] = asyncio.get_running_loop().create_future()
         self._queue.append((report, pod, future))
         self._arrived.set()
@@ -158,14 +157,7 @@ class IngestBatcher:
             async with transaction(self._sessions()) as session:
                 outcomes: list[IngestOutcome | Exception] = [
                     *await IngestService(session, self._settings).charge(
-                        [report for report, _, _ in batch],
-                        self._clock.now(),
-                        models={
-                            report.pod_uid: pod.gpu_model
-                            for report, pod, _ in batch
-                            if pod is not None and pod.gpu_model is not None
-                        },
-                        admitted={report.pod_uid: pod.share for report, pod, _ in batch if pod is not None},
+                        [BatchEntry.of(report, pod) for report, pod, _ in batch], self._clock.now()
                     )
                 ]
                 charged()  # the commit is all that is left: the next batch may be gathered and charged

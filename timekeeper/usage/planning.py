@@ -10,10 +10,11 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
 
-from timekeeper.domain.figures import BudgetConfig, NamespaceFigures, TotalKey
-from timekeeper.domain.periods import Interval, Period, period_containing
-from timekeeper.domain.weights import UNWEIGHTED, WeightTimeline
+from timekeeper.domain.figures import NamespaceFigures, TotalKey
+from timekeeper.domain.periods import Interval, Period, PeriodKind, period_containing
+from timekeeper.domain.weights import UNWEIGHTED, WeightTimeline, charge_share, resolve_basis, timeline_of
 from timekeeper.usage.charging import split_charge
+from timekeeper.usage.measure import Measured, measure
 from timekeeper.usage.schemas import ReportIn
 
 
@@ -37,32 +38,67 @@ class Rate:
     weights: WeightTimeline = UNWEIGHTED
 
 
-def plan_charges(
-    reports: Sequence[ReportIn],
-    uncovered: Mapping[str, Sequence[Interval]],
-    configs: Mapping[str, BudgetConfig],
-    rates: Mapping[str, Rate],
-) -> dict[str, ReportCharge]:
-    """Each report's charge (by pod_uid): its pod's rate (of the share it was admitted at, never the one
-    the report states) times the time of its interval not yet charged, split at its namespace's period
-    boundaries."""
-    charges = {}
-    for report in reports:
-        rate = rates[report.pod_uid]
-        split = split_charge(
-            rate.charge_share, uncovered[report.pod_uid], configs[report.namespace].period, rate.weights
-        )
-        charges[report.pod_uid] = ReportCharge(tuple(split))
-    return charges
+@dataclass(frozen=True, slots=True)
+class ReportPlan:
+    """What one new report charges: the share it is charged at, its measured figures, its rate and its
+    charge by period; `differs`: the report (a sidecar's) states another share than that one."""
+
+    share: Decimal
+    measured: Measured
+    rate: Rate
+    charge: ReportCharge
+    differs: bool
 
 
-def plan_totals(reports: Sequence[ReportIn], charges: Mapping[str, ReportCharge]) -> dict[TotalKey, Decimal]:
-    """What the running totals gain from the reports charged, one entry per (namespace, period), in key
-    order (the order every writer locks totals in)."""
+@dataclass(frozen=True, slots=True)
+class PlanInputs:
+    """What every report of a batch is planned with: its namespaces' periods, the charge bases and GPU
+    model weights read with it, and whether reports' utilisation is believed and come from sidecars."""
+
+    periods: Mapping[str, PeriodKind]  # by namespace
+    bases: Mapping[str, tuple[str, Decimal]]
+    weights: Mapping[str, WeightTimeline]
+    utilisation_trusted: bool
+    from_sidecar: bool
+
+
+def plan_report(
+    report: ReportIn,
+    share: Decimal,
+    uncovered: Sequence[Interval],
+    model: str | None,
+    inputs: PlanInputs,
+) -> ReportPlan:
+    """A report's plan: its rate (its charge share, of the share its pod was admitted at, never the one
+    the report states, x its GPU model's weight) times the time of its interval not yet charged, split at
+    its namespace's period boundaries. A report whose utilisation is not believed is charged as one
+    without figures: by allocation."""
+    measured = measure(report)
+    rate = Rate(
+        charge_share(
+            share,
+            resolve_basis(report.namespace, inputs.bases)[0],
+            measured.mean_sm_util_pct if inputs.utilisation_trusted else None,
+        ),
+        timeline_of(model, inputs.weights),
+    )
+    charge = plan_charge(rate, uncovered, inputs.periods[report.namespace])
+    return ReportPlan(share, measured, rate, charge, inputs.from_sidecar and share != report.gpu_share)
+
+
+def plan_charge(rate: Rate, uncovered: Sequence[Interval], period: PeriodKind) -> ReportCharge:
+    """A report's charge at its pod's rate: the time of its interval not yet charged, split at its
+    namespace's period boundaries."""
+    return ReportCharge(tuple(split_charge(rate.charge_share, uncovered, period, rate.weights)))
+
+
+def plan_totals(charges: Iterable[tuple[str, ReportCharge]]) -> dict[TotalKey, Decimal]:
+    """What the running totals gain from the charges (each with its namespace), one entry per (namespace,
+    period), in key order (the order every writer locks totals in)."""
     added: dict[TotalKey, Decimal] = defaultdict(Decimal)
-    for report in reports:
-        for period, amount in charges[report.pod_uid].by_period:
-            added[(report.namespace, period.kind.value, period.start)] += amount
+    for namespace, charge in charges:
+        for period, amount in charge.by_period:
+            added[(namespace, period.kind.value, period.start)] += amount
     return dict(sorted(added.items()))
 
 

@@ -4,11 +4,11 @@ ingest service's plan) and the usage queries."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
 from functools import cache
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, Protocol, cast
 
 import orjson
 import psycopg
@@ -429,15 +429,25 @@ def batch_json(rows: Sequence[Mapping[str, Any]]) -> str:
     return orjson.dumps(rows).decode()
 
 
+class BatchPod(Protocol):
+    """A report's record as the batch's statements fill it (usage/service.py BatchEntry): what was read
+    with its pod locked, and whether the write first marked its share mismatch."""
+
+    @property
+    def pod_uid(self) -> str: ...
+
+    uncovered: list[Interval] | None  # its interval's time not yet charged; None: another namespace's pod
+    model: str | None  # the GPU model known for its pod
+    admitted: Decimal | None  # its pod's admitted share, when known
+    repeated: bool  # its report is in the ledger already
+    mismatch_marked: bool  # its pod's share mismatch was first marked by this batch
+
+
 @dataclass(frozen=True, slots=True)
 class BatchRead:
-    """What a batch's plan needs, read with its pods locked."""
+    """What a batch's plan needs beside its reports' own records, read with its pods locked."""
 
     figures: list[NamespaceFigures]  # each namespace of the batch
-    uncovered: dict[str, list[Interval]]  # by pod_uid: the pods of the namespace they report for
-    models: dict[str, str | None]  # by pod_uid (as uncovered): the GPU model known for the pod
-    admitted: dict[str, Decimal | None]  # by pod_uid (as uncovered): the pod's admitted share, when known
-    repeated: set[str]  # pod_uids whose report is in the ledger already
     weights: Mapping[str, WeightTimeline]  # the weight timelines of the batch's models over its intervals
     bases: dict[str, tuple[str, Decimal]]  # the charge basis rows of the batch's namespaces and cluster
 
@@ -446,7 +456,6 @@ class BatchRead:
 class BatchWritten:
     totals: list[tuple[TotalKey, Decimal, Decimal]]  # (used, granted) of each total the batch added to
     states: dict[str, BudgetState]  # as stored, locked: the namespaces asked for that have a state yet
-    mismatched: set[str] = field(default_factory=set)  # pod_uids whose share mismatch was first marked now
 
 
 class IngestStatements:
@@ -462,11 +471,19 @@ class IngestStatements:
         return cls(await pipeline_connection(session))
 
     async def read(
-        self, pods: str, namespaces: list[str], span: Interval, now: datetime, *, from_sidecar: bool
+        self,
+        records: Sequence[BatchPod],
+        pods: str,
+        namespaces: list[str],
+        span: Interval,
+        now: datetime,
+        *,
+        from_sidecar: bool,
     ) -> BatchRead:
         """Lock (creating on first sight) the batch's pods and read, in one round trip (two when a pod's model
         is not the one its report names): the namespaces' figures and charge bases, each report's time not yet
-        charged, each pod's GPU model and admitted share, the models' weights, and which reports repeat."""
+        charged, each pod's GPU model and admitted share, the models' weights, and which reports repeat. The
+        per-report answers fill `records` (`pods`: their pod rows as batch_json)."""
         connection = self.connection
         # The pipeline's exit sends the one Sync and reads every result into its cursor: a sync() inside
         # the block would cost a round trip of its own, the exit's (docs/performance.md, "One sync").
@@ -482,26 +499,22 @@ class IngestStatements:
                 CHARGE_INPUTS, charge_inputs_parameters(pods, namespaces, *span)
             )
             repeated = await connection.execute(_REPEATED, repeated_parameters(pods, span))
-        uncovered: dict[str, list[Interval]] = {}
-        models: dict[str, str | None] = {}
-        admitted: dict[str, Decimal | None] = {}
+        by_uid = {record.pod_uid: record for record in records}
+        models: set[str | None] = set()
         for pod_uid, lower, upper, model, share in await locked.fetchall():
-            pieces = uncovered.setdefault(pod_uid, [])
-            models[pod_uid] = model
-            admitted[pod_uid] = share
+            record = by_uid[pod_uid]
+            if record.uncovered is None:
+                record.uncovered, record.model, record.admitted = [], model, share
+                models.add(model)
             if lower is not None:
-                pieces.append((lower, upper))
+                record.uncovered.append((lower, upper))
+        for (pod_uid,) in await repeated.fetchall():
+            by_uid[pod_uid].repeated = True
         inputs = charge_inputs(await billing.fetchone())
         read = BatchRead(
-            [namespace_figures(row) for row in await figures.fetchall()],
-            uncovered,
-            models,
-            admitted,
-            {pod_uid for (pod_uid,) in await repeated.fetchall()},
-            inputs.weights,
-            inputs.bases,
+            [namespace_figures(row) for row in await figures.fetchall()], inputs.weights, inputs.bases
         )
-        unread = inputs.unread(models.values())
+        unread = inputs.unread(models)
         if not unread:
             return read
         # A pod whose model was known before and is not what its report names (or names none).
@@ -520,11 +533,12 @@ class IngestStatements:
         namespaces: list[str],
         now: datetime,
         burn: str | None = None,
-        mismatched: Sequence[str] = (),
+        mismatched: Sequence[BatchPod] = (),
     ) -> BatchWritten:
         """Write a batch's plan in one round trip: ledger rows, coverage, totals, burn buckets, share
-        mismatches marked once. Answers each total afterwards, the stored states of `namespaces` locked until
-        the commit (so the caller writes only states that change), and the pods marked now."""
+        mismatches marked once (the records of `mismatched`, in pod_uid order, whose pods are marked now
+        are told so). Answers each total afterwards and the stored states of `namespaces` locked until the
+        commit (so the caller writes only states that change)."""
         connection = self.connection
         async with connection.pipeline():  # one Sync, at the exit (as in read)
             inserted = await connection.execute(_CHARGE, {"reports": reports, "now": now})
@@ -539,12 +553,18 @@ class IngestStatements:
                 else None
             )
             marked = (
-                await connection.execute(_MISMATCHED, {"pod_uids": list(mismatched), "now": now})
+                await connection.execute(
+                    _MISMATCHED, {"pod_uids": [record.pod_uid for record in mismatched], "now": now}
+                )
                 if mismatched
                 else None
             )
         if inserted.rowcount != count:  # a repeat the read did not see: never charge it twice
             raise RuntimeError(f"{count - inserted.rowcount} ledger rows of the batch were there already")
+        if marked is not None:
+            by_uid = {record.pod_uid: record for record in mismatched}
+            for (pod_uid,) in await marked.fetchall():
+                by_uid[pod_uid].mismatch_marked = True
         return BatchWritten(
             []
             if added is None
@@ -555,7 +575,6 @@ class IngestStatements:
             {}
             if states is None
             else {namespace: cast(BudgetState, state) for namespace, state in await states.fetchall()},
-            set() if marked is None else {pod_uid for (pod_uid,) in await marked.fetchall()},
         )
 
 

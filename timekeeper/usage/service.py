@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -19,18 +19,18 @@ from timekeeper.budgets.states.budget_states import BudgetStates
 from timekeeper.clock import Clock
 from timekeeper.domain.figures import NamespaceFigures
 from timekeeper.domain.measurements import NO_MEASUREMENTS, GroupBy
-from timekeeper.domain.periods import period_containing
+from timekeeper.domain.periods import Interval, period_containing
 from timekeeper.domain.states import figures_state
-from timekeeper.domain.weights import charge_share, model_key, resolve_basis, timeline_of
+from timekeeper.domain.weights import model_key
 from timekeeper.errors import TimekeeperError
 from timekeeper.settings import Settings
-from timekeeper.usage.measure import Measured, measure
+from timekeeper.usage.measure import Measured
 from timekeeper.usage.planning import (
-    Interval,
+    PlanInputs,
     Rate,
-    ReportCharge,
+    ReportPlan,
     figures_after,
-    plan_charges,
+    plan_report,
     plan_totals,
 )
 from timekeeper.usage.repository import (
@@ -99,6 +99,40 @@ class PodFacts:
     gpu_model: str | None = None
 
 
+@dataclass(slots=True)
+class BatchEntry:
+    """One report as its batch carries it, from its arrival to its answer: what the cluster said of its
+    pod, what the batch read with the pod locked (IngestStatements.read fills it), its plan, and the
+    outcome its caller reads off it. Made afresh for each try of a batch."""
+
+    report: ReportIn
+    given_model: str | None = None  # its node's GPU model, read from the cluster (None: not read)
+    given_share: Decimal | None = None  # the share its pod was admitted at, read from the cluster
+    uncovered: list[Interval] | None = None  # its interval's time not yet charged; None: a foreign pod_uid
+    model: str | None = None  # the GPU model its pod is known by
+    admitted: Decimal | None = None  # the share its pod was admitted at, where the pods table knows it
+    repeated: bool = False  # in the ledger already: answered a duplicate, charges nothing
+    plan: ReportPlan | None = None  # what it charges: a new report whose share is known
+    mismatch_marked: bool = False  # its pod's share mismatch was first marked by this batch
+    outcome: IngestOutcome | TimekeeperError | None = None
+
+    @classmethod
+    def of(cls, report: ReportIn, pod: PodFacts | None) -> BatchEntry:
+        """A report and what was read of its pod from the cluster (None: the pods table's)."""
+        return cls(report) if pod is None else cls(report, pod.gpu_model, pod.share)
+
+    @property
+    def pod_uid(self) -> str:
+        return self.report.pod_uid
+
+
+def _planned(entries: Iterable[BatchEntry]) -> Iterator[tuple[BatchEntry, ReportPlan]]:
+    """The entries that have a plan, each with it."""
+    for entry in entries:
+        if entry.plan is not None:
+            yield entry, entry.plan
+
+
 def reported_model(report: ReportIn) -> str | None:
     """The GPU model the sidecar read from NVML (its first GPU that has a name), in model_key's spelling."""
     return next((model_key(gpu.name) for gpu in report.gpus if gpu.name), None)
@@ -152,13 +186,11 @@ def ledger_row(
     }
 
 
-def burn_json(
-    reports: Sequence[ReportIn], charges: Mapping[str, ReportCharge], uncovered: Mapping[str, list[Interval]]
-) -> str | None:
-    """The burn buckets the reports' charges add to (budgets/burn.py), as the write reads them."""
+def burn_json(charged: Sequence[BatchEntry]) -> str | None:
+    """The burn buckets the charged reports add to (budgets/burn.py), as the write reads them."""
     added = attribute(
-        (report.namespace, charges[report.pod_uid].gpu_minutes, uncovered[report.pod_uid])
-        for report in reports
+        (entry.report.namespace, plan.charge.gpu_minutes, entry.uncovered or [])
+        for entry, plan in _planned(charged)
     )
     return batch_json(burn_rows(added)) if added else None
 
@@ -172,7 +204,7 @@ class IngestService:
         self.states = BudgetStates(session)
         self.admitted_required = settings.admitted_share_from_pod
         # What a report says about its GPU (NVML's name) and its use (utilisation) may decide a charge only
-        # where reports are believed; in Kubernetes auth mode the model is the node's (`models`).
+        # where reports are believed; in Kubernetes auth mode the model is the node's (`given_model`).
         self.reported_models = settings.reports_trusted
         self.reported_utilisation = settings.reports_trusted or settings.trust_reported_utilisation
 
@@ -186,131 +218,115 @@ class IngestService:
         admitted_share: Decimal | None = None,
     ) -> IngestOutcome:
         """A batch of one; raises what refused the report."""
-        models = {report.pod_uid: gpu_model} if gpu_model else None
-        admitted = {report.pod_uid: admitted_share} if admitted_share is not None else None
-        [outcome] = await self.charge(
-            [report], now, from_sidecar=from_sidecar, models=models, admitted=admitted
-        )
+        entry = BatchEntry(report, gpu_model or None, admitted_share)
+        [outcome] = await self.charge([entry], now, from_sidecar=from_sidecar)
         if isinstance(outcome, TimekeeperError):
             raise outcome
         return outcome
 
     async def charge(
-        self,
-        reports: Sequence[ReportIn],
-        now: datetime,
-        *,
-        from_sidecar: bool = True,
-        models: Mapping[str, str] | None = None,
-        admitted: Mapping[str, Decimal] | None = None,
+        self, entries: Sequence[BatchEntry], now: datetime, *, from_sidecar: bool = True
     ) -> list[IngestOutcome | TimekeeperError]:
         """Charge a batch of reports, one per pod at most, in a few round trips whatever its size; answers in
-        the reports' order, a refused report changing nothing. `from_sidecar=False` (silent time) keeps the
-        pod's last report time; `models` and `admitted` (by pod_uid) stand in for what is not known yet."""
-        in_order = sorted(reports, key=lambda report: report.pod_uid)
+        the entries' order, a refused report changing nothing. `from_sidecar=False` (silent time) keeps the
+        pod's last report time; an entry's given model and share stand in for what is not known yet."""
+        in_order = sorted(entries, key=lambda entry: entry.pod_uid)
         statements = await IngestStatements.of(self.session)
-        read = await self._read(statements, in_order, now, from_sidecar, models or {}, admitted or {})
-        outcomes = await self._refuse_foreign_pods(in_order, read)
-        accepted = [report for report in in_order if report.pod_uid in read.uncovered]
-        shares = self._shares(accepted, read, outcomes)
-        fresh = [report for report in accepted if report.pod_uid in shares]
-        plan = _plan(fresh, read, shares, from_sidecar, self.reported_utilisation)
+        read = await self._read(statements, in_order, now, from_sidecar)
+        await self._refuse_foreign_pods(in_order)
+        accepted = [entry for entry in in_order if entry.uncovered is not None]
+        self._plan(accepted, read, from_sidecar)
+        fresh = [entry for entry in accepted if entry.plan is not None]
         figures = {f.namespace: f for f in read.figures}
-        namespaces = sorted({report.namespace for report in fresh})
+        namespaces = sorted({entry.report.namespace for entry in fresh})
         # Pool members' states are locked and decided together by BudgetStates.store (all members
         # in name order); the batch locks and compares the others' in its write round trip.
         pooled = any(figures[namespace].config.pool is not None for namespace in namespaces)
         written = BatchWritten([], {})
         if fresh:
-            written = await self._write(
-                statements, fresh, read, plan, shares, [] if pooled else namespaces, now
-            )
-            _log_share_mismatches(fresh, written.mismatched, shares)
+            written = await self._write(statements, fresh, [] if pooled else namespaces, now)
+            _log_share_mismatches(fresh)
         after = figures_after(figures, written.totals, now)
         states = await self._store_states(
             [after[namespace] for namespace in namespaces], written, pooled, now
         )
-        repeated = sorted(
-            {report.namespace for report in accepted if report.pod_uid in read.repeated} - set(states)
-        )
+        repeated = sorted({entry.report.namespace for entry in accepted if entry.repeated} - set(states))
         states |= await self.states.repository.stored_states(repeated)
-        for report in accepted:
-            if report.pod_uid in read.repeated:
-                outcomes[report.pod_uid] = IngestOutcome(
-                    True, Decimal(0), states.get(report.namespace, "in_budget")
+        for entry in accepted:
+            if entry.repeated:
+                entry.outcome = IngestOutcome(
+                    True, Decimal(0), states.get(entry.report.namespace, "in_budget")
                 )
-            elif report.pod_uid in shares:
-                outcomes[report.pod_uid] = IngestOutcome(
+            elif entry.plan is not None:
+                entry.outcome = IngestOutcome(
                     False,
-                    plan.charges[report.pod_uid].gpu_minutes,
-                    states[report.namespace],
-                    share_differs=report.pod_uid in plan.differing,
+                    entry.plan.charge.gpu_minutes,
+                    states[entry.report.namespace],
+                    share_differs=entry.plan.differs,
                 )
-        return [outcomes[report.pod_uid] for report in reports]
+        return [_outcome(entry) for entry in entries]
 
     async def _read(
         self,
         statements: IngestStatements,
-        in_order: Sequence[ReportIn],
+        in_order: Sequence[BatchEntry],
         now: datetime,
         from_sidecar: bool,
-        models: Mapping[str, str],
-        admitted: Mapping[str, Decimal],
     ) -> BatchRead:
-        """Lock the batch's pods and read what its plan needs, in one round trip."""
+        """Lock the batch's pods and read what its plan needs, in one round trip, into the entries."""
         pods = [
             pod_row(
-                report,
-                (reported_model(report) if self.reported_models else None) or models.get(report.pod_uid),
-                admitted.get(report.pod_uid),
+                entry.report,
+                (reported_model(entry.report) if self.reported_models else None) or entry.given_model,
+                entry.given_share,
             )
-            for report in in_order
+            for entry in in_order
         ]
         return await statements.read(
+            in_order,
             batch_json(pods),
-            sorted({report.namespace for report in in_order}),
-            (min(r.interval_start for r in in_order), max(r.interval_end for r in in_order)),
+            sorted({entry.report.namespace for entry in in_order}),
+            (
+                min(entry.report.interval_start for entry in in_order),
+                max(entry.report.interval_end for entry in in_order),
+            ),
             now,
             from_sidecar=from_sidecar,
         )
 
-    async def _refuse_foreign_pods(
-        self, in_order: Sequence[ReportIn], read: BatchRead
-    ) -> dict[str, IngestOutcome | TimekeeperError]:
+    async def _refuse_foreign_pods(self, in_order: Sequence[BatchEntry]) -> None:
         """A 409 for each report whose pod_uid belongs to another namespace."""
-        outcomes: dict[str, IngestOutcome | TimekeeperError] = {}
-        refused = [report.pod_uid for report in in_order if report.pod_uid not in read.uncovered]
+        refused = {entry.pod_uid: entry for entry in in_order if entry.uncovered is None}
         if refused:
-            for pod_uid, owner in (await self.usage.owners(refused)).items():
-                outcomes[pod_uid] = TimekeeperError(f"pod_uid {pod_uid} reports for namespace {owner}", 409)
-        return outcomes
+            for pod_uid, owner in (await self.usage.owners(list(refused))).items():
+                refused[pod_uid].outcome = TimekeeperError(
+                    f"pod_uid {pod_uid} reports for namespace {owner}", 409
+                )
 
-    def _shares(
-        self,
-        accepted: Sequence[ReportIn],
-        read: BatchRead,
-        outcomes: dict[str, IngestOutcome | TimekeeperError],
-    ) -> dict[str, Decimal]:
-        """Each new report's pod share: the admitted one (kept, else given), else the report's where
-        reports are trusted (static auth mode); without one where it is required, the report is refused."""
-        shares: dict[str, Decimal] = {}
-        for report in accepted:
-            if report.pod_uid in read.repeated:
+    def _plan(self, accepted: Sequence[BatchEntry], read: BatchRead, from_sidecar: bool) -> None:
+        """Each new report's plan, at its pod's share: the admitted one (kept, else given), else the
+        report's where reports are trusted (static auth mode); without one where it is required, the
+        report is refused."""
+        inputs = PlanInputs(
+            {figures.namespace: figures.config.period for figures in read.figures},
+            read.bases,
+            read.weights,
+            self.reported_utilisation,
+            from_sidecar,
+        )
+        for entry in accepted:
+            if entry.repeated or entry.uncovered is None:
                 continue
-            share = read.admitted[report.pod_uid]
-            if share is None and self.admitted_required:
-                outcomes[report.pod_uid] = AdmittedShareUnknown(report.pod_uid)
-            else:
-                shares[report.pod_uid] = report.gpu_share if share is None else share
-        return shares
+            if entry.admitted is None and self.admitted_required:
+                entry.outcome = AdmittedShareUnknown(entry.pod_uid)
+                continue
+            share = entry.report.gpu_share if entry.admitted is None else entry.admitted
+            entry.plan = plan_report(entry.report, share, entry.uncovered, entry.model, inputs)
 
     async def _write(
         self,
         statements: IngestStatements,
-        fresh: Sequence[ReportIn],
-        read: BatchRead,
-        plan: ChargePlan,
-        shares: Mapping[str, Decimal],
+        fresh: Sequence[BatchEntry],
         lock_states_of: list[str],
         now: datetime,
     ) -> BatchWritten:
@@ -318,17 +334,17 @@ class IngestService:
         states of `lock_states_of` locked."""
         ledger = [
             ledger_row(
-                report,
-                plan.measured[report.pod_uid],
-                plan.charges[report.pod_uid].gpu_minutes,
-                shares[report.pod_uid],
-                plan.rates[report.pod_uid],
-                read.models[report.pod_uid],
-                covers=bool(read.uncovered[report.pod_uid]),
+                entry.report,
+                plan.measured,
+                plan.charge.gpu_minutes,
+                plan.share,
+                plan.rate,
+                entry.model,
+                covers=bool(entry.uncovered),
             )
-            for report in fresh
+            for entry, plan in _planned(fresh)
         ]
-        added = plan_totals(fresh, plan.charges)
+        added = plan_totals((entry.report.namespace, plan.charge) for entry, plan in _planned(fresh))
         totals = [
             {"namespace": ns, "period_kind": kind, "period_start": start, "used": str(amount)}
             for (ns, kind, start), amount in added.items()
@@ -339,8 +355,8 @@ class IngestService:
             batch_json(totals) if added else None,
             lock_states_of,
             now,
-            burn_json(fresh, plan.charges, read.uncovered),
-            sorted(plan.differing),
+            burn_json(fresh),
+            [entry for entry, plan in _planned(fresh) if plan.differs],
         )
 
     async def _store_states(
@@ -364,57 +380,23 @@ class IngestService:
         return states
 
 
-@dataclass(frozen=True, slots=True)
-class ChargePlan:
-    """What a batch charges, decided without the database (usage/planning.py)."""
-
-    measured: dict[str, Measured]  # by pod_uid
-    rates: dict[str, Rate]
-    charges: dict[str, ReportCharge]
-    differing: set[str]  # pod_uids whose report states another share than the admitted one
+def _outcome(entry: BatchEntry) -> IngestOutcome | TimekeeperError:
+    if entry.outcome is None:  # a foreign pod_uid whose owner was not found: the batch fails
+        raise RuntimeError(f"no outcome for pod_uid {entry.pod_uid}")
+    return entry.outcome
 
 
-def _plan(
-    fresh: Sequence[ReportIn],
-    read: BatchRead,
-    shares: Mapping[str, Decimal],
-    from_sidecar: bool,
-    utilisation_trusted: bool,
-) -> ChargePlan:
-    """Each report's rate (its charge share, of its pod's share, x its GPU model's weight) and charge. A
-    report whose utilisation is not believed is charged as one without figures: by allocation."""
-    measured = {report.pod_uid: measure(report) for report in fresh}
-    rates = {
-        report.pod_uid: Rate(
-            charge_share(
-                shares[report.pod_uid],
-                resolve_basis(report.namespace, read.bases)[0],
-                measured[report.pod_uid].mean_sm_util_pct if utilisation_trusted else None,
-            ),
-            timeline_of(read.models[report.pod_uid], read.weights),
-        )
-        for report in fresh
-    }
-    configs = {figures.namespace: figures.config for figures in read.figures}
-    differing = {
-        report.pod_uid for report in fresh if from_sidecar and shares[report.pod_uid] != report.gpu_share
-    }
-    return ChargePlan(measured, rates, plan_charges(fresh, read.uncovered, configs, rates), differing)
-
-
-def _log_share_mismatches(
-    fresh: Sequence[ReportIn], mismatched: set[str], shares: Mapping[str, Decimal]
-) -> None:
+def _log_share_mismatches(fresh: Sequence[BatchEntry]) -> None:
     """A pod's first report at another share than its admitted one is logged, once."""
-    for report in fresh if mismatched else ():
-        if report.pod_uid in mismatched:
+    for entry, plan in _planned(fresh):
+        if entry.mismatch_marked:
             log.warning(
                 "report_share_differs",
                 extra={
-                    "namespace": report.namespace,
-                    "pod": report.pod,
-                    "reported_share": str(report.gpu_share),
-                    "admitted_share": str(shares[report.pod_uid]),
+                    "namespace": entry.report.namespace,
+                    "pod": entry.report.pod,
+                    "reported_share": str(entry.report.gpu_share),
+                    "admitted_share": str(plan.share),
                 },
             )
 

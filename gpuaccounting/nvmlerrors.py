@@ -13,8 +13,8 @@ NvmlOutcome = Literal["fatal", "lost", "absent"]
 FATAL = frozenset({"LibraryNotFound", "DriverNotLoaded", "Uninitialized", "LibRmVersionMismatch"})
 # One GPU stopped answering until the library is re-initialised.
 LOST = frozenset({"GpuIsLost", "ResetRequired", "GpuNotFound", "Unknown"})
-# This figure is not available here; the device carries on without it. pynvml turns a missing versioned
-# symbol into NVMLLibraryMismatchError: an older driver, so the figure is absent too.
+# This measurement is not available here; the device carries on without it. pynvml turns a missing versioned
+# symbol into NVMLLibraryMismatchError: an older driver, so the measurement is absent too.
 ABSENT = frozenset(
     {"NotSupported", "NoPermission", "NotFound", "FunctionNotFound", "NoData", "NVMLLibraryMismatchError"}
 )

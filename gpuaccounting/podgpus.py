@@ -20,8 +20,8 @@ DeviceSource = Literal["podresources", "processes"]
 
 
 class PodGpu(TypedDict):
-    """One device of the pod as the agent last sampled it. Device-wide figures include every tenant of a
-    shared GPU; `pod_*` figures are the pod's own processes (None where NVML cannot attribute them)."""
+    """One device of the pod as the agent last sampled it. Device-wide measurements include every tenant of a
+    shared GPU; `pod_*` measurements are the pod's own processes (None where NVML cannot attribute them)."""
 
     uuid: str
     status: GpuStatus

@@ -268,7 +268,7 @@ class _Reader:
 
 
 def _units_per_gpu(hardware: GpuHardware, name: str, entry: GpuEntry) -> int:
-    """How many of a counted resource make one GPU: the entry's figure, else the system's own rule."""
+    """How many of a counted resource make one GPU: the entry's number, else the system's own rule."""
     if entry.units_per_gpu is not None:
         return entry.units_per_gpu
     if entry.system is SharingSystem.NVIDIA and (

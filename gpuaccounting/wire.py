@@ -9,7 +9,7 @@ from typing import Literal, NotRequired, TypedDict, cast
 BudgetState = Literal["in_budget", "warning", "exhausted", "unlimited"]
 BUDGET_STATES: tuple[BudgetState, ...] = ("in_budget", "warning", "exhausted", "unlimited")
 
-# How well a GPU could be read over an interval, best first: every figure; some figures not supported here
+# How well a GPU could be read over an interval, best first: every measurement; some not supported here
 # (MIG utilisation, energy on older boards...); none supported; the NVML library or node agent could not be
 # reached; the GPU stopped answering (fell off the bus, reset required).
 GpuStatus = Literal["ok", "partial", "not_supported", "unavailable", "lost"]
@@ -22,8 +22,8 @@ def worst_status(statuses: list[GpuStatus]) -> GpuStatus:
 
 
 class GpuFigures(TypedDict):
-    """One GPU's measured figures over a report interval; None where the driver could not say. Device-wide
-    figures include every tenant; `pod_*` are this pod's processes, where a node agent mapped them. Fields
+    """One GPU's measurements over a report interval; None where the driver could not say. Device-wide
+    ones include every tenant; `pod_*` are this pod's processes, where a node agent mapped them. Fields
     after the first four came later: readers treat them as optional."""
 
     uuid: str

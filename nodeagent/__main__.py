@@ -1,4 +1,4 @@
-"""`python -m nodeagent`: sample the node and serve its pods' figures until SIGTERM."""
+"""`python -m nodeagent`: sample the node and serve its pods' measurements until SIGTERM."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The node agent's two loops: a sampler (NVML, the kubelet's PodResources, each GPU process's cgroup) and an
-HTTP endpoint answering each sidecar with its own pod's devices and figures. It reads no pod objects and
+HTTP endpoint answering each sidecar with its own pod's devices and measurements. It reads no pod objects and
 writes nothing to the API server: its ServiceAccount needs only `create tokenreviews`."""
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ ENV_ROUTE_METRIC = "nodeagent_gpu_env_route_open"
 
 
 def metrics_text(snapshot: Snapshot) -> str:
-    """The Prometheus text of what the agent knows about its node (no pod's figures: those are each
+    """The Prometheus text of what the agent knows about its node (no pod's measurements: those are each
     pod's own)."""
     return (
         f"# HELP {ENV_ROUTE_METRIC} 1: this node's NVIDIA Container Toolkit handed this unprivileged agent"

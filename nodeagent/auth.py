@@ -1,5 +1,5 @@
 """Who is asking: a TokenReview of the sidecar's projected token (audience `gpu-timekeeper-nodeagent`), whose
-extras name the pod, so a pod reads only its own figures. Answers are cached briefly, keyed by the token's
+extras name the pod, so a pod reads only its own. Answers are cached briefly, keyed by the token's
 hash, so a sidecar asking every second costs one review a minute."""
 
 from __future__ import annotations

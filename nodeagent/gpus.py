@@ -1,4 +1,4 @@
-"""Every GPU and MIG device of the node through NVML: device figures, compute processes (host PIDs) and their
+"""Every GPU and MIG device of the node through NVML: measurements, compute processes (host PIDs) and their
 SM utilisation (not offered on MIG). A device's error stays its own: a lost GPU reads `lost` and the
 library is re-initialised, at most every `reinit_seconds`, until it answers."""
 
@@ -131,7 +131,7 @@ class NodeNvml:
         return children
 
     def _call(self, device: _Device, figure: str, call: Callable[..., Any], *args: Any) -> Any:
-        """One figure: None when not supported here (remembered); raises _Lost for a lost device."""
+        """One measurement: None when not supported here (remembered); raises _Lost for a lost device."""
         assert self._nvml is not None
         if figure in device.unsupported:
             return None

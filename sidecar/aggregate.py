@@ -49,7 +49,7 @@ class _Running:
 
 
 class IntervalAggregate:
-    """Folds samples into the figures of the interval being measured; `cut()` closes it."""
+    """Folds samples into the measurements of the interval being measured; `cut()` closes it."""
 
     def __init__(self) -> None:
         self._running: dict[str, _Running] = {}
@@ -83,7 +83,7 @@ class IntervalAggregate:
         return (running.energy_last - base) / 1000 if running.energy_last >= base else None
 
     def cut(self) -> list[GpuFigures]:
-        """The interval's figures, one entry per GPU seen; starts the next interval empty."""
+        """The interval's measurements, one entry per GPU seen; starts the next interval empty."""
         figures = [
             compact_figures(
                 GpuFigures(
@@ -114,14 +114,14 @@ class IntervalAggregate:
 
 
 def _weighted_mean(entries: list[tuple[int, GpuFigures]], key: str) -> float | None:
-    """The mean of one figure over several intervals, each weighted by its length."""
+    """The mean of one measurement over several intervals, each weighted by its length."""
     weighted = [(d, f.get(key)) for d, f in entries if f.get(key) is not None]
     weight = sum(d for d, _ in weighted)
     return round(sum(d * u for d, u in weighted) / weight, 3) if weighted and weight else None  # type: ignore[operator,misc]
 
 
 def merge_figures(parts: list[tuple[int, list[GpuFigures]]]) -> list[GpuFigures]:
-    """Figures of several contiguous intervals as one: utilisation weighted by each interval's length,
+    """Measurements of several contiguous intervals as one: utilisation weighted by each interval's length,
     maxima kept, energy summed, the worst status kept."""
     merged: dict[str, list[tuple[int, GpuFigures]]] = {}
     for duration, figures in parts:

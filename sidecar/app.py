@@ -107,7 +107,7 @@ class Sidecar:
         long downtime there are several); the samples belong to the last one, the time while down had none."""
         while end_us - self.store.state.covered_until_us > self.max_interval_us:
             self._cut_one(self.store.state.covered_until_us + self.max_interval_us, final=False, gpus=[])
-        # Per-process figures have no field in the v1 report; they go to the debug log with the cut.
+        # Per-process measurements have no field in the v1 report; they go to the debug log with the cut.
         processes = self.aggregate.processes_max()
         self._cut_one(end_us, final=final, gpus=self.aggregate.cut(), processes=processes)
 

@@ -11,7 +11,7 @@ from gpuaccounting.wire import GpuStatus
 
 SelectorKind = Literal["uuid", "index", "all"]
 
-# Figures a backend may be unable to give for a device; named so "not supported" is logged once per field.
+# What a backend may be unable to measure on a device; named so "not supported" is logged once per field.
 FIELDS = ("utilization", "memory", "energy", "processes")
 
 
@@ -26,7 +26,7 @@ class Selector:
 
 @dataclass(slots=True)
 class Device:
-    """A resolved device: its UUID, the backend's handle, and which figures it turned out not to offer."""
+    """A resolved device: its UUID, the backend's handle, and what it turned out unable to measure."""
 
     uuid: str
     handle: object = None
@@ -47,7 +47,7 @@ class Resolution:
 
 @dataclass(frozen=True, slots=True)
 class GpuSample:
-    """One reading of one device; None where the device could not say. The `pod_*` figures are this pod's
+    """One reading of one device; None where the device could not say. The `pod_*` measurements are this pod's
     own processes on the device, where a node agent could attribute them (None: unknown)."""
 
     uuid: str

@@ -1,5 +1,5 @@
 """Keeps the GPU backend usable: opens it lazily, re-initialises with backoff, keeps errors per GPU. A lost
-GPU or a missing library makes figures None; the report is never held back, since the charge needs none."""
+GPU or a missing library nulls the measurements; the report is never held back: the charge needs none."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ class GpuMonitor:
             resolution = self._backend.resolve(discovery.selectors)
         except BackendUnavailable as error:
             self._devices = []
-            # Known UUIDs stay listed (figures None) so reports still say which GPUs the pod holds.
+            # Known UUIDs stay listed (measurements None) so reports still say which GPUs the pod holds.
             self._known_uuids = tuple(s.value for s in discovery.selectors if s.kind == "uuid")
             if self._problem != str(error):
                 self._log.warning(
@@ -115,7 +115,7 @@ class GpuMonitor:
         return sample
 
     def poll(self) -> list[GpuSample]:
-        """One reading of every attributed device; None figures where a device or the library failed."""
+        """One reading of every attributed device; None measurements where a device or the library failed."""
         now = self._clock()
         if (not self._open or self._lost or self._incomplete) and now >= self._retry_at:
             self._reopen(now)

@@ -1,4 +1,4 @@
-"""GPU figures from the node agent of the pod's node (`GET /v1/pod-gpus` once per sample, with the pod's
+"""GPU measurements from the node agent of the pod's node (`GET /v1/pod-gpus` once per sample, with the pod's
 projected token), for nodes where the sidecar holds no GPU and cannot map NVML's host PIDs to its pod. Same
 `GpuBackend` boundary as NVML, standard library only; the sidecar stays the pod's reporter."""
 
@@ -17,7 +17,7 @@ from sidecar.sender import load_http_client
 
 
 class NodeAgentBackend:
-    """Devices and figures from the agent; one request per sample tick, shared by the tick's devices."""
+    """Devices and measurements from the agent; one request per sample tick, shared by the tick's devices."""
 
     def __init__(
         self,

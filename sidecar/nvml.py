@@ -15,7 +15,7 @@ from sidecar.gpus import FIELDS, BackendUnavailable, Device, DeviceLost, GpuSamp
 
 
 class PynvmlBackend:
-    """GPU figures from NVML; construct freely, nothing is loaded until `open`."""
+    """GPU measurements from NVML; construct freely, nothing is loaded until `open`."""
 
     def __init__(self, library: Path | None = None) -> None:
         self._library = library
@@ -43,7 +43,7 @@ class PynvmlBackend:
         return self._nvml
 
     def _classify(self, error: Exception) -> type[Exception] | None:
-        """Which of our outcomes a pynvml error means; None for "this figure is absent"."""
+        """Which of our outcomes a pynvml error means; None for "this measurement is absent"."""
         outcome = classify(error)
         if outcome == "absent":
             return None
@@ -137,7 +137,7 @@ class PynvmlBackend:
         return Resolution(list(devices.values()), tuple(missing), incomplete)
 
     def _read(self, device: Device, field: str, call: object, *args: object) -> object | None:
-        """One NVML call for one figure: None when absent (remembered, so it is not asked again)."""
+        """One NVML call for one measurement: None when absent (remembered, so it is not asked again)."""
         if field in device.unsupported:
             return None
         nvml = self._module()
@@ -174,7 +174,7 @@ class PynvmlBackend:
 
 
 def figures_status(unsupported: set[str]) -> GpuStatus:
-    """ok, partial (some figures not supported here) or not_supported (none are)."""
+    """ok, partial (some measurements not supported here) or not_supported (none are)."""
     if not unsupported:
         return "ok"
     return "not_supported" if unsupported >= set(FIELDS) else "partial"

@@ -2,13 +2,18 @@
 
 Platform engineers configure the system from README.md and docs/*.md, so a renamed setting or a moved page
 must fail a test rather than cost someone an afternoon. Every check reads the code itself (the settings
-classes, the sidecar's parser, the Makefile), never a copy of it.
+classes, the sidecar's parser, the Makefile), never a copy of it. The code's own docstrings and comments
+are held to the same: a module, file, folder or numbered line (`:NN`) they name must exist.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib.util
+import io
 import re
+import tokenize
 import unicodedata
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
@@ -255,7 +260,8 @@ GENERATED = {"bench/RESULTS.md": "written by `make bench`"}
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
 def test_code_paths_named_exist(page: Path) -> None:
-    """`timekeeper/auth/static.py` exists, and `file.py:name` names a def, class or constant in it."""
+    """`timekeeper/auth/static.py` exists, and `timekeeper/auth/static.py:StaticTokens` names a def, class or
+    constant in it."""
     missing = []
     for path, name in REPO_PATH.findall(page.read_text(encoding="utf-8")):
         target = ROOT / path
@@ -373,3 +379,240 @@ def test_the_timekeeper_api_table_is_the_app_routes() -> None:
 def test_the_webhook_path_table_is_the_app_routes() -> None:
     routes = {route.path for route in create_webhook_app(WebhookSettings()).routes}  # type: ignore[attr-defined]
     assert _table_paths(ROOT / "docs" / "webhook.md", "# The admission webhook") == routes
+
+
+# Names written in prose: dotted module names (`gpuaccounting.names`, `timekeeper.settings.Settings`, and in
+# timekeeper/ `usage.service` for timekeeper.usage.service) and source paths (`gpuaccounting/wire.py`,
+# `gpuaccounting/wire.py:10`), in the pages and in the code's own docstrings and comments. A module moved or
+# renamed must fail here, naming the file and line to fix.
+
+# Our top-level packages: those the repository holds now, and those named in its docs before (so a name
+# in a renamed or removed package is reported, not skipped as a third party's).
+KNOWN_PACKAGES = ("timekeeper", "webhook", "sidecar", "nodeagent", "gpuaccounting", "gpunvml", "gpuserving")
+PACKAGES = tuple(
+    sorted({*KNOWN_PACKAGES, *(path.parent.name for path in ROOT.glob("*/__init__.py"))} - {"migrations"})
+)
+# Our packages' family of names (gpuaccounting, gpunvml...): a name in it is ours, even once renamed away.
+OUR_FAMILY = re.compile(r"gpu[a-z]+")
+# The packages a page may name relative to (`usage/service.py`, `usage.service` in docs/timekeeper.md).
+PRODUCT = tuple(package for package in PACKAGES if package not in ("bench", "demo", "tests"))
+PROSE_PAGES = [
+    *PAGES,
+    *(path for path in (ROOT / "CONTRIBUTING.md", ROOT / "bench" / "RESULTS.md") if path.exists()),
+]
+PROSE_CODE = sorted(
+    path for package in PACKAGES if (ROOT / package).is_dir() for path in (ROOT / package).rglob("*.py")
+)
+# The repository's Python files, for a bare file name (`conftest.py`, `generate_tokens.py`).
+PY_FILES = [
+    path
+    for path in ROOT.rglob("*.py")
+    if not any(part.startswith(".") for part in path.relative_to(ROOT).parts)
+]
+
+# `a.b.c` not inside a longer token: not after a word, dot, slash or hyphen; not before a word, slash,
+# hyphen or `.word` (so a host name `timekeeper.gpu-timekeeper.svc` is no module, and a full stop ends one).
+DOTTED = re.compile(r"(?<![\w./-])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?![\w/-]|\.\w)")
+# `webhook/certificates/tls.py` or `tls.py`, with optional line numbers `:12`, `:75,80` or `:12-40`.
+SOURCE_PATH = re.compile(r"(?<![\w./-])((?:[\w-]+/)*[\w-]+\.py)(?::(\d+(?:[-,]\d+)*))?(?![\w/-])")
+# `timekeeper/periodic/` or, in a package, `periodic/`: a folder, named by its trailing slash.
+SOURCE_FOLDER = re.compile(r"(?<![\w./-])((?:[\w-]+/)+)(?![\w.-])")
+# What ends a file or host name, never an attribute: `timekeeper.md`, `webhook.Dockerfile`, `a.b.internal`.
+NOT_ATTRIBUTES = {"md", "py", "yaml", "yml", "json", "toml", "sh", "Dockerfile", "svc", "io", "internal"}
+
+
+def _prose(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of a page's lines, or of a Python file's comments and docstrings only."""
+    source = path.read_text(encoding="utf-8")
+    if path.suffix != ".py":
+        yield from enumerate(source.splitlines(), 1)
+        return
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            yield token.start[0], token.string
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                lines = first.value.value.splitlines() if isinstance(first.value.value, str) else []
+                yield from ((first.lineno + offset, line) for offset, line in enumerate(lines))
+
+
+def _module_source(parts: tuple[str, ...]) -> Path | None:
+    """The file of module `parts` (`gpuaccounting/wire.py`, or a package's `__init__.py`)."""
+    base = ROOT.joinpath(*parts)
+    for candidate in (base / "__init__.py", base.with_suffix(".py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+@functools.cache
+def _top_level_names(module: Path) -> frozenset[str]:
+    """Best effort: the module's top-level defs, classes, assignments and imports."""
+    defined: set[str] = set()
+    statements = list(ast.parse(module.read_text(encoding="utf-8")).body)
+    while statements:
+        node = statements.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            defined.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined |= {
+                name.id for target in targets for name in ast.walk(target) if isinstance(name, ast.Name)
+            }
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            defined |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.If | ast.Try | ast.With):
+            statements += [child for child in ast.iter_child_nodes(node) if isinstance(child, ast.stmt)]
+            statements += [stmt for handler in getattr(node, "handlers", []) for stmt in handler.body]
+    return frozenset(defined)
+
+
+def _defines(module: Path, name: str) -> bool:
+    names = _top_level_names(module)
+    return name in names or "__getattr__" in names
+
+
+def _unresolved_module(parts: tuple[str, ...], root: tuple[str, ...]) -> str | None:
+    """Why `root + parts` names no module or module attribute; None when it does.
+
+    The longest prefix that is a module must be the whole name, or define the next part (`Settings` in
+    `timekeeper.settings.Settings.database_url`); what follows that is not checked.
+    """
+    full = root + parts
+    for length in range(len(full), len(root), -1):
+        module = _module_source(full[:length])
+        if module is None:
+            continue
+        if length == len(full) or _defines(module, full[length]):
+            return None
+        return f"`{'.'.join(full[:length])}` has no module or attribute `{full[length]}`"
+    return f"no module `{'.'.join(full[: len(root) + 1])}`"
+
+
+def _module_roots(path: Path) -> tuple[str, ...]:
+    """The packages a file's relative names start in: its own (none for tests/); for a page, every product."""
+    if path.suffix != ".py" or not path.is_relative_to(ROOT):
+        return PRODUCT
+    top = path.relative_to(ROOT).parts[0]
+    return () if top == "tests" else (top,)
+
+
+def _where(path: Path, number: int) -> str:
+    return f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{number}"
+
+
+def _dotted_findings(path: Path, number: int, text: str) -> Iterator[str]:
+    """`timekeeper.usage.service` checked from the root; `usage.service` where `usage` is a subpackage of a
+    root package."""
+    where = _where(path, number)
+    for match in DOTTED.finditer(text):
+        parts = tuple(match.group(1).split("."))
+        if parts[-1] in NOT_ATTRIBUTES:
+            continue
+        if parts[0] in PACKAGES or OUR_FAMILY.fullmatch(parts[0]):
+            reasons = [_unresolved_module(parts, ())]
+        else:
+            roots = [
+                root for root in _module_roots(path) if (ROOT / root / parts[0] / "__init__.py").is_file()
+            ]
+            reasons = [_unresolved_module(parts, (root,)) for root in roots]
+        if reasons and all(reasons):
+            yield f"{where}: `{match.group(1)}`: {reasons[0]}"
+
+
+def _path_bases(path: Path) -> list[Path]:
+    """Where a file's relative paths start: the root, each product package, deployment/, and a Python
+    file's own folder and the ones above it."""
+    folders = (
+        [folder for folder in path.parents if folder.is_relative_to(ROOT)] if path.suffix == ".py" else []
+    )
+    return [*folders, ROOT, *(ROOT / package for package in PRODUCT), ROOT / "deployment"]
+
+
+def _path_findings(path: Path, number: int, text: str) -> Iterator[str]:
+    """A path with a folder exists under one of the file's bases, a bare file name anywhere; `:NN` is a line
+    of it."""
+    where = _where(path, number)
+    for match in SOURCE_PATH.finditer(text):
+        named, lines = match.groups()
+        if "/" in named:
+            found = [base / named for base in _path_bases(path) if (base / named).is_file()]
+        else:
+            found = [source for source in PY_FILES if source.name == named]
+        if not found:
+            yield f"{where}: `{match.group(0)}`: no such file"
+        elif lines:
+            needed = max(int(line) for line in re.split(r"[-,]", lines))
+            if not any(len(source.read_text(encoding="utf-8").splitlines()) >= needed for source in found):
+                yield f"{where}: `{match.group(0)}`: {named} has fewer than {needed} lines"
+
+
+def _folder_findings(path: Path, number: int, text: str) -> Iterator[str]:
+    """A folder of ours (its first part a package, or a subpackage of a root package) exists under a base."""
+    for match in SOURCE_FOLDER.finditer(text):
+        first = match.group(1).split("/")[0]
+        ours = first in PACKAGES or bool(OUR_FAMILY.fullmatch(first))
+        ours = ours or any((ROOT / root / first).is_dir() for root in _module_roots(path))
+        if ours and not any((base / match.group(1)).is_dir() for base in _path_bases(path)):
+            yield f"{_where(path, number)}: `{match.group(1)}`: no such folder"
+
+
+def reference_findings(path: Path) -> list[str]:
+    """Every dotted module name, source path and folder in `path`'s prose that names nothing in the
+    repository."""
+    findings = []
+    for number, text in _prose(path):
+        findings += [
+            *_dotted_findings(path, number, text),
+            *_path_findings(path, number, text),
+            *_folder_findings(path, number, text),
+        ]
+    return findings
+
+
+@pytest.mark.parametrize("page", PROSE_PAGES, ids=lambda page: page.name)
+def test_modules_and_source_paths_named_in_pages_exist(page: Path) -> None:
+    findings = reference_findings(page)
+    assert not findings, "names no module or file in the repository:\n" + "\n".join(findings)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_modules_and_source_paths_named_in_docstrings_and_comments_exist(package: str) -> None:
+    findings = [
+        finding
+        for path in PROSE_CODE
+        if path.is_relative_to(ROOT / package)
+        for finding in reference_findings(path)
+    ]
+    assert not findings, "names no module or file in the repository:\n" + "\n".join(findings)
+
+
+def test_a_docstring_or_comment_naming_a_missing_module_or_line_is_found(tmp_path: Path) -> None:
+    """The checker itself: what does not exist is found, at its line; what exists is not."""
+    source = tmp_path / "drifted.py"
+    source.write_text(
+        '"""Reads the snapshot (timekeeper.no_such_module.repository), as `gpuaccounting.names` says."""\n'
+        "\n"
+        "# By usage.no_such_module.weight; see usage/no_such_file.py and gpuaccounting/wire.py:100000.\n"
+        "# True: gpuaccounting.wire.build_report, gpuaccounting/wire.py:1, timekeeper.settings.Settings.\n"
+        "# Folders: timekeeper/no_such_folder/ and usage/no_such_folder/, not gpuaccounting/ nor usage/.\n"
+        "# A package renamed away: gpuretired.bodies.\n"
+        "def f() -> None:\n"
+        '    """Not gpuaccounting.wire.no_such_name."""\n',
+        encoding="utf-8",
+    )
+    assert sorted(reference_findings(source)) == [
+        f"{source}:1: `timekeeper.no_such_module.repository`: "
+        "`timekeeper` has no module or attribute `no_such_module`",
+        f"{source}:3: `gpuaccounting/wire.py:100000`: gpuaccounting/wire.py has fewer than 100000 lines",
+        f"{source}:3: `usage.no_such_module.weight`: "
+        "`timekeeper.usage` has no module or attribute `no_such_module`",
+        f"{source}:3: `usage/no_such_file.py`: no such file",
+        f"{source}:5: `timekeeper/no_such_folder/`: no such folder",
+        f"{source}:5: `usage/no_such_folder/`: no such folder",
+        f"{source}:6: `gpuretired.bodies`: no module `gpuretired`",
+        f"{source}:8: `gpuaccounting.wire.no_such_name`: "
+        "`gpuaccounting.wire` has no module or attribute `no_such_name`",
+    ]

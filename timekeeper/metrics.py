@@ -258,7 +258,7 @@ class Metrics:
 
 
 class GitOpsMetrics(Collector):
-    """The GPUBudget sync's (timekeeper/gitops): collected through the scheduler runner, which registers
+    """The GPUBudget sync's (timekeeper/gitops): collected through the periodic runner, which registers
     it while it runs (the sync runs on the leader; a follower exports zeros)."""
 
     def __init__(self) -> None:

@@ -13,7 +13,7 @@ from timekeeper.domain.weights import ChargeBasisKind
 from timekeeper.schemas import Amount, DecimalIn, Timestamp
 
 # A GPU model as NVML or GPU Feature Discovery spell it ("NVIDIA H100 80GB HBM3", "NVIDIA-A100-SXM4-40GB-
-# MIG-1g.5gb"); stored as billing.weights.model_key spells it.
+# MIG-1g.5gb"); stored as domain.weights.model_key spells it.
 ModelPath = Annotated[
     str,
     Path(

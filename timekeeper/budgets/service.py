@@ -324,7 +324,7 @@ async def refresh_granted(
 
 
 async def end_expired_grants(repository: BudgetRepository, now: datetime) -> list[str]:
-    """The scheduler's sweep: grants whose expiry passed stop counting and their namespaces' granted
+    """The periodic sweep: grants whose expiry passed stop counting and their namespaces' granted
     totals are recomputed (the caller refreshes their states). Answers those namespaces."""
     namespaces = await repository.end_expired_grants(now)
     for namespace in namespaces:

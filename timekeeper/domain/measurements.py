@@ -1,5 +1,5 @@
-"""The measured figures' sums, decided without the database. Every one adds exactly, so the hourly
-roll-up changes no answer: utilisation and memory as figure x seconds beside the seconds that had it,
+"""The measurements' sums, decided without the database. Every one adds exactly, so the hourly
+roll-up changes no answer: utilisation and memory as measurement x seconds beside the seconds that had it,
 energy as mean power x the seconds charged, peaks as maxima, statuses as a bit per status seen."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def statuses_of(bits: int) -> list[GpuStatus]:
 
 @dataclass(frozen=True, slots=True)
 class MeasurementSums:
-    """A usage row's figures as the query adds them up; `+` folds two rows (the namespace's totals)."""
+    """A usage row's measurements as the query adds them up; `+` folds two rows (the namespace's totals)."""
 
     util_seconds: Decimal | None
     util_covered_seconds: Decimal
@@ -56,7 +56,7 @@ class MeasurementSums:
         )
 
     def answer(self, prefix: str = "") -> dict[str, Any]:
-        """The usage answer's figure fields (a row's, or with prefix "total_" the namespace's)."""
+        """The usage answer's measurement fields (a row's, or with prefix "total_" the namespace's)."""
         mean_memory = _mean(self.mem_byte_seconds, self.mem_covered_seconds)
         whole_bytes = None if mean_memory is None else int(mean_memory.quantize(Decimal(1), ROUND_HALF_EVEN))
         fields = {

@@ -130,7 +130,7 @@ SHIPPED_BASIS = Basis("allocation", Decimal("0.1"))
 
 def charge_share(gpu_share: Decimal, basis: Basis, mean_sm_util_pct: float | None) -> Decimal:
     """What one second of the pod's time is charged, before its GPU's weight. Utilisation counts in whole
-    percent (so the hourly roll-up still folds a pod's reports into few rows); a pod without figures is
+    percent (so the hourly roll-up still folds a pod's reports into few rows); a pod without measurements is
     charged its allocation."""
     if basis.kind == "allocation" or mean_sm_util_pct is None:
         return gpu_share

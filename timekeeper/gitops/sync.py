@@ -1,4 +1,4 @@
-"""The sync from GPUBudget objects to the database, the scheduler leader's alone: each spec that
+"""The sync from GPUBudget objects to the database, the periodic jobs' leader's alone: each spec that
 differs is applied through BudgetService (as a REST PUT), a namespace whose object is gone returns to the
 default, changed statuses are written. Level-based: the next pass repairs whatever a pass missed."""
 
@@ -61,7 +61,7 @@ class SyncResult:
 
 
 class GitOpsSync:
-    """A LeaderService of the scheduler runner: the pass loop runs while this replica leads."""
+    """A LeaderService of the periodic runner: the pass loop runs while this replica leads."""
 
     def __init__(
         self,
@@ -306,7 +306,7 @@ class GitOpsSync:
 async def build_gitops_sync(
     settings: Settings, sessionmaker: async_sessionmaker[AsyncSession], clock: Clock
 ) -> GitOpsSync:
-    """The scheduler's GPUBudget sync, with a Kubernetes client of its own (closed by `aclose`) and its
+    """The periodic GPUBudget sync, with a Kubernetes client of its own (closed by `aclose`) and its
     metrics (`metrics`, for the runner to register)."""
     kube = await KubeClient.from_config(KubeConfig.from_settings(settings))
     return GitOpsSync(kube, sessionmaker, settings, clock, GitOpsMetrics())

@@ -29,7 +29,7 @@ __all__ = ["RUNNING_POD", "SchedulerRepository"]
 # charge share, model) aggregate, in one statement: exactly the rows `folded` answers (those it deletes from
 # the default or pre-partitioning partition, or a whole day partition the caller then drops).
 # A row counts once in each hour its charged time touches (as the usage query's hour grouping does); its
-# figures are added as figure x its seconds in the hour (domain/measurements.py), so they fold exactly.
+# measurements are added as value x its seconds in the hour (domain/measurements.py), so they fold exactly.
 _FOLDED_COLUMNS = (
     "id, namespace, pod, pod_uid, gpu_share, charge_share, gpu_model, charged, "
     "mean_sm_util_pct, peak_sm_util_pct, mem_used_bytes, mean_power_w, gpu_status_bits"

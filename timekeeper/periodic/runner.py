@@ -251,7 +251,7 @@ async def build_runner(
     leader_work: BuildLeaderWork | None = None,
 ) -> SchedulerRunner:
     """The runner with every job, and the work `leader_work` builds (all the leader's alone), wherever
-    the scheduler runs: in the API process or on its own."""
+    the periodic jobs run: in the API process or on its own."""
     work = LeaderWork() if leader_work is None else await leader_work(settings, sessionmaker, clock)
     return SchedulerRunner(
         database_url,

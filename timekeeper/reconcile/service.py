@@ -1,4 +1,4 @@
-"""The reconciler, the scheduler's `reconcile` job, run by the elected leader alone: its watches feed the
+"""The reconciler, the periodic `reconcile` job, run by the elected leader alone: its watches feed the
 registries (reconcile/watches.py) and each pass charges silent time through `IngestService.charge`
 (reconcile/charging.py: reports and passes never charge the same time twice), closes out ended pods,
 counts silent sidecars (census.py), downgrades (decisions.py, downgrades.py) and applies quotas. This
@@ -114,7 +114,7 @@ class Reconciler:
     # ---- one pass ----------------------------------------------------------------------------------------
 
     async def run_pass(self) -> PassResult:
-        """One reconcile pass. Only the scheduler's leader runs it (the `reconcile` job), one window at a
+        """One reconcile pass. Only the periodic jobs' leader runs it (the `reconcile` job), one window at a
         time: the election and the window's job_runs row are the one mechanism, no lock of its own."""
         result = PassResult()
         await self.coverage.learn_models(result)
@@ -151,6 +151,6 @@ class Reconciler:
 async def build_reconciler(
     settings: Settings, sessionmaker: async_sessionmaker[AsyncSession], clock: Clock
 ) -> Reconciler:
-    """The scheduler's reconciler, with a client of its own (closed by `aclose`)."""
+    """The periodic jobs' reconciler, with a client of its own (closed by `aclose`)."""
     kube = await KubeClient.from_config(KubeConfig.from_settings(settings))
     return Reconciler(kube, sessionmaker, settings, clock)

@@ -1,5 +1,5 @@
 """Efficiency: per namespace and pod, the GPU-minutes allocated beside the GPU-minutes utilised (allocation
-x mean SM utilisation, over the time that had figures), and the idle report (pods holding GPUs for a
+x mean SM utilisation, over the time that had measurements), and the idle report (pods holding GPUs for a
 while and using almost none of them). Exact: every figure is a decimal the database rounded once."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ _RATIO = Decimal("1e-9")
 
 
 def ratio(utilised: Decimal, measured: Decimal) -> Decimal | None:
-    """Utilised over measured GPU-minutes, to nine places; None where no time had figures."""
+    """Utilised over measured GPU-minutes, to nine places; None where no time had measurements."""
     return None if measured == 0 else (utilised / measured).quantize(_RATIO, ROUND_HALF_EVEN)
 
 

@@ -1,4 +1,4 @@
-"""What one report contributes to the measured figures, stored on its ledger row at ingest."""
+"""What one report contributes to the measurements, stored on its ledger row at ingest."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _own_peak(gpu: GpuFiguresIn) -> float | None:
 
 @dataclass(frozen=True, slots=True)
 class Measured:
-    """One report's figures over the GPUs the sidecar could read, the pod's own where known."""
+    """One report's measurements over the GPUs the sidecar could read, the pod's own where known."""
 
     mean_sm_util_pct: float | None  # mean over the GPUs
     peak_sm_util_pct: float | None  # largest over the GPUs

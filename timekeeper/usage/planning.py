@@ -31,7 +31,7 @@ class ReportCharge:
 
 @dataclass(frozen=True, slots=True)
 class Rate:
-    """What a second of a pod's time is charged: its charge share (billing.weights.charge_share) times
+    """What a second of a pod's time is charged: its charge share (domain.weights.charge_share) times
     the weight of its GPU model at that second."""
 
     charge_share: Decimal

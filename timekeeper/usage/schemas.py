@@ -150,9 +150,9 @@ class PodEfficiencyOut(BaseModel):
 
     pod: str
     allocated_gpu_minutes: Amount
-    measured_gpu_minutes: Amount  # the allocation of the time that had a utilisation figure
+    measured_gpu_minutes: Amount  # the allocation of the time that had a utilisation measurement
     utilised_gpu_minutes: Amount  # that allocation x its mean SM utilisation
-    efficiency: OptionalAmount  # utilised / measured; null without figures
+    efficiency: OptionalAmount  # utilised / measured; null without measurements
 
 
 class EfficiencyOut(BaseModel):
@@ -173,7 +173,7 @@ class IdlePodOut(BaseModel):
     gpu_share: Amount
     held_since: datetime  # the start of its charged time
     window_gpu_minutes: Amount  # allocated inside the report's window
-    mean_sm_util_pct: Amount  # over the window's time that had the figure
+    mean_sm_util_pct: Amount  # over the window's time that had the measurement
 
 
 class IdleReportOut(BaseModel):

@@ -42,7 +42,7 @@ from bench.common import (
 from bench.common import dsn as _dsn
 from tests.support.partitions import partition_days_from
 from tests.support.timekeeper import Tokens, alembic_config, bearer, report_body
-from timekeeper.app import create_app
+from timekeeper.app import create_app, current
 from timekeeper.clock import ManualClock
 from timekeeper.periodic.jobs import JOBS_BY_NAME, run_job
 from timekeeper.settings import Settings
@@ -467,7 +467,7 @@ async def roll_up_day(tk: Timekeeper, day_start: datetime, minutes: int) -> Roll
     for step in range(1, 24 * 60 // minutes + 1):
         clock.set(day_start + timedelta(minutes=minutes * step))
         began = time.perf_counter()
-        result = await run_job(JOBS_BY_NAME["rollup"], tk.app.state.sessionmaker, tk.settings, clock, "bench")
+        result = await run_job(JOBS_BY_NAME["rollup"], current(tk.app).sessions, tk.settings, clock, "bench")
         took += time.perf_counter() - began
         if result.detail is not None:
             rows += result.detail["folded_rows"]
@@ -598,7 +598,7 @@ async def history(run: Run, url: URL, figures: dict[str, Any], base: datetime) -
             else:
                 run.rollups.append(await roll_up_day(tk, day_start, run.rollup_minutes))
             tk.clock.set(day_start + timedelta(days=1))
-            await run_job(JOBS_BY_NAME["closeout"], tk.app.state.sessionmaker, tk.settings, tk.clock, "bench")
+            await run_job(JOBS_BY_NAME["closeout"], current(tk.app).sessions, tk.settings, tk.clock, "bench")
             progress(
                 f"history day {day}: {run.pods * 2880:,} reports loaded in {generated:.1f}s, "
                 f"roll-up {run.rollups[-1].seconds:.1f}s"

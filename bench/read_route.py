@@ -25,7 +25,7 @@ from sqlalchemy.engine import URL
 from bench.common import asgi_caller
 from tests.support.postgres import url_string
 from tests.support.timekeeper import migrated_database, sha256
-from timekeeper.app import create_app, lifespan
+from timekeeper.app import create_app
 from timekeeper.settings import Settings
 
 BUDGET_NAMESPACES = 100
@@ -205,7 +205,7 @@ async def costs(url: URL, requests: int, namespaces: int, top: int = 0, pods: in
         return asgi_caller(app, path, b"", headers, method="GET")
 
     results = []
-    async with lifespan(app):
+    async with app.router.lifespan_context(app):
 
         def cpu() -> float | None:
             return _backend_cpu_seconds(dsn, str(url.database))

@@ -15,9 +15,15 @@ import orjson
 
 from bench.common import asgi_caller
 from tests.support.timekeeper import report_body
-from timekeeper.app import create_app
+from timekeeper.app import create_app, expose
+from timekeeper.auth.dependencies import ACCESS
 from timekeeper.auth.factory import build_access_control
+from timekeeper.budgets.states.repository import known_namespaces
+from timekeeper.context import Context
+from timekeeper.db.session import build_engine, build_sessionmaker
+from timekeeper.metrics import METRICS, Metrics
 from timekeeper.settings import Settings
+from timekeeper.usage.router import INGEST, POD_SHARES
 from timekeeper.usage.schemas import ReportIn
 from timekeeper.usage.service import IngestOutcome
 
@@ -37,8 +43,22 @@ async def cpu_per_report(requests: int) -> float:
         reporter_token_sha256=hashlib.sha256(token.encode()).hexdigest(),
     )
     app = create_app(settings)
-    app.state.access = await build_access_control(settings)
-    app.state.ingest = InstantBatcher()
+    engine = build_engine(settings.database_url or "")  # never connected
+    sessions = build_sessionmaker(engine)
+    access, ingest = await build_access_control(settings), InstantBatcher()
+    context = Context(
+        settings=settings,
+        clock=settings.clock(),
+        engine=engine,
+        sessions=sessions,
+        reads=sessions,
+        export_engine=engine,
+        export_sessions=sessions,
+        known_namespaces=known_namespaces,
+        scheduler=None,
+        parts={ACCESS: access, METRICS: Metrics(), INGEST: ingest, POD_SHARES: None},
+    )
+    expose(app, context)
     body = orjson.dumps(report_body(start=datetime.now(UTC) - timedelta(hours=1)))
     call = asgi_caller(app, "/api/v1/reports", body, [(b"authorization", f"Bearer {token}".encode())])
     for _ in range(requests // 10):  # warm-up

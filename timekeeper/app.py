@@ -1,5 +1,6 @@
 """The application factory. Everything with I/O (engine, embedded database, access control) is built in
-the lifespan; the factory itself only wires objects together."""
+the lifespan, into the one context its routes reach (timekeeper/context.py); the factory itself only
+wires objects together."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from prometheus_client.registry import Collector
@@ -16,16 +18,19 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gpuaccounting.names import API_PREFIX
 from gpuserving.bodies import BodyLimit, BodyTooLarge
 from timekeeper.audit.router import router as audit_router
+from timekeeper.auth.dependencies import ACCESS, METRICS_TOKENS
 from timekeeper.auth.digests import TokenDigests
 from timekeeper.auth.factory import build_access_control
 from timekeeper.auth.router import router as auth_router
 from timekeeper.billing.chargeback import ChargebackExports
+from timekeeper.billing.router import CHARGEBACK_EXPORTS
 from timekeeper.billing.router import namespaced as billing_namespaced_router
 from timekeeper.billing.router import router as billing_router
 from timekeeper.budgets.pools.router import router as pools_router
 from timekeeper.budgets.router import router as budgets_router
 from timekeeper.budgets.states.repository import known_namespaces
 from timekeeper.clock import Clock
+from timekeeper.context import Context
 from timekeeper.db.session import (
     build_engine,
     build_export_engine,
@@ -34,19 +39,24 @@ from timekeeper.db.session import (
     resolve_database_url,
 )
 from timekeeper.health.router import router as health_router
-from timekeeper.metrics import Metrics
+from timekeeper.metrics import METRICS, Metrics
 from timekeeper.periodic.jobs import Job, reconcile_job
-from timekeeper.periodic.runner import LeaderService, LeaderWork, with_scheduler
+from timekeeper.periodic.runner import LeaderService, LeaderWork, build_runner
 from timekeeper.refusals import install_error_handler
 from timekeeper.routing import document_strict_bodies
 from timekeeper.schemas import API_ERRORS
 from timekeeper.settings import Settings, get_settings
+from timekeeper.snapshot.router import SNAPSHOT_CACHE
 from timekeeper.snapshot.router import router as snapshot_router
 from timekeeper.snapshot.service import SnapshotCache
 from timekeeper.ui import mount_docs, mount_ui
 from timekeeper.usage.batcher import IngestBatcher
 from timekeeper.usage.partitions import days_ahead, ensure_days
+from timekeeper.usage.router import INGEST, POD_SHARES
 from timekeeper.usage.router import router as usage_router
+
+if TYPE_CHECKING:
+    from timekeeper.usage.admitted import PodShares
 
 
 def _too_large(refusal: BodyTooLarge) -> bytes:
@@ -61,42 +71,78 @@ def default_clock(settings: Settings) -> Clock:
     return settings.clock()
 
 
+def current(app: FastAPI) -> Context:
+    """The started app's context: what the batcher's and the exports' session getters read, so that a
+    context a test exposes is the one they use."""
+    context: Context = app.state.context
+    return context
+
+
+def expose(app: FastAPI, context: Context) -> None:
+    """Makes `context` the one its routes reach (timekeeper.context.ContextDep)."""
+    app.state.context = context
+
+
 @asynccontextmanager
-async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    settings: Settings = app.state.settings
+async def run_context(app: FastAPI, settings: Settings, clock: Clock) -> AsyncIterator[Context]:
+    """Builds the context (engines, access control, the batcher, the caches and, when scheduler_enabled,
+    this replica competing to run the jobs), exposes it on `app`, and closes it all at the end."""
     url = await resolve_database_url(settings)
     engine = build_engine(url, settings.database_pool_size)
     export_engine = build_export_engine(url, settings)
-    app.state.engine, app.state.export_engine = engine, export_engine
-    app.state.sessionmaker = build_sessionmaker(engine)
-    app.state.read_sessionmaker = build_read_sessionmaker(engine)
-    app.state.known_namespaces = lambda: known_namespaces(app.state.sessionmaker)
-    app.state.snapshot_cache = SnapshotCache()
-    app.state.export_sessionmaker = build_sessionmaker(export_engine)
-    app.state.chargeback_exports = ChargebackExports(
-        lambda: app.state.export_sessionmaker,
-        settings.chargeback_exports,
-        settings.chargeback_export_wait_seconds,
-    )
-    app.state.access = await build_access_control(settings)
-    await create_ledger_partitions(app.state.sessionmaker, settings, app.state.clock)
-    app.state.pod_shares = None
+    sessions = build_sessionmaker(engine)
+    access = await build_access_control(settings)
+    await create_ledger_partitions(sessions, settings, clock)
+    pod_shares: PodShares | None = None
     if settings.admitted_share_from_pod:  # the Kubernetes client only where it is used
         from timekeeper.usage.admitted import build_pod_shares
 
-        app.state.pod_shares = await build_pod_shares(settings, app.state.clock)
-    app.state.metrics.outages.attach(engine)
-    app.state.ingest = IngestBatcher(
-        lambda: app.state.sessionmaker, settings, app.state.clock, app.state.metrics
+        pod_shares = await build_pod_shares(settings, clock)
+    metrics = Metrics()
+    metrics.outages.attach(engine)
+    ingest = IngestBatcher(lambda: current(app).sessions, settings, clock, metrics)
+    exports = ChargebackExports(
+        lambda: current(app).export_sessions,
+        settings.chargeback_exports,
+        settings.chargeback_export_wait_seconds,
     )
-    app.state.ingest.start()
+    runner = None
+    if settings.scheduler_enabled:
+        database_url = engine.url.render_as_string(hide_password=False)
+        runner = await build_runner(database_url, sessions, settings, clock, metrics.registry, leader_work)
+    context = Context(
+        settings=settings,
+        clock=clock,
+        engine=engine,
+        sessions=sessions,
+        reads=build_read_sessionmaker(engine),
+        export_engine=export_engine,
+        export_sessions=build_sessionmaker(export_engine),
+        known_namespaces=known_namespaces,
+        scheduler=runner,
+        parts={
+            ACCESS: access,
+            METRICS_TOKENS: TokenDigests(settings.metrics_token_sha256),
+            METRICS: metrics,
+            INGEST: ingest,
+            POD_SHARES: pod_shares,
+            SNAPSHOT_CACHE: SnapshotCache(),
+            CHARGEBACK_EXPORTS: exports,
+        },
+    )
+    expose(app, context)
+    ingest.start()
+    if runner is not None:
+        runner.start()
     try:
-        yield
+        yield context
     finally:
-        await app.state.ingest.aclose()
-        await app.state.access.aclose()
-        if app.state.pod_shares is not None:
-            await app.state.pod_shares.aclose()
+        if runner is not None:
+            await runner.stop()
+        await ingest.aclose()
+        await access.aclose()
+        if pod_shares is not None:
+            await pod_shares.aclose()
         await engine.dispose()
         await export_engine.dispose()
 
@@ -138,11 +184,18 @@ async def leader_work(
 
 def create_app(settings: Settings | None = None, clock: Clock | None = None) -> FastAPI:
     settings = settings or get_settings()
+    clock = clock or default_clock(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with run_context(app, settings, clock):
+            yield
+
     app = FastAPI(
         title="GPU Timekeeper",
         version="1",
         summary="Per-namespace GPU-minute budgets, the usage ledger and the admission snapshot.",
-        lifespan=with_scheduler(lifespan, leader_work),
+        lifespan=lifespan,
         # Its OpenTelemetry hooks would ask the environment for a tracer on every request; the
         # timekeeper's metrics are Prometheus' (timekeeper/metrics.py).
         telemetry={"tracing": False, "metrics": False, "logs": False},
@@ -150,10 +203,6 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
         docs_url=None,
         redoc_url=None,
     )
-    app.state.settings = settings
-    app.state.clock = clock or default_clock(settings)
-    app.state.metrics = Metrics()
-    app.state.metrics_tokens = TokenDigests(settings.metrics_token_sha256)
     install_error_handler(app)
     # Included one level deep under the prefix (POST /reports first: the hottest path): each level of
     # nested routers costs every request a walk through it.

@@ -13,6 +13,7 @@ from prometheus_client.registry import Collector
 from gpuaccounting.counters import start_at_zero
 from gpuaccounting.wire import BUDGET_STATES
 from gpuserving.connections import REASONS as CONNECTION_REASONS
+from timekeeper.context import Slot
 from timekeeper.db.outage import OutageWatch
 
 REPORT_RESULTS = ("charged", "duplicate", "rejected")
@@ -255,6 +256,10 @@ class Metrics:
         for namespace, count in readout.unweighted_pods.items():
             self.unweighted_pods.labels(namespace=namespace).set(count)
         self.read_at = time.monotonic()
+
+
+# The app's Metrics, in its context (timekeeper/context.py).
+METRICS: Slot[Metrics] = Slot("metrics")
 
 
 class GitOpsMetrics(Collector):

@@ -23,7 +23,7 @@ from tests.support.kube_apiserver import KubeApiServer
 from tests.support.processes import wait_until
 from tests.support.timekeeper import report_body
 from tests.timekeeper.conftest import START
-from timekeeper.app import create_app
+from timekeeper.app import create_app, current
 from timekeeper.auth.base import Principal
 from timekeeper.billing.repository import BillingRepository
 from timekeeper.budgets.schemas import BudgetIn
@@ -33,6 +33,7 @@ from timekeeper.kube import KubeClient, KubeUnavailableError, QuotaChange
 from timekeeper.kube.core import QUOTA_NAME
 from timekeeper.periodic.jobs import JOBS_BY_NAME, reconcile_job, run_job
 from timekeeper.periodic.repository import RUNNING_POD
+from timekeeper.periodic.runner import SchedulerRunner
 from timekeeper.reconcile.service import Reconciler
 from timekeeper.settings import Settings
 from timekeeper.usage.models import PodCoverage
@@ -758,7 +759,8 @@ async def test_the_app_runs_the_reconciler_as_a_scheduler_job_when_asked(
         )
     )
     async with app.router.lifespan_context(app):
-        runner = app.state.scheduler
+        runner = current(app).scheduler
+        assert isinstance(runner, SchedulerRunner)
         assert "reconcile" in [job.name for job in runner.jobs]
         [reconciler] = runner.services
         await asyncio.to_thread(wait_until, lambda: reconciler.watching, 10, "the leader's watch")

@@ -25,7 +25,7 @@ from tests.support.postgres import url_string
 from tests.support.processes import wait_until
 from tests.support.timekeeper import migrated_database
 from tests.timekeeper.conftest import START
-from timekeeper.app import create_app
+from timekeeper.app import create_app, current
 from timekeeper.clock import ManualClock
 from timekeeper.db.session import build_engine
 from timekeeper.periodic.jobs import floor_to
@@ -68,7 +68,9 @@ def leader_settings(own_database: URL, kubeconfig: Path) -> Settings:
 
 
 def runner_of(app: FastAPI) -> SchedulerRunner:
-    return app.state.scheduler
+    runner = current(app).scheduler
+    assert isinstance(runner, SchedulerRunner)
+    return runner
 
 
 def reconciler_of(app: FastAPI) -> Reconciler:

@@ -1,11 +1,12 @@
 """One migrated database per run (alembic upgrade head, once); each test inside a transaction that is
 rolled back at the end; the app called in-process through httpx.ASGITransport, built once per settings
-and started afresh (state, metrics, lifespan) for every test."""
+and given a context of its own (engines, metrics, batcher, this test's clock and sessions) in every test."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import httpx
@@ -13,14 +14,12 @@ import pytest
 from fastapi import FastAPI
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, async_sessionmaker
-from starlette.datastructures import State
 
 from tests.support.postgres import url_string
 from tests.support.timekeeper import Api, Tokens, migrated_database
-from timekeeper.app import create_app
+from timekeeper.app import create_app, expose, run_context
 from timekeeper.clock import ManualClock
 from timekeeper.db.session import build_engine
-from timekeeper.metrics import Metrics
 from timekeeper.settings import Settings
 
 # Mid-month, mid-week, midday: far from every period boundary unless a test moves there.
@@ -60,27 +59,22 @@ async def connection(database_url: URL) -> AsyncIterator[AsyncConnection]:
 
 
 class BuiltApps:
-    """The last few apps create_app built, by their settings, each with its state as built. FastAPI
-    resolves every route's dependencies and models on an app's first requests, which cost more than most
-    tests; an app is code and settings, so tests with the same settings share one."""
+    """The last few apps create_app built, by their settings. FastAPI resolves every route's dependencies
+    and models on an app's first requests, which cost more than most tests; an app is code and settings,
+    so tests with the same settings share one (each test runs its own context: timekeeper.app.run_context)."""
 
     def __init__(self, keep: int = 8) -> None:
         self.keep = keep
-        self.built: OrderedDict[str, tuple[FastAPI, dict[str, object]]] = OrderedDict()
+        self.built: OrderedDict[str, FastAPI] = OrderedDict()
 
-    def fresh(self, settings: Settings, clock: ManualClock) -> FastAPI:
-        """The app for these settings, its state reset to what create_app gave it (tests replace
-        settings, access and sessionmakers in it), with this test's clock and metrics counted from zero."""
+    def app(self, settings: Settings) -> FastAPI:
         key = settings.model_dump_json()
         if key not in self.built:
-            app = create_app(settings, clock)
-            self.built[key] = (app, dict(app.state._state))
+            self.built[key] = create_app(settings)
             while len(self.built) > self.keep:
                 self.built.popitem(last=False)
         self.built.move_to_end(key)
-        app, state = self.built[key]
-        app.state = State({**state, "clock": clock, "metrics": Metrics()})
-        return app
+        return self.built[key]
 
 
 @pytest.fixture(scope="session")
@@ -92,16 +86,15 @@ def built_apps() -> BuiltApps:
 async def app(
     settings: Settings, clock: ManualClock, connection: AsyncConnection, built_apps: BuiltApps
 ) -> AsyncIterator[FastAPI]:
-    app = built_apps.fresh(settings, clock)
-    async with app.router.lifespan_context(app):
+    app = built_apps.app(settings)
+    async with run_context(app, settings, clock) as context:
         # Every request's session joins the test's transaction; its commit only releases a savepoint.
-        app.state.sessionmaker = async_sessionmaker(
+        sessions = async_sessionmaker(
             bind=connection, expire_on_commit=False, join_transaction_mode="create_savepoint"
         )
-        # Reads too (in production they run in autocommit; tests/timekeeper/test_reads.py checks that).
-        app.state.read_sessionmaker = app.state.sessionmaker
-        # And chargeback exports (in production on a pool of their own: tests/timekeeper/test_chargeback.py).
-        app.state.export_sessionmaker = app.state.sessionmaker
+        # Reads too (in production they run in autocommit; tests/timekeeper/test_reads.py checks that), and
+        # chargeback exports (in production on a pool of their own: tests/timekeeper/test_chargeback.py).
+        expose(app, replace(context, sessions=sessions, reads=sessions, export_sessions=sessions))
         yield app
 
 

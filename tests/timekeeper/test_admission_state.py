@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from gpuaccounting.admission_state import AdmissionSnapshot, default_priority_policy
 from tests.support.timekeeper import Api, ok
 from tests.timekeeper.conftest import START
+from timekeeper.app import current
 from timekeeper.clock import ManualClock
 from timekeeper.periodic.jobs import JOBS_BY_NAME, run_job
 
@@ -101,8 +102,8 @@ async def test_at_a_period_roll_over_exhausted_namespaces_return_to_in_budget(
 
     # Reading writes nothing: until the roll-over job has run, the snapshot is the one last published.
     assert (await poll(api, etag)).status_code == 304
-    state = app.state
-    await run_job(JOBS_BY_NAME["rollover"], state.sessionmaker, state.settings, state.clock, "test")
+    context = current(app)
+    await run_job(JOBS_BY_NAME["rollover"], context.sessions, context.settings, context.clock, "test")
 
     response = await poll(api, etag)
     assert response.status_code == 200

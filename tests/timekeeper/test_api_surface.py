@@ -7,6 +7,7 @@ is ready; the OpenAPI document says which strings an amount accepts.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -14,6 +15,7 @@ import pytest
 from fastapi import FastAPI
 
 from tests.support.timekeeper import Tokens, bearer
+from timekeeper.app import current, expose
 from timekeeper.clock import ManualClock
 from timekeeper.periodic.runner import SchedulerRunner, replica_name
 from timekeeper.settings import Settings
@@ -94,15 +96,16 @@ def _readyz_client(app: FastAPI) -> httpx.AsyncClient:
 async def test_readyz_shows_the_replica_and_jobs_only_to_an_authenticated_reader(
     app: FastAPI, tokens: Tokens, settings: Settings, clock: ManualClock
 ) -> None:
-    runner = SchedulerRunner(str(settings.database_url), app.state.sessionmaker, settings, clock)
-    app.state.scheduler = runner  # built, never started: its status is what /readyz shows
+    context = current(app)
+    runner = SchedulerRunner(str(settings.database_url), context.sessions, settings, clock)
+    expose(app, replace(context, scheduler=runner))  # built, never started: its status is what /readyz shows
     try:
         async with _readyz_client(app) as client:
             anonymous = await client.get("/readyz")
             reader = await client.get("/readyz", headers=bearer(tokens.reader))
             stranger = await client.get("/readyz", headers=bearer("not-a-token"))
     finally:
-        del app.state.scheduler
+        expose(app, context)
 
     assert anonymous.json() == {"status": "ready"}
     assert reader.json() == {"status": "ready", "scheduler": runner.status()}

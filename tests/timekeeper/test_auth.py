@@ -3,6 +3,7 @@ a credential bound to one pod reports only for that pod."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import httpx
@@ -13,7 +14,9 @@ from pydantic import ValidationError
 from gpuaccounting.names import PROXIED_AUTHORIZATION_HEADER
 from tests.support.timekeeper import Api, Tokens, bearer, ok, report_body, sha256
 from tests.timekeeper.conftest import START
+from timekeeper.app import current, expose
 from timekeeper.auth.base import Action, PodIdentity, Principal
+from timekeeper.auth.dependencies import ACCESS
 from timekeeper.auth.static import StaticAccessControl
 from timekeeper.settings import Settings
 
@@ -97,7 +100,8 @@ async def test_reads_need_an_accepted_token(api: Api, path: str) -> None:
 
 @pytest.mark.parametrize("path", READ_CALLS)
 async def test_anonymous_reads_when_configured(api: Api, app: FastAPI, path: str) -> None:
-    app.state.settings = app.state.settings.model_copy(update={"anonymous_read": True})
+    context = current(app)
+    expose(app, replace(context, settings=context.settings.model_copy(update={"anonymous_read": True})))
 
     assert (await api.client.get(path)).status_code == 200
     assert (await api.client.put("/defaults", json=BUDGET)).status_code == 401
@@ -131,7 +135,7 @@ class PodBoundAccess:
 async def test_a_pod_bound_credential_reports_only_for_its_own_pod(
     app: FastAPI, client: httpx.AsyncClient, token: str, status: int
 ) -> None:
-    app.state.access = PodBoundAccess()
+    expose(app, current(app).with_part(ACCESS, PodBoundAccess()))
 
     response = await client.post("/reports", json=REPORT, headers=bearer(token))
 

@@ -8,6 +8,7 @@ import csv
 import gc
 import io
 import secrets
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -21,7 +22,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from tests.support.postgres import url_string
 from tests.support.timekeeper import Api, Tokens, bearer, ok, sha256
 from tests.timekeeper.test_scheduler_jobs import run
+from timekeeper.app import current, expose
 from timekeeper.billing.chargeback import ChargebackRange, chargeback_range, escape_formula
+from timekeeper.billing.router import CHARGEBACK_EXPORTS
 from timekeeper.clock import ManualClock
 from timekeeper.db.session import build_sessionmaker
 from timekeeper.settings import Settings
@@ -179,7 +182,7 @@ def whole_window() -> ChargebackRange:
 async def test_one_export_more_than_the_turns_waits_then_is_refused_with_retry_after(
     api: Api, app: FastAPI, history: None
 ) -> None:
-    exports = app.state.chargeback_exports
+    exports = current(app)[CHARGEBACK_EXPORTS]
     held = await exports.rows(whole_window(), None, "USD")  # the one turn, its statement run already
 
     refused = await api.client.get("/billing/chargeback", params=WINDOW, headers=bearer(api.tokens.admin))
@@ -193,7 +196,7 @@ async def test_one_export_more_than_the_turns_waits_then_is_refused_with_retry_a
 
 
 async def test_a_second_export_waits_for_the_first_to_end(api: Api, app: FastAPI, history: None) -> None:
-    exports = app.state.chargeback_exports
+    exports = current(app)[CHARGEBACK_EXPORTS]
     first = await exports.rows(whole_window(), None, "USD")
     second = asyncio.create_task(exports.rows(whole_window(), None, "USD"))
     for _ in range(10):
@@ -207,7 +210,7 @@ async def test_a_second_export_waits_for_the_first_to_end(api: Api, app: FastAPI
 
 async def test_an_export_whose_answer_is_never_sent_gives_its_turn_back(app: FastAPI, history: None) -> None:
     """A client gone before the answer started: the export, dropped unread, ends and frees its turn."""
-    exports = app.state.chargeback_exports
+    exports = current(app)[CHARGEBACK_EXPORTS]
     dropped = await exports.rows(whole_window(), None, "USD")
     del dropped
     gc.collect()
@@ -222,8 +225,9 @@ async def test_an_export_runs_on_a_connection_of_its_own_cut_off_at_its_timeout(
 ) -> None:
     """The export pool's connection (not the requests'): read-only, statements and idle transactions cut
     off at the export's timeout. Held up by a lock here, its statement is cancelled: 503 before any row."""
-    app.state.export_sessionmaker = build_sessionmaker(app.state.export_engine)
-    async with app.state.export_engine.connect() as export_connection:
+    context = current(app)
+    expose(app, replace(context, export_sessions=build_sessionmaker(context.export_engine)))
+    async with context.export_engine.connect() as export_connection:
         shown = [
             (await export_connection.execute(sa.text(f"SHOW {name}"))).scalar_one()
             for name in (
@@ -237,7 +241,7 @@ async def test_an_export_runs_on_a_connection_of_its_own_cut_off_at_its_timeout(
     cut_off = await api.client.get("/billing/chargeback", params=WINDOW, headers=bearer(api.tokens.admin))
 
     assert shown == ["500ms", "500ms", "on"]
-    assert app.state.export_engine.pool.size() == 1
+    assert context.export_engine.pool.size() == 1
     assert cut_off.status_code == 503
     assert "TIMEKEEPER_CHARGEBACK_EXPORT_TIMEOUT_SECONDS" in cut_off.json()["detail"]
 

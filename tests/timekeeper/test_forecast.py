@@ -3,6 +3,7 @@ included) runs out within the period; in the budget answers and as metrics."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -15,6 +16,7 @@ from tests.support.timekeeper import Api, ok
 from tests.timekeeper.conftest import START
 from tests.timekeeper.test_health import root_client, samples
 from tests.timekeeper.test_scheduler_jobs import run
+from timekeeper.app import current, expose
 from timekeeper.budgets.burn import attribute
 from timekeeper.budgets.forecast import forecast
 from timekeeper.clock import ManualClock
@@ -240,7 +242,9 @@ async def test_an_exhausted_namespace_keeps_its_state_and_forecasts_nothing_more
 async def test_time_folded_by_the_roll_up_still_counts_when_the_window_reaches_back_that_far(
     app: FastAPI, api: Api, clock: ManualClock
 ) -> None:
-    app.state.settings = app.state.settings.model_copy(update={"forecast_window_minutes": 8 * 24 * 60})
+    context = current(app)
+    window = {"forecast_window_minutes": 8 * 24 * 60}
+    expose(app, replace(context, settings=context.settings.model_copy(update=window)))
     ok(await api.put_budget("team-a", budget_gpu_minutes=100_000, period="none"))
     await Pod(api, clock, "team-a").runs(24 * 60)  # 24 hours of one GPU: 1,440 GPU-minutes
     clock.advance(timedelta(days=7))

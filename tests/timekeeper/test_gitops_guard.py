@@ -9,18 +9,19 @@ from fastapi import FastAPI
 
 from tests.support.timekeeper import Api, ok
 from tests.timekeeper.conftest import START
+from timekeeper.app import current
 from timekeeper.budgets.managed.repository import ManagedRepository, ObjectRef
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 async def claim(app: FastAPI, ref: ObjectRef) -> None:
-    async with app.state.sessionmaker() as session, session.begin():
+    async with current(app).sessions() as session, session.begin():
         await ManagedRepository(session).claim(ref, START)
 
 
 async def release(app: FastAPI, key: str) -> None:
-    async with app.state.sessionmaker() as session, session.begin():
+    async with current(app).sessions() as session, session.begin():
         await ManagedRepository(session).release(key)
 
 

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from tests.support.timekeeper import Api, bearer, ok
 from tests.timekeeper.conftest import START
+from timekeeper.app import current
 from timekeeper.clock import ManualClock
 from timekeeper.periodic.jobs import JOBS_BY_NAME, run_job
 
@@ -119,11 +120,11 @@ async def test_an_expired_grant_stops_counting_from_its_expiry(
     assert (grant["budget"]["state"], await snapshot_state(api, "team-a")) == ("in_budget", "in_budget")
 
     clock.advance(timedelta(minutes=59))
-    await run_job(JOBS_BY_NAME["states"], app.state.sessionmaker, app.state.settings, clock, "test")
+    await run_job(JOBS_BY_NAME["states"], current(app).sessions, current(app).settings, clock, "test")
     assert (await api.budget("team-a"))["granted_gpu_minutes"] == 50  # not yet
 
     clock.advance(timedelta(minutes=2))
-    result = await run_job(JOBS_BY_NAME["states"], app.state.sessionmaker, app.state.settings, clock, "t")
+    result = await run_job(JOBS_BY_NAME["states"], current(app).sessions, current(app).settings, clock, "t")
 
     assert result.detail == {"grants_expired_in": ["team-a"]}
     status = await api.budget("team-a")

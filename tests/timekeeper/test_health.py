@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import httpx
@@ -11,8 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.timekeeper import Api, ok
 from tests.timekeeper.conftest import START
-from timekeeper.app import create_app
+from timekeeper.app import create_app, current, expose, run_context
+from timekeeper.clock import ManualClock
 from timekeeper.db.session import build_engine, build_sessionmaker
+from timekeeper.metrics import METRICS
 from timekeeper.settings import Settings
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -40,7 +43,8 @@ async def test_readyz_answers_503_when_the_database_is_unreachable(
     app: FastAPI, client: httpx.AsyncClient
 ) -> None:
     unreachable = build_engine("postgresql+psycopg://nobody@127.0.0.1:1/none", pool_size=1)
-    app.state.sessionmaker = build_sessionmaker(unreachable)
+    sessions = build_sessionmaker(unreachable)
+    expose(app, replace(current(app), sessions=sessions, reads=sessions))
     try:
         response = await client.get("/readyz")
     finally:
@@ -70,10 +74,11 @@ async def test_metrics_count_reports_by_result_and_show_each_namespace(api: Api)
     assert scraped[("timekeeper_namespace_state", (("namespace", "team-a"), ("state", "exhausted")))] == 0
 
 
-async def test_two_apps_keep_separate_metrics(app: FastAPI, settings: Settings) -> None:
+async def test_two_apps_keep_separate_metrics(app: FastAPI, settings: Settings, clock: ManualClock) -> None:
     other = create_app(settings)
 
-    assert other.state.metrics.registry is not app.state.metrics.registry
+    async with run_context(other, settings, clock) as theirs:
+        assert theirs[METRICS].registry is not current(app)[METRICS].registry
 
 
 async def test_the_openapi_document_lists_the_v1_contract(app: FastAPI) -> None:

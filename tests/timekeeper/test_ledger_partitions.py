@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from tests.support.postgres import url_string
 from tests.support.timekeeper import Api, migrated_database, ok
 from tests.timekeeper.test_scheduler_jobs import run, scalar
-from timekeeper.app import create_app
+from timekeeper.app import create_app, current
 from timekeeper.clock import ManualClock
 from timekeeper.db.session import build_engine, build_sessionmaker
 from timekeeper.periodic.jobs import JOBS_BY_NAME, run_job
@@ -220,7 +220,7 @@ async def test_a_replica_creates_the_days_ahead_when_it_starts(own_database: URL
     settings = Settings(database_url=url_string(own_database), scheduler_enabled=False)
     app = create_app(settings, ManualClock(datetime(2031, 1, 1, 23, 59, tzinfo=UTC)))
 
-    async with app.router.lifespan_context(app), app.state.sessionmaker() as session:
+    async with app.router.lifespan_context(app), current(app).sessions() as session:
         found = {p.name for p in await partitions.partitions(session)}
 
     assert {f"usage_ledger_p2031010{day}" for day in range(1, 5)} <= found

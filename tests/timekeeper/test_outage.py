@@ -18,8 +18,9 @@ from sqlalchemy.engine import make_url
 
 from tests.support.throwaway_postgres import ThrowawayPostgres, throwaway_postgres
 from tests.support.timekeeper import Api, Tokens, bearer, migrate, ok, report_body
-from timekeeper.app import create_app
+from timekeeper.app import create_app, current
 from timekeeper.clock import ManualClock
+from timekeeper.metrics import METRICS
 from timekeeper.settings import Settings
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -54,7 +55,7 @@ def report(n: int) -> dict[str, object]:
 
 
 def database_up(app: FastAPI) -> float | None:
-    return app.state.metrics.registry.get_sample_value("timekeeper_database_up")
+    return current(app)[METRICS].registry.get_sample_value("timekeeper_database_up")
 
 
 async def test_an_outage_is_answered_503_logged_once_and_recovered_from(
@@ -183,7 +184,7 @@ async def test_metrics_answer_during_an_outage_with_the_last_budgets_and_their_a
     the last read and how old they are, and the reports refused meanwhile counted from 0."""
     ok(await api.put_budget("team-metrics", budget_gpu_minutes=50))
     assert (await api.client.get("/metrics")).status_code == 200
-    registry = app.state.metrics.registry
+    registry = current(app)[METRICS].registry
 
     def value(name: str, **labels: str) -> float | None:
         return registry.get_sample_value(name, labels)

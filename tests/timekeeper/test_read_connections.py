@@ -18,8 +18,9 @@ from sqlalchemy.engine import URL
 
 from tests.support.postgres import url_string
 from tests.support.timekeeper import Api, Tokens, bearer, migrated_database, ok, report_body
-from timekeeper.app import create_app
+from timekeeper.app import create_app, current
 from timekeeper.clock import ManualClock
+from timekeeper.metrics import METRICS
 from timekeeper.settings import Settings
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -78,7 +79,7 @@ async def test_read_connections_terminated_between_reads_cost_no_read(
     for _ in range(3):
         await api.budget("team-a")
     ok(await api.client.get("/namespaces", headers=bearer(api.tokens.reader)))
-    assert app.state.metrics.registry.get_sample_value("timekeeper_database_up") == 1
+    assert current(app)[METRICS].registry.get_sample_value("timekeeper_database_up") == 1
 
 
 async def test_a_pool_members_read_answers_its_pools_state(app: FastAPI, api: Api) -> None:
@@ -106,4 +107,4 @@ async def test_a_pool_members_read_answers_its_pools_state(app: FastAPI, api: Ap
     assert (budget["pool"], budget["state"], budget["used_gpu_minutes"]) == (pool, "exhausted", 0)
     assert listed[team_b] == budget
     assert listed[team_a]["state"] == snapshot[team_a]["state"] == snapshot[team_b]["state"] == "exhausted"
-    assert app.state.engine.sync_engine.pool.checkedout() == 0
+    assert current(app).engine.sync_engine.pool.checkedout() == 0

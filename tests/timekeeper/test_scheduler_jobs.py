@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tests.support.timekeeper import Api, ok
+from timekeeper.app import current
 from timekeeper.clock import ManualClock
 from timekeeper.periodic.jobs import JOBS_BY_NAME, JobResult, floor_to, run_job
 
@@ -22,8 +23,8 @@ APRIL_1 = datetime(2026, 4, 1, 0, 0, 30, tzinfo=UTC)
 
 
 async def run(app: FastAPI, job: str) -> JobResult:
-    state = app.state
-    return await run_job(JOBS_BY_NAME[job], state.sessionmaker, state.settings, state.clock, "test-replica")
+    context = current(app)
+    return await run_job(JOBS_BY_NAME[job], context.sessions, context.settings, context.clock, "test-replica")
 
 
 async def scalar(connection: AsyncConnection, sql: str, **params: Any) -> Any:
@@ -161,7 +162,7 @@ async def test_every_state_transition_is_an_event_and_the_sweep_publishes_a_new_
     clock.set(APRIL_1)
     swept = await run(app, "states")
 
-    assert swept.window == floor_to(APRIL_1, app.state.settings.states_interval)
+    assert swept.window == floor_to(APRIL_1, current(app).settings.states_interval)
     assert (await events(connection, "team-a"))[-2:] == [("in_budget", "warning"), ("warning", "in_budget")]
     assert await version(connection) == before + 1
     assert (await run(app, "states")).detail is None  # same window
@@ -195,7 +196,7 @@ async def running(connection: AsyncConnection) -> list[str]:
 async def test_pods_that_stopped_reporting_are_closed_out(
     api: Api, app: FastAPI, clock: ManualClock, connection: AsyncConnection
 ) -> None:
-    settings = app.state.settings
+    settings = current(app).settings
     silence = settings.report_interval * settings.closeout_after_intervals
     start = clock.now()
     earlier = start - timedelta(minutes=1)
@@ -215,7 +216,7 @@ async def test_pods_that_stopped_reporting_are_closed_out(
 async def test_a_pod_just_inside_the_silence_threshold_keeps_running(
     api: Api, app: FastAPI, clock: ManualClock, connection: AsyncConnection
 ) -> None:
-    settings = app.state.settings
+    settings = current(app).settings
     ok(await api.report(pod="slow", pod_uid="uid-slow", seq=1, start=clock.now() - timedelta(minutes=1)))
     clock.advance(settings.report_interval * settings.closeout_after_intervals - timedelta(seconds=1))
 

@@ -13,6 +13,7 @@ import pytest
 from fastapi import FastAPI
 
 from tests.support.timekeeper import Api, ok
+from timekeeper.app import current
 from timekeeper.clock import ManualClock
 from timekeeper.reconcile.repository import ReconcileRepository
 
@@ -55,7 +56,7 @@ async def test_a_workloads_usage_is_exactly_the_sum_of_its_pods(api: Api, app: F
             )
             ok(report)
             start += timedelta(minutes=minutes)
-    async with app.state.sessionmaker() as session, session.begin():
+    async with current(app).sessions() as session, session.begin():
         named = {f"uid-{pod}": workload for pod, (workload, _, _) in PODS.items() if workload}
         assert await ReconcileRepository(session).record_workloads(named) == set(named)
 

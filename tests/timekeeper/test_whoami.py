@@ -4,6 +4,7 @@ only what the caller may use; it authenticates like every other read."""
 from __future__ import annotations
 
 import secrets
+from dataclasses import replace
 
 import pytest
 from fastapi import FastAPI
@@ -12,6 +13,7 @@ from sqlalchemy.engine import URL
 
 from tests.support.postgres import url_string
 from tests.support.timekeeper import Api, Tokens, bearer, ok, sha256
+from timekeeper.app import current, expose
 from timekeeper.clock import ManualClock
 from timekeeper.settings import Settings
 
@@ -79,7 +81,8 @@ async def test_an_unauthenticated_caller_is_refused(api: Api, token: str | None)
 
 
 async def test_anonymous_may_ask_when_anonymous_reads_are_on(api: Api, app: FastAPI) -> None:
-    app.state.settings = app.state.settings.model_copy(update={"anonymous_read": True})
+    context = current(app)
+    expose(app, replace(context, settings=context.settings.model_copy(update={"anonymous_read": True})))
 
     me = await whoami(api, None, namespace="team-a")
 

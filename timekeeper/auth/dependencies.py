@@ -13,10 +13,15 @@ from starlette.requests import HTTPConnection
 
 from gpuaccounting.names import PROXIED_AUTHORIZATION_HEADER
 from timekeeper.auth.base import AccessControl, Action, Principal
+from timekeeper.auth.digests import TokenDigests
 from timekeeper.auth.scope import readable_namespaces
+from timekeeper.context import Context, ContextDep, Slot, context_of
 from timekeeper.errors import TimekeeperError
 
 ANONYMOUS = Principal(name="anonymous")
+# The context's slots this floor owns (timekeeper/context.py): who may do what, and the metrics tokens.
+ACCESS: Slot[AccessControl] = Slot("access")
+METRICS_TOKENS: Slot[TokenDigests] = Slot("metrics_tokens")
 
 
 class _Bearer(HTTPBearer):
@@ -40,10 +45,10 @@ _bearer = _Bearer(auto_error=False, description="A static token, or a Kubernetes
 _UNAUTHENTICATED = {"WWW-Authenticate": "Bearer"}
 
 
-async def authorize(request: Request, principal: Principal, action: Action, namespace: str | None) -> None:
-    access: AccessControl = request.app.state.access
+async def authorize(context: Context, principal: Principal, action: Action, namespace: str | None) -> None:
+    access = context[ACCESS]
     if principal is ANONYMOUS:
-        if action is Action.READ and request.app.state.settings.anonymous_read:
+        if action is Action.READ and context.settings.anonymous_read:
             return
         raise TimekeeperError("authentication required", 401, _UNAUTHENTICATED)
     if not await access.authorize(principal, action, namespace):
@@ -55,7 +60,7 @@ async def _principal(
 ) -> Principal:
     if credentials is None:
         return ANONYMOUS
-    principal = await request.app.state.access.authenticate(credentials.credentials)
+    principal = await context_of(request)[ACCESS].authenticate(credentials.credentials)
     if principal is None:
         raise TimekeeperError("token not accepted", 401, _UNAUTHENTICATED)
     return principal
@@ -81,7 +86,7 @@ def require(action: Action) -> Callable[..., Awaitable[Principal]]:
     action, so a route that needs it twice (its endpoint, its strict_body) authorizes once."""
 
     async def dependency(request: Request, principal: AuthenticatedPrincipal) -> Principal:
-        await authorize(request, principal, action, request.path_params.get("namespace"))
+        await authorize(context_of(request), principal, action, request.path_params.get("namespace"))
         return principal
 
     return dependency
@@ -91,25 +96,26 @@ Reader = Annotated[Principal, Depends(require(Action.READ))]
 Admin = Annotated[Principal, Depends(require(Action.ADMIN))]
 
 
-async def read_scope(request: Request, principal: AuthenticatedPrincipal) -> frozenset[str] | None:
+async def read_scope(context: ContextDep, principal: AuthenticatedPrincipal) -> frozenset[str] | None:
     """Which namespaces a listing may show the caller: a scoped credential's own; (None) every namespace,
     for a caller that may read cluster-wide; else the known namespaces it may read one by one, possibly
     none (an empty list, not a 403: the listing answers "what may I read", and "nothing" is an answer)."""
     if principal.namespaces is not None:
         return principal.namespaces
     if principal is ANONYMOUS:
-        await authorize(request, principal, Action.READ, None)  # 401 unless anonymous reads are on
+        await authorize(context, principal, Action.READ, None)  # 401 unless anonymous reads are on
         return None
-    if await request.app.state.access.authorize(principal, Action.READ, None):
+    if await context[ACCESS].authorize(principal, Action.READ, None):
         return None
-    return await readable_known_namespaces(request, principal)
+    return await readable_known_namespaces(context, principal)
 
 
-async def readable_known_namespaces(request: Request, principal: Principal) -> frozenset[str]:
+async def readable_known_namespaces(context: Context, principal: Principal) -> frozenset[str]:
     """The known namespaces `principal` may read, one authorization each (timekeeper/auth/scope.py)."""
-    state = request.app.state
-    known = await state.known_namespaces()  # the app's: budgets.states.repository.known_namespaces
-    return await readable_namespaces(state.access, principal, known, state.settings.read_scope_concurrency)
+    known = await context.known_namespaces(context.sessions)  # budgets.states.repository.known_namespaces
+    return await readable_namespaces(
+        context[ACCESS], principal, known, context.settings.read_scope_concurrency
+    )
 
 
 ReadScope = Annotated[frozenset[str] | None, Depends(read_scope)]
@@ -120,11 +126,12 @@ async def _metrics_access(
 ) -> None:
     """`TIMEKEEPER_METRICS_AUTH=token`: a metrics token, or a credential that may read every namespace
     (the scrape shows them all)."""
-    if request.app.state.settings.metrics_auth == "open":
+    context = context_of(request)
+    if context.settings.metrics_auth == "open":
         return
-    if credentials is not None and request.app.state.metrics_tokens.match(credentials.credentials):
+    if credentials is not None and context[METRICS_TOKENS].match(credentials.credentials):
         return
-    await authorize(request, await _principal(request, credentials), Action.READ, None)
+    await authorize(context, await _principal(request, credentials), Action.READ, None)
 
 
 MetricsAccess = Depends(_metrics_access)

@@ -6,12 +6,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
 from gpuaccounting.names import DNS_LABEL
-from timekeeper.auth.base import AccessControl, Action, Principal
-from timekeeper.auth.dependencies import ANONYMOUS, AuthenticatedPrincipal, authorize
+from timekeeper.auth.base import Action, Principal
+from timekeeper.auth.dependencies import ACCESS, ANONYMOUS, AuthenticatedPrincipal, authorize
+from timekeeper.context import Context, ContextDep
 
 router = APIRouter(tags=["auth"])
 
@@ -37,36 +38,35 @@ class WhoAmIOut(BaseModel):
     namespace: NamespaceAccessOut | None = None
 
 
-async def _may(request: Request, principal: Principal, action: Action, namespace: str | None) -> bool:
+async def _may(context: Context, principal: Principal, action: Action, namespace: str | None) -> bool:
     if principal is ANONYMOUS:
-        return action is Action.READ and bool(request.app.state.settings.anonymous_read)
-    access: AccessControl = request.app.state.access
-    return await access.authorize(principal, action, namespace)
+        return action is Action.READ and bool(context.settings.anonymous_read)
+    return await context[ACCESS].authorize(principal, action, namespace)
 
 
 @router.get("/whoami", response_model=WhoAmIOut)
 async def whoami(
-    request: Request,
+    context: ContextDep,
     principal: AuthenticatedPrincipal,
     namespace: Annotated[str | None, Query(min_length=1, max_length=63, pattern=DNS_LABEL)] = None,
 ) -> WhoAmIOut:
     """Anonymous callers are refused (401) unless anonymous reads are on; a token not accepted is 401."""
     if principal is ANONYMOUS:
-        await authorize(request, principal, Action.READ, namespace)
+        await authorize(context, principal, Action.READ, namespace)
     scoped = principal.namespaces
     answer = WhoAmIOut(
         name=principal.name,
         anonymous=principal is ANONYMOUS,
-        auth_mode=request.app.state.settings.auth_mode,
-        now=request.app.state.clock.now(),
-        may_read_all=scoped is None and await _may(request, principal, Action.READ, None),
-        may_administer=scoped is None and await _may(request, principal, Action.ADMIN, None),
+        auth_mode=context.settings.auth_mode,
+        now=context.clock.now(),
+        may_read_all=scoped is None and await _may(context, principal, Action.READ, None),
+        may_administer=scoped is None and await _may(context, principal, Action.ADMIN, None),
         namespaces=None if scoped is None else sorted(scoped),
     )
     if namespace is not None:
         answer.namespace = NamespaceAccessOut(
             namespace=namespace,
-            may_read=await _may(request, principal, Action.READ, namespace),
-            may_administer=await _may(request, principal, Action.ADMIN, namespace),
+            may_read=await _may(context, principal, Action.READ, namespace),
+            may_administer=await _may(context, principal, Action.ADMIN, namespace),
         )
     return answer

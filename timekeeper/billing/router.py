@@ -10,6 +10,7 @@ from fastapi.responses import StreamingResponse
 from timekeeper.auth.dependencies import Admin, Reader, ReadScope
 from timekeeper.billing.chargeback import (
     BucketKind,
+    ChargebackExports,
     ExportFormat,
     as_csv,
     as_json,
@@ -26,6 +27,7 @@ from timekeeper.billing.schemas import (
     WeightsOut,
 )
 from timekeeper.billing.service import BillingService
+from timekeeper.context import ContextDep, Slot
 from timekeeper.db.session import SessionDep
 from timekeeper.domain.periods import PeriodKind, period_containing
 from timekeeper.routing import admin_body
@@ -33,63 +35,69 @@ from timekeeper.schemas import BODY_ERRORS, NamespacePath, Timestamp, error_resp
 
 router = APIRouter(prefix="/billing", tags=["billing"])
 namespaced = APIRouter(tags=["billing"])
+# The context's slot this domain owns (timekeeper/context.py).
+CHARGEBACK_EXPORTS: Slot[ChargebackExports] = Slot("chargeback_exports")
 
 
-def _service(request: Request, session: SessionDep) -> BillingService:
-    return BillingService(session, request.app.state.settings, request.app.state.clock)
+async def _service(context: ContextDep, session: SessionDep) -> BillingService:
+    return BillingService(session, context.settings, context.clock)
 
 
-Service = Annotated[BillingService, Depends(_service)]
+BillingServiceDep = Annotated[BillingService, Depends(_service)]
 WeightBody = Annotated[WeightIn, admin_body(WeightIn)]
 PriceBody = Annotated[PriceIn, admin_body(PriceIn)]
 ChargeBasisBody = Annotated[ChargeBasisIn, admin_body(ChargeBasisIn)]
 
 
 @router.get("/weights", response_model=WeightsOut)
-async def list_weights(service: Service, _: Reader) -> WeightsOut:
+async def list_weights(service: BillingServiceDep, _: Reader) -> WeightsOut:
     """The weights in force (a GPU model not listed counts 1) and the changes set for later."""
     return await service.weights()
 
 
 @router.put("/weights/{model}", response_model=WeightOut, responses=BODY_ERRORS)
-async def put_weight(model: ModelPath, body: WeightBody, service: Service, admin: Admin) -> WeightOut:
+async def put_weight(
+    model: ModelPath, body: WeightBody, service: BillingServiceDep, admin: Admin
+) -> WeightOut:
     """A GPU-minute on `model` counts `weight` from `effective_from` on; earlier time keeps its weight."""
     return await service.set_weight(model, body, admin)
 
 
 @router.delete("/weights/{model}", response_model=WeightOut, responses=error_responses(404))
-async def reset_weight(model: ModelPath, service: Service, admin: Admin) -> WeightOut:
+async def reset_weight(model: ModelPath, service: BillingServiceDep, admin: Admin) -> WeightOut:
     return await service.reset_weight(model, admin)
 
 
 @router.get("/prices", response_model=list[PriceOut])
-async def list_prices(service: Service, _: Reader) -> list[PriceOut]:
+async def list_prices(service: BillingServiceDep, _: Reader) -> list[PriceOut]:
     return await service.prices()
 
 
 @router.put("/prices/{model}", response_model=PriceOut, responses=BODY_ERRORS)
-async def put_price(model: ModelPath, body: PriceBody, service: Service, admin: Admin) -> PriceOut:
+async def put_price(model: ModelPath, body: PriceBody, service: BillingServiceDep, admin: Admin) -> PriceOut:
     return await service.set_price(model, body, admin)
 
 
 @router.delete("/prices/{model}", status_code=204, responses=error_responses(404))
-async def delete_price(model: ModelPath, service: Service, admin: Admin) -> Response:
+async def delete_price(model: ModelPath, service: BillingServiceDep, admin: Admin) -> Response:
     await service.delete_price(model, admin)
     return Response(status_code=204)
 
 
 @router.get("/charge-basis", response_model=ChargeBasisOut)
-async def get_cluster_basis(service: Service, _: Reader) -> ChargeBasisOut:
+async def get_cluster_basis(service: BillingServiceDep, _: Reader) -> ChargeBasisOut:
     return await service.basis(None)
 
 
 @router.put("/charge-basis", response_model=ChargeBasisOut, responses=BODY_ERRORS)
-async def put_cluster_basis(body: ChargeBasisBody, service: Service, admin: Admin) -> ChargeBasisOut:
+async def put_cluster_basis(
+    body: ChargeBasisBody, service: BillingServiceDep, admin: Admin
+) -> ChargeBasisOut:
     return await service.set_basis(None, body, admin)
 
 
 @router.delete("/charge-basis", response_model=ChargeBasisOut, responses=error_responses(404))
-async def delete_cluster_basis(service: Service, admin: Admin) -> ChargeBasisOut:
+async def delete_cluster_basis(service: BillingServiceDep, admin: Admin) -> ChargeBasisOut:
     return await service.delete_basis(None, admin)
 
 
@@ -109,6 +117,7 @@ _CSV = "text/csv"
 )
 async def export_chargeback(
     request: Request,
+    context: ContextDep,
     scope: ReadScope,
     since: Timestamp | None = None,
     until: Timestamp | None = None,
@@ -118,10 +127,10 @@ async def export_chargeback(
     """Per period (clipped to [since, until); default: this month so far), namespace and GPU model: raw
     and charged GPU-minutes, mean utilisation, price and cost. `?format=csv` or `Accept: text/csv` for
     CSV. Each row equals the usage API's answer by model for that namespace and period."""
-    settings, now = request.app.state.settings, request.app.state.clock.now()
+    settings, now = context.settings, context.clock.now()
     span = chargeback_range(period, since or period_containing(PeriodKind(period), now).start, until or now)
     namespaces = None if scope is None else sorted(scope)
-    rows = await request.app.state.chargeback_exports.rows(span, namespaces, settings.billing_currency)
+    rows = await context[CHARGEBACK_EXPORTS].rows(span, namespaces, settings.billing_currency)
     wanted = export_format or ("csv" if _CSV in request.headers.get("accept", "") else "json")
     if wanted == "csv":
         return StreamingResponse(
@@ -133,7 +142,7 @@ async def export_chargeback(
 
 
 @namespaced.get("/namespaces/{namespace}/charge-basis", response_model=ChargeBasisOut)
-async def get_basis(namespace: NamespacePath, service: Service, _: Reader) -> ChargeBasisOut:
+async def get_basis(namespace: NamespacePath, service: BillingServiceDep, _: Reader) -> ChargeBasisOut:
     return await service.basis(namespace)
 
 
@@ -141,7 +150,7 @@ async def get_basis(namespace: NamespacePath, service: Service, _: Reader) -> Ch
 async def put_basis(
     namespace: NamespacePath,
     body: ChargeBasisBody,
-    service: Service,
+    service: BillingServiceDep,
     admin: Admin,
 ) -> ChargeBasisOut:
     return await service.set_basis(namespace, body, admin)
@@ -150,6 +159,6 @@ async def put_basis(
 @namespaced.delete(
     "/namespaces/{namespace}/charge-basis", response_model=ChargeBasisOut, responses=error_responses(404)
 )
-async def delete_basis(namespace: NamespacePath, service: Service, admin: Admin) -> ChargeBasisOut:
+async def delete_basis(namespace: NamespacePath, service: BillingServiceDep, admin: Admin) -> ChargeBasisOut:
     """The namespace follows the cluster's basis again."""
     return await service.delete_basis(namespace, admin)

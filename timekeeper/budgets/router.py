@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Path, Query, Response
 from pydantic import TypeAdapter
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -18,18 +18,19 @@ from timekeeper.budgets.schemas import (
     NamespaceBudgetOut,
 )
 from timekeeper.budgets.service import BudgetReads, BudgetService
-from timekeeper.db.session import SessionDep, read
+from timekeeper.context import ContextDep
+from timekeeper.db.session import ReadsDep, SessionDep
 from timekeeper.routing import admin_body
 from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
 
 router = APIRouter(tags=["budgets"])
 
 
-def _service(request: Request, session: SessionDep) -> BudgetService:
-    return BudgetService(session, request.app.state.settings, request.app.state.clock)
+async def _service(context: ContextDep, session: SessionDep) -> BudgetService:
+    return BudgetService(session, context.settings, context.clock)
 
 
-Service = Annotated[BudgetService, Depends(_service)]
+BudgetServiceDep = Annotated[BudgetService, Depends(_service)]
 BudgetBody = Annotated[BudgetIn, admin_body(BudgetIn)]
 GrantBody = Annotated[GrantIn, admin_body(GrantIn)]
 BIGINT_MAX = 2**63 - 1  # ids are bigints
@@ -38,25 +39,22 @@ _STATUSES = TypeAdapter(list[NamespaceBudgetOut])
 
 
 @router.get("/namespaces", response_model=list[NamespaceBudgetOut])
-async def list_namespaces(request: Request, scope: ReadScope) -> Response:
+async def list_namespaces(context: ContextDep, reads: ReadsDep, scope: ReadScope) -> Response:
     """Every known namespace; for a credential scoped to namespaces, exactly those."""
-    state = request.app.state
 
     async def statuses_of(session: AsyncSession) -> list[NamespaceBudgetOut]:
-        reads = BudgetReads(session, state.settings, state.clock)
-        return await reads.all() if scope is None else await reads.some(sorted(scope))
+        budgets = BudgetReads(session, context.settings, context.clock)
+        return await budgets.all() if scope is None else await budgets.some(sorted(scope))
 
-    statuses = await read(state.read_sessionmaker, statuses_of)
+    statuses = await reads(statuses_of)
     return Response(_STATUSES.dump_json(statuses), media_type="application/json")
 
 
 @router.get("/namespaces/{namespace}/budget", response_model=NamespaceBudgetOut)
-async def get_budget(request: Request, namespace: NamespacePath, _: Reader) -> Response:
+async def get_budget(context: ContextDep, reads: ReadsDep, namespace: NamespacePath, _: Reader) -> Response:
     """One namespace's budget status (any namespace has one: an unknown one is on the default, unused)."""
-    state = request.app.state
-    status = await read(
-        state.read_sessionmaker,
-        lambda session: BudgetReads(session, state.settings, state.clock).status(namespace),
+    status = await reads(
+        lambda session: BudgetReads(session, context.settings, context.clock).status(namespace)
     )
     return Response(status.model_dump_json(), media_type="application/json")
 
@@ -69,7 +67,7 @@ async def get_budget(request: Request, namespace: NamespacePath, _: Reader) -> R
 async def put_budget(
     namespace: NamespacePath,
     body: BudgetBody,
-    service: Service,
+    service: BudgetServiceDep,
     admin: Admin,
 ) -> NamespaceBudgetOut:
     await service.refuse_if_managed(namespace)
@@ -79,18 +77,20 @@ async def put_budget(
 @router.delete(
     "/namespaces/{namespace}/budget", response_model=NamespaceBudgetOut, responses=error_responses(404, 409)
 )
-async def delete_budget(namespace: NamespacePath, service: Service, admin: Admin) -> NamespaceBudgetOut:
+async def delete_budget(
+    namespace: NamespacePath, service: BudgetServiceDep, admin: Admin
+) -> NamespaceBudgetOut:
     await service.refuse_if_managed(namespace)
     return await service.delete(namespace, admin)
 
 
 @router.get("/defaults", response_model=BudgetConfigOut)
-async def get_defaults(service: Service, _: Admin) -> BudgetConfigOut:
+async def get_defaults(service: BudgetServiceDep, _: Admin) -> BudgetConfigOut:
     return await service.default()
 
 
 @router.put("/defaults", response_model=BudgetConfigOut, responses={**BODY_ERRORS, **error_responses(409)})
-async def put_defaults(body: BudgetBody, service: Service, admin: Admin) -> BudgetConfigOut:
+async def put_defaults(body: BudgetBody, service: BudgetServiceDep, admin: Admin) -> BudgetConfigOut:
     await service.refuse_if_managed(None)
     return await service.put_default(body, admin)
 
@@ -98,14 +98,16 @@ async def put_defaults(body: BudgetBody, service: Service, admin: Admin) -> Budg
 @router.post(
     "/namespaces/{namespace}/grants", response_model=GrantOut, status_code=201, responses=BODY_ERRORS
 )
-async def create_grant(namespace: NamespacePath, body: GrantBody, service: Service, admin: Admin) -> GrantOut:
+async def create_grant(
+    namespace: NamespacePath, body: GrantBody, service: BudgetServiceDep, admin: Admin
+) -> GrantOut:
     return await service.grant(namespace, body, admin)
 
 
 @router.get("/namespaces/{namespace}/grants", response_model=list[GrantEntryOut])
 async def list_grants(
     namespace: NamespacePath,
-    service: Service,
+    service: BudgetServiceDep,
     _: Reader,
     before_id: Annotated[int | None, Query(ge=1, le=BIGINT_MAX)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
@@ -120,7 +122,7 @@ async def list_grants(
 async def revoke_grant(
     namespace: NamespacePath,
     grant_id: Annotated[int, Path(ge=1, le=BIGINT_MAX)],
-    service: Service,
+    service: BudgetServiceDep,
     admin: Admin,
 ) -> GrantOut:
     """The grant stops counting from now. Revoking it again answers it unchanged."""

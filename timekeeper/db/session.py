@@ -1,5 +1,7 @@
-"""Engine construction, the request-scoped session and `transaction`: the one place that commits or rolls
-back (requests and the report batcher both go through it)."""
+"""Engine construction, the request's sessions and `transaction`: the one place that commits or rolls
+back (requests and the report batcher both go through it). A route gets a write session with
+`SessionDep` and reads with `ReadsDep` (autocommit, retried once on a closed connection), both from the
+context (timekeeper/context.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ from contextlib import asynccontextmanager
 from typing import Annotated, TypeVar
 
 import sqlalchemy as sa
-from fastapi import Depends, Request
+from fastapi import Depends
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
+from timekeeper.context import ContextDep
 from timekeeper.db.embedded import embedded_database_url
 from timekeeper.settings import Settings
 
@@ -96,11 +99,29 @@ async def transaction(sessions: Callable[[], AsyncSession]) -> AsyncIterator[Asy
         await session.commit()
 
 
-async def _session(request: Request) -> AsyncIterator[AsyncSession]:
-    async with transaction(request.app.state.sessionmaker) as session:
+class Reads:
+    """Runs reads in sessions of one sessionmaker, each through `read` (its retry included)."""
+
+    __slots__ = ("sessions",)
+
+    def __init__(self, sessions: Callable[[], AsyncSession]) -> None:
+        self.sessions = sessions
+
+    async def __call__(self, work: Callable[[AsyncSession], Awaitable[T]]) -> T:
+        return await read(self.sessions, work)
+
+
+async def _session(context: ContextDep) -> AsyncIterator[AsyncSession]:
+    async with transaction(context.sessions) as session:
         yield session
+
+
+async def _reads(context: ContextDep) -> Reads:
+    return Reads(context.reads)
 
 
 # scope="function": the commit happens when the endpoint returns, before the answer is sent, so an
 # acknowledged report is a committed one.
 SessionDep = Annotated[AsyncSession, Depends(_session, scope="function")]
+# Reads in autocommit, without a transaction's BEGIN and COMMIT (build_read_sessionmaker).
+ReadsDep = Annotated[Reads, Depends(_reads)]

@@ -8,15 +8,13 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
-from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -263,35 +261,3 @@ async def build_runner(
         work.services,
         work.collectors,
     )
-
-
-def with_scheduler(
-    lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]],
-    leader_work: BuildLeaderWork | None = None,
-) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
-    """The app's lifespan, plus (when scheduler_enabled) this replica competing to run the jobs, on the
-    engine and sessionmaker the lifespan built; app.state.scheduler is the runner (or None)."""
-
-    @asynccontextmanager
-    async def scheduled(app: FastAPI) -> AsyncIterator[None]:
-        async with lifespan(app):
-            settings: Settings = app.state.settings
-            runner = None
-            if settings.scheduler_enabled:
-                runner = await build_runner(
-                    app.state.engine.url.render_as_string(hide_password=False),
-                    app.state.sessionmaker,
-                    settings,
-                    app.state.clock,
-                    app.state.metrics.registry,
-                    leader_work,
-                )
-                runner.start()
-            app.state.scheduler = runner
-            try:
-                yield
-            finally:
-                if runner is not None:
-                    await runner.stop()
-
-    return scheduled

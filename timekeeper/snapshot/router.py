@@ -4,15 +4,25 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Response
 
 from timekeeper.auth.dependencies import Reader
-from timekeeper.db.session import SessionDep, read
+from timekeeper.context import ContextDep, Slot
+from timekeeper.db.session import ReadsDep, SessionDep
 from timekeeper.schemas import NamespacePath, Timestamp
 from timekeeper.snapshot.schemas import BudgetEventOut
-from timekeeper.snapshot.service import SnapshotService
+from timekeeper.snapshot.service import SnapshotCache, SnapshotService
 
 router = APIRouter(tags=["admission"])
+# The context's slot this domain owns (timekeeper/context.py).
+SNAPSHOT_CACHE: Slot[SnapshotCache] = Slot("snapshot_cache")
+
+
+async def _service(context: ContextDep, session: SessionDep) -> SnapshotService:
+    return SnapshotService(session, context.settings)
+
+
+SnapshotServiceDep = Annotated[SnapshotService, Depends(_service)]
 
 
 def _etag(version: int) -> str:
@@ -27,7 +37,8 @@ def _etag(version: int) -> str:
     },
 )
 async def admission_state(
-    request: Request,
+    context: ContextDep,
+    reads: ReadsDep,
     _: Reader,
     if_none_match: Annotated[
         str | None, Header(description="the ETag of the snapshot the caller holds")
@@ -40,14 +51,12 @@ async def admission_state(
         if if_none_match is None
         else {tag.strip().removeprefix("W/") for tag in if_none_match.split(",")}
     )
-    state = request.app.state
-    version, body = await read(
-        state.read_sessionmaker,
-        lambda session: SnapshotService(session, state.settings).snapshot_json(
-            state.clock.now(),
+    version, body = await reads(
+        lambda session: SnapshotService(session, context.settings).snapshot_json(
+            context.clock.now(),
             lambda version: _etag(version) in known,
-            cache=state.snapshot_cache,
-            source=state.read_sessionmaker,
+            cache=context[SNAPSHOT_CACHE],
+            source=context.reads,
         ),
     )
     if body is None:
@@ -57,9 +66,8 @@ async def admission_state(
 
 @router.get("/namespaces/{namespace}/budget/events", response_model=list[BudgetEventOut])
 async def budget_events(
-    request: Request,
     namespace: NamespacePath,
-    session: SessionDep,
+    service: SnapshotServiceDep,
     _: Reader,
     since: Timestamp | None = None,
     before_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,  # a bigint id
@@ -67,6 +75,5 @@ async def budget_events(
 ) -> list[BudgetEventOut]:
     """The namespace's budget-state transitions (whichever path made them: a report, an admin change,
     a job), newest first; page with before_id."""
-    service = SnapshotService(session, request.app.state.settings)
     rows = await service.events(namespace, since, limit, before_id)
     return [BudgetEventOut.model_validate(row, from_attributes=True) for row in rows]

@@ -18,12 +18,14 @@ from timekeeper.auth.dependencies import (
     authorize,
     check_pod_identity,
 )
+from timekeeper.context import Context, ContextDep, Slot, context_of
 from timekeeper.db.session import SessionDep
 from timekeeper.domain.measurements import GroupBy
-from timekeeper.metrics import Metrics
+from timekeeper.metrics import METRICS
 from timekeeper.refusals import REFUSALS
 from timekeeper.routing import json_body, reads_body
 from timekeeper.schemas import BODY_ERRORS, NamespacePath, Timestamp, error_responses
+from timekeeper.usage.batcher import IngestBatcher
 from timekeeper.usage.efficiency import EfficiencyService
 from timekeeper.usage.schemas import EfficiencyOut, IdleReportOut, ReportAck, ReportIn, UsageOut
 from timekeeper.usage.service import AdmittedShareUnknown, IngestOutcome, UsageService, check_report
@@ -32,12 +34,23 @@ if TYPE_CHECKING:
     from timekeeper.usage.admitted import PodShares
 
 router = APIRouter(tags=["usage"])
+# The context's slots this domain owns (timekeeper/context.py): the batcher, and the pods' admitted
+# shares read from Kubernetes (None unless settings.admitted_share_from_pod).
+INGEST: Slot[IngestBatcher] = Slot("ingest")
+POD_SHARES: Slot[PodShares | None] = Slot("pod_shares")
+
+
+async def _service(context: ContextDep, session: SessionDep) -> UsageService:
+    return UsageService(session, context.settings, context.clock)
+
+
+UsageServiceDep = Annotated[UsageService, Depends(_service)]
 
 
 async def _report_metrics(request: Request) -> AsyncIterator[None]:
     """Counts a refused report, whatever refused it (authorization, validation, limits, an outage), and
     times an accepted one."""
-    metrics: Metrics = request.app.state.metrics
+    metrics = context_of(request)[METRICS]
     started = time.perf_counter()
     try:
         yield
@@ -60,23 +73,23 @@ async def _sent_report(request: Request, sender: Reporter) -> SentReport:
     """The body, read once the sender is authenticated (401 before any 422), then authorized for the
     report's namespace and, for a credential bound to a pod, that pod."""
     report = await json_body(request, ReportIn)
-    await authorize(request, sender, Action.REPORT, report.namespace)
+    await authorize(context_of(request), sender, Action.REPORT, report.namespace)
     check_pod_identity(sender, report.namespace, report.pod, report.pod_uid)
     return SentReport(sender, report)
 
 
-async def charge_report(request: Request, principal: Principal, report: ReportIn) -> IngestOutcome:
+async def charge_report(context: Context, principal: Principal, report: ReportIn) -> IngestOutcome:
     """The report charged in its batch. A pod whose admitted share the pods table does not hold yet (its
     first report, in Kubernetes auth mode) has it read from the pod, off the batch, and the report
     submitted again with it: the pods table keeps it, so later reports cost no read."""
-    state = request.app.state
+    ingest = context[INGEST]
     try:
-        return await state.ingest.submit(report)
+        return await ingest.submit(report)
     except AdmittedShareUnknown:
-        shares: PodShares | None = state.pod_shares
+        shares = context[POD_SHARES]
         if shares is None or principal.pod is None:
             raise
-        return await state.ingest.submit(report, await shares.admitted(principal.pod))
+        return await ingest.submit(report, await shares.admitted(principal.pod))
 
 
 @router.post(
@@ -90,41 +103,40 @@ async def post_report(request: Request, sent: Annotated[SentReport, Depends(_sen
     `gpu_share` only where none is known: static auth mode). A retry of the same (pod_uid, seq,
     interval) answers `duplicate: true` and charges nothing; time already charged is never charged
     again. Answered after the commit that made the charge durable."""
-    state = request.app.state
-    check_report(state.settings, sent.report, state.clock.now())
-    outcome = await charge_report(request, sent.sender, sent.report)
-    state.metrics.reports.labels(result="duplicate" if outcome.duplicate else "charged").inc()
+    context = context_of(request)
+    check_report(context.settings, sent.report, context.clock.now())
+    outcome = await charge_report(context, sent.sender, sent.report)
+    metrics = context[METRICS]
+    metrics.reports.labels(result="duplicate" if outcome.duplicate else "charged").inc()
     if outcome.share_differs:
-        state.metrics.share_mismatches.inc()
+        metrics.share_mismatches.inc()
     ack = ReportAck(duplicate=outcome.duplicate, gpu_minutes=outcome.gpu_minutes, state=outcome.state)
     return Response(ack.model_dump_json(), media_type="application/json")
 
 
 @router.get("/namespaces/{namespace}/usage", response_model=UsageOut)
 async def get_usage(
-    request: Request,
     namespace: NamespacePath,
-    session: SessionDep,
+    service: UsageServiceDep,
     _: Reader,
     since: Timestamp | None = None,
     until: Timestamp | None = None,
     group_by: Annotated[GroupBy, Query()] = "pod",
 ) -> UsageOut:
-    service = UsageService(session, request.app.state.settings, request.app.state.clock)
     return await service.usage(namespace, since, until, group_by)
 
 
-def _efficiency(request: Request, session: SessionDep) -> EfficiencyService:
-    return EfficiencyService(session, request.app.state.settings, request.app.state.clock)
+async def _efficiency(context: ContextDep, session: SessionDep) -> EfficiencyService:
+    return EfficiencyService(session, context.settings, context.clock)
 
 
-Efficiency = Annotated[EfficiencyService, Depends(_efficiency)]
+EfficiencyServiceDep = Annotated[EfficiencyService, Depends(_efficiency)]
 
 
 @router.get("/namespaces/{namespace}/efficiency", response_model=EfficiencyOut)
 async def get_efficiency(
     namespace: NamespacePath,
-    service: Efficiency,
+    service: EfficiencyServiceDep,
     _: Reader,
     since: Timestamp | None = None,
     until: Timestamp | None = None,
@@ -135,7 +147,7 @@ async def get_efficiency(
 
 
 @router.get("/idle-pods", response_model=IdleReportOut)
-async def get_idle_pods(service: Efficiency, scope: ReadScope) -> IdleReportOut:
+async def get_idle_pods(service: EfficiencyServiceDep, scope: ReadScope) -> IdleReportOut:
     """Running pods holding GPUs they barely use (settings idle_after, idle_below_sm_util_pct); for a
     credential scoped to namespaces, only theirs."""
     return await service.idle(None if scope is None else sorted(scope))

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Request, Response
+from fastapi import APIRouter, Depends, Path, Response
 
 from timekeeper.auth.dependencies import Admin, Reader, ReadScope
 from timekeeper.budgets.pools.schemas import PoolIn, PoolOut
 from timekeeper.budgets.pools.service import PoolService
+from timekeeper.context import ContextDep
 from timekeeper.db.session import SessionDep
 from timekeeper.errors import TimekeeperError
 from timekeeper.routing import admin_body
@@ -18,22 +19,22 @@ router = APIRouter(tags=["pools"])
 PoolPath = Annotated[str, Path(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
 
 
-def _service(request: Request, session: SessionDep) -> PoolService:
-    return PoolService(session, request.app.state.settings, request.app.state.clock)
+async def _service(context: ContextDep, session: SessionDep) -> PoolService:
+    return PoolService(session, context.settings, context.clock)
 
 
-Service = Annotated[PoolService, Depends(_service)]
+PoolServiceDep = Annotated[PoolService, Depends(_service)]
 PoolBody = Annotated[PoolIn, admin_body(PoolIn)]
 
 
 @router.get("/pools", response_model=list[PoolOut])
-async def list_pools(service: Service, scope: ReadScope) -> list[PoolOut]:
+async def list_pools(service: PoolServiceDep, scope: ReadScope) -> list[PoolOut]:
     """Every pool; for a credential scoped to namespaces, the pools its namespaces are in."""
     return await service.visible(scope)
 
 
 @router.get("/pools/{name}", response_model=PoolOut, responses=error_responses(404))
-async def get_pool(name: PoolPath, service: Service, scope: ReadScope) -> PoolOut:
+async def get_pool(name: PoolPath, service: PoolServiceDep, scope: ReadScope) -> PoolOut:
     """A cluster-wide reader reads any pool; a scoped one only a pool one of its namespaces is in."""
     pool = await service.pool(name)
     if scope is not None and not any(member.namespace in scope for member in pool.members):
@@ -42,17 +43,17 @@ async def get_pool(name: PoolPath, service: Service, scope: ReadScope) -> PoolOu
 
 
 @router.put("/pools/{name}", response_model=PoolOut, responses=BODY_ERRORS | error_responses(409))
-async def put_pool(name: PoolPath, body: PoolBody, service: Service, admin: Admin) -> PoolOut:
+async def put_pool(name: PoolPath, body: PoolBody, service: PoolServiceDep, admin: Admin) -> PoolOut:
     return await service.put(name, body, admin)
 
 
 @router.delete("/pools/{name}", status_code=204, response_class=Response, responses=error_responses(404))
-async def delete_pool(name: PoolPath, service: Service, admin: Admin) -> Response:
+async def delete_pool(name: PoolPath, service: PoolServiceDep, admin: Admin) -> Response:
     await service.delete(name, admin)
     return Response(status_code=204)
 
 
 @router.get("/namespaces/{namespace}/pool", response_model=PoolOut, responses=error_responses(404))
-async def get_namespace_pool(namespace: NamespacePath, service: Service, _: Reader) -> PoolOut:
+async def get_namespace_pool(namespace: NamespacePath, service: PoolServiceDep, _: Reader) -> PoolOut:
     """The pool the namespace is in (404: none), with every member's figures."""
     return await service.of_namespace(namespace)

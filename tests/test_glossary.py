@@ -147,7 +147,6 @@ NOT_YET_RENAMED = {
     "timekeeper:SchedulerRepository",
     "timekeeper:SchedulerRunner",
     "timekeeper:SchedulerCollector",
-    "timekeeper:with_scheduler",
     "gpuaccounting:GpuFigures",
     "gpuaccounting:compact_figures",
     "sidecar:merge_figures",

@@ -21,7 +21,7 @@ def worst_status(statuses: list[GpuStatus]) -> GpuStatus:
     return max(statuses, key=GPU_STATUSES.index, default="ok")
 
 
-class GpuFigures(TypedDict):
+class GpuMeasurements(TypedDict):
     """One GPU's measurements over a report interval; None where the driver could not say. Device-wide
     ones include every tenant; `pod_*` are this pod's processes, where a node agent mapped them. Fields
     after the first four came later: readers treat them as optional."""
@@ -52,9 +52,10 @@ _SENT_WHEN_KNOWN = (
 )
 
 
-def compact_figures(figures: GpuFigures) -> GpuFigures:
-    """`figures` without the added fields that are None."""
-    return cast(GpuFigures, {k: v for k, v in figures.items() if v is not None or k not in _SENT_WHEN_KNOWN})
+def compact_measurements(measured: GpuMeasurements) -> GpuMeasurements:
+    """`measured` without the added fields that are None."""
+    kept = {k: v for k, v in measured.items() if v is not None or k not in _SENT_WHEN_KNOWN}
+    return cast(GpuMeasurements, kept)
 
 
 class Report(TypedDict):
@@ -67,7 +68,7 @@ class Report(TypedDict):
     interval_start: str
     interval_end: str
     gpu_share: float
-    gpus: list[GpuFigures]
+    gpus: list[GpuMeasurements]
     final: bool
 
 
@@ -103,7 +104,7 @@ def build_report(
     interval_start: datetime,
     interval_end: datetime,
     gpu_share: float,
-    gpus: list[GpuFigures],
+    gpus: list[GpuMeasurements],
     final: bool = False,
 ) -> Report:
     """Build a report body exactly as the timekeeper expects it."""

@@ -25,7 +25,7 @@ def allocated_uuids(allocation: PodAllocation | None, node_uuids: list[str]) -> 
     return list(named)
 
 
-def _pod_figures(reading: DeviceReading, pids: set[int]) -> tuple[float | None, int | None, int | None]:
+def _pod_measurements(reading: DeviceReading, pids: set[int]) -> tuple[float | None, int | None, int | None]:
     """(SM utilisation, memory, process count) of the pod's processes on one device."""
     if reading.processes is None:
         return None, None, None
@@ -54,7 +54,7 @@ def pod_gpus(
         if reading.uuid not in allocated and not running_here:
             continue
         source: DeviceSource = "podresources" if reading.uuid in allocated else "processes"
-        pod_util, pod_mem, pod_count = _pod_figures(reading, pids)
+        pod_util, pod_mem, pod_count = _pod_measurements(reading, pids)
         gpus.append(
             PodGpu(
                 uuid=reading.uuid,

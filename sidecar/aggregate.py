@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from gpuaccounting.wire import GpuFigures, GpuStatus, compact_figures, worst_status
+from gpuaccounting.wire import GpuMeasurements, GpuStatus, compact_measurements, worst_status
 from sidecar.gpus import GpuSample
 
 
@@ -82,11 +82,11 @@ class IntervalAggregate:
         # A counter that went backwards was reset (GPU reset, driver reload): this interval cannot say.
         return (running.energy_last - base) / 1000 if running.energy_last >= base else None
 
-    def cut(self) -> list[GpuFigures]:
+    def cut(self) -> list[GpuMeasurements]:
         """The interval's measurements, one entry per GPU seen; starts the next interval empty."""
         figures = [
-            compact_figures(
-                GpuFigures(
+            compact_measurements(
+                GpuMeasurements(
                     uuid=uuid,
                     sm_util_pct=running.util.mean(),
                     mem_used_bytes=running.mem_used_max,
@@ -113,24 +113,24 @@ class IntervalAggregate:
         return {uuid: running.processes_max for uuid, running in self._running.items()}
 
 
-def _weighted_mean(entries: list[tuple[int, GpuFigures]], key: str) -> float | None:
+def _weighted_mean(entries: list[tuple[int, GpuMeasurements]], key: str) -> float | None:
     """The mean of one measurement over several intervals, each weighted by its length."""
     weighted = [(d, f.get(key)) for d, f in entries if f.get(key) is not None]
     weight = sum(d for d, _ in weighted)
     return round(sum(d * u for d, u in weighted) / weight, 3) if weighted and weight else None  # type: ignore[operator,misc]
 
 
-def merge_figures(parts: list[tuple[int, list[GpuFigures]]]) -> list[GpuFigures]:
+def merge_measurements(parts: list[tuple[int, list[GpuMeasurements]]]) -> list[GpuMeasurements]:
     """Measurements of several contiguous intervals as one: utilisation weighted by each interval's length,
     maxima kept, energy summed, the worst status kept."""
-    merged: dict[str, list[tuple[int, GpuFigures]]] = {}
+    merged: dict[str, list[tuple[int, GpuMeasurements]]] = {}
     for duration, figures in parts:
         for figure in figures:
             merged.setdefault(figure["uuid"], []).append((duration, figure))
-    result: list[GpuFigures] = []
+    result: list[GpuMeasurements] = []
     for uuid, entries in merged.items():
         energies = [f.get("energy_joules") for _, f in entries if f.get("energy_joules") is not None]
-        entry = GpuFigures(
+        entry = GpuMeasurements(
             uuid=uuid,
             sm_util_pct=_weighted_mean(entries, "sm_util_pct"),
             mem_used_bytes=_max(f["mem_used_bytes"] for _, f in entries),  # type: ignore[typeddict-item]
@@ -145,5 +145,5 @@ def merge_figures(parts: list[tuple[int, list[GpuFigures]]]) -> list[GpuFigures]
             pod_mem_used_bytes=_max(f.get("pod_mem_used_bytes") for _, f in entries),  # type: ignore[typeddict-item]
             pod_processes=_max(f.get("pod_processes") for _, f in entries),  # type: ignore[typeddict-item]
         )
-        result.append(compact_figures(entry))
+        result.append(compact_measurements(entry))
     return result

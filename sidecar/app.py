@@ -8,7 +8,7 @@ import threading
 import time
 
 from gpuaccounting.clock import WallClock, to_datetime
-from gpuaccounting.wire import GpuFigures, build_report
+from gpuaccounting.wire import GpuMeasurements, build_report
 from sidecar.aggregate import IntervalAggregate
 from sidecar.buffer import ReportBuffer
 from sidecar.config import Config
@@ -18,8 +18,8 @@ from sidecar.gpus import GpuBackend, Selector
 from sidecar.logs import EventLog
 from sidecar.monitor import GpuMonitor
 from sidecar.nvml import PynvmlBackend
+from sidecar.progress import ProgressStore
 from sidecar.sender import Sender, TimekeeperClient
-from sidecar.state import StateStore
 
 STATE_FILE = "state.json"
 PENDING_DIR = "pending"
@@ -74,7 +74,7 @@ class Sidecar:
         # timeouts stay in real time.
         self.clock = clock or config.clock()
         config.buffer_dir.mkdir(parents=True, exist_ok=True)
-        self.store, self.resumed = StateStore.open(
+        self.store, self.resumed = ProgressStore.open(
             config.buffer_dir / STATE_FILE, config.pod_uid, self.clock.now_us()
         )
         self.buffer = ReportBuffer(
@@ -116,7 +116,7 @@ class Sidecar:
         end_us: int,
         *,
         final: bool,
-        gpus: list[GpuFigures],
+        gpus: list[GpuMeasurements],
         processes: dict[str, int | None] | None = None,
     ) -> None:
         """Number one interval from covered_until to `end_us`, store it, then let the sender see it."""

@@ -13,9 +13,9 @@ from typing import cast
 
 from gpuaccounting.clock import from_datetime, to_datetime
 from gpuaccounting.wire import Report, build_report, parse_timestamp
-from sidecar.aggregate import merge_figures
+from sidecar.aggregate import merge_measurements
 from sidecar.logs import EventLog
-from sidecar.state import atomic_write
+from sidecar.progress import atomic_write
 
 SUFFIX = ".json"
 
@@ -196,7 +196,7 @@ class ReportBuffer:
             interval_start=to_datetime(first.start_us),
             interval_end=to_datetime(second.end_us),
             gpu_share=a["gpu_share"],
-            gpus=merge_figures(
+            gpus=merge_measurements(
                 [(first.end_us - first.start_us, a["gpus"]), (second.end_us - second.start_us, b["gpus"])]
             ),
             final=a["final"] or b["final"],

@@ -159,7 +159,7 @@ class PynvmlBackend:
         process_list = list(processes) if isinstance(processes, list) else None
         return GpuSample(
             uuid=device.uuid,
-            status=figures_status(device.unsupported),
+            status=measurements_status(device.unsupported),
             name=device.name,
             parent_uuid=device.parent_uuid,
             sm_util_pct=float(utilization.gpu) if utilization is not None else None,  # type: ignore[attr-defined]
@@ -173,7 +173,7 @@ class PynvmlBackend:
         )
 
 
-def figures_status(unsupported: set[str]) -> GpuStatus:
+def measurements_status(unsupported: set[str]) -> GpuStatus:
     """ok, partial (some measurements not supported here) or not_supported (none are)."""
     if not unsupported:
         return "ok"

@@ -147,14 +147,6 @@ NOT_YET_RENAMED = {
     "timekeeper:SchedulerRepository",
     "timekeeper:SchedulerRunner",
     "timekeeper:SchedulerCollector",
-    "gpuaccounting:GpuFigures",
-    "gpuaccounting:compact_figures",
-    "sidecar:merge_figures",
-    "sidecar:figures_status",
-    "nodeagent:_pod_figures",
-    "sidecar:state",
-    "sidecar:State",
-    "sidecar:StateStore",
 }
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sidecar.aggregate import IntervalAggregate, merge_figures
+from sidecar.aggregate import IntervalAggregate, merge_measurements
 from sidecar.gpus import GpuSample
 
 GPU = "GPU-11111111-2222-3333-4444-555555555555"
@@ -105,7 +105,7 @@ def test_merge_weights_utilisation_by_interval_length() -> None:
         "energy_joules": None,
     }
 
-    merged = merge_figures([(30, [first]), (10, [second, third])])  # type: ignore[list-item]
+    merged = merge_measurements([(30, [first]), (10, [second, third])])  # type: ignore[list-item]
 
     assert merged == [
         {

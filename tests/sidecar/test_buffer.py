@@ -12,7 +12,7 @@ from gpuaccounting.clock import to_datetime
 from gpuaccounting.wire import format_timestamp
 from sidecar.buffer import ReportBuffer
 from sidecar.logs import EventLog
-from sidecar.state import StateStore
+from sidecar.progress import ProgressStore
 from tests.sidecar.factories import pod_report
 
 T0 = 1_790_000_000_000_000  # microseconds since the epoch
@@ -35,7 +35,7 @@ def figures(util: float) -> list:
 
 class Harness:
     def __init__(self, directory: Path, log: EventLog, **bounds: int) -> None:
-        self.store, _ = StateStore.open(directory / "state.json", "pod-uid", T0)
+        self.store, _ = ProgressStore.open(directory / "state.json", "pod-uid", T0)
         self.dir = directory / "pending"
         self.log = log
         self.bounds = {
@@ -176,7 +176,7 @@ def test_a_fold_interrupted_before_deleting_its_parts_is_resolved_on_load(harnes
 def test_state_catches_up_with_a_report_written_just_before_a_crash(harness: Harness) -> None:
     seq = harness.store.allocate_seq()
     harness.buffer.store(pod_report(seq, T0, T0 + STEP))  # crash here: the state never heard of the cut
-    reopened, resumed = StateStore.open(harness.store.path, "pod-uid", T0 + 99 * STEP)
+    reopened, resumed = ProgressStore.open(harness.store.path, "pod-uid", T0 + 99 * STEP)
     left = harness.fresh_buffer().load()
 
     reopened.catch_up(max(p.seq for p in left), max(p.end_us for p in left))

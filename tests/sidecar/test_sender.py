@@ -13,8 +13,8 @@ import pytest
 from gpuaccounting.names import REPORTS_PATH
 from sidecar.buffer import ReportBuffer
 from sidecar.logs import EventLog
+from sidecar.progress import ProgressStore
 from sidecar.sender import Outcome, Sender, TimekeeperClient, classify
-from sidecar.state import StateStore
 from tests.sidecar.factories import pod_report
 from tests.sidecar.receiver import ReportReceiver
 from tests.support.processes import REPO_ROOT, free_port
@@ -58,7 +58,7 @@ class Rig:
         max_reports: int = 100,
         figures: bool = True,
     ) -> None:
-        self.store, _ = StateStore.open(tmp_path / "state.json", "pod-uid", T0)
+        self.store, _ = ProgressStore.open(tmp_path / "state.json", "pod-uid", T0)
         self.buffer = ReportBuffer(
             tmp_path / "pending",
             max_reports=max_reports,

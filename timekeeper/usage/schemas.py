@@ -38,8 +38,8 @@ class GpuFiguresIn(BaseModel):
     mem_total_bytes: Bytes | None = None
     sm_util_max_pct: Percent | None = None
     energy_joules: Annotated[StrictFloat, Field(ge=0, le=1e15)] | None = None
-    # Added to the wire later (gpuaccounting.wire.GpuFigures): how well the GPU could be read, what it is,
-    # and this pod's own processes on it where a node agent attributed them. Kept in the ledger's `gpus`.
+    # Added to the wire later (gpuaccounting.wire.GpuMeasurements): how well the GPU could be read, what it
+    # is, and this pod's own processes on it where a node agent attributed them. Kept in the ledger's `gpus`.
     status: GpuStatus | None = None
     name: StoredText | None = Field(default=None, max_length=128)
     parent_uuid: StoredText | None = Field(default=None, max_length=128)

@@ -28,7 +28,7 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 
 @dataclass(slots=True)
-class State:
+class Progress:
     """`anchor_us` is the sidecar's first start; reported time is [anchor_us, covered_until_us). Times are
     integer microseconds since the Unix epoch on the sidecar's clock (simulated under an accelerated one)."""
 
@@ -41,28 +41,28 @@ class State:
     version: int = STATE_VERSION
 
 
-class StateStore:
+class ProgressStore:
     """The state file plus the lock that both the sampling loop and the sender take to change it."""
 
-    def __init__(self, path: Path, state: State) -> None:
+    def __init__(self, path: Path, state: Progress) -> None:
         self.path = path
         self.state = state
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, path: Path, pod_uid: str, start_us: int) -> tuple[StateStore, bool]:
+    def open(cls, path: Path, pod_uid: str, start_us: int) -> tuple[ProgressStore, bool]:
         """Load the state, or start a new one anchored at `start_us`; answers whether it was resumed.
 
         A state written for another pod uid (a reused directory) is not ours and starts over.
         """
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
-            state = State(**raw)
+            state = Progress(**raw)
         except (OSError, ValueError, TypeError):
             state = None
         if state is not None and state.pod_uid == pod_uid and state.version == STATE_VERSION:
             return cls(path, state), True
-        store = cls(path, State(pod_uid=pod_uid, anchor_us=start_us, covered_until_us=start_us))
+        store = cls(path, Progress(pod_uid=pod_uid, anchor_us=start_us, covered_until_us=start_us))
         store.save()
         return store, False
 

@@ -140,15 +140,6 @@ RETIRED = (
     ),
 )
 
-# Names still in a retired meaning today, as `package:name` (so a move inside the package keeps them), each
-# to be renamed and then dropped from here: the list only shrinks.
-NOT_YET_RENAMED = {
-    "timekeeper:SchedulerService",
-    "timekeeper:SchedulerRepository",
-    "timekeeper:SchedulerRunner",
-    "timekeeper:SchedulerCollector",
-}
-
 
 def _defined_names(package: str) -> set[str]:
     """Dotted names of the package's modules and of every class and function (methods too) in them."""
@@ -168,7 +159,7 @@ def _words(name: str) -> set[str]:
 
 
 def _key(name: str) -> str:
-    """`timekeeper.periodic.runner.SchedulerRunner` -> `timekeeper:SchedulerRunner`."""
+    """`timekeeper.periodic.runner.PeriodicRunner` -> `timekeeper:PeriodicRunner`."""
     return f"{name.split('.')[0]}:{name.rsplit('.', 1)[-1]}"
 
 
@@ -188,16 +179,9 @@ def _retired_names() -> dict[str, str]:
 
 def test_no_module_class_or_function_is_named_in_a_retired_meaning() -> None:
     found = _retired_names()
-    new = sorted(name for name in found if _key(name) not in NOT_YET_RENAMED)
-    assert not new, "named in a meaning docs/glossary.md retired:\n" + "\n".join(
-        f"{name}: {found[name]}" for name in new
+    assert not found, "named in a meaning docs/glossary.md retired:\n" + "\n".join(
+        f"{name}: {why}" for name, why in sorted(found.items())
     )
-
-
-def test_the_list_of_names_to_rename_holds_only_names_still_there() -> None:
-    """Once renamed, a name leaves NOT_YET_RENAMED, so the list only ever shrinks."""
-    gone = sorted(NOT_YET_RENAMED - {_key(name) for name in _retired_names()})
-    assert not gone, f"renamed: drop from NOT_YET_RENAMED: {gone}"
 
 
 @pytest.mark.parametrize("rule", RETIRED, ids=lambda rule: f"{rule.word}-{rule.packages[0]}")

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from tests.deployment.conftest import DEPLOYMENT, ROOT, required
 from tests.test_docs import _anchors
 from timekeeper.metrics import Metrics, PodWatchCollector
-from timekeeper.periodic.runner import SchedulerCollector
+from timekeeper.periodic.runner import PeriodicCollector
 from webhook.metrics import WebhookMetrics
 
 COMPONENT = DEPLOYMENT / "components" / "prometheus"
@@ -60,7 +60,7 @@ def exported_metric_names() -> set[str]:
     registries = [Metrics().registry, WebhookMetrics(state_age=lambda: None).registry]
     scheduler = CollectorRegistry()
     scheduler.register(
-        SchedulerCollector(SimpleNamespace(replica="tk-0:1", leading=True, health={}, counts={}))  # type: ignore[arg-type]
+        PeriodicCollector(SimpleNamespace(replica="tk-0:1", leading=True, health={}, counts={}))  # type: ignore[arg-type]
     )
     scheduler.register(PodWatchCollector())  # the reconciler's, registered with the scheduler's
     registries.append(scheduler)

@@ -33,7 +33,7 @@ from timekeeper.kube import KubeClient, KubeUnavailableError, QuotaChange
 from timekeeper.kube.core import QUOTA_NAME
 from timekeeper.periodic.jobs import JOBS_BY_NAME, reconcile_job, run_job
 from timekeeper.periodic.repository import RUNNING_POD
-from timekeeper.periodic.runner import SchedulerRunner
+from timekeeper.periodic.runner import PeriodicRunner
 from timekeeper.reconcile.service import Reconciler
 from timekeeper.settings import Settings
 from timekeeper.usage.models import PodCoverage
@@ -760,7 +760,7 @@ async def test_the_app_runs_the_reconciler_as_a_scheduler_job_when_asked(
     )
     async with app.router.lifespan_context(app):
         runner = current(app).scheduler
-        assert isinstance(runner, SchedulerRunner)
+        assert isinstance(runner, PeriodicRunner)
         assert "reconcile" in [job.name for job in runner.jobs]
         [reconciler] = runner.services
         await asyncio.to_thread(wait_until, lambda: reconciler.watching, 10, "the leader's watch")

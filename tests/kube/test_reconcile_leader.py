@@ -29,7 +29,7 @@ from timekeeper.app import create_app, current
 from timekeeper.clock import ManualClock
 from timekeeper.db.session import build_engine
 from timekeeper.periodic.jobs import floor_to
-from timekeeper.periodic.runner import SchedulerRunner
+from timekeeper.periodic.runner import PeriodicRunner
 from timekeeper.reconcile.service import Reconciler
 from timekeeper.settings import Settings
 
@@ -67,9 +67,9 @@ def leader_settings(own_database: URL, kubeconfig: Path) -> Settings:
     )
 
 
-def runner_of(app: FastAPI) -> SchedulerRunner:
+def runner_of(app: FastAPI) -> PeriodicRunner:
     runner = current(app).scheduler
-    assert isinstance(runner, SchedulerRunner)
+    assert isinstance(runner, PeriodicRunner)
     return runner
 
 

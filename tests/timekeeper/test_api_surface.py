@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from tests.support.timekeeper import Tokens, bearer
 from timekeeper.app import current, expose
 from timekeeper.clock import ManualClock
-from timekeeper.periodic.runner import SchedulerRunner, replica_name
+from timekeeper.periodic.runner import PeriodicRunner, replica_name
 from timekeeper.settings import Settings
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -97,7 +97,7 @@ async def test_readyz_shows_the_replica_and_jobs_only_to_an_authenticated_reader
     app: FastAPI, tokens: Tokens, settings: Settings, clock: ManualClock
 ) -> None:
     context = current(app)
-    runner = SchedulerRunner(str(settings.database_url), context.sessions, settings, clock)
+    runner = PeriodicRunner(str(settings.database_url), context.sessions, settings, clock)
     expose(app, replace(context, scheduler=runner))  # built, never started: its status is what /readyz shows
     try:
         async with _readyz_client(app) as client:

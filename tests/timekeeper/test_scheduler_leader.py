@@ -22,7 +22,7 @@ from timekeeper.clock import ManualClock, SystemClock
 from timekeeper.db.session import build_engine, build_sessionmaker
 from timekeeper.periodic.jobs import JOBS_BY_NAME, run_job
 from timekeeper.periodic.leader import LeaderElection
-from timekeeper.periodic.runner import SchedulerRunner
+from timekeeper.periodic.runner import PeriodicRunner
 from timekeeper.settings import Settings
 
 on_session_loop = pytest.mark.asyncio(loop_scope="session")
@@ -74,7 +74,7 @@ async def test_one_replica_leads_and_another_takes_over_when_its_session_dies(
     assert fast_settings.database_url is not None
     registries = [CollectorRegistry(), CollectorRegistry()]
     first, second = (
-        SchedulerRunner(fast_settings.database_url, sessionmaker, fast_settings, SystemClock(), registry)
+        PeriodicRunner(fast_settings.database_url, sessionmaker, fast_settings, SystemClock(), registry)
         for registry in registries
     )
     first.start()

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from gpuaccounting import clock
 from timekeeper.app import default_clock
 from timekeeper.clock import AcceleratedClock, SystemClock
-from timekeeper.periodic.runner import SchedulerRunner
+from timekeeper.periodic.runner import PeriodicRunner
 from timekeeper.settings import Settings
 
 
@@ -72,7 +72,7 @@ def test_an_incomplete_demo_clock_is_refused_at_start(
 
 def test_the_leader_check_timeout_is_two_retry_intervals_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
     def election_timeout(settings: Settings) -> float:
-        runner = SchedulerRunner("postgresql+psycopg://tk@db.example/tk", None, settings, SystemClock())  # type: ignore[arg-type]
+        runner = PeriodicRunner("postgresql+psycopg://tk@db.example/tk", None, settings, SystemClock())  # type: ignore[arg-type]
         return runner.election.check_seconds
 
     assert election_timeout(Settings(leader_retry_interval=3)) == 6

@@ -17,7 +17,7 @@ from timekeeper.budgets.service import end_expired_grants
 from timekeeper.budgets.states.budget_states import BudgetStates
 from timekeeper.clock import Clock
 from timekeeper.domain.periods import EPOCH, PeriodKind, period_containing
-from timekeeper.periodic.repository import SchedulerRepository
+from timekeeper.periodic.repository import PeriodicRepository
 from timekeeper.settings import Settings
 from timekeeper.usage.partitions import days_ahead, ensure_days
 
@@ -27,11 +27,11 @@ def floor_to(moment: datetime, step: timedelta) -> datetime:
     return EPOCH + (moment - EPOCH) // step * step
 
 
-class SchedulerService:
+class PeriodicService:
     """The jobs' work; the caller owns the transaction (run_job commits it)."""
 
     def __init__(self, session: AsyncSession, settings: Settings) -> None:
-        self.repository = SchedulerRepository(session)
+        self.repository = PeriodicRepository(session)
         self.states = BudgetStates(session)
         self.budgets = BudgetRepository(session)
         self.burn = BurnRepository(session)
@@ -80,7 +80,7 @@ class Job:
     name: str
     interval: Callable[[Settings], timedelta]
     window: Callable[[datetime, Settings], datetime]
-    work: Callable[[SchedulerService, datetime, datetime], Awaitable[dict[str, Any]]]
+    work: Callable[[PeriodicService, datetime, datetime], Awaitable[dict[str, Any]]]
     # Awaited before the window is claimed, outside any transaction (the reconcile pass waits there for
     # a new leader's pod watch to list the pods); raising fails the execution.
     prepare: Callable[[], Awaitable[None]] | None = None
@@ -91,31 +91,31 @@ JOBS: tuple[Job, ...] = (
         "rollover",
         lambda s: s.rollover_interval,
         lambda now, s: period_containing(PeriodKind.DAILY, now).start,
-        SchedulerService.refresh_all_states,
+        PeriodicService.refresh_all_states,
     ),
     Job(
         "states",
         lambda s: s.states_interval,
         lambda now, s: floor_to(now, s.states_interval),
-        SchedulerService.refresh_all_states,
+        PeriodicService.refresh_all_states,
     ),
     Job(
         "closeout",
         lambda s: s.closeout_interval,
         lambda now, s: floor_to(now, s.closeout_interval),
-        SchedulerService.close_out,
+        PeriodicService.close_out,
     ),
     Job(
         "rollup",
         lambda s: s.rollup_interval,
         lambda now, s: floor_to(now - s.rollup_retention, s.rollup_interval),
-        SchedulerService.roll_up,
+        PeriodicService.roll_up,
     ),
     Job(
         "partitions",
         lambda s: s.partitions_interval,
         lambda now, s: floor_to(now, s.partitions_interval),
-        SchedulerService.ledger_partitions,
+        PeriodicService.ledger_partitions,
     ),
 )
 JOBS_BY_NAME = {job.name: job for job in JOBS}
@@ -140,7 +140,7 @@ def reconcile_job(reconciler: LeaderPass) -> Job:
     def interval(settings: Settings) -> timedelta:
         return timedelta(seconds=settings.reconcile_interval_seconds)
 
-    async def work(service: SchedulerService, now: datetime, window: datetime) -> dict[str, Any]:
+    async def work(service: PeriodicService, now: datetime, window: datetime) -> dict[str, Any]:
         return (await reconciler.run_pass()).as_detail()
 
     return Job(
@@ -171,7 +171,7 @@ async def run_job(
     now = clock.now()
     window = job.window(now, settings)
     async with sessionmaker() as session, session.begin():
-        service = SchedulerService(session, settings)
+        service = PeriodicService(session, settings)
         if not await service.repository.claim(job.name, window, now, replica):
             return JobResult(window, None)
         detail = await job.work(service, now, window)

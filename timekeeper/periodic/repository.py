@@ -24,7 +24,7 @@ from timekeeper.usage.partitions import (
     partitions,
 )
 
-__all__ = ["RUNNING_POD", "SchedulerRepository"]
+__all__ = ["RUNNING_POD", "PeriodicRepository"]
 # Ledger rows are folded, their charged time split at hour boundaries and added to the (pod, hour, share,
 # charge share, model) aggregate, in one statement: exactly the rows `folded` answers (those it deletes from
 # the default or pre-partitioning partition, or a whole day partition the caller then drops).
@@ -90,7 +90,7 @@ class RolledUp:
     dropped: list[str]  # day partitions folded whole and dropped
 
 
-class SchedulerRepository:
+class PeriodicRepository:
     def __init__(self, session: AsyncSession) -> None:
         self.session = session
 

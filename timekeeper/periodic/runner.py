@@ -67,7 +67,7 @@ class LeaderService(Protocol):
     async def aclose(self) -> None: ...
 
 
-class SchedulerRunner:
+class PeriodicRunner:
     def __init__(
         self,
         database_url: str,
@@ -99,7 +99,7 @@ class SchedulerRunner:
         self._running: set[asyncio.Task[Any]] = set()
         self._task: asyncio.Task[None] | None = None
         self._registry = registry
-        self._collectors = (SchedulerCollector(self), *collectors)
+        self._collectors = (PeriodicCollector(self), *collectors)
 
     @property
     def leading(self) -> bool:
@@ -187,10 +187,10 @@ class SchedulerRunner:
         }
 
 
-class SchedulerCollector(Collector):
+class PeriodicCollector(Collector):
     """Leadership and job health as Prometheus metrics."""
 
-    def __init__(self, runner: SchedulerRunner) -> None:
+    def __init__(self, runner: PeriodicRunner) -> None:
         self.runner = runner
 
     def collect(self) -> Iterator[Metric]:
@@ -247,11 +247,11 @@ async def build_runner(
     clock: Clock,
     registry: CollectorRegistry | None,
     leader_work: BuildLeaderWork | None = None,
-) -> SchedulerRunner:
+) -> PeriodicRunner:
     """The runner with every job, and the work `leader_work` builds (all the leader's alone), wherever
     the periodic jobs run: in the API process or on its own."""
     work = LeaderWork() if leader_work is None else await leader_work(settings, sessionmaker, clock)
-    return SchedulerRunner(
+    return PeriodicRunner(
         database_url,
         sessionmaker,
         settings,

@@ -46,7 +46,7 @@ kube-binaries: ## Build kube-apiserver 1.20 for tests/cluster from Debian's sour
 lint: $(STAMP) ## ruff, mypy and the import contracts (import-linter)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy gpuaccounting gpunvml gpuserving timekeeper webhook sidecar nodeagent gpubudget
+	$(BIN)/mypy gpuaccounting gpunvml httpguard timekeeper webhook sidecar nodeagent gpubudget
 	$(BIN)/lint-imports
 
 .PHONY: fmt

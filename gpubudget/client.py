@@ -11,7 +11,7 @@ import httpx
 from gpuaccounting.names import API_PREFIX
 from gpubudget.connection import ENV_TOKEN, ENV_URL, Target
 from gpubudget.errors import CliError
-from gpuserving.nesting import deeper_than
+from httpguard.nesting import deeper_than
 
 _TOKEN_HINT = (
     f"give one with --token, --token-file or {ENV_TOKEN} (static mode: a token whose SHA-256 the "

@@ -388,7 +388,7 @@ def test_the_webhook_path_table_is_the_app_routes() -> None:
 
 # Our top-level packages: those the repository holds now, and those named in its docs before (so a name
 # in a renamed or removed package is reported, not skipped as a third party's).
-KNOWN_PACKAGES = ("timekeeper", "webhook", "sidecar", "nodeagent", "gpuaccounting", "gpunvml", "gpuserving")
+KNOWN_PACKAGES = ("timekeeper", "webhook", "sidecar", "nodeagent", "gpuaccounting", "gpunvml", "httpguard")
 PACKAGES = tuple(
     sorted({*KNOWN_PACKAGES, *(path.parent.name for path in ROOT.glob("*/__init__.py"))} - {"migrations"})
 )

@@ -25,8 +25,8 @@ from tests.test_docs import (
 )
 
 GLOSSARY = ROOT / "docs" / "glossary.md"
-# The words issue 39 found with two meanings: each must have an entry. (Its fifth, the package named
-# `gpuserving`, has an entry under the package's name, whose Names fail when the package is renamed.)
+# The words issue 39 found with two meanings: each must have an entry. (Its fifth, a package named for GPUs
+# that serves HTTP, is `httpguard` now, with an entry whose Names fail when the package is renamed.)
 ISSUE_WORDS = ("figures", "state", "scheduler", "periodic")
 
 
@@ -133,7 +133,7 @@ RETIRED = (
     ),
     Retired(
         "state",
-        ("webhook", "sidecar", "nodeagent", "gpunvml", "gpuserving", "gpubudget"),
+        ("webhook", "sidecar", "nodeagent", "gpunvml", "httpguard", "gpubudget"),
         "a state is a namespace's budget state: the webhook's copy is the snapshot cache, the sidecar's file "
         "its progress",
         unless=r"budget",

@@ -1,5 +1,5 @@
 """`python -m timekeeper --host 0.0.0.0 --port 8080`: serve the API with uvicorn. What uvicorn has no
-setting for (head size and time, body time, connections) is `gpuserving.connections.GuardedHttp`."""
+setting for (head size and time, body time, connections) is `httpguard.connections.GuardedHttp`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from gpuaccounting.logs import configure_logging
-from gpuserving.connections import ConnectionLimits, GuardedHttp
+from httpguard.connections import ConnectionLimits, GuardedHttp
 from timekeeper.app import create_app
 from timekeeper.metrics import count_refused_connection
 from timekeeper.settings import Settings, get_settings

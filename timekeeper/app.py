@@ -16,7 +16,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpuaccounting.names import API_PREFIX
-from gpuserving.bodies import BodyLimit, BodyTooLarge
+from httpguard.bodies import BodyLimit, BodyTooLarge
 from timekeeper.audit.router import router as audit_router
 from timekeeper.auth.dependencies import ACCESS, METRICS_TOKENS
 from timekeeper.auth.digests import TokenDigests

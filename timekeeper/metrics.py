@@ -12,7 +12,7 @@ from prometheus_client.registry import Collector
 
 from gpuaccounting.counters import start_at_zero
 from gpuaccounting.wire import BUDGET_STATES
-from gpuserving.connections import REASONS as CONNECTION_REASONS
+from httpguard.connections import REASONS as CONNECTION_REASONS
 from timekeeper.context import Slot
 from timekeeper.db.outage import OutageWatch
 
@@ -23,7 +23,7 @@ GITOPS_ACTIONS = ("applied", "released")
 DOWNGRADE_OUTCOMES = ("evicted", "blocked_by_pdb", "deleted_past_pdb", "grace_shortened")
 KUEUE_TRIGGERS = ("pass", "watch")
 
-# The connection guard's (gpuserving.connections) refusals, timeouts and connections that gave way. The
+# The connection guard's (httpguard.connections) refusals, timeouts and connections that gave way. The
 # guard is built before the app and handed to each worker, so it counts through this module's function
 # into a counter of the process, which each app's registry shows.
 CONNECTIONS_REFUSED = Counter(

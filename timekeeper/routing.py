@@ -18,7 +18,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import models_json_schema
 
-from gpuserving.nesting import deeper_than
+from httpguard.nesting import deeper_than
 from timekeeper.auth.base import Action, Principal
 from timekeeper.auth.dependencies import require
 from timekeeper.errors import TimekeeperError

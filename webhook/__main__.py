@@ -1,5 +1,5 @@
 """`python -m webhook`: serve the admission webhooks over HTTPS, one stateless process per replica. uvicorn
-serves HTTP with its own settings; `gpuserving.connections.GuardedHttp` adds what it has no setting for and
+serves HTTP with its own settings; `httpguard.connections.GuardedHttp` adds what it has no setting for and
 starts TLS, with an SSLContext the app's lifespan reloads when the certificate rotates.
 `python -m webhook dev-cert` writes a throwaway CA and certificate for running it on one's own machine."""
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpuaccounting.counters import start_at_zero
-from gpuserving.connections import REASONS as CONNECTION_REASONS
+from httpguard.connections import REASONS as CONNECTION_REASONS
 
 LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25)
 

@@ -9,7 +9,7 @@ RUN python -m venv /opt/venv
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY gpuaccounting ./gpuaccounting
-COPY gpuserving ./gpuserving
+COPY httpguard ./httpguard
 COPY webhook ./webhook
 # Only this deployable's extra: the image carries no other part's dependencies.
 RUN /opt/venv/bin/pip install ".[webhook]"

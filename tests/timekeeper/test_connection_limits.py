@@ -1,4 +1,4 @@
-"""What one client, or one tenant's many pods, may cost `python -m timekeeper` (gpuserving.connections),
+"""What one client, or one tenant's many pods, may cost `python -m timekeeper` (httpguard.connections),
 over real sockets.
 
 Each limit is held against the probe of issue #27 or #38 that found it unbounded: a 64 MiB header line

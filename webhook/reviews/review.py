@@ -18,7 +18,7 @@ from pydantic import (
     model_validator,
 )
 
-from gpuserving.nesting import deeper_than
+from httpguard.nesting import deeper_than
 from webhook.reviews.podshape import PodObject
 
 Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]

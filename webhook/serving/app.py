@@ -1,5 +1,5 @@
 """The ASGI app: `/mutate`, `/validate`, `/healthz`, `/metrics`, the budget state poller and the watches
-in its lifespan. An admission is read within `gpuserving.bodies.BodyLimit`, parsed once, decided,
+in its lifespan. An admission is read within `httpguard.bodies.BodyLimit`, parsed once, decided,
 encoded, then counted and logged (a dryRun leaves no trace but latency)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from gpuaccounting.counters import start_at_zero
-from gpuserving.bodies import BodyLimit, BodyTooLarge
+from httpguard.bodies import BodyLimit, BodyTooLarge
 from webhook.certificates.reloader import CertificateReloader
 from webhook.decisions.admission import Admission
 from webhook.decisions.answer import AdmissionResponse, Result, build_response

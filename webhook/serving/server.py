@@ -1,5 +1,5 @@
 """The HTTPS server of `python -m webhook`: uvicorn serves HTTP with its own settings;
-`gpuserving.connections.GuardedHttp` adds what it has no setting for and starts TLS, with an SSLContext the
+`httpguard.connections.GuardedHttp` adds what it has no setting for and starts TLS, with an SSLContext the
 app's lifespan reloads when the certificate rotates."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import ssl
 
 import uvicorn
 
-from gpuserving.connections import ConnectionLimits, GuardedHttp
+from httpguard.connections import ConnectionLimits, GuardedHttp
 from webhook.serving.app import create_app
 from webhook.settings import WebhookSettings
 

@@ -1,4 +1,4 @@
-"""The connection guard both servers share (gpuserving.connections), in front of uvicorn's httptools
+"""The connection guard both servers share (httpguard.connections), in front of uvicorn's httptools
 protocol over real sockets: hostile clients from many loopback addresses (a tenant's pods), in a process
 of their own, against good requests from 127.0.0.1 on new connections (issue #38)."""
 
@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 import uvicorn
 
-from gpuserving.bodies import Receive, Scope, Send
-from gpuserving.connections import (
+from httpguard.bodies import Receive, Scope, Send
+from httpguard.connections import (
     GAVE_WAY_HEAD,
     GAVE_WAY_IDLE,
     HEADERS_TOO_LARGE_REASON,

@@ -1,4 +1,4 @@
-"""The body limit both servers share (gpuserving.bodies): in front of a small ASGI app, on uvicorn over
+"""The body limit both servers share (httpguard.bodies): in front of a small ASGI app, on uvicorn over
 real sockets with each of its HTTP protocols."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import orjson
 import pytest
 import uvicorn
 
-from gpuserving.bodies import BodyLimit, BodyTooLarge, Message, Receive, Scope, Send
+from httpguard.bodies import BodyLimit, BodyTooLarge, Message, Receive, Scope, Send
 
 LIMIT = 1024
 MIB = 2**20

@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gpuserving.nesting import deeper_than
+from httpguard.nesting import deeper_than
 
 DEPTHS = {
     "1": 0,

@@ -47,6 +47,7 @@ lint: $(STAMP) ## ruff, mypy and the import contracts (import-linter)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy gpuaccounting gpunvml httpguard timekeeper webhook sidecar nodeagent gpubudget
+	$(BIN)/mypy --strict timekeeper webhook
 	$(BIN)/lint-imports
 
 .PHONY: fmt

@@ -43,7 +43,6 @@ from timekeeper.metrics import METRICS, Metrics
 from timekeeper.periodic.jobs import Job, reconcile_job
 from timekeeper.periodic.runner import LeaderService, LeaderWork, build_runner
 from timekeeper.refusals import install_error_handler
-from timekeeper.routing import document_strict_bodies
 from timekeeper.schemas import API_ERRORS
 from timekeeper.settings import Settings, get_settings
 from timekeeper.snapshot.router import SNAPSHOT_CACHE
@@ -225,5 +224,4 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
     if settings.ui_enabled:
         mount_ui(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, render=_too_large)
-    document_strict_bodies(app, API_PREFIX, routers)
     return app

@@ -1,29 +1,26 @@
-"""Request bodies parsed as strict JSON (RFC 8259) by a dependency, after the caller is authorized.
-Rules: orjson refuses NaN, Infinity, 1e400 and lone surrogates (422 `json_invalid`, never a 500 that
-cannot echo them back); an object with a repeated key is refused (`"gpu_share": 0.5, "gpu_share": 200`
-would charge 200); `strict_body(Model, guard)` depends on its guard, so 401 and 403 come before any 422."""
+"""Request bodies declared as FastAPI declares them (`body: BudgetIn`), read as strict JSON (RFC 8259) and
+refused only after the caller is authorized. Rules: only application/json; orjson refuses NaN, Infinity,
+1e400 and lone surrogates (422 `json_invalid`, never a 500 that cannot echo them back); an object with a
+repeated key is refused (`"gpu_share": 0.5, "gpu_share": 200` would charge 200); so is a body nested
+deeper than MAX_BODY_DEPTH. FastAPI decodes a body before it solves the dependencies; StrictRoute hands
+it a body it refuses as a value no model accepts, and raises the refusal in place of the validation
+errors FastAPI raises once the dependencies have run, so 401 and 403 come first."""
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import orjson
-from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.dependencies.models import Dependant
+from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ValidationError
-from pydantic.json_schema import models_json_schema
 
 from httpguard.nesting import deeper_than
-from timekeeper.auth.base import Action, Principal
-from timekeeper.auth.dependencies import require
 from timekeeper.errors import TimekeeperError
 
-Model = TypeVar("Model", bound=BaseModel)
 # How deep a body may nest: deeper than any body the API reads (a report is 3 levels), and refused before
 # the recursive steps below (the member counts, the standard parser naming a repeated key).
 MAX_BODY_DEPTH = 32
@@ -92,16 +89,42 @@ def loads_strict(body: bytes) -> Any:
     return value
 
 
-async def json_body(request: Request, model: type[Model]) -> Model:
-    """The request's body validated as `model`, refused as FastAPI refuses a declared body (422 with
-    pydantic's errors under "body")."""
-    if request.headers.get("content-type", "").partition(";")[0].strip().lower() != "application/json":
-        raise TimekeeperError("the body must be application/json", 422)
-    body = await request.body()
-    try:
-        value = loads_strict(body)
-    except json.JSONDecodeError as error:
-        raise RequestValidationError(
+# What a body that is not strict JSON is read as: a value no body model accepts (pydantic takes no fields
+# from a bare object: model_attributes_type), so that FastAPI finds the body invalid where it validates
+# it, after the dependencies.
+_UNREAD = object()
+
+
+def _is_json(request: Request) -> bool:
+    return request.headers.get("content-type", "").partition(";")[0].strip().lower() == "application/json"
+
+
+class StrictRequest(Request):
+    """A request whose JSON body is read by loads_strict; one it refuses is kept for `refusal`."""
+
+    _malformed: json.JSONDecodeError | None = None
+
+    async def json(self) -> Any:
+        if not _is_json(self):  # FastAPI reads application/*+json too
+            return _UNREAD
+        try:
+            return loads_strict(await self.body())
+        except json.JSONDecodeError as error:
+            self._malformed = error
+            return _UNREAD
+
+    async def refusal(self) -> Exception | None:
+        """What refuses the body before its fields are looked at: a content type other than
+        application/json (422), or a body that is not strict JSON, an empty one included (422 as FastAPI
+        refuses JSON it cannot decode)."""
+        if not _is_json(self):
+            return TimekeeperError("the body must be application/json", 422)
+        if self._malformed is None and not await self.body():
+            await self.json()  # FastAPI calls an empty body missing: orjson says what it is
+        if self._malformed is None:
+            return None
+        error = self._malformed
+        return RequestValidationError(
             [
                 {
                     "type": "json_invalid",
@@ -111,87 +134,26 @@ async def json_body(request: Request, model: type[Model]) -> Model:
                     "ctx": {"error": error.msg},
                 }
             ]
-        ) from None
-    try:
-        return model.model_validate(value)
-    except ValidationError as error:
-        raise RequestValidationError(
-            [{**detail, "loc": ("body", *detail["loc"])} for detail in error.errors(include_url=False)]
-        ) from None
+        )
 
 
-# The model each body-reading dependency parses, for the OpenAPI document.
-_BODY_MODELS: dict[Callable[..., Any], type[BaseModel]] = {}
-Dependency = TypeVar("Dependency", bound=Callable[..., Any])
+class StrictRoute(APIRoute):
+    """A route whose body is read as strict JSON (StrictRequest). A body it cannot read is refused where
+    FastAPI refuses a body's fields, once the dependencies (the caller's authorization) have run."""
 
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handle = super().get_route_handler()
+        if self.body_field is None:
+            return handle
 
-def reads_body(model: type[BaseModel]) -> Callable[[Dependency], Dependency]:
-    """Marks a dependency that reads the body as `model` (json_body), so the OpenAPI documents it."""
+        async def strict(request: Request) -> Response:
+            strict_request = StrictRequest(request.scope, request.receive)
+            try:
+                return await handle(strict_request)
+            except RequestValidationError:
+                refusal = await strict_request.refusal()
+                if refusal is None:
+                    raise
+                raise refusal from None
 
-    def mark(dependency: Dependency) -> Dependency:
-        _BODY_MODELS[dependency] = model
-        return dependency
-
-    return mark
-
-
-def strict_body(
-    model: type[Model], guard: Callable[..., Awaitable[Principal]]
-) -> Callable[..., Awaitable[Model]]:
-    """A dependency: the body as `model`, read only once `guard` (itself a dependency, shared with the
-    endpoint through FastAPI's per-request cache) has let the caller in."""
-
-    @reads_body(model)
-    async def body(request: Request, _: Principal = Depends(guard)) -> Model:  # noqa: B008
-        return await json_body(request, model)
-
-    return body
-
-
-def _body_model(dependant: Dependant) -> type[BaseModel] | None:
-    for dependency in dependant.dependencies:
-        model = _BODY_MODELS.get(dependency.call) if dependency.call else None  # type: ignore[arg-type]
-        if model is None:
-            model = _body_model(dependency)
-        if model is not None:
-            return model
-    return None
-
-
-def document_strict_bodies(app: FastAPI, prefix: str, routers: Iterable[APIRouter]) -> None:
-    """Documents each route's reads_body model (the routers', included under `prefix`) as FastAPI
-    documents a declared JSON body: a required requestBody referring to the model's schema."""
-    bodies = {
-        (prefix + route.path_format, method.lower()): model
-        for router in routers
-        for route in router.routes
-        if isinstance(route, APIRoute) and route.include_in_schema
-        if (model := _body_model(route.dependant)) is not None
-        for method in route.methods or ()
-    }
-    _, schemas = models_json_schema(
-        [(model, "validation") for model in sorted(set(bodies.values()), key=lambda model: model.__name__)],
-        ref_template="#/components/schemas/{model}",
-    )
-    build = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is not None:
-            return app.openapi_schema
-        document = build()
-        document.setdefault("components", {}).setdefault("schemas", {}).update(schemas.get("$defs", {}))
-        for (path, method), model in bodies.items():
-            document["paths"][path][method]["requestBody"] = {
-                "required": True,
-                "content": {
-                    "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}
-                },
-            }
-        return document
-
-    app.openapi = openapi  # type: ignore[method-assign]
-
-
-def admin_body(model: type[BaseModel]) -> Any:
-    """`Annotated[Model, admin_body(Model)]`: an admin write's body, read once the caller is an admin."""
-    return Depends(strict_body(model, require(Action.ADMIN)))
+        return strict

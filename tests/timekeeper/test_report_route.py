@@ -1,5 +1,5 @@
-"""POST /reports reads its body in a dependency (timekeeper.routing.strict_body): content types, charsets
-and tokens are answered as a declared FastAPI body would be, with authentication first."""
+"""POST /reports declares its body as FastAPI does, read strictly (timekeeper.routing.StrictRoute): content
+types, charsets and tokens are answered as a declared FastAPI body would be, with authentication first."""
 
 from __future__ import annotations
 
@@ -33,6 +33,26 @@ async def test_a_json_report_sent_as_text_is_refused_and_charges_nothing(api: Ap
     assert response.status_code == 422, response.text
     assert response.json()["detail"]
     assert (await api.budget("team-a"))["used_gpu_minutes"] == 0
+
+
+async def test_a_report_sent_as_another_json_type_is_refused(api: Api) -> None:
+    """FastAPI would read `application/*+json` as JSON; the API takes application/json alone."""
+    headers = {**bearer(api.tokens.reporter), "Content-Type": "application/merge-patch+json"}
+
+    response = await api.client.post("/reports", content=BODY, headers=headers)
+
+    assert (response.status_code, response.json()) == (422, {"detail": "the body must be application/json"})
+
+
+async def test_an_empty_body_is_json_that_does_not_decode(api: Api) -> None:
+    """FastAPI would call an empty body missing; it is refused as any body that is not JSON."""
+    headers = {**bearer(api.tokens.reporter), "Content-Type": "application/json"}
+
+    response = await api.client.post("/reports", content=b"", headers=headers)
+
+    assert response.status_code == 422
+    [error] = response.json()["detail"]
+    assert (error["type"], error["loc"]) == ("json_invalid", ["body", 0])
 
 
 @pytest.mark.parametrize("authorization", [None, "Bearer nope", "Basic dXNlcjpwYXNz"])

@@ -162,6 +162,21 @@ async def test_a_streamed_body_too_large_is_answered_413(api: Api) -> None:
     assert response.status_code == 413
 
 
+async def test_a_streamed_body_too_large_is_413_without_a_token_too(api: Api) -> None:
+    """FastAPI reads a declared body before it solves the dependencies (authentication among them): a body
+    over the limit is a 413 for an anonymous caller, as one whose Content-Length says so is."""
+
+    async def chunks():
+        for _ in range(100):
+            yield b" " * 1024
+
+    response = await api.client.post(
+        "/reports", content=chunks(), headers={"Content-Type": "application/json"}
+    )
+
+    assert response.status_code == 413
+
+
 BAD_BUDGETS = {
     "negative budget": {"budget_gpu_minutes": -1},
     "budget not a number": {"budget_gpu_minutes": "many"},

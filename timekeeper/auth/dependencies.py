@@ -83,7 +83,7 @@ Reporter = Annotated[Principal, Depends(reporter)]
 @cache
 def require(action: Action) -> Callable[..., Awaitable[Principal]]:
     """A dependency: the caller may perform `action` on the path's namespace (or cluster-wide). One per
-    action, so a route that needs it twice (its endpoint, its strict_body) authorizes once."""
+    action, so a route that needs it twice authorizes once."""
 
     async def dependency(request: Request, principal: AuthenticatedPrincipal) -> Principal:
         await authorize(context_of(request), principal, action, request.path_params.get("namespace"))

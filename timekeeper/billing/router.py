@@ -30,11 +30,11 @@ from timekeeper.billing.service import BillingService
 from timekeeper.context import ContextDep, Slot
 from timekeeper.db.session import SessionDep
 from timekeeper.domain.periods import PeriodKind, period_containing
-from timekeeper.routing import admin_body
+from timekeeper.routing import StrictRoute
 from timekeeper.schemas import BODY_ERRORS, NamespacePath, Timestamp, error_responses
 
-router = APIRouter(prefix="/billing", tags=["billing"])
-namespaced = APIRouter(tags=["billing"])
+router = APIRouter(prefix="/billing", tags=["billing"], route_class=StrictRoute)
+namespaced = APIRouter(tags=["billing"], route_class=StrictRoute)
 # The context's slot this domain owns (timekeeper/context.py).
 CHARGEBACK_EXPORTS: Slot[ChargebackExports] = Slot("chargeback_exports")
 
@@ -44,9 +44,6 @@ async def _service(context: ContextDep, session: SessionDep) -> BillingService:
 
 
 BillingServiceDep = Annotated[BillingService, Depends(_service)]
-WeightBody = Annotated[WeightIn, admin_body(WeightIn)]
-PriceBody = Annotated[PriceIn, admin_body(PriceIn)]
-ChargeBasisBody = Annotated[ChargeBasisIn, admin_body(ChargeBasisIn)]
 
 
 @router.get("/weights", response_model=WeightsOut)
@@ -56,9 +53,7 @@ async def list_weights(service: BillingServiceDep, _: Reader) -> WeightsOut:
 
 
 @router.put("/weights/{model}", response_model=WeightOut, responses=BODY_ERRORS)
-async def put_weight(
-    model: ModelPath, body: WeightBody, service: BillingServiceDep, admin: Admin
-) -> WeightOut:
+async def put_weight(model: ModelPath, body: WeightIn, service: BillingServiceDep, admin: Admin) -> WeightOut:
     """A GPU-minute on `model` counts `weight` from `effective_from` on; earlier time keeps its weight."""
     return await service.set_weight(model, body, admin)
 
@@ -74,7 +69,7 @@ async def list_prices(service: BillingServiceDep, _: Reader) -> list[PriceOut]:
 
 
 @router.put("/prices/{model}", response_model=PriceOut, responses=BODY_ERRORS)
-async def put_price(model: ModelPath, body: PriceBody, service: BillingServiceDep, admin: Admin) -> PriceOut:
+async def put_price(model: ModelPath, body: PriceIn, service: BillingServiceDep, admin: Admin) -> PriceOut:
     return await service.set_price(model, body, admin)
 
 
@@ -90,9 +85,7 @@ async def get_cluster_basis(service: BillingServiceDep, _: Reader) -> ChargeBasi
 
 
 @router.put("/charge-basis", response_model=ChargeBasisOut, responses=BODY_ERRORS)
-async def put_cluster_basis(
-    body: ChargeBasisBody, service: BillingServiceDep, admin: Admin
-) -> ChargeBasisOut:
+async def put_cluster_basis(body: ChargeBasisIn, service: BillingServiceDep, admin: Admin) -> ChargeBasisOut:
     return await service.set_basis(None, body, admin)
 
 
@@ -149,7 +142,7 @@ async def get_basis(namespace: NamespacePath, service: BillingServiceDep, _: Rea
 @namespaced.put("/namespaces/{namespace}/charge-basis", response_model=ChargeBasisOut, responses=BODY_ERRORS)
 async def put_basis(
     namespace: NamespacePath,
-    body: ChargeBasisBody,
+    body: ChargeBasisIn,
     service: BillingServiceDep,
     admin: Admin,
 ) -> ChargeBasisOut:

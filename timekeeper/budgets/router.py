@@ -20,10 +20,10 @@ from timekeeper.budgets.schemas import (
 from timekeeper.budgets.service import BudgetReads, BudgetService
 from timekeeper.context import ContextDep
 from timekeeper.db.session import ReadsDep, SessionDep
-from timekeeper.routing import admin_body
+from timekeeper.routing import StrictRoute
 from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
 
-router = APIRouter(tags=["budgets"])
+router = APIRouter(tags=["budgets"], route_class=StrictRoute)
 
 
 async def _service(context: ContextDep, session: SessionDep) -> BudgetService:
@@ -31,8 +31,6 @@ async def _service(context: ContextDep, session: SessionDep) -> BudgetService:
 
 
 BudgetServiceDep = Annotated[BudgetService, Depends(_service)]
-BudgetBody = Annotated[BudgetIn, admin_body(BudgetIn)]
-GrantBody = Annotated[GrantIn, admin_body(GrantIn)]
 BIGINT_MAX = 2**63 - 1  # ids are bigints
 # The reads answer the status they read, encoded once (not validated again as the response model).
 _STATUSES = TypeAdapter(list[NamespaceBudgetOut])
@@ -66,7 +64,7 @@ async def get_budget(context: ContextDep, reads: ReadsDep, namespace: NamespaceP
 )
 async def put_budget(
     namespace: NamespacePath,
-    body: BudgetBody,
+    body: BudgetIn,
     service: BudgetServiceDep,
     admin: Admin,
 ) -> NamespaceBudgetOut:
@@ -90,7 +88,7 @@ async def get_defaults(service: BudgetServiceDep, _: Admin) -> BudgetConfigOut:
 
 
 @router.put("/defaults", response_model=BudgetConfigOut, responses={**BODY_ERRORS, **error_responses(409)})
-async def put_defaults(body: BudgetBody, service: BudgetServiceDep, admin: Admin) -> BudgetConfigOut:
+async def put_defaults(body: BudgetIn, service: BudgetServiceDep, admin: Admin) -> BudgetConfigOut:
     await service.refuse_if_managed(None)
     return await service.put_default(body, admin)
 
@@ -99,7 +97,7 @@ async def put_defaults(body: BudgetBody, service: BudgetServiceDep, admin: Admin
     "/namespaces/{namespace}/grants", response_model=GrantOut, status_code=201, responses=BODY_ERRORS
 )
 async def create_grant(
-    namespace: NamespacePath, body: GrantBody, service: BudgetServiceDep, admin: Admin
+    namespace: NamespacePath, body: GrantIn, service: BudgetServiceDep, admin: Admin
 ) -> GrantOut:
     return await service.grant(namespace, body, admin)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -23,7 +22,7 @@ from timekeeper.db.session import SessionDep
 from timekeeper.domain.measurements import GroupBy
 from timekeeper.metrics import METRICS
 from timekeeper.refusals import REFUSALS
-from timekeeper.routing import json_body, reads_body
+from timekeeper.routing import StrictRoute
 from timekeeper.schemas import BODY_ERRORS, NamespacePath, Timestamp, error_responses
 from timekeeper.usage.batcher import IngestBatcher
 from timekeeper.usage.efficiency import EfficiencyService
@@ -33,7 +32,7 @@ from timekeeper.usage.service import AdmittedShareUnknown, IngestOutcome, UsageS
 if TYPE_CHECKING:
     from timekeeper.usage.admitted import PodShares
 
-router = APIRouter(tags=["usage"])
+router = APIRouter(tags=["usage"], route_class=StrictRoute)
 # The context's slots this domain owns (timekeeper/context.py): the batcher, and the pods' admitted
 # shares read from Kubernetes (None unless settings.admitted_share_from_pod).
 INGEST: Slot[IngestBatcher] = Slot("ingest")
@@ -60,24 +59,6 @@ async def _report_metrics(request: Request) -> AsyncIterator[None]:
     metrics.ingest_seconds.observe(time.perf_counter() - started)
 
 
-@dataclass(frozen=True, slots=True)
-class SentReport:
-    """A report and its sender, once the sender may report for the report's namespace and pod."""
-
-    sender: Principal
-    report: ReportIn
-
-
-@reads_body(ReportIn)
-async def _sent_report(request: Request, sender: Reporter) -> SentReport:
-    """The body, read once the sender is authenticated (401 before any 422), then authorized for the
-    report's namespace and, for a credential bound to a pod, that pod."""
-    report = await json_body(request, ReportIn)
-    await authorize(context_of(request), sender, Action.REPORT, report.namespace)
-    check_pod_identity(sender, report.namespace, report.pod, report.pod_uid)
-    return SentReport(sender, report)
-
-
 async def charge_report(context: Context, principal: Principal, report: ReportIn) -> IngestOutcome:
     """The report charged in its batch. A pod whose admitted share the pods table does not hold yet (its
     first report, in Kubernetes auth mode) has it read from the pod, off the batch, and the report
@@ -98,14 +79,18 @@ async def charge_report(context: Context, principal: Principal, report: ReportIn
     responses=BODY_ERRORS | error_responses(409, 503),
     dependencies=[Depends(_report_metrics)],
 )
-async def post_report(request: Request, sent: Annotated[SentReport, Depends(_sent_report)]) -> Response:
+async def post_report(request: Request, sender: Reporter, report: ReportIn) -> Response:
     """Charge one interval of a pod's GPU use, at the GPU share the pod was admitted at (the report's
     `gpu_share` only where none is known: static auth mode). A retry of the same (pod_uid, seq,
     interval) answers `duplicate: true` and charges nothing; time already charged is never charged
-    again. Answered after the commit that made the charge durable."""
+    again. Answered after the commit that made the charge durable. The sender is authenticated before
+    the body is validated (401 before any 422), then authorized for the report's namespace and, for a
+    credential bound to a pod, that pod (403)."""
     context = context_of(request)
-    check_report(context.settings, sent.report, context.clock.now())
-    outcome = await charge_report(context, sent.sender, sent.report)
+    await authorize(context, sender, Action.REPORT, report.namespace)
+    check_pod_identity(sender, report.namespace, report.pod, report.pod_uid)
+    check_report(context.settings, report, context.clock.now())
+    outcome = await charge_report(context, sender, report)
     metrics = context[METRICS]
     metrics.reports.labels(result="duplicate" if outcome.duplicate else "charged").inc()
     if outcome.share_differs:

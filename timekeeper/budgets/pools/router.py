@@ -12,10 +12,10 @@ from timekeeper.budgets.pools.service import PoolService
 from timekeeper.context import ContextDep
 from timekeeper.db.session import SessionDep
 from timekeeper.errors import TimekeeperError
-from timekeeper.routing import admin_body
+from timekeeper.routing import StrictRoute
 from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
 
-router = APIRouter(tags=["pools"])
+router = APIRouter(tags=["pools"], route_class=StrictRoute)
 PoolPath = Annotated[str, Path(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
 
 
@@ -24,7 +24,6 @@ async def _service(context: ContextDep, session: SessionDep) -> PoolService:
 
 
 PoolServiceDep = Annotated[PoolService, Depends(_service)]
-PoolBody = Annotated[PoolIn, admin_body(PoolIn)]
 
 
 @router.get("/pools", response_model=list[PoolOut])
@@ -43,7 +42,7 @@ async def get_pool(name: PoolPath, service: PoolServiceDep, scope: ReadScope) ->
 
 
 @router.put("/pools/{name}", response_model=PoolOut, responses=BODY_ERRORS | error_responses(409))
-async def put_pool(name: PoolPath, body: PoolBody, service: PoolServiceDep, admin: Admin) -> PoolOut:
+async def put_pool(name: PoolPath, body: PoolIn, service: PoolServiceDep, admin: Admin) -> PoolOut:
     return await service.put(name, body, admin)
 
 

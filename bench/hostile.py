@@ -510,9 +510,8 @@ def run_issue_38(baseline: Path | None = None) -> Section:
             port,
             1000,
             hostile_sources(5),
-            # a DELETE reads no body: answered 401 before it (a report's body is read before the 401)
-            head=b"DELETE /api/v1/namespaces/team-a/budget HTTP/1.1\r\nHost: x\r\n"
-            b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n",
+            head=b"POST /api/v1/reports HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 2\r\n\r\n",
             body=b"{}",
             checks=(30.0,),
         )

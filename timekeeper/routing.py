@@ -4,7 +4,8 @@ refused only after the caller is authorized. Rules: only application/json; orjso
 repeated key is refused (`"gpu_share": 0.5, "gpu_share": 200` would charge 200); so is a body nested
 deeper than MAX_BODY_DEPTH. FastAPI decodes a body before it solves the dependencies; StrictRoute hands
 it a body it refuses as a value no model accepts, and raises the refusal in place of the validation
-errors FastAPI raises once the dependencies have run, so 401 and 403 come first."""
+errors FastAPI raises once the dependencies have run, so 401 and 403 come first; a caller with no
+credential at all is refused before its body is read."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 
 from httpguard.nesting import deeper_than
+from timekeeper.auth.dependencies import refuse_anonymous
 from timekeeper.errors import TimekeeperError
 
 # How deep a body may nest: deeper than any body the API reads (a report is 3 levels), and refused before
@@ -147,6 +149,7 @@ class StrictRoute(APIRoute):
             return handle
 
         async def strict(request: Request) -> Response:
+            await refuse_anonymous(request)
             strict_request = StrictRequest(request.scope, request.receive)
             try:
                 return await handle(strict_request)

@@ -136,9 +136,8 @@ def _refused(url: str, tokens: Tokens, reason: str) -> float:
         (
             "answer_before_body",
             5,
-            # a DELETE reads no body: answered 401 before it (a report's body is read before the 401)
-            b"DELETE /api/v1/namespaces/team-a/budget HTTP/1.1\r\nHost: x\r\n"
-            b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n",
+            b"POST /api/v1/reports HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 2\r\n\r\n",
             b"{}",
         ),
     ],

@@ -55,6 +55,14 @@ async def authorize(context: Context, principal: Principal, action: Action, name
         raise TimekeeperError(f"{principal.name} may not {action.value}", 403)
 
 
+async def refuse_anonymous(request: Request) -> None:
+    """401 for a request that carries no credential at all: what a route whose body FastAPI reads before
+    its dependencies calls first, since every such route is a write and no write is anonymous, so an
+    anonymous caller never has its body read."""
+    if await _bearer(request) is None:
+        raise TimekeeperError("authentication required", 401, _UNAUTHENTICATED)
+
+
 async def _principal(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> Principal:

@@ -5,11 +5,16 @@ stand-ins). Its JSON shape and the priority policy it carries: docs/timekeeper.m
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from typing import Final, Literal, TypedDict
+from typing import Final, Literal, NotRequired, TypedDict
 
 from gpuaccounting.wire import BudgetState
 
 UserClassRule = Literal["replace", "keep_up_to_ceiling"]
+# What a pod that could land on a GPU model whose own budget is exhausted gets: the reduced class, or steering
+# off those models at the in-budget class where another model is left (docs/webhook.md#model-budgets).
+ModelPolicy = Literal["reduce", "steer"]
+MODEL_POLICIES: tuple[ModelPolicy, ...] = ("reduce", "steer")
+DEFAULT_MODEL_POLICY: Final[ModelPolicy] = "reduce"
 USER_CLASS_RULES: tuple[UserClassRule, ...] = ("replace", "keep_up_to_ceiling")
 DEFAULT_EXEMPT_PRIORITY_CLASSES: tuple[str, ...] = ("system-cluster-critical", "system-node-critical")
 # Where exempt classes are exempt: class name -> namespaces, `*` for every class not named. The default:
@@ -39,14 +44,21 @@ class NamespaceAdmission(TypedDict):
     state: BudgetState
     max_gpu_share_per_pod: float | None
     priority_policy: PriorityPolicy
+    # The models (gpuaccounting.gpumodels.model_key) whose own budget is exhausted this period.
+    exhausted_models: list[str]
+    model_policy: ModelPolicy
 
 
 class NamespaceEntry(TypedDict):
-    """One namespace's entry as the snapshot carries it: the policy by its index."""
+    """One namespace's entry as the snapshot carries it: the policy by its index. The two model keys are
+    absent from an older timekeeper's snapshot (and left out where they hold their defaults): no exhausted
+    model, `reduce`."""
 
     state: BudgetState
     max_gpu_share_per_pod: float | None
     priority_policy: int
+    exhausted_models: NotRequired[list[str]]
+    model_policy: NotRequired[ModelPolicy]
 
 
 class PriorityClassNames(TypedDict):
@@ -76,6 +88,8 @@ def resolve(state: AdmissionSnapshot) -> tuple[NamespaceAdmission, dict[str, Nam
             state=entry["state"],
             max_gpu_share_per_pod=entry["max_gpu_share_per_pod"],
             priority_policy=policies[index],
+            exhausted_models=list(entry.get("exhausted_models", ())),
+            model_policy=entry.get("model_policy", DEFAULT_MODEL_POLICY),
         )
 
     return resolved(state["default"]), {name: resolved(e) for name, e in state["namespaces"].items()}
@@ -97,11 +111,16 @@ def compact(
         policy = admission["priority_policy"]
         if policy not in policies:
             policies.append(policy)
-        return NamespaceEntry(
+        found = NamespaceEntry(
             state=admission["state"],
             max_gpu_share_per_pod=admission["max_gpu_share_per_pod"],
             priority_policy=policies.index(policy),
         )
+        if exhausted := admission.get("exhausted_models"):
+            found["exhausted_models"] = list(exhausted)
+        if (model_policy := admission.get("model_policy", DEFAULT_MODEL_POLICY)) != DEFAULT_MODEL_POLICY:
+            found["model_policy"] = model_policy
+        return found
 
     return AdmissionSnapshot(
         version=version,

@@ -19,6 +19,7 @@ from gpuaccounting.catalogue import (
     UnknownAccelerators,
     check_entry,
 )
+from gpuaccounting.gpumodels import GpuModels, gpu_models
 from gpuaccounting.shares import (
     DEFAULT_MINIMUM_SHARES,
     SMALLEST_MINIMUM_SHARE,
@@ -30,7 +31,7 @@ from gpuaccounting.supply import GpuSupply, RouteMode, SupplyRoute
 _FIELDS = {
     field.name: field.type
     for field in dataclasses.fields(GpuHardware)
-    if field.name not in ("catalogue", "supply")
+    if field.name not in ("catalogue", "supply", "models")
 }
 
 
@@ -225,8 +226,51 @@ def _supply(document: dict[str, Any]) -> GpuSupply:
     )
 
 
+def _model_names(key: str, value: Any) -> list[str]:
+    if not isinstance(value, list) or not value or not all(isinstance(item, str) and item for item in value):
+        raise ValueError(f'{key} must be a non-empty list of GPU models such as "NVIDIA-H100-80GB-HBM3"')
+    return value
+
+
+def _node_pools(key: str, value: Any) -> dict[str, dict[str, list[str]]]:
+    """Node label key -> label value -> the GPU models of the nodes so labelled."""
+    return {
+        label: {
+            str(pool): _model_names(f"{key}[{label!r}][{pool!r}]", models)
+            for pool, models in _object(f"{key}[{label!r}]", values).items()
+        }
+        for label, values in _object(key, value).items()
+    }
+
+
+def _mig_profile_models(key: str, value: Any) -> dict[str, list[str]]:
+    """MIG profile -> the GPU models it exists on."""
+    return {
+        str(profile): _model_names(f"{key}[{profile!r}]", models)
+        for profile, models in _object(key, value).items()
+    }
+
+
+# The GPU models' keys in the file: `gpu_models`'s parameter each gives, and its reader.
+MODEL_KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
+    "gpu_node_pools": ("node_pools", _node_pools),
+    "mig_profile_models": ("mig_profile_models", _mig_profile_models),
+}
+
+
+def _models(document: dict[str, Any]) -> GpuModels:
+    """Where node pools and MIG profiles place a pod; a key not given keeps the shipped default."""
+    return gpu_models(
+        **{
+            parameter: read(key, document[key])
+            for key, (parameter, read) in MODEL_KEYS.items()
+            if key in document
+        }
+    )
+
+
 # Every key the file may have.
-KEYS = frozenset({*_FIELDS, *CATALOGUE_KEYS, *SUPPLY_KEYS})
+KEYS = frozenset({*_FIELDS, *CATALOGUE_KEYS, *SUPPLY_KEYS, *MODEL_KEYS})
 
 
 def parse_hardware(document: Any) -> GpuHardware:
@@ -239,7 +283,9 @@ def parse_hardware(document: Any) -> GpuHardware:
     values = {
         key: _READERS[str(_FIELDS[key])](key, value) for key, value in document.items() if key in _FIELDS
     }
-    return GpuHardware(**values, catalogue=_catalogue(document), supply=_supply(document))
+    return GpuHardware(
+        **values, catalogue=_catalogue(document), supply=_supply(document), models=_models(document)
+    )
 
 
 def load_hardware(path: Path | None) -> GpuHardware:

@@ -19,6 +19,7 @@ from gpuaccounting.catalogue import (
     GpuEntry,
     SharingSystem,
 )
+from gpuaccounting.gpumodels import DEFAULT_GPU_MODELS, GpuModels
 from gpuaccounting.quantity import QuantityError, parse_decimal, parse_quantity, shorten
 from gpuaccounting.supply import DEFAULT_SUPPLY, GpuSupply
 
@@ -132,6 +133,7 @@ class GpuHardware:
     catalogue: GpuCatalogue = DEFAULT_CATALOGUE  # which resources and DeviceClasses are GPUs
     minimum_shares: MinimumShares = DEFAULT_MINIMUM_SHARES
     supply: GpuSupply = DEFAULT_SUPPLY  # the routes to a GPU beside the device plugin, refused or allowed
+    models: GpuModels = DEFAULT_GPU_MODELS  # which GPU models node pools and MIG profiles are (placement.py)
 
     def minimum_share(self, system: SharingSystem) -> Fraction:
         return next(

@@ -11,6 +11,7 @@ import pytest
 from gpuaccounting.admission_state import (
     ANY_CLASS,
     DEFAULT_EXEMPT_NAMESPACES,
+    MODEL_POLICIES,
     USER_CLASS_RULES,
     NamespaceAdmission,
     PriorityPolicy,
@@ -37,6 +38,8 @@ def random_entry(rng: random.Random, policies: list[PriorityPolicy]) -> Namespac
         "state": rng.choice(BUDGET_STATES),
         "max_gpu_share_per_pod": rng.choice([None, 0.5, 2.0]),
         "priority_policy": rng.choice(policies),
+        "exhausted_models": rng.choice([[], [], ["NVIDIA-H100-80GB-HBM3"], ["NVIDIA-A30", "NVIDIA-H200"]]),
+        "model_policy": rng.choice(MODEL_POLICIES),
     }
 
 
@@ -66,6 +69,8 @@ def test_a_policy_shared_by_many_namespaces_is_sent_once() -> None:
         "state": "in_budget",
         "max_gpu_share_per_pod": None,
         "priority_policy": default_priority_policy(),
+        "exhausted_models": [],
+        "model_policy": "reduce",
     }
     namespaces: dict[str, NamespaceAdmission] = {
         f"team-{i}": {**default, "state": "exhausted", "priority_policy": strict} for i in range(1000)
@@ -100,6 +105,39 @@ def test_an_index_that_names_no_policy_is_refused() -> None:
 
     with pytest.raises(ValueError, match="priority_policy 1"):
         resolve(published)
+
+
+def test_an_older_timekeepers_entry_has_no_exhausted_model_and_reduces() -> None:
+    """A snapshot without the model keys (a timekeeper before model budgets) resolves to their defaults; a
+    newer one's are read as sent, and left out of the published form only where they are the defaults."""
+    published = compact(
+        1,
+        "2026-11-22T00:00:00Z",
+        CLASSES,
+        cast(
+            NamespaceAdmission,
+            {
+                "state": "in_budget",
+                "max_gpu_share_per_pod": None,
+                "priority_policy": default_priority_policy(),
+            },
+        ),
+        {},
+    )
+    assert "exhausted_models" not in published["default"] and "model_policy" not in published["default"]
+    published["namespaces"]["team-a"] = {
+        "state": "in_budget",
+        "max_gpu_share_per_pod": None,
+        "priority_policy": 0,
+        "exhausted_models": ["NVIDIA-H100-80GB-HBM3"],
+        "model_policy": "steer",
+    }
+
+    default, listed = resolve(published)
+
+    assert default["exhausted_models"] == [] and default["model_policy"] == "reduce"
+    assert listed["team-a"]["exhausted_models"] == ["NVIDIA-H100-80GB-HBM3"]
+    assert listed["team-a"]["model_policy"] == "steer"
 
 
 def test_a_class_is_exempt_only_where_it_is_listed() -> None:

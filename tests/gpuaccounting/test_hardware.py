@@ -107,7 +107,7 @@ def test_the_shipped_file_states_the_defaults() -> None:
         "metagpu_units_per_gpu", "gpushare_memory_unit_mib", "clearml_fractions", "minimum_shares",
         "gpu_resources", "gpu_resource_patterns", "gpu_device_classes", "accelerator_patterns",
         "unknown_accelerators", "non_gpu_resources", "vgpu_board_memory_gb", "gpu_supply_routes",
-        "gpu_supply_exempt", "gpu_runtime_classes",
+        "gpu_supply_exempt", "gpu_runtime_classes", "gpu_node_pools", "mig_profile_models",
     }  # fmt: skip
     assert set(document["minimum_shares"]) == {system.value for system in SharingSystem}
     assert load_hardware(SHIPPED) == GpuHardware()

@@ -17,6 +17,7 @@ import orjson
 
 from gpuaccounting.admission_state import (
     AdmissionSnapshot,
+    ModelPolicy,
     NamespaceAdmission,
     PriorityPolicy,
     compact,
@@ -27,13 +28,19 @@ from gpuaccounting.wire import BudgetState
 
 
 def entry(
-    state: BudgetState = "in_budget", max_gpu_share_per_pod: float | None = None, **policy: Any
+    state: BudgetState = "in_budget",
+    max_gpu_share_per_pod: float | None = None,
+    exhausted_models: list[str] | None = None,
+    model_policy: ModelPolicy = "reduce",
+    **policy: Any,
 ) -> NamespaceAdmission:
     """One namespace's entry: the cluster-default priority policy unless `policy` overrides its keys."""
     return {
         "state": state,
         "max_gpu_share_per_pod": max_gpu_share_per_pod,
         "priority_policy": cast(PriorityPolicy, {**default_priority_policy(), **policy}),
+        "exhausted_models": list(exhausted_models or []),
+        "model_policy": model_policy,
     }
 
 

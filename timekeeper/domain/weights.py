@@ -4,26 +4,18 @@ the same rule (tests/timekeeper/test_billing_weights.py holds the two side by si
 
 from __future__ import annotations
 
-import re
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
-from functools import lru_cache
 from typing import Literal
 
+# model_key's home is gpuaccounting.gpumodels (the webhook compares models too); re-exported for the
+# timekeeper's callers.
+from gpuaccounting.gpumodels import model_key as model_key
+
 ONE = Decimal(1)
-_SEPARATORS = re.compile(r"[\s_]+")
-_DASHES = re.compile(r"-{2,}")
-
-
-@lru_cache(maxsize=1024)  # a cluster has few GPU models, and every report names one (ingest's hot path)
-def model_key(name: str) -> str:
-    """One spelling per GPU model: NVML's device name ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB MIG
-    1g.5gb") and GPU Feature Discovery's `nvidia.com/gpu.product` label ("NVIDIA-H100-80GB-HBM3",
-    "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb") name the same GPU the same way once blanks become dashes."""
-    return _DASHES.sub("-", _SEPARATORS.sub("-", name.strip())).strip("-")
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from typing import Any, Final
 
 from gpuaccounting import names
 from gpuaccounting.dra import read_claims, with_claims
+from gpuaccounting.placement import Placement, pod_models
 from gpuaccounting.shares import PodShare, Violation, format_share, read_pod
 from gpuaccounting.workloads import workload_of
 from webhook.decisions import governance
@@ -16,6 +17,7 @@ from webhook.decisions.answer import AdmissionResponse, Denial
 from webhook.decisions.gangs import Gangs
 from webhook.decisions.injection import SidecarTemplate
 from webhook.decisions.priority import PriorityDecider
+from webhook.decisions.steering import steer
 from webhook.reviews.patch import diff
 from webhook.reviews.review import AdmissionRequest, PodRequest
 from webhook.settings import WebhookSettings
@@ -83,6 +85,12 @@ class Admission:
         claims = read_claims(pod, self.dra.specs(namespace), self.hardware, self.dra.drivers)
         return with_claims(share, claims, self.hardware)
 
+    def placement(self, pod: dict[str, Any], namespace: str) -> Placement:
+        """The GPU models the pod can land on (gpuaccounting.placement), its DRA claims' pins included."""
+        models = self.hardware.models
+        claims = self.dra.claim_models(namespace, pod, models)
+        return pod_models(pod.get("spec") or {}, models, claims)
+
     async def prepare(self, request: AdmissionRequest) -> None:
         """Before a pod naming DRA claims is judged, fetch those the watch has not brought yet; before a
         workload's first pod is, read the size the workload declares."""
@@ -146,8 +154,15 @@ class Admission:
             workload=workload.annotation,
             kept=reuse.kept,
             refused=reuse.refused,
+            placement=(
+                self.placement(pod, namespace)
+                if view.admission is not None and view.admission.get("exhausted_models")
+                else None
+            ),
         )
         decision.apply(spec)
+        if decision.steer_off:
+            steer(spec, decision.steer_off)
         if (grace := governance.capped_grace(spec, self.settings)) is not None:
             spec["terminationGracePeriodSeconds"] = grace
         share_text = format_share(share.share)

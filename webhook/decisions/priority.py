@@ -10,14 +10,23 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from gpuaccounting.admission_state import PriorityPolicy, default_priority_policy, is_exempt, is_over_budget
+from gpuaccounting.admission_state import (
+    NamespaceAdmission,
+    PriorityPolicy,
+    default_priority_policy,
+    is_exempt,
+    is_over_budget,
+)
 from gpuaccounting.counters import start_at_zero
+from gpuaccounting.gpumodels import model_key
+from gpuaccounting.placement import Placement
 from gpuaccounting.wire import BudgetState
+from webhook.decisions.steering import can_steer, is_label_value
 from webhook.metrics import WebhookMetrics
 from webhook.settings import WebhookSettings
 from webhook.watches.budgetcache import Freshness, NamespaceView
 from webhook.watches.priorityclasses import DEFAULT_PREEMPTION_POLICY, PriorityClassCatalog
-from webhook.watches.workloads import WORKLOAD_CLASS_KEPT, WorkloadClass
+from webhook.watches.workloads import MODEL_EXHAUSTED_MARK, WORKLOAD_CLASS_KEPT, WorkloadClass
 
 log = logging.getLogger("webhook.priority")
 
@@ -27,6 +36,8 @@ class PriorityRule(StrEnum):
 
     EXEMPT = "exempt"  # an exempt class in a namespace listed for it, kept in every state
     EXHAUSTED = "exhausted"  # any other class in an exhausted namespace: the reduced class
+    MODEL_EXHAUSTED = "model-exhausted"  # in budget, but the pod can land on a model whose budget is spent
+    STEERED = "steered"  # in budget, no class kept: steered off the exhausted models, the in-budget class
     IN_BUDGET = "in-budget"  # in budget, no class chosen (none, the globalDefault one, ours): in-budget
     USER_CLASS_REPLACED = "user-class-replaced"  # in budget, a user's class under `replace`
     USER_CLASS_KEPT = "user-class-kept"  # in budget, a user's class at or below the ceiling
@@ -39,6 +50,8 @@ _OUTCOME = {
     PriorityRule.EXEMPT: "kept",
     PriorityRule.USER_CLASS_KEPT: "kept",
     PriorityRule.EXHAUSTED: "reduced",
+    PriorityRule.MODEL_EXHAUSTED: "reduced",
+    PriorityRule.STEERED: "in_budget",
     PriorityRule.IN_BUDGET: "in_budget",
     PriorityRule.USER_CLASS_REPLACED: "in_budget",
     PriorityRule.USER_CLASS_ABOVE_CEILING: "in_budget",
@@ -55,6 +68,7 @@ class PriorityDecision:
     budget_state: BudgetState | None  # None: the state was never loaded
     freshness: Freshness
     reason: str  # the rule in words, stable for the same pod and state (the annotation is diffed)
+    steer_off: tuple[str, ...] = ()  # exhausted models (node label spellings) /mutate steers the pod off
 
     @property
     def annotation(self) -> str:
@@ -128,6 +142,23 @@ class PriorityDecider:
             f"class {arrived} ({value}) above the ceiling {ceiling}, replaced",
         )
 
+    def _models(
+        self, spec: dict[str, Any], admission: NamespaceAdmission, placement: Placement
+    ) -> tuple[tuple[str, ...], bool]:
+        """The exhausted models (label spellings) the pod can land on, and whether it can be steered off
+        them: the namespace steers, the scheduler places the pod, some model it can land on is not
+        exhausted, and each exhausted model has a label spelling a NotIn can list."""
+        exhausted = [model_key(model) for model in admission.get("exhausted_models", ())]
+        reached = tuple(sorted({model for model in exhausted if placement.open_to(model)}))
+        steer = (
+            bool(reached)
+            and admission.get("model_policy") == "steer"
+            and all(is_label_value(model) for model in reached)
+            and placement.beyond(exhausted)
+            and can_steer(spec)
+        )
+        return reached, steer
+
     def workload_class(self, kept: WorkloadClass) -> _Class:
         """The class a workload's pods run at: the object's numbers once listed, else its pods' own."""
         if kept.class_name in self.ours:
@@ -153,11 +184,13 @@ class PriorityDecider:
         workload: str | None = None,
         kept: WorkloadClass | None = None,
         refused: str | None = None,
+        placement: Placement | None = None,
     ) -> PriorityDecision:
         """Decide for one pod of `namespace`. `previous` is the decision annotation it arrived with: a
         re-invoked pod carrying the class that decision set keeps its words, so a second pass patches
         nothing. `kept` is the class `workload`'s pods already run at, None for its first pod and for one
-        past the bounds of reuse (`refused` names the bound)."""
+        past the bounds of reuse (`refused` names the bound). `placement`, the models the pod can land on,
+        brings in the namespace's exhausted model budgets (None: they are not considered)."""
         arrived = spec.get("priorityClassName") or None
         if view.admission is None:
             state: BudgetState | None = None
@@ -170,6 +203,29 @@ class PriorityDecider:
             exhausted = is_over_budget(state)
             context = f"; stale state, last known {state}" if view.freshness == "stale" else ""
         rule, words = self._rule(arrived, namespace, exhausted, policy)
+        steer_off: tuple[str, ...] = ()
+        spent = ""  # the exhausted models the pod can land on, where it is not steered off them
+        if (
+            view.admission is not None
+            and placement is not None
+            and rule != PriorityRule.EXEMPT
+            and not exhausted
+        ):
+            reached, steer = self._models(spec, view.admission, placement)
+            if reached and steer:
+                steer_off = reached
+                if _OUTCOME[rule] == "in_budget":
+                    rule, words = (
+                        PriorityRule.STEERED,
+                        f"steered off exhausted model {', '.join(reached)}; {words}",
+                    )
+                else:  # a user's own class, at most the ceiling, kept: steered all the same
+                    words += f"; steered off exhausted model {', '.join(reached)}"
+            elif reached:
+                spent = ", ".join(reached)
+                _, origin = self._rule(arrived, namespace, True, policy)
+                rule = PriorityRule.MODEL_EXHAUSTED
+                words = f"model {', '.join(reached)} exhausted{origin.removeprefix('namespace exhausted')}"
         if kept is None and refused is not None:  # the words name the workload already
             words += f"; workload {workload} {refused}"
         elif kept is not None and rule != PriorityRule.EXEMPT:
@@ -178,6 +234,8 @@ class PriorityDecider:
                 PriorityRule.WORKLOAD_CLASS_KEPT,
                 f"workload {workload} keeps class {kept.class_name}",
             )
+            if spent:  # kept as in an exhausted namespace, and so passed on to no later pod
+                words += f"{MODEL_EXHAUSTED_MARK}{spent}"
         elif workload and not workload.startswith("Pod/"):  # a bare pod is its own workload
             words += f"; workload {workload}"
         outcome = _OUTCOME[rule]
@@ -194,6 +252,7 @@ class PriorityDecider:
             state,
             view.freshness,
             words + context,
+            steer_off,
         )
         return _as_before(decision, arrived, previous)
 

@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, cast, get_args, get_origin, get_type_hints, is_typeddict
+from typing import Any, Literal, NotRequired, cast, get_args, get_origin, get_type_hints, is_typeddict
 
 import httpx
 from pydantic import BaseModel, create_model
@@ -77,7 +77,12 @@ STATE_POLL_RETRY_BASE_SECONDS = 1.0
 def _model_of(typed: Any) -> type[BaseModel]:
     """The pydantic model of a gpuaccounting TypedDict, field for field (pydantic takes no typing.TypedDict
     on Python 3.11, and gpuaccounting imports nothing): the snapshot's schema stays written once."""
-    fields: dict[str, Any] = {name: (_field_type(hint), ...) for name, hint in get_type_hints(typed).items()}
+    fields: dict[str, Any] = {}
+    for name, hint in get_type_hints(typed, include_extras=True).items():
+        if get_origin(hint) is NotRequired:  # absent from an older timekeeper's snapshot: left unset
+            fields[name] = (_field_type(get_args(hint)[0]), None)
+        else:
+            fields[name] = (_field_type(hint), ...)
     return create_model(typed.__name__, **fields)
 
 
@@ -138,7 +143,9 @@ class BudgetStatePoller:
                 response.raise_for_status()
                 snapshot = cast(
                     AdmissionSnapshot,
-                    _SNAPSHOT.model_validate_json(response.content, strict=True).model_dump(),
+                    _SNAPSHOT.model_validate_json(response.content, strict=True).model_dump(
+                        exclude_unset=True
+                    ),
                 )
                 self.cache.store(snapshot, response.headers.get("etag"))
                 self.metrics.state_version.set(snapshot["version"])

@@ -13,6 +13,8 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpuaccounting.dra import ClaimRef, ClaimSpecs, claim_refs, class_drivers
+from gpuaccounting.gpumodels import GpuModels, Models
+from gpuaccounting.placement import claim_models, selector_models
 from webhook.metrics import WebhookMetrics
 from webhook.settings import WebhookSettings
 from webhook.watches.kubewatch import ListWatch
@@ -54,6 +56,7 @@ class DraObjects:
         self.templates: dict[Key, Mapping[str, Any]] = {}
         self.claims: dict[Key, Mapping[str, Any]] = {}
         self.drivers: dict[str, frozenset[str]] = {}
+        self.class_selectors: dict[str, object] = {}  # each DeviceClass's CEL selectors, for the models
         self.version: str | None = None  # the resource.k8s.io version served; None until discovered
 
     def specs(self, namespace: str) -> ClaimSpecs:
@@ -67,6 +70,18 @@ class DraObjects:
             return None
 
         return spec
+
+    def claim_models(self, namespace: str, pod: Mapping[str, Any], models: GpuModels) -> list[Models | None]:
+        """What each claim the pod names pins its devices' models to (gpuaccounting.placement): None for a
+        claim not known, or whose selectors and class pin no model."""
+        refs = claim_refs(pod)
+        if not refs:
+            return []
+        spec = self.specs(namespace)
+        by_class = {name: selector_models(found, models) for name, found in self.class_selectors.items()}
+        return [
+            None if (found := spec(ref)) is None else claim_models(found, by_class, models) for ref in refs
+        ]
 
     def missing(self, namespace: str, pod: Mapping[str, Any]) -> list[tuple[str, str]]:
         """The (plural, name) of each claim or template the pod names that the view does not hold."""
@@ -85,10 +100,12 @@ class DraObjects:
             self.claims[_key(obj)] = _claim_spec(obj)
         else:
             self.drivers[str(_metadata(obj).get("name"))] = class_drivers(obj)
+            self.class_selectors[str(_metadata(obj).get("name"))] = _claim_spec(obj).get("selectors")
 
     def remove(self, plural: str, obj: Mapping[str, Any]) -> None:
         if plural == CLASSES:
             self.drivers.pop(str(_metadata(obj).get("name")), None)
+            self.class_selectors.pop(str(_metadata(obj).get("name")), None)
         else:
             (self.templates if plural == TEMPLATES else self.claims).pop(_key(obj), None)
 
@@ -98,7 +115,11 @@ class DraObjects:
         elif plural == CLAIMS:
             self.claims = {_key(obj): _claim_spec(obj) for obj in items}
         else:
+            items = list(items)
             self.drivers = {str(_metadata(obj).get("name")): class_drivers(obj) for obj in items}
+            self.class_selectors = {
+                str(_metadata(obj).get("name")): _claim_spec(obj).get("selectors") for obj in items
+            }
 
 
 async def served_version(kube: client.ApiClient) -> str | None:

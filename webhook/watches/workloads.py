@@ -28,6 +28,9 @@ from webhook.watches.kubewatch import ListWatch
 log = logging.getLogger("webhook.workloads")
 
 WORKLOAD_CLASS_KEPT: Final = "workload-class-kept"  # the rule id (webhook.decisions.priority.PriorityRule)
+# In a kept decision's words: the pod kept its workload's class while a GPU model it can land on had its own
+# budget exhausted (docs/webhook.md#model-budgets).
+MODEL_EXHAUSTED_MARK: Final = "; model budget exhausted: "
 # How long this replica counts a pod it admitted before its watch shows the pod (a denied one never shows).
 PENDING_SECONDS: Final = 5.0
 # How long a size read for a workload's first pods serves its siblings admitted before the watch shows them.
@@ -227,12 +230,14 @@ def _entry(pod: client.V1Pod, settings: WebhookSettings) -> tuple[str, Key, Work
 
 
 def _inherited_while_exhausted(annotations: dict[str, str]) -> bool:
-    """A pod that took its workload's class while its namespace was exhausted passes it on to no one:
-    were it a source, replacements of an evicted workload racing its eviction would keep the class it was
-    evicted from, pass after pass. It still counts against the workload's size."""
+    """A pod that took its workload's class while its namespace (or a GPU model it could land on) was
+    exhausted passes it on to no one: were it a source, replacements of an evicted workload racing its
+    eviction would keep the class it was evicted from, pass after pass. It still counts against the
+    workload's size."""
     decision = annotations.get(names.ANNOTATION_PRIORITY_DECISION, "")
-    return decision.startswith(f"{WORKLOAD_CLASS_KEPT}:") and is_over_budget(
-        annotations.get(names.ANNOTATION_BUDGET_STATE)  # type: ignore[arg-type]
+    return decision.startswith(f"{WORKLOAD_CLASS_KEPT}:") and (
+        is_over_budget(annotations.get(names.ANNOTATION_BUDGET_STATE))  # type: ignore[arg-type]
+        or MODEL_EXHAUSTED_MARK in decision
     )
 
 

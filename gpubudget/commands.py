@@ -233,45 +233,88 @@ def audit(api: Api, args: argparse.Namespace) -> tuple[Any, str]:
 
 def _status_table(listed: list[dict[str, Any]]) -> str:
     rows = [
-        [
-            s["namespace"],
-            s["state"],
-            minutes(s["budget_gpu_minutes"]),
-            minutes(s["used_gpu_minutes"]),
-            minutes(s["remaining_gpu_minutes"]),
-            s["period"]["kind"],
-            minutes(s["forecast"]["burn_rate_gpu_minutes_per_hour"]),
-            exhausts(s),
+        _model_row(row)
+        if "model" in row
+        else [
+            row["namespace"],
+            row["state"],
+            minutes(row["budget_gpu_minutes"]),
+            minutes(row["used_gpu_minutes"]),
+            minutes(row["remaining_gpu_minutes"]),
+            row["period"]["kind"],
+            minutes(row["forecast"]["burn_rate_gpu_minutes_per_hour"]),
+            exhausts(row),
         ]
         for s in listed
+        for row in _with_model_rows(s)
     ]
     headers = ["NAMESPACE", "STATE", "BUDGET", "USED", "REMAINING", "PERIOD", "BURN/H", "EXHAUSTS"]
     return table(headers, rows)
 
 
+def _with_model_rows(s: dict[str, Any]) -> list[dict[str, Any]]:
+    """The namespace's row, then one indented row per model budget (a timekeeper that predates them,
+    or a budget without any, answers no `models`: the namespace's row alone)."""
+    return [s, *({"model": name, **figures} for name, figures in sorted((s.get("models") or {}).items()))]
+
+
 def _status_fields(s: dict[str, Any]) -> str:
     forecast = s["forecast"]
-    return fields(
-        [
-            ("namespace", s["namespace"]),
-            ("state", s["state"]),
-            ("priority class", s["priority_class"]),
-            (
-                "budget",
-                f"{minutes(s['budget_gpu_minutes'])} ({'own' if s['source'] == 'namespace' else 'default'})",
-            ),
-            ("granted", minutes(s["granted_gpu_minutes"])),
-            ("used", minutes(s["used_gpu_minutes"])),
-            ("remaining", minutes(s["remaining_gpu_minutes"])),
-            ("period", _period(s["period"])),
-            (
-                "burn rate",
-                f"{minutes(forecast['burn_rate_gpu_minutes_per_hour'])} GPU-minutes/hour over the last "
-                f"{duration(forecast['window_minutes'] / 60)}",
-            ),
-            ("exhausts", exhausts(s)),
-        ]
+    pairs = [
+        ("namespace", s["namespace"]),
+        ("state", s["state"]),
+        ("priority class", s["priority_class"]),
+        (
+            "budget",
+            f"{minutes(s['budget_gpu_minutes'])} ({'own' if s['source'] == 'namespace' else 'default'})",
+        ),
+        ("granted", minutes(s["granted_gpu_minutes"])),
+        ("used", minutes(s["used_gpu_minutes"])),
+        ("remaining", minutes(s["remaining_gpu_minutes"])),
+        ("period", _period(s["period"])),
+        (
+            "burn rate",
+            f"{minutes(forecast['burn_rate_gpu_minutes_per_hour'])} GPU-minutes/hour over the last "
+            f"{duration(forecast['window_minutes'] / 60)}",
+        ),
+        ("exhausts", exhausts(s)),
+    ]
+    models = s.get("models") or {}
+    if not models:
+        return fields(pairs)
+    # Under the total: the policy for a pod that could land on an exhausted model, what ran on a model
+    # that could not be known (counted against the total only), then each model's own figures.
+    pairs += [
+        ("model policy", s.get("model_policy") or "reduce"),
+        ("unknown model", f"{minutes(s.get('unknown_model_used_gpu_minutes') or 0)} used"),
+    ]
+    rows = [_model_row({"model": name, **figures}) for name, figures in sorted(models.items())]
+    listed = table(
+        ["MODEL", "STATE", "BUDGET", "USED", "REMAINING", "EXHAUSTS"],
+        [[row[0].strip(), *row[1:5], row[7]] for row in rows],
     )
+    return f"{fields(pairs)}\n\n{listed}"
+
+
+def _model_row(model: dict[str, Any]) -> list[str]:
+    """A model budget's row under its namespace's: the model in place of the namespace, no period or burn
+    of its own (the namespace's period is the model's)."""
+    return [
+        f"  {model['model']}",
+        model["state"],
+        minutes(model["budget_gpu_minutes"]),
+        minutes(model["used_gpu_minutes"]),
+        minutes(model["remaining_gpu_minutes"]),
+        "",
+        "",
+        _model_exhausts(model),
+    ]
+
+
+def _model_exhausts(model: dict[str, Any]) -> str:
+    if model["state"] == "exhausted":
+        return "exhausted"
+    return moment(model.get("exhausts_at"))
 
 
 def _period(period: dict[str, Any]) -> str:

@@ -237,6 +237,9 @@ def test_the_default_object_governs_put_defaults_and_only_one_named_default_coun
         ({"budgetGPUMinutes": 10, "period": "yearly"}, "spec.period"),
         ({"warnAtFraction": 1.5}, "spec.warnAtFraction"),
         ({"priorityPolicy": {"exemptClasses": ["Not_A_Name"], "userClasses": "replace"}}, "exemptClasses"),
+        ({"models": {"NVIDIA-H100-80GB-HBM3": {"budgetGpuMinutes": -1}}}, "budgetGpuMinutes"),
+        ({"models": {"NVIDIA-H100-80GB-HBM3": {}}}, "budgetGpuMinutes"),
+        ({"modelPolicy": "evict"}, "spec.modelPolicy"),
     ],
 )
 def test_an_invalid_spec_is_refused_by_the_schema(
@@ -280,3 +283,13 @@ def test_the_objects_docs_gitops_shows_pass_the_api_servers_schema(kubectl: Kube
         if obj["kind"] == "GPUBudget":
             obj["metadata"]["namespace"] = namespace
         kubectl.create(obj, "--dry-run=server")
+
+
+def test_kubectl_get_shows_the_exhausted_models_column(kubectl: Kubectl, namespace: str) -> None:
+    """The CRD's printer column for status.exhaustedModels (the sync writes it, docs/gitops.md)."""
+    models = {"NVIDIA-H100-80GB-HBM3": {"budgetGpuMinutes": 10}}
+    apply(kubectl, gpubudget(namespace, budgetGPUMinutes=100000, models=models, modelPolicy="steer"))
+    header = kubectl.run("get", "gpubudgets", "-n", namespace).splitlines()[0]
+    assert "EXHAUSTED MODELS" in header
+    stored = kubectl.json("get", "gpubudget", "budget", "-n", namespace)["spec"]
+    assert stored["models"] == models and stored["modelPolicy"] == "steer"  # kept, not pruned

@@ -166,6 +166,8 @@ def test_the_dashboard_covers_budgets_ingest_admission_state_and_the_scheduler()
         "timekeeper_namespace_budget_gpu_minutes",
         "timekeeper_namespace_burn_rate_gpu_minutes_per_hour",
         "timekeeper_namespace_forecast_exhaustion_seconds",
+        "timekeeper_model_budget_remaining_gpu_minutes",
+        "timekeeper_model_budget_state",
         "timekeeper_silent_gpu_pods",
         "timekeeper_reports_total",
         "timekeeper_report_ingest_seconds_bucket",

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,10 @@ import pytest
 import yaml
 from sqlalchemy.engine import make_url
 
+from gpuaccounting.wire import BUDGET_STATES
 from tests.deployment.conftest import required
 from tests.deployment.test_monitoring import RUNBOOKS, alerts, dashboard, rule_groups, series_names
+from tests.support.loopback import LoopbackServer
 from tests.support.pods import container, pod, review
 from tests.support.processes import LOCAL_HTTP, TimekeeperProcess, WebhookProcess, free_port, wait_until
 from tests.support.prometheus import INTERVAL, PrometheusProcess, prometheus_binary
@@ -311,6 +314,96 @@ def test_reports_held_up_by_a_locked_table_fire_ingest_slow(stack: Stack) -> Non
     sent = stack.value("sum(increase(timekeeper_report_ingest_seconds_count[10m]))") or 0
     healthy_traffic(stack, max(0, 100 * (held + 4) - int(sent)), "q")
     stack.prometheus.wait_resolved("GPUTimekeeperIngestSlow")
+
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+
+
+def test_a_model_budget_spent_fires_naming_the_model_and_raising_it_resolves(stack: Stack) -> None:
+    """Issue #41's case: the total far from spent, the H100's own minutes gone. Before the budget test, so
+    the model series are there at its busy moment."""
+    total, model = 100_000, {"models": {H100: {"budget_gpu_minutes": 1}}}
+    stack.admin(
+        "PUT", "/namespaces/team-model/budget", {"budget_gpu_minutes": total, "period": "none", **model}
+    )
+    h100 = [
+        {
+            "uuid": "GPU-0",
+            "name": "NVIDIA H100 80GB HBM3",
+            "sm_util_pct": 50.0,
+            "mem_used_bytes": None,
+            "mem_total_bytes": None,
+        }
+    ]
+    assert stack.report(
+        namespace="team-model", pod="m", pod_uid="m", start=minutes_ago(2), minutes=2, gpus=h100
+    ).is_success
+
+    alert = stack.prometheus.wait_firing(
+        "GPUTimekeeperModelBudgetExhausted", namespace="team-model", model=H100
+    )
+    assert H100 in alert["annotations"]["summary"]
+    assert not stack.prometheus.alerts("GPUTimekeeperNamespaceBudgetExhausted")
+
+    raised = {"models": {H100: {"budget_gpu_minutes": 1_000_000}}}
+    stack.admin(
+        "PUT", "/namespaces/team-model/budget", {"budget_gpu_minutes": total, "period": "none", **raised}
+    )
+    stack.prometheus.wait_resolved("GPUTimekeeperModelBudgetExhausted")
+
+
+class _Exporter(BaseHTTPRequestHandler):
+    """A stand-in timekeeper /metrics: the model budget gauges as docs/timekeeper.md shapes them, its
+    states set by the test (`exhausted` for the H100 of team-a, or none)."""
+
+    exhausted: set[tuple[str, str]] = set()
+    MODELS = (("team-a", H100), ("team-a", "NVIDIA-A100-SXM4-80GB"))
+
+    def do_GET(self) -> None:
+        lines = ["# TYPE timekeeper_model_budget_state gauge"]
+        for namespace, model in self.MODELS:
+            current = "exhausted" if (namespace, model) in self.exhausted else "in_budget"
+            for state in BUDGET_STATES:
+                labels = f'namespace="{namespace}",model="{model}",state="{state}"'
+                lines.append(f"timekeeper_model_budget_state{{{labels}}} {1 if state == current else 0}")
+        lines.append("# TYPE timekeeper_model_budget_remaining_gpu_minutes gauge")
+        for namespace, model in self.MODELS:
+            remaining = 0 if (namespace, model) in self.exhausted else 380
+            labels = f'namespace="{namespace}",model="{model}"'
+            lines.append(f"timekeeper_model_budget_remaining_gpu_minutes{{{labels}}} {remaining}")
+        data = ("\n".join(lines) + "\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_the_shipped_model_alert_fires_on_the_series_the_contract_names(tmp_path: Path) -> None:
+    """The shipped rule on a real Prometheus, fed the model series by a stand-in exporter with the
+    ServiceMonitor's job and honor_labels: it names the namespace and the model, never the model in budget,
+    and resolves when the state does."""
+    binary = str(required(prometheus_binary(), "no prometheus: apt-get install prometheus"))
+    _Exporter.exhausted = {("team-a", H100)}
+    exporter = LoopbackServer(_Exporter).start()
+    target = exporter.url.removeprefix("http://")
+    scrape = [{"job_name": "gpu-timekeeper", "honor_labels": True, "static_configs": [{"targets": [target]}]}]
+    prometheus = PrometheusProcess(tmp_path, scrape, shortened_rules())
+    prometheus.start(binary)
+    try:
+        alert = prometheus.wait_firing("GPUTimekeeperModelBudgetExhausted", namespace="team-a", model=H100)
+        assert alert["labels"]["severity"] == "warning"
+        assert H100 in alert["annotations"]["summary"]
+        assert len(prometheus.alerts("GPUTimekeeperModelBudgetExhausted")) == 1  # not the A100
+
+        _Exporter.exhausted = set()
+        prometheus.wait_resolved("GPUTimekeeperModelBudgetExhausted")
+    finally:
+        prometheus.stop()
+        exporter.stop()
 
 
 def test_budget_warning_exhaustion_and_forecast_fire_and_a_grant_resolves_them(stack: Stack) -> None:

@@ -14,6 +14,14 @@ export const STATE_LABELS = {
   unlimited: "Unlimited",
 };
 
+/** A budget's models whose own budget is spent, sorted ([] without model budgets). */
+export function exhaustedModels(budget) {
+  return Object.entries(budget.models || {})
+    .filter(([, figures]) => figures.state === "exhausted")
+    .map(([model]) => model)
+    .sort();
+}
+
 export function gpuMinutes(value) {
   if (value === null || value === undefined) return "—";
   return Math.abs(value) < 10 && value !== 0 ? precise.format(value) : minutes.format(value);

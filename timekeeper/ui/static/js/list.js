@@ -7,7 +7,7 @@
 
 import { api, ApiError } from "./api.js";
 import { h } from "./dom.js";
-import { gpuMinutes, pct, relative, STATE_LABELS } from "./format.js";
+import { exhaustedModels, gpuMinutes, pct, relative, STATE_LABELS } from "./format.js";
 
 const STATE_ORDER = { exhausted: 0, warning: 1, in_budget: 2, unlimited: 3 };
 const CHUNK = 50;
@@ -49,6 +49,19 @@ function stateBadge(state) {
   return h("span", { class: `badge state-${state}` }, STATE_LABELS[state] || state);
 }
 
+/** Beside the name: how many of the namespace's model budgets are spent, naming them (its total may be in
+ * budget while one model is not); nothing without an exhausted model. */
+function modelMarker(ns) {
+  const models = exhaustedModels(ns);
+  if (!models.length) return null;
+  const names = models.join(", ");
+  return h(
+    "span",
+    { class: "badge state-exhausted model-marker", title: `Exhausted models: ${names}` },
+    models.length === 1 ? "1 model exhausted" : `${models.length} models exhausted`,
+  );
+}
+
 function forecastCell(ns, now) {
   if (ns.remaining_gpu_minutes !== null && ns.remaining_gpu_minutes <= 0) {
     return h("div", { role: "cell" }, "already spent");
@@ -64,7 +77,7 @@ function row(ns, now) {
   return h(
     "div",
     { role: "row", class: "grid-row", dataset: { namespace: ns.namespace, state: ns.state } },
-    h("div", { role: "rowheader" }, h("a", { href: `#/ns/${encodeURIComponent(ns.namespace)}` }, ns.namespace)),
+    h("div", { role: "rowheader" }, h("a", { href: `#/ns/${encodeURIComponent(ns.namespace)}` }, ns.namespace), modelMarker(ns)),
     h("div", { role: "cell" }, stateBadge(ns.state)),
     h("div", { role: "cell", class: "num" }, ns.budget_gpu_minutes === null ? "unlimited" : gpuMinutes(ns.budget_gpu_minutes)),
     h("div", { role: "cell", class: "num" }, gpuMinutes(ns.used_gpu_minutes)),

@@ -7,6 +7,11 @@ import { burnDown } from "./chart.js";
 import { h } from "./dom.js";
 import { bytes, dateTime, gpuMinutes, joules, pct, relative, STATE_LABELS } from "./format.js";
 
+const MODEL_POLICIES = {
+  reduce: "the reduced class",
+  steer: "steered off the exhausted models",
+};
+
 function field(label, value) {
   return [h("dt", {}, label), h("dd", {}, value)];
 }
@@ -35,6 +40,55 @@ function summary(budget, now) {
     field("Burn rate", f ? `${gpuMinutes(f.burn_rate_gpu_minutes_per_hour)} GPU-min/h over the last ${f.window_minutes} min` : "—"),
     field("Priority class", h("code", {}, budget.priority_class)),
     field("Budget from", budget.source === "namespace" ? "its own budget" : "the cluster default"),
+  );
+}
+
+/** Each GPU model's own budget (the answer's `models`), under the total's facts; nothing without one. */
+function modelBudgets(budget, now) {
+  const models = Object.entries(budget.models || {}).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+  if (!models.length) return null;
+  const numeric = (value) => h("td", { class: "num" }, value);
+  const runsOut = (m) => {
+    if (m.remaining_gpu_minutes !== null && m.remaining_gpu_minutes <= 0) return "already spent";
+    return m.exhausts_at ? h("time", { datetime: m.exhausts_at }, relative(m.exhausts_at, now)) : "not this period";
+  };
+  const policy = budget.model_policy || "reduce";
+  return h(
+    "section",
+    { "aria-labelledby": "models-title" },
+    h("h2", { id: "models-title" }, "Budgets per GPU model"),
+    h(
+      "p",
+      { class: "muted", id: "model-policy" },
+      `A pod that could land on an exhausted model gets ${MODEL_POLICIES[policy] || policy} (${policy}). `,
+      `GPU-minutes on a model that could not be known, counted against the total only: ${gpuMinutes(budget.unknown_model_used_gpu_minutes ?? 0)}.`,
+    ),
+    h(
+      "div",
+      { class: "table-scroll" },
+      h(
+        "table",
+        { class: "data", id: "model-budgets" },
+        h("caption", {}, "GPU-minutes this period per GPU model; each also counts against the total"),
+        h("thead", {}, h("tr", {}, ["Model", "State", "Budget", "Used", "Remaining", "Runs out"].map((l, i) => h("th", { scope: "col", class: i >= 2 && i <= 4 ? "num" : null }, l)))),
+        h(
+          "tbody",
+          {},
+          models.map(([model, m]) =>
+            h(
+              "tr",
+              { dataset: { model, state: m.state } },
+              h("th", { scope: "row", class: "mono" }, model),
+              h("td", {}, h("span", { class: `badge state-${m.state}` }, STATE_LABELS[m.state] || m.state)),
+              numeric(m.budget_gpu_minutes === null ? "unlimited" : gpuMinutes(m.budget_gpu_minutes)),
+              numeric(gpuMinutes(m.used_gpu_minutes)),
+              numeric(gpuMinutes(m.remaining_gpu_minutes)),
+              h("td", {}, runsOut(m)),
+            ),
+          ),
+        ),
+      ),
+    ),
   );
 }
 
@@ -328,6 +382,7 @@ export async function renderNamespace(view, ctx, ns, focusId) {
     h("p", { class: "breadcrumb" }, h("a", { href: "#/" }, "All namespaces")),
     h("h1", { id: "ns-title", tabindex: "-1" }, ns),
     summary(budget, now),
+    modelBudgets(budget, now),
     h("section", { "aria-labelledby": "chart-title" }, h("h2", { id: "chart-title" }, "Burn-down"), burnDown(budget, hours, hours.until)),
     workloads && h("section", { "aria-labelledby": "workloads-title" }, h("h2", { id: "workloads-title" }, "Usage by workload"), usageTable("usage-workloads", "GPU-minutes this period by workload (a Job, JobSet, gang...; a bare pod is its own)", "Workload", workloads)),
     h("section", { "aria-labelledby": "pods-title" }, h("h2", { id: "pods-title" }, "Usage by pod"), usageTable("usage-pods", "GPU-minutes this period by pod", "Pod", pods)),

@@ -46,7 +46,7 @@ from timekeeper.app import create_app, current
 from timekeeper.clock import ManualClock
 from timekeeper.periodic.jobs import JOBS_BY_NAME, run_job
 from timekeeper.settings import Settings
-from timekeeper.usage.repository import INSERT_LEDGER
+from timekeeper.usage.repository import ADD_HOUR, HOUR_COLUMNS, INSERT_LEDGER
 
 STEP = 30  # seconds between a pod's reports
 MODEL = "NVIDIA H100 80GB HBM3"
@@ -71,8 +71,11 @@ def _share(slot: int) -> float:
     return 1.0 if slot % 2 == 0 else 0.5
 
 
-# The same pods in SQL: one row per slot and tick in [since, until), as ingest would store each report
-# (the ledger's columns in INSERT_LEDGER's order, as ingest's insert selects them).
+# The same pods in SQL: one row per slot and tick in [since, until), as ingest would store each report:
+# its ledger row (the columns in INSERT_LEDGER's order, as ingest's insert selects them) where it ends
+# after :raw_since (NULL: every one, as ingest writes them while the clock follows the reports), its
+# pod's coverage (answering the pod's key) and its charge added to the pod's hourly aggregate (a 30-s
+# interval from a midnight lies in one hour), with the sums ingest adds (usage/repository.py _CHARGE).
 _SLOTS = (
     "SELECT i AS slot, %(namespace_prefix)s || (i %% %(namespaces)s) AS namespace, "
     "%(unit)s * (1 + i %% 8) AS life, (i::bigint * 7919 * %(step)s) %% (%(unit)s * (1 + i %% 8)) AS phase, "
@@ -92,14 +95,28 @@ _GENERATED = (
     "tstzmultirange(tstzrange(interval_start, interval_end)), share * %(step)s / 60, final, "
     "interval_end + interval '1 second', %(mean_sm_util_pct)s, "
     "CAST(%(gpus)s AS jsonb), %(peak_sm_util_pct)s, %(mem_used_bytes)s, %(mean_power_w)s, "
-    "%(gpu_status_bits)s, share, %(gpu_model)s FROM g), "
+    "%(gpu_status_bits)s, share, %(gpu_model)s FROM g "
+    "WHERE CAST(%(raw_since)s AS timestamptz) IS NULL OR interval_end > %(raw_since)s), "
     "coverage AS (INSERT INTO pod_coverage (pod_uid, namespace, pod, covered, last_seq, last_report_at, "
     "final, gpu_model) SELECT pod_uid, max(namespace), max(pod), "
     "range_agg(tstzrange(interval_start, interval_end)), max(seq), max(interval_end) + interval '1 second', "
     "bool_or(final), %(gpu_model)s FROM g GROUP BY pod_uid "
     "ON CONFLICT (pod_uid) DO UPDATE SET covered = pod_coverage.covered + excluded.covered, "
     "last_seq = excluded.last_seq, last_report_at = excluded.last_report_at, "
-    "final = pod_coverage.final OR excluded.final), "
+    "final = pod_coverage.final OR excluded.final RETURNING pod_uid, id), "
+    f"hours AS (INSERT INTO usage_pod_hours AS h ({', '.join(HOUR_COLUMNS)}) "
+    "SELECT c.id, date_trunc('hour', g.interval_start, 'UTC'), g.share, g.share, "
+    "(SELECT id FROM usage_models WHERE name = %(gpu_model)s), "
+    "range_agg(tstzrange(g.interval_start, g.interval_end)), count(*), 0, "
+    "sum(CAST(%(mean_sm_util_pct)s AS numeric(6, 3)) * %(step)s), "
+    "CASE WHEN %(mean_sm_util_pct)s IS NULL THEN 0 ELSE count(*) * %(step)s END, "
+    "CAST(coalesce(%(peak_sm_util_pct)s, %(mean_sm_util_pct)s) AS numeric(6, 3)), "
+    "sum(CAST(%(mem_used_bytes)s AS bigint) * %(step)s), "
+    "CASE WHEN %(mem_used_bytes)s IS NULL THEN 0 ELSE count(*) * %(step)s END, "
+    "CAST(%(mem_used_bytes)s AS bigint), sum(CAST(%(mean_power_w)s AS numeric) * %(step)s), "
+    "CAST(%(gpu_status_bits)s AS smallint) "
+    "FROM g JOIN coverage c USING (pod_uid) GROUP BY 1, 2, 3 ORDER BY 1, 2 "
+    f"{ADD_HOUR}), "
     "totals AS (INSERT INTO usage_totals (namespace, period_kind, period_start, used_gpu_minutes) "
     "SELECT namespace, 'monthly', date_trunc('month', interval_start, 'UTC'), sum(share * %(step)s / 60) "
     "FROM g GROUP BY 1, 3 ON CONFLICT (namespace, period_kind, period_start) "
@@ -131,14 +148,36 @@ _COMPARED = {
     "usage_totals": "SELECT namespace, period_kind, period_start, used_gpu_minutes, granted_gpu_minutes "
     "FROM usage_totals ORDER BY 1, 2, 3",
     "usage_burn": "SELECT namespace, bucket_start, gpu_minutes FROM usage_burn ORDER BY 1, 2",
+    "usage_pod_hours": "SELECT c.pod_uid, h.hour_start, h.gpu_share, h.charge_share, m.name, "
+    "h.charged::text, h.reports, h.reports_continued, h.util_seconds, h.util_covered_seconds, "
+    "h.peak_sm_util_pct, h.mem_byte_seconds, h.mem_covered_seconds, h.peak_mem_used_bytes, "
+    "h.energy_joules, h.gpu_status_bits FROM usage_pod_hours h JOIN pod_coverage c ON c.id = h.pod_key "
+    "LEFT JOIN usage_models m ON m.id = h.model_key ORDER BY 1, 2, 3, 4, 5",
 }
+# The model's key, before the loader's statement looks it up (ingest gives a model its key first too).
+_MODEL_KEY = (
+    "INSERT INTO usage_models (name) SELECT CAST(%(gpu_model)s AS text) WHERE %(gpu_model)s IS NOT NULL "
+    "ON CONFLICT DO NOTHING"
+)
 
 
 def generate(
-    dsn: str, figures: dict[str, Any], pods: int, namespaces: int, since: datetime, until: datetime, unit: int
+    dsn: str,
+    figures: dict[str, Any],
+    pods: int,
+    namespaces: int,
+    since: datetime,
+    until: datetime,
+    unit: int,
+    raw_since: datetime | None = None,
 ) -> None:
+    """Load [since, until) as ingest would have written it, raw rows only for reports ending after
+    raw_since (None: all)."""
     with psycopg.connect(dsn, autocommit=True) as connection:
-        connection.execute(_GENERATED, _generated(figures, pods, namespaces, since, until, unit))
+        connection.execute(_MODEL_KEY, figures)
+        connection.execute(
+            _GENERATED, _generated(figures, pods, namespaces, since, until, unit) | {"raw_since": raw_since}
+        )
 
 
 def _generated(
@@ -159,6 +198,7 @@ def _generated(
         "step": STEP,
         "since": since,
         "until": until,
+        "raw_since": None,
     }
 
 
@@ -171,6 +211,7 @@ def baseline_rows_per_second(dsn: str, figures: dict[str, Any], namespaces: int,
     """The limit beside ingest: the bulk loader's statement (the same tables, indexes and rows) in
     BASELINE_BATCHES batches of BASELINE_BATCH reports, one commit each; its rows deleted after."""
     with psycopg.connect(dsn, autocommit=True) as connection:
+        connection.execute(_MODEL_KEY, figures)
         began = time.perf_counter()
         for batch in range(BASELINE_BATCHES):
             tick = start + timedelta(seconds=STEP * batch)
@@ -187,6 +228,10 @@ def baseline_rows_per_second(dsn: str, figures: dict[str, Any], namespaces: int,
                 ),
             )
         took = time.perf_counter() - began
+        connection.execute(
+            "DELETE FROM usage_pod_hours WHERE pod_key IN "
+            "(SELECT id FROM pod_coverage WHERE namespace LIKE 'baseline-%%')"
+        )
         for table in _BASELINE_TABLES:
             connection.execute(f"DELETE FROM {table} WHERE namespace LIKE 'baseline-%%'")
     return BASELINE_BATCH * BASELINE_BATCHES / took
@@ -306,8 +351,8 @@ def prove(server: URL, since: datetime) -> tuple[dict[str, Any], str]:
         f"{pods} pods x 90 min across a midnight (pods replaced every 20-160 min: {finals} pod_uids) "
         "through POST /reports and "
         f"through the bulk loader: equal row by row in usage_ledger ({counts['usage_ledger']} rows, every "
-        f"column but id), pod_coverage ({finals}), usage_totals ({counts['usage_totals']}), usage_burn "
-        f"({counts['usage_burn']})"
+        f"column but id), pod_coverage ({finals}), usage_pod_hours ({counts['usage_pod_hours']}, by pod_uid "
+        f"and model name), usage_totals ({counts['usage_totals']}), usage_burn ({counts['usage_burn']})"
     )
 
 
@@ -447,7 +492,8 @@ def sizes(dsn: str) -> dict[str, tuple[int, int, int, int, int, int]]:
             "sum(autovacuum_count)::bigint, sum(autoanalyze_count)::bigint "
             "FROM pg_stat_user_tables "
             "WHERE relname LIKE 'usage_ledger%%' "
-            "OR relname IN ('usage_hourly', 'pod_coverage', 'usage_totals', 'usage_burn') GROUP BY 1"
+            "OR relname IN ('usage_pod_hours', 'usage_models', 'pod_coverage', 'usage_totals', 'usage_burn') "
+            "GROUP BY 1"
         ).fetchall()
     return {name: tuple(values) for name, *values in rows}  # type: ignore[misc]
 
@@ -455,13 +501,13 @@ def sizes(dsn: str) -> dict[str, tuple[int, int, int, int, int, int]]:
 @dataclass(frozen=True)
 class RolledUp:
     seconds: float
-    rows: int  # ledger rows folded
+    rows: int  # raw ledger rows deleted
     partitions: int  # day partitions dropped
 
 
 async def roll_up_day(tk: Timekeeper, day_start: datetime, minutes: int) -> RolledUp:
     """The roll-up job run at each of its windows in the day, on a clock of its own (the ingest load may
-    run beside it); its seconds, rows folded and partitions dropped in all."""
+    run beside it); its seconds, raw rows deleted and partitions dropped in all."""
     clock = ManualClock(day_start)
     took, rows, partitions = 0.0, 0, 0
     for step in range(1, 24 * 60 // minutes + 1):
@@ -470,19 +516,20 @@ async def roll_up_day(tk: Timekeeper, day_start: datetime, minutes: int) -> Roll
         result = await run_job(JOBS_BY_NAME["rollup"], current(tk.app).sessions, tk.settings, clock, "bench")
         took += time.perf_counter() - began
         if result.detail is not None:
-            rows += result.detail["folded_rows"]
+            rows += result.detail["deleted_rows"]
             partitions += len(result.detail["partitions_dropped"])
     return RolledUp(took, rows, partitions)
 
 
 async def watch_locks(dsn: str, seen: set[str], stop: asyncio.Event) -> None:
-    """The locks the roll-up holds while its fold or drop statement runs, sampled."""
+    """The locks the roll-up holds while its delete or drop statement runs, sampled."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as connection:
         while not stop.is_set():
             rows = await connection.execute(
                 "SELECT coalesce(c.relname, l.locktype), l.mode FROM pg_locks l "
                 "JOIN pg_stat_activity a ON a.pid = l.pid LEFT JOIN pg_class c ON c.oid = l.relation "
-                "WHERE (a.query LIKE '%%folded AS%%' OR a.query LIKE 'DROP TABLE %%usage_ledger%%') "
+                "WHERE (a.query LIKE 'DELETE FROM ONLY %%usage_ledger%%' "
+                "OR a.query LIKE 'DROP TABLE %%usage_ledger%%') "
                 "AND a.state = 'active' "
                 "AND l.granted AND c.relkind IN ('r', 'p')"
             )
@@ -589,9 +636,9 @@ async def history(run: Run, url: URL, figures: dict[str, Any], base: datetime) -
         for day in range(1, 31):
             day_start = base + timedelta(days=day - 1)
             began = time.perf_counter()
-            generate(
-                dsn, figures, run.pods, run.namespaces, day_start, day_start + timedelta(days=1), run.unit
-            )
+            day_end = day_start + timedelta(days=1)
+            raw_since = day_end - tk.settings.ledger_retention if tk.settings.ledger_retention else day_end
+            generate(dsn, figures, run.pods, run.namespaces, day_start, day_end, run.unit, raw_since)
             generated = time.perf_counter() - began
             if day == 30:
                 await measure_rollup_under_load(run, tk, url, day_start)
@@ -683,11 +730,11 @@ async def eight_exports(run: Run, tk: Timekeeper, url: URL, end: datetime) -> No
 
 
 def per_pod_day(run: Run) -> tuple[float, float, float]:
-    """(raw ledger bytes, hourly bytes, everything) per pod-day, from day 7 (raw only) and day 30."""
-    day7 = next(d for d in run.days if d.day == 7).figures
+    """(raw ledger bytes per pod held, hourly aggregate bytes per pod-day, everything per pod-day), on
+    day 30."""
     day30 = next(d for d in run.days if d.day == 30).figures
-    raw = day7["usage_ledger table+index MiB"] * 2**20 / (run.pods * 7)
-    hourly = day30["usage_hourly table+index MiB"] * 2**20 / (run.pods * 23)
+    raw = day30.get("usage_ledger table+index MiB", 0.0) * 2**20 / run.pods
+    hourly = day30["usage_pod_hours table+index MiB"] * 2**20 / (run.pods * 30)
     total = sum(v for k, v in day30.items() if k.endswith("table+index MiB")) * 2**20 / (run.pods * 30)
     return raw, hourly, total
 
@@ -716,7 +763,8 @@ def write(run: Run, proof: str, load: tuple[str, str], seconds: float) -> str:
         f"namespaces, a report each every {STEP} s ({run.pods * 2880:,} a day), pods replaced every "
         f"{run.unit // 3600}-{8 * run.unit // 3600} h; the roll-up every {run.rollup_minutes} min of "
         "simulated "
-        "time, raw rows kept 7 days.",
+        "time, raw rows kept for TIMEKEEPER_LEDGER_RETENTION's default (an hour); the history is hourly "
+        "aggregates written with each charge.",
         conditions(load),
         "",
         "| figure | day 1 | day 7 | day 30 |",
@@ -733,14 +781,14 @@ def write(run: Run, proof: str, load: tuple[str, str], seconds: float) -> str:
     per_day = median(rolled.seconds for rolled in folding) if folding else 0.0
     lines += [
         "",
-        f"- bytes per pod-day: raw ledger {raw:,.0f} (table + indexes, day 7), rolled up into hours "
-        f"{hourly:,.0f} (day 30), everything on day 30 / pod-days held {total:,.0f}",
+        f"- bytes: raw ledger held on day 30 {raw:,.0f} per pod (table + indexes, the raw window), hourly "
+        f"aggregates {hourly:,.0f} per pod-day, everything on day 30 / pod-days held {total:,.0f}",
         f"- roll-up of one day of data (its {24 * 60 // run.rollup_minutes} windows): "
         f"median {per_day:.1f} s, "
         f"max {max((rolled.seconds for rolled in folding), default=0):.1f} s, "
-        f"{folding[0].rows if folding else 0:,} rows folded and "
+        f"{folding[0].rows if folding else 0:,} raw rows deleted and "
         f"{folding[0].partitions if folding else 0} day partition(s) dropped per day (the raw ledger is "
-        "partitioned by day: a day is folded whole and its partition dropped, no rows deleted)",
+        "partitioned by day: rows past the raw window are deleted an hour at a time, a past day dropped)",
         f"- history loaded by the bulk loader; proof: {proof}",
         "- ingest is driven in-process (httpx over ASGI: the 32 clients share the timekeeper's process and "
         "event loop), so its rates compare days with each other, not with `make bench`'s; the bulk baseline "

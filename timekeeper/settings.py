@@ -219,10 +219,13 @@ class Settings(BaseSettings):
     closeout_after_intervals: int = Field(
         default=4, ge=1, description="A pod silent for this many report intervals is closed out."
     )
-    rollup_retention: timedelta = Field(
-        default=timedelta(days=7),
-        description="Raw ledger rows older than this are folded into hours: a day partition of the ledger "
-        "once the whole day is older (so raw rows stay up to a day longer), then dropped.",
+    ledger_retention: timedelta = Field(
+        default=timedelta(hours=1),
+        ge=timedelta(0),
+        description="How long a report's raw ledger row is kept (by its interval_end): for audit and "
+        "debugging (each report's own figures and GPU entries) and to answer a retried report as a "
+        "duplicate. Charges and history never need it (coverage and the hourly aggregates, written with "
+        "it, do); 0 writes none. The roll-up job deletes older rows hour by hour, a whole day by DROP.",
     )
     partitions_interval: timedelta = Field(
         default=timedelta(minutes=10),
@@ -326,7 +329,7 @@ class Settings(BaseSettings):
         "rollup_interval",
         "partitions_interval",
         "report_interval",
-        "rollup_retention",
+        "ledger_retention",
         "idle_after",
         mode="before",
     )

@@ -263,6 +263,9 @@ async def test_charges_equal_ground_truth_through_drops_duplicates_and_restarts(
         "TIMEKEEPER_DATABASE_URL": postgres.url,
         "TIMEKEEPER_ADMIN_TOKEN_SHA256": settings["admin_token_sha256"],
         "TIMEKEEPER_REPORTER_TOKEN_SHA256": settings["reporter_token_sha256"],
+        # Every raw row kept (the run may lie up to a day back): the checks below read them beside the
+        # hourly aggregates.
+        "TIMEKEEPER_LEDGER_RETENTION": str(3 * 24 * 3600),
     }
     timekeeper = TimekeeperProcess(_free_port(), env, tmp_path / "timekeeper.log")
     # Intervals in the past (so none is refused as future) across the last UTC midnight but one run ago,
@@ -343,6 +346,14 @@ async def test_charges_equal_ground_truth_through_drops_duplicates_and_restarts(
             ).fetchall()
         )
         stored = set(db.execute("SELECT pod_uid, seq FROM usage_ledger").fetchall())
+        # The history the answers read: each pod's hourly pieces, summed one by one, are its run, once.
+        hour_seconds = dict(
+            db.execute(
+                "SELECT c.pod_uid, sum(extract(epoch FROM upper(r) - lower(r))) FROM usage_pod_hours h "
+                "JOIN pod_coverage c ON c.id = h.pod_key CROSS JOIN LATERAL unnest(h.charged) AS r "
+                "GROUP BY c.pod_uid"
+            ).fetchall()
+        )
         partitions = db.execute(
             "SELECT CAST(tableoid AS regclass)::text, count(*) FROM usage_ledger GROUP BY 1 ORDER BY 1"
         ).fetchall()
@@ -353,5 +364,6 @@ async def test_charges_equal_ground_truth_through_drops_duplicates_and_restarts(
     assert overlaps == (0,), "a pod's time was charged twice"
     for pod in pods:
         assert charged_seconds[pod.uid] == INTERVALS * int(INTERVAL.total_seconds()), pod
+        assert hour_seconds[pod.uid] == INTERVALS * int(INTERVAL.total_seconds()), pod
         # Acknowledged means committed: every acknowledged report survived the kills and the crashes.
         assert {(pod.uid, seq) for seq in pod.acknowledged} <= stored, pod

@@ -4,6 +4,7 @@ timekeeper's own ServiceAccount (so every call also proves the RBAC rules we shi
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -57,4 +58,6 @@ def settings(database_url: URL, kubeconfig: Path) -> Settings:  # noqa: F811 (th
         auth_mode="kubernetes",
         kube_in_cluster=False,
         kubeconfig=kubeconfig,
+        # Raw ledger rows kept a week (the default is an hour): the tests that add up charges read them.
+        ledger_retention=timedelta(days=7),
     )

@@ -51,7 +51,15 @@ NO_SERIES_HERE = {
     "timekeeper_running_gpu_pods": "the reconciler's pod watch, which needs a Kubernetes API (tests/cluster)",
 }
 # The table the roll-up job writes: renamed away before the timekeeper starts, so the job never succeeds.
-ROLLUP_TABLE = "usage_hourly"
+# The roll-up job is the only writer that deletes the forecast's old burn buckets: a statement trigger
+# refusing that delete fails the job and nothing else.
+ROLLUP_FAULT = (
+    "CREATE FUNCTION refuse_rollup() RETURNS trigger LANGUAGE plpgsql AS "
+    "$$BEGIN RAISE EXCEPTION 'the roll-up is refused'; END$$; "
+    "CREATE TRIGGER refuse_rollup BEFORE DELETE ON usage_burn FOR EACH STATEMENT "
+    "EXECUTE FUNCTION refuse_rollup()"
+)
+ROLLUP_FIXED = "DROP TRIGGER refuse_rollup ON usage_burn; DROP FUNCTION refuse_rollup()"
 
 
 @dataclass
@@ -197,7 +205,7 @@ def _running_stack(
             "TIMEKEEPER_STATES_INTERVAL": "1",
             "TIMEKEEPER_CLOSEOUT_INTERVAL": "1",
             "TIMEKEEPER_ROLLUP_INTERVAL": "1",
-            "TIMEKEEPER_ROLLUP_RETENTION": "0",
+            "TIMEKEEPER_LEDGER_RETENTION": "0",
         },
         ports[0],
         workdir / "timekeeper.log",
@@ -214,7 +222,7 @@ def _running_stack(
     webhook = WebhookProcess(webhook_env, ports[1], ca_cert, workdir / "webhook.log")
     stack = Stack(postgres, timekeeper, webhook, webhook_env, prometheus, tokens, ca_cert, workdir)
     # The first fault is there before anything runs: a roll-up that has never succeeded.
-    stack.sql(f"ALTER TABLE {ROLLUP_TABLE} RENAME TO {ROLLUP_TABLE}_away")
+    stack.sql(ROLLUP_FAULT)
     try:
         with ThreadPoolExecutor() as starting:  # each waits for its process to answer
             for started in [starting.submit(timekeeper.start), starting.submit(webhook.start)]:
@@ -258,7 +266,7 @@ def test_a_scheduler_job_that_never_succeeded_fires_and_resolves_once_it_does(st
         if a["labels"]["job"] != "rollup"
     ]
 
-    stack.sql(f"ALTER TABLE {ROLLUP_TABLE}_away RENAME TO {ROLLUP_TABLE}")
+    stack.sql(ROLLUP_FIXED)
 
     stack.prometheus.wait_resolved("GPUTimekeeperSchedulerJobFailing")
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -24,6 +25,9 @@ from timekeeper.settings import Settings
 
 # Mid-month, mid-week, midday: far from every period boundary unless a test moves there.
 START = datetime(2026, 3, 18, 12, 0, tzinfo=UTC)
+
+
+RAW_WEEK = timedelta(days=7)
 
 
 @pytest.fixture(scope="session")
@@ -44,8 +48,14 @@ def clock() -> ManualClock:
 
 @pytest.fixture
 def settings(database_url: URL, tokens: Tokens) -> Settings:
-    # The scheduler's jobs are driven directly by tests/timekeeper/test_scheduler*.py.
-    return Settings(database_url=url_string(database_url), scheduler_enabled=False, **tokens.settings())
+    # The scheduler's jobs are driven directly by tests/timekeeper/test_scheduler*.py. Raw ledger rows are
+    # kept a week (the default is an hour), so the tests that look at them see their reports' rows.
+    return Settings(
+        database_url=url_string(database_url),
+        scheduler_enabled=False,
+        ledger_retention=RAW_WEEK,
+        **tokens.settings(),
+    )
 
 
 @pytest.fixture
@@ -82,11 +92,11 @@ def built_apps() -> BuiltApps:
     return BuiltApps()
 
 
-@pytest.fixture
-async def app(
-    settings: Settings, clock: ManualClock, connection: AsyncConnection, built_apps: BuiltApps
+@asynccontextmanager
+async def serving(
+    app: FastAPI, settings: Settings, clock: ManualClock, connection: AsyncConnection
 ) -> AsyncIterator[FastAPI]:
-    app = built_apps.app(settings)
+    """The app started, every session of it joined to the test's connection and transaction."""
     async with run_context(app, settings, clock) as context:
         # Every request's session joins the test's transaction; its commit only releases a savepoint.
         sessions = async_sessionmaker(
@@ -95,6 +105,14 @@ async def app(
         # Reads too (in production they run in autocommit; tests/timekeeper/test_reads.py checks that), and
         # chargeback exports (in production on a pool of their own: tests/timekeeper/test_chargeback.py).
         expose(app, replace(context, sessions=sessions, reads=sessions, export_sessions=sessions))
+        yield app
+
+
+@pytest.fixture
+async def app(
+    settings: Settings, clock: ManualClock, connection: AsyncConnection, built_apps: BuiltApps
+) -> AsyncIterator[FastAPI]:
+    async with serving(built_apps.app(settings), settings, clock, connection) as app:
         yield app
 
 

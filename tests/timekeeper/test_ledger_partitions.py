@@ -1,6 +1,7 @@
 """The raw ledger partitioned by UTC day: reports land in the day of their interval's end, a retry beside its
-first, the roll-up drops a whole old day without changing any answer, and a report for a day with no
-partition of its own lands in the default partition and still counts exactly once."""
+first, the roll-up drops a whole old day (and deletes the older rows of the day the raw window ends in)
+without changing any answer, a report for a day with no partition of its own lands in the default
+partition, and a late report past the raw window still counts exactly once."""
 
 from __future__ import annotations
 
@@ -104,20 +105,20 @@ async def test_the_roll_up_drops_a_whole_old_day_and_no_answer_changes(
     detail = (await run(app, "rollup")).detail
 
     assert detail is not None
-    assert (detail["folded_rows"], ours(detail)) == (1, ["usage_ledger_p20300209"])
-    assert await partition_of_rows(connection) == [(seq, "usage_ledger_p20300210") for seq in (2, 3, 4)]
+    # The rows of 2030-02-10 that ended by the cutoff (00:10) go by DELETE, its partition stays.
+    assert (detail["deleted_rows"], ours(detail)) == (3, ["usage_ledger_p20300209"])
+    assert await partition_of_rows(connection) == []
     assert await answers(api) == across_midnight
 
     clock.set(at(15) + timedelta(days=8))
     detail = (await run(app, "rollup")).detail
 
     assert detail is not None
-    assert (detail["folded_rows"], ours(detail)) == (3, ["usage_ledger_p20300210"])
-    assert await partition_of_rows(connection) == []
+    assert (detail["deleted_rows"], ours(detail)) == (0, ["usage_ledger_p20300210"])
     assert await answers(api) == across_midnight
 
 
-async def test_a_late_report_for_a_dropped_day_lands_in_the_default_partition_once(
+async def test_a_late_report_for_a_dropped_day_past_the_raw_window_counts_once(
     api: Api, app: FastAPI, clock: ManualClock, across_midnight: dict[str, Any], connection: AsyncConnection
 ) -> None:
     clock.set(at(15) + timedelta(days=7))
@@ -125,18 +126,17 @@ async def test_a_late_report_for_a_dropped_day_lands_in_the_default_partition_on
 
     retry = ok(await api.report(pod="a", pod_uid="uid-a", seq=1, start=at(-2), end=at(-1)))
     late = ok(await api.report(pod="a", pod_uid="uid-a", seq=9, start=at(-5), end=at(-3)))
+    again = ok(await api.report(pod="a", pod_uid="uid-a", seq=9, start=at(-5), end=at(-3)))
 
-    assert (retry["gpu_minutes"], late["gpu_minutes"]) == (0, 2)
-    assert [p for seq, p in await partition_of_rows(connection) if seq in (1, 9)] == [
-        "usage_ledger_default",
-        "usage_ledger_default",
-    ]
-    # The next roll-up folds the default partition's rows by DELETE; the late 2 minutes count once.
+    assert (retry["gpu_minutes"], late["gpu_minutes"], again["gpu_minutes"]) == (0, 2, 0)
+    # The pod's coverage decides, not a raw row: they end before the raw window and leave none.
+    assert again["duplicate"] is True
+    assert await partition_of_rows(connection) == []
     clock.advance(timedelta(hours=1))
-    detail = (await run(app, "rollup")).detail
-    assert detail is not None and detail["folded_rows"] == 2
+    assert (await run(app, "rollup")).detail is not None
     after = await answers(api)
     assert after["pod"]["total_gpu_minutes"] == pytest.approx(3 + 2, abs=1e-9)
+    assert after["budget"] == pytest.approx(across_midnight["budget"] + 2, abs=1e-9)
 
 
 async def test_a_report_for_a_day_without_partition_lands_in_the_default_and_upkeep_leaves_that_day(
@@ -173,7 +173,9 @@ async def test_the_drop_never_queues_ingest_behind_a_long_read_and_retries_later
     monkeypatch.setattr(partitions, "LOCK_PATIENCE", 1.0)
     engine = build_engine(url_string(own_database), pool_size=3)
     sessionmaker = build_sessionmaker(engine)
-    settings = Settings(database_url=url_string(own_database), scheduler_enabled=False)
+    settings = Settings(
+        database_url=url_string(own_database), scheduler_enabled=False, ledger_retention=timedelta(days=7)
+    )
     clock = ManualClock(at(-60))
     try:
         await run_job(JOBS_BY_NAME["partitions"], sessionmaker, settings, clock, "test")
@@ -195,10 +197,10 @@ async def test_the_drop_never_queues_ingest_behind_a_long_read_and_retries_later
 
         assert rolled.detail is not None
         assert (
-            rolled.detail["folded_rows"],
+            rolled.detail["deleted_rows"],
             "usage_ledger_p20300209" in rolled.detail["partitions_dropped"],
         ) == (
-            1,
+            0,
             True,
         )
         async with engine.connect() as connection:

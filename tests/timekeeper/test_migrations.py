@@ -208,7 +208,7 @@ def test_the_ledgers_gpu_entries_go_positional_and_back_unchanged() -> None:
                 rows = connection.execute(sa.text("SELECT seq, gpus FROM usage_ledger"))
                 return {row.seq: row.gpus for row in rows}
 
-        migrate(url)
+        command.upgrade(alembic_config(url), "cb6919911663")  # later revisions keep raw rows briefly
         upgraded = stored()
         with engine.connect() as connection:
             columns = {column["name"] for column in sa.inspect(connection).get_columns("usage_ledger")}
@@ -306,3 +306,87 @@ def test_partitioning_keeps_the_ledger_rows_in_place_and_going_down_keeps_them_t
         engine.dispose()
     finally:
         drop_database(url)
+
+
+_OLD_HOURLY = (
+    "INSERT INTO usage_hourly (namespace, pod, pod_uid, hour_start, gpu_share, charged, reports, "
+    "util_seconds, util_covered_seconds, charge_share, gpu_model) VALUES ('team-a', 'p', 'uid-p', :hour, 1, "
+    "tstzmultirange(tstzrange(:hour, :hour + interval '20 minutes')), 40, 60000, 1200, 1, 'M1')"
+)
+_OLD_RAW = (
+    "INSERT INTO usage_ledger (namespace, pod, pod_uid, seq, interval_start, interval_end, gpu_share, "
+    "charged, gpu_minutes, final, gpus, charge_share, gpu_model, mean_sm_util_pct) "
+    "VALUES ('team-a', :pod, :uid, :seq, :start, :end, 1, tstzmultirange(tstzrange(:start, :end)), "
+    "0.5, false, '[]', 1, :model, :util)"
+)
+_HOURS_NOW = (
+    "SELECT c.pod_uid, h.hour_start, m.name AS model, h.reports, h.reports_continued, h.util_seconds, "
+    "(SELECT sum(extract(epoch FROM upper(r) - lower(r))) FROM unnest(h.charged) AS r) AS seconds "
+    "FROM usage_pod_hours h JOIN pod_coverage c ON c.id = h.pod_key "
+    "LEFT JOIN usage_models m ON m.id = h.model_key ORDER BY 1, 2, 3"
+)
+
+
+def test_the_history_moves_into_hourly_aggregates_and_back_keeping_every_charged_minute() -> None:
+    """Migration 9a4c6e2f1b37 moves the rolled-up hours as they are and folds the raw rows hour by hour
+    into the pod-hour aggregates (a pod without a coverage row gets one); going down, the aggregates become
+    rolled-up hours again and the raw rows, whose charge they hold, go."""
+    url = create_database("gtk_history")
+    hour = datetime(2026, 11, 20, 10, tzinfo=UTC)
+    try:
+        migrate(url)
+        migrate(url, "cb6919911663")
+        engine = sa.create_engine(url_string(url), poolclass=sa.NullPool)
+        with engine.begin() as connection:
+            connection.execute(
+                sa.text(
+                    "INSERT INTO pod_coverage (pod_uid, namespace, pod, covered, last_seq, last_report_at, "
+                    "final) VALUES ('uid-p', 'team-a', 'p', '{}', 2, now(), false)"
+                )
+            )
+            connection.execute(sa.text(_OLD_HOURLY), {"hour": hour})
+            for seq, uid, start, minutes, model, util in (
+                (1, "uid-p", hour + timedelta(minutes=50), 20, "M1", 50),  # across 11:00
+                (2, "uid-p", hour + timedelta(minutes=20), 10, None, None),
+                (1, "uid-q", hour, 5, None, 10),  # no coverage row
+            ):
+                connection.execute(
+                    sa.text(_OLD_RAW),
+                    {
+                        "pod": uid[-1],
+                        "uid": uid,
+                        "seq": seq,
+                        "start": start,
+                        "end": start + timedelta(minutes=minutes),
+                        "model": model,
+                        "util": util,
+                    },
+                )
+        migrate(url)
+        with engine.connect() as connection:
+            upgraded = [tuple(row) for row in connection.execute(sa.text(_HOURS_NOW))]
+            raw_left = connection.execute(sa.text("SELECT count(*) FROM usage_ledger")).scalar_one()
+        migrate(url, "cb6919911663")
+        with engine.connect() as connection:
+            downgraded = connection.execute(
+                sa.text(
+                    "SELECT pod_uid, sum(reports), sum((SELECT sum(extract(epoch FROM upper(r) - lower(r))) "
+                    "FROM unnest(charged) AS r)) FROM usage_hourly GROUP BY 1 ORDER BY 1"
+                )
+            ).all()
+            raw_after = connection.execute(sa.text("SELECT count(*) FROM usage_ledger")).scalar_one()
+        engine.dispose()
+    finally:
+        drop_database(url)
+
+    eleven = hour + timedelta(hours=1)
+    assert upgraded == [
+        # The rolled-up hour and seq 1's first 10 minutes; seq 2 (no model); seq 1's 10 minutes after 11:00.
+        ("uid-p", hour, "M1", 40 + 1, 0, Decimal(60000 + 50 * 600), Decimal(30 * 60)),
+        ("uid-p", hour, None, 1, 0, None, Decimal(600)),
+        ("uid-p", eleven, "M1", 1, 1, Decimal(50 * 600), Decimal(600)),
+        ("uid-q", hour, None, 1, 0, Decimal(10 * 300), Decimal(300)),
+    ]
+    assert raw_left == 3  # kept until the roll-up job removes them
+    assert [tuple(row) for row in downgraded] == [("uid-p", 43, Decimal(50 * 60)), ("uid-q", 1, Decimal(300))]
+    assert raw_after == 0

@@ -59,13 +59,13 @@ REPORT = {
 }
 # Tables small whatever the cluster's size, which PostgreSQL may rightly read whole: the default budget
 # (one row), the pools (an admin's few, each selector matched against a namespace's labels), the charge
-# bases and the GPU weights (an admin's models and their changes).
-READ_WHOLE = {"default_budget", "budget_pools", "charge_basis", "gpu_weights"}
+# bases, the GPU weights (an admin's models and their changes) and the models' keys (a cluster's few).
+READ_WHOLE = {"default_budget", "budget_pools", "charge_basis", "gpu_weights", "usage_models"}
 RUNS = 8  # psycopg prepares on the fifth run; PostgreSQL chooses its kept plan on the sixth
 
 # A large cluster's tables: 10,000 namespaces (5,000 with budgets of their own, 1,000 listed in a pool,
 # each with a monthly total and 1,000 with six hours of burn buckets), 5,000 pods with four reports each,
-# labelled namespaces, 20 weighted GPU models.
+# labelled namespaces, 20 weighted GPU models; a day of hourly aggregates per pod.
 _GROWN = (
     "INSERT INTO namespace_status (namespace, state) SELECT 'ns-' || i, 'in_budget' "
     "FROM generate_series(1, 10000) AS i",
@@ -86,6 +86,11 @@ _GROWN = (
     "tstzmultirange(tstzrange(t, t + interval '30 seconds')), 0.5, false, '[]', 1 "
     "FROM generate_series(2, 5000) AS i, generate_series(1, 4) AS s, "
     "LATERAL (SELECT now() - s * interval '30 seconds' AS t) AS at",
+    "INSERT INTO usage_models (name) SELECT 'MODEL-' || m FROM generate_series(1, 20) AS m",
+    "INSERT INTO usage_pod_hours (pod_key, hour_start, gpu_share, charge_share, model_key, charged, reports) "
+    "SELECT c.id, h, 1, 1, 1, tstzmultirange(tstzrange(h, h + interval '1 hour')), 120 "
+    "FROM pod_coverage c, LATERAL generate_series(date_trunc('hour', now()) - interval '23 hours', "
+    "date_trunc('hour', now()), interval '1 hour') AS h",
     "INSERT INTO budget_pools (name, budget_gpu_minutes, period, warn_at_fraction, namespace_selector, "
     "updated_by) VALUES ('research', 1000, 'monthly', 0.8, '{\"team\": \"research\"}', 'test'), "
     "('listed', 1000, 'monthly', 0.8, NULL, 'test')",
@@ -145,12 +150,14 @@ def _planned_statements() -> dict[str, tuple[str, list[dict[str, Any]]]]:
         ),
         "weights": (weights(arity(1)), [weights_parameters([f"MODEL-{n}"], START, END) for n in runs]),
         "repeats": (repository._REPEATED, [repository.repeated_parameters(p, (START, END)) for p in pods]),
+        "add models": (repository._ADD_MODELS, [{"models": [f"MODEL-{n + 1}"]} for n in runs]),
         "charge": (
             repository._CHARGE,
             [
                 {
                     "reports": batch_json([{**REPORT, "pod_uid": f"uid-{n + 2}"}]),
                     "now": NOW + timedelta(seconds=n),
+                    "raw_since": NOW + timedelta(seconds=n) - timedelta(hours=1),
                 }
                 for n in runs
             ],

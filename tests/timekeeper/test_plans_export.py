@@ -1,5 +1,5 @@
 """How PostgreSQL plans the chargeback export's one statement on a large cluster's tables (test_plans.py's,
-plus a day of rolled-up hours), as the export runs it: a server-side cursor (EXPLAIN DECLARE plans it
+plus a day of hours a month ago), as the export runs it: a server-side cursor (EXPLAIN DECLARE plans it
 for a cursor, as the export's DECLARE is). No planner setting is changed."""
 
 from __future__ import annotations
@@ -23,12 +23,11 @@ from timekeeper.usage import repository
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-# A day of hours for every pod of test_plans' ledger, rolled up a month ago.
+# A day of hours for every pod of test_plans' ledger, a month ago.
 _HOURS = (
-    "INSERT INTO usage_hourly (namespace, pod, pod_uid, hour_start, gpu_share, charged, reports, "
-    "charge_share, gpu_model) SELECT 'ns-' || (i % 10000), 'pod-' || i, 'uid-' || i, h, 1, "
-    "tstzmultirange(tstzrange(h, h + interval '1 hour')), 120, 1, 'MODEL-' || (i % 20) "
-    "FROM generate_series(2, 5000) AS i, "
+    "INSERT INTO usage_pod_hours (pod_key, hour_start, gpu_share, charge_share, model_key, charged, reports) "
+    "SELECT c.id, h, 1, 1, 1 + c.id % 20, tstzmultirange(tstzrange(h, h + interval '1 hour')), 120 "
+    "FROM pod_coverage c, "
     "generate_series(date_trunc('hour', now()) - interval '30 days', "
     "date_trunc('hour', now()) - interval '29 days 1 hour', interval '1 hour') AS h"
 )
@@ -51,10 +50,10 @@ async def test_a_scoped_export_reads_its_namespaces_rows_by_index(
     grown: psycopg.AsyncConnection[Any],  # noqa: F811
     connection: AsyncConnection,
 ) -> None:
-    """A reader of three namespaces out of 10,000 exporting the last 40 days: the ledger's and the hourly
-    roll-up's rows of those namespaces by index, neither table read whole."""
+    """A reader of three namespaces out of 10,000 exporting the last 40 days: the hourly aggregates of
+    those namespaces' pods by index, no table read whole."""
     await grown.execute(_HOURS)
-    await grown.execute("ANALYZE usage_hourly")
+    await grown.execute("ANALYZE usage_pod_hours")
     now = datetime.now(UTC)
 
     plan = await export_plan(connection, ["ns-7", "ns-42", "ns-9001"], now - timedelta(days=40), now)
@@ -66,12 +65,13 @@ async def test_a_check_that_catches_an_export_reading_a_grown_table_whole(
     grown: psycopg.AsyncConnection[Any],  # noqa: F811
     connection: AsyncConnection,
 ) -> None:
-    """The check above fails where the index its probes use is gone."""
+    """The check above fails where the indexes its probes use are gone."""
     await grown.execute(_HOURS)
-    await grown.execute("DROP INDEX ix_usage_hourly_namespace_hour_start")
-    await grown.execute("ANALYZE usage_hourly")
+    await grown.execute("ALTER TABLE usage_pod_hours DROP CONSTRAINT uq_usage_pod_hours_key")
+    await grown.execute("DROP INDEX ix_usage_pod_hours_hour_start")
+    await grown.execute("ANALYZE usage_pod_hours")
     now = datetime.now(UTC)
 
     plan = await export_plan(connection, ["ns-7", "ns-42", "ns-9001"], now - timedelta(days=40), now)
 
-    assert set(_scanned(plan)) - READ_WHOLE - await empty_partitions(grown) == {"usage_hourly"}
+    assert set(_scanned(plan)) - READ_WHOLE - await empty_partitions(grown) == {"usage_pod_hours"}

@@ -61,10 +61,10 @@ def replicas(
         "TIMEKEEPER_ROLLOVER_INTERVAL": "1",
         "TIMEKEEPER_STATES_INTERVAL": "1",
         "TIMEKEEPER_CLOSEOUT_INTERVAL": "1",
-        # Roll-up windows every second and no retention: rows are folded while reports keep coming.
+        # Roll-up windows every second and no raw rows: the history is the hourly aggregates alone.
         "TIMEKEEPER_ROLLUP_INTERVAL": "1",
         "TIMEKEEPER_PARTITIONS_INTERVAL": "1",
-        "TIMEKEEPER_ROLLUP_RETENTION": "0",
+        "TIMEKEEPER_LEDGER_RETENTION": "0",
     }
     with started_replicas(database, env, tmp_path) as started:
         yield started
@@ -215,13 +215,13 @@ async def test_two_replicas_keep_exact_books_and_hand_the_jobs_over_when_the_lea
         )
         runs = connection.execute(sa.text("SELECT job, window_start, replica, ran_at FROM job_runs")).all()
         raw_left = connection.execute(sa.text("SELECT count(*) FROM usage_ledger")).scalar_one()
-        rolled = connection.execute(sa.text("SELECT count(*) FROM usage_hourly")).scalar_one()
-        # Each report touched one hour (30-s intervals aligned to the hour): folded once, it counts once.
+        rolled = connection.execute(sa.text("SELECT count(*) FROM usage_pod_hours")).scalar_one()
+        # Each report touched one hour (30-s intervals aligned to the hour): added once, it counts once.
         folded = connection.execute(
             sa.text(
-                "SELECT pod_uid, sum(reports) AS reports, (SELECT sum(upper(r) - lower(r)) "
-                "FROM unnest(range_agg(charged)) AS r) AS charged "
-                "FROM usage_hourly GROUP BY pod_uid"
+                "SELECT c.pod_uid, sum(h.reports) AS reports, (SELECT sum(upper(r) - lower(r)) "
+                "FROM unnest(range_agg(h.charged)) AS r) AS charged "
+                "FROM usage_pod_hours h JOIN pod_coverage c ON c.id = h.pod_key GROUP BY c.pod_uid"
             )
         ).all()
         team_0_events = (

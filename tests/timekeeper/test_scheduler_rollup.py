@@ -1,5 +1,6 @@
-"""Roll-up: raw ledger rows older than the retention window are folded into hourly per-pod aggregates,
-and every figure the service answers (usage by pod, hour and day, budget totals) stays the same."""
+"""Roll-up: raw ledger rows older than the raw window (TIMEKEEPER_LEDGER_RETENTION) are removed, the hourly
+per-pod aggregates ingest wrote stay, and every figure the service answers (usage by pod, hour and day,
+budget totals) stays the same."""
 
 from __future__ import annotations
 
@@ -87,6 +88,9 @@ async def answers(api: Api) -> dict[str, Any]:
     return seen
 
 
+HOURLY = "SELECT * FROM usage_pod_hours ORDER BY pod_key, hour_start, gpu_share, charge_share, model_key"
+
+
 async def ledger_rows(connection: AsyncConnection) -> int:
     return int(await scalar(connection, "SELECT count(*) FROM usage_ledger"))
 
@@ -111,11 +115,11 @@ async def test_roll_up_folds_old_rows_and_every_answer_stays_the_same(
 
     assert result.window == at(14)
     assert result.detail is not None
-    assert result.detail["folded_rows"] == raw_before - 1
+    assert result.detail["deleted_rows"] == raw_before - 1
     assert await ledger_rows(connection) == 1  # the row that ended after the cutoff
     assert await answers(api) == history
-    # Pod a's 12:00 and 13:00 hours, b's 12:00, c's 23:00 and 00:00: one aggregate each.
-    assert await scalar(connection, "SELECT count(*) FROM usage_hourly") == 5
+    # Pod a's 12:00, 13:00 and 14:00 hours, b's 12:00, c's 23:00 and 00:00: one aggregate each, since ingest.
+    assert await scalar(connection, "SELECT count(*) FROM usage_pod_hours") == 6
 
 
 async def test_a_total_hand_computed_from_the_intervals_matches_after_roll_up(
@@ -137,11 +141,11 @@ async def test_a_second_roll_up_of_the_same_window_does_nothing(
     api: Api, app: FastAPI, history: dict[str, Any], connection: AsyncConnection
 ) -> None:
     await run(app, "rollup")
-    hourly = (await connection.execute(sa.text("SELECT * FROM usage_hourly ORDER BY id"))).all()
+    hourly = (await connection.execute(sa.text(HOURLY))).all()
 
     assert (await run(app, "rollup")).detail is None
 
-    assert (await connection.execute(sa.text("SELECT * FROM usage_hourly ORDER BY id"))).all() == hourly
+    assert (await connection.execute(sa.text(HOURLY))).all() == hourly
     assert await answers(api) == history
 
 
@@ -154,11 +158,11 @@ async def test_a_late_retry_of_a_rolled_up_report_charges_nothing(
 
     assert retry["gpu_minutes"] == 0
     assert await answers(api) == history
-    # Its (empty) ledger row is folded by the next window with the 13:55-14:05 one (two hours of pod a),
-    # still changing nothing.
+    # It ended before the raw window, so it left no ledger row: the next window removes only the
+    # 13:55-14:05 one, still changing nothing.
     clock.advance(timedelta(hours=1))
     detail = (await run(app, "rollup")).detail
-    assert (detail["folded_rows"], detail["hourly_rows"]) == (2, 2)
+    assert detail["deleted_rows"] == 1
     assert await answers(api) == history
 
 
@@ -179,7 +183,8 @@ async def test_late_new_time_in_a_rolled_up_hour_is_added_to_its_aggregate(
     assert (
         await scalar(
             connection,
-            "SELECT count(*) FROM usage_hourly WHERE pod_uid = 'uid-a' AND hour_start = :hour",
+            "SELECT count(*) FROM usage_pod_hours h JOIN pod_coverage c ON c.id = h.pod_key "
+            "WHERE c.pod_uid = 'uid-a' AND h.hour_start = :hour",
             hour=at(13),
         )
         == 1

@@ -162,26 +162,20 @@ _REFRESH_GRANTED = sa.text(
     DO UPDATE SET granted_gpu_minutes = excluded.granted_gpu_minutes
     """
 )
-# Recompute a period's totals from the ledger's charged time (raw rows and the hourly aggregates old rows
-# were rolled up into) and the grants, for namespaces whose period
+# Recompute a period's totals from the charged time in the hourly aggregates (usage/models.py
+# UsagePodHour: every charge lands there as it is made) and the grants, for namespaces whose period
 # kind just changed (their running total for the new kind may have missed charges made under the old one).
 _REBUILD = sa.text(
     """
     INSERT INTO usage_totals (namespace, period_kind, period_start, used_gpu_minutes, granted_gpu_minutes)
     SELECT n.namespace, :kind, :start,
         coalesce((
-            SELECT sum(round(l.charge_share * (
-                SELECT coalesce(sum(gpu_weighted_seconds(l.gpu_model, r)), 0)
-                FROM unnest(l.charged * tstzmultirange(tstzrange(:start, :end))) AS r) / 60, 9))
-            FROM usage_ledger l
-            WHERE l.namespace = n.namespace AND l.interval_end > :start
-              AND (CAST(:end AS timestamptz) IS NULL OR l.interval_start < :end)
-        ), 0) + coalesce((
             SELECT sum(round(h.charge_share * (
-                SELECT coalesce(sum(gpu_weighted_seconds(h.gpu_model, r)), 0)
+                SELECT coalesce(sum(gpu_weighted_seconds(m.name, r)), 0)
                 FROM unnest(h.charged * tstzmultirange(tstzrange(:start, :end))) AS r) / 60, 9))
-            FROM usage_hourly h
-            WHERE h.namespace = n.namespace AND h.hour_start > CAST(:start AS timestamptz) - interval '1 hour'
+            FROM pod_coverage c JOIN usage_pod_hours h ON h.pod_key = c.id
+            LEFT JOIN usage_models m ON m.id = h.model_key
+            WHERE c.namespace = n.namespace AND h.hour_start > CAST(:start AS timestamptz) - interval '1 hour'
               AND (CAST(:end AS timestamptz) IS NULL OR h.hour_start < :end)
         ), 0),
         coalesce((

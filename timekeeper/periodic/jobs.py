@@ -56,16 +56,15 @@ class PeriodicService:
         }
 
     async def roll_up(self, now: datetime, window: datetime) -> dict[str, Any]:
-        """Fold the ledger rows that ended before the window's start into hourly per-pod aggregates (coverage
-        and totals untouched), whole day partitions dropped, and drop the burn buckets older than the
-        forecast's window and a margin."""
-        rolled = await self.repository.roll_up(window)
+        """Remove the raw ledger rows that ended before the window's start (coverage, totals and the hourly
+        aggregates untouched: ingest wrote the history as it charged), whole day partitions dropped, and
+        drop the burn buckets older than the forecast's window and a margin."""
+        pruned = await self.repository.prune_ledger(window)
         oldest = now - timedelta(minutes=self.settings.forecast_window_minutes) - PURGE_MARGIN
         purged = await self.burn.purge(oldest)
         return {
-            "folded_rows": rolled.folded,
-            "hourly_rows": rolled.hours,
-            "partitions_dropped": rolled.dropped,
+            "deleted_rows": pruned.deleted,
+            "partitions_dropped": pruned.dropped,
             "burn_buckets_purged": purged,
         }
 
@@ -108,7 +107,7 @@ JOBS: tuple[Job, ...] = (
     Job(
         "rollup",
         lambda s: s.rollup_interval,
-        lambda now, s: floor_to(now - s.rollup_retention, s.rollup_interval),
+        lambda now, s: floor_to(now - s.ledger_retention, s.rollup_interval),
         PeriodicService.roll_up,
     ),
     Job(

@@ -1,5 +1,5 @@
-"""The append-only usage ledger, the hourly aggregates old ledger rows are folded into (by the periodic
-roll-up), and per pod the time already charged."""
+"""The usage ledger's raw rows (kept briefly), the per-pod hourly aggregates that are the history, and per
+pod the time already charged (what makes every report count once, whether or not its raw row is kept)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     DateTime,
+    Identity,
     Index,
     Integer,
     Numeric,
@@ -74,34 +75,60 @@ class LedgerEntry(Base):
     gpu_model: Mapped[str | None] = mapped_column(Text)
 
 
-class UsageHourly(Base):
-    """Ledger rows older than the retention window, folded per pod, hour and share: the charged time
-    (clipped to the hour) is kept as a multirange, so usage is computed from it exactly as from raw rows."""
+class UsageModel(Base):
+    """The GPU models charged, each a small key the hourly aggregates hold instead of its name."""
 
-    __tablename__ = "usage_hourly"
+    __tablename__ = "usage_models"
+
+    id: Mapped[int] = mapped_column(SmallInteger, Identity(), primary_key=True)
+    name: Mapped[str] = mapped_column(Text, unique=True)
+
+
+class UsagePodHour(Base):
+    """A pod's charge in one UTC hour at one share, charge share and model: written by ingest in the
+    transaction that extends the pod's coverage, so it is the history every usage answer, the export and
+    the budgets' rebuild read (raw ledger rows are kept only briefly). The charged time (clipped to the
+    hour) is kept as a multirange, so GPU-minutes, raw (gpu_share) and weighted (charge_share x the
+    model's weight), are computed from it exactly as from raw rows. Keys, not text: the pod (its
+    pod_coverage row's id, which names its namespace, pod and pod_uid) and the model (usage_models.id).
+    Not foreign keys: only ingest writes them, from the rows it just read, and a foreign key's check
+    would lock the one row of a model in every batch."""
+
+    __tablename__ = "usage_pod_hours"
     __table_args__ = (
         UniqueConstraint(
-            "pod_uid",
+            "pod_key",
             "hour_start",
             "gpu_share",
             "charge_share",
-            "gpu_model",
-            name="uq_usage_hourly_pod_hour_share",
+            "model_key",
+            name="uq_usage_pod_hours_key",
             postgresql_nulls_not_distinct=True,
         ),
-        Index("ix_usage_hourly_namespace_hour_start", "namespace", "hour_start"),
+        # Reads of every namespace over a window (the export): nearly free on inserts in time order.
+        Index("ix_usage_pod_hours_hour_start", "hour_start", postgresql_using="brin"),
     )
+    # Every report updates its pod's row of the hour: the table's fillfactor (90, set by migration
+    # 9a4c6e2f1b37; SQLAlchemy's tables take no storage parameters) leaves room on each page, so those
+    # updates stay HOT (no new index entries), for a tenth more of the table.
 
-    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
-    namespace: Mapped[str] = mapped_column(Text)
-    pod: Mapped[str] = mapped_column(Text)
-    pod_uid: Mapped[str] = mapped_column(Text)
+    # No surrogate key (the unique key is the row's identity; a usage read groups a row's pieces by ctid);
+    # the ORM is told the key, as the table has no primary key (model_key may be NULL).
+    __mapper_args__ = {"primary_key": ["pod_key", "hour_start", "gpu_share", "charge_share", "model_key"]}
+
+    pod_key: Mapped[int] = mapped_column(Integer)
     hour_start: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     gpu_share: Mapped[Decimal] = mapped_column(Numeric)
+    # What the budget is charged per second before the model's weight (as on a ledger row, LedgerEntry).
+    charge_share: Mapped[Decimal] = mapped_column(Numeric)
+    model_key: Mapped[int | None] = mapped_column(SmallInteger)
     charged: Mapped[Any] = mapped_column(TSTZMULTIRANGE)
-    reports: Mapped[int] = mapped_column(Integer)
-    # The folded reports' figures as sums that fold again exactly (domain/measurements.py): figure x seconds
-    # beside the seconds that had the figure, maxima, energy, the statuses seen.
+    reports: Mapped[int] = mapped_column(Integer)  # a report counts once in each hour its charge touches
+    # Of those, the reports with charged time in an earlier hour too: a usage bucket holding both hours
+    # counts them once (usage/repository.py _reports_in), as raw rows would.
+    reports_continued: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
+    # The reports' figures as sums that fold exactly (domain/measurements.py): figure x seconds beside the
+    # seconds that had the figure, maxima, energy, the statuses seen.
     util_seconds: Mapped[Decimal | None] = mapped_column(Numeric)
     util_covered_seconds: Mapped[Decimal] = mapped_column(Numeric, server_default=text("0"))
     peak_sm_util_pct: Mapped[Decimal | None] = mapped_column(Numeric(6, 3))
@@ -110,9 +137,6 @@ class UsageHourly(Base):
     peak_mem_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
     energy_joules: Mapped[Decimal | None] = mapped_column(Numeric)
     gpu_status_bits: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
-    # As on the ledger rows folded (LedgerEntry): an aggregate holds rows of one charge rate and model.
-    charge_share: Mapped[Decimal] = mapped_column(Numeric)
-    gpu_model: Mapped[str | None] = mapped_column(Text)
 
 
 class PodCoverage(Base):
@@ -122,6 +146,8 @@ class PodCoverage(Base):
     __table_args__ = (Index("ix_pod_coverage_namespace", "namespace"),)
 
     pod_uid: Mapped[str] = mapped_column(Text, primary_key=True)
+    # The pod's small key, which its hourly aggregates (UsagePodHour) hold instead of its names.
+    id: Mapped[int] = mapped_column(Integer, Identity(), unique=True)
     namespace: Mapped[str] = mapped_column(Text)
     pod: Mapped[str] = mapped_column(Text)
     covered: Mapped[Any] = mapped_column(TSTZMULTIRANGE)

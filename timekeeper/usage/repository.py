@@ -59,7 +59,7 @@ _REPORTS = (
 # life from the sidecar: a charge made without one (the reconciler's, for silent time) leaves it alone,
 # and a pod first seen that way counts as silent since the start of that charge. The pod's GPU model is the
 # first one known (billing weights), and so is its admitted share (the charge's): kept once known, and
-# answered.
+# answered, and whether the report's seq is the pod's last one charged (a retry whose raw row is gone).
 _LOCK_PODS = (
     f"WITH r AS (SELECT * FROM {_PODS}), locked AS ("
     "INSERT INTO pod_coverage (pod_uid, namespace, pod, covered, last_seq, last_report_at, final, gpu_model, "
@@ -72,8 +72,9 @@ _LOCK_PODS = (
     "gpu_model = coalesce(pod_coverage.gpu_model, excluded.gpu_model), "
     "admitted_share = coalesce(pod_coverage.admitted_share, excluded.admitted_share) "
     "WHERE pod_coverage.namespace = excluded.namespace "
-    "RETURNING pod_uid, covered, gpu_model, admitted_share) "
-    "SELECT r.pod_uid, lower(u.piece), upper(u.piece), locked.gpu_model, locked.admitted_share "
+    "RETURNING pod_uid, covered, gpu_model, admitted_share, last_seq) "
+    "SELECT r.pod_uid, lower(u.piece), upper(u.piece), locked.gpu_model, locked.admitted_share, "
+    "locked.last_seq = r.seq "
     "FROM r JOIN locked USING (pod_uid) "
     "LEFT JOIN LATERAL unnest(tstzmultirange(tstzrange(r.interval_start, r.interval_end)) - locked.covered) "
     "AS u(piece) ON true"
@@ -113,26 +114,101 @@ LEDGER_COLUMNS = (
     "gpu_model",
 )
 INSERT_LEDGER = f"INSERT INTO usage_ledger ({', '.join(LEDGER_COLUMNS)})"
-# One statement: each report's ledger row, charged the part of its interval its pod has not covered,
-# and that interval added to its pod's coverage (reports whose time is all charged already add none).
-# Every part of a statement reads one snapshot, so the insert reads each pod's coverage as it was before
-# the update beside it; the pods are locked since _LOCK_PODS, so the update takes no lock out of order.
-# ON CONFLICT stays as a guard: IngestStatements.write refuses the batch when a row it was sure was new
-# did not go in. Pods are found by primary-key probes, not by joins the planner may make scans of every
-# pod (jsonb_to_recordset counts as 100 rows, as in _REPEATED).
+# The GPU models of a batch given their small keys (usage_models), before _CHARGE reads them: its own
+# statement, so _CHARGE's snapshot sees a key another batch created (ON CONFLICT waits for its commit).
+_ADD_MODELS = (
+    "INSERT INTO usage_models (name) SELECT m FROM unnest(CAST(%(models)s AS text[])) AS m "
+    "WHERE NOT EXISTS (SELECT FROM usage_models WHERE name = m) ORDER BY 1 ON CONFLICT (name) DO NOTHING"
+)
+# The hourly aggregate a charge adds to, set by set: the figures of one report's charged time in one hour
+# (`piece`, its `seconds`; continued: the report has charged time in an earlier hour too, so a bucket
+# holding both counts it once), as domain/measurements.py folds them (figure x seconds beside the seconds
+# that had it; maxima; statuses seen). The roll-up's fold of old ledger rows (migration 9a4c6e2f1b37)
+# computed the same sums.
+ADD_HOUR = (
+    "ON CONFLICT ON CONSTRAINT uq_usage_pod_hours_key DO UPDATE SET "
+    "charged = h.charged + excluded.charged, reports = h.reports + excluded.reports, "
+    "reports_continued = h.reports_continued + excluded.reports_continued, "
+    "util_seconds = coalesce(h.util_seconds + excluded.util_seconds, h.util_seconds, excluded.util_seconds), "
+    "util_covered_seconds = h.util_covered_seconds + excluded.util_covered_seconds, "
+    "peak_sm_util_pct = greatest(h.peak_sm_util_pct, excluded.peak_sm_util_pct), "
+    "mem_byte_seconds = coalesce(h.mem_byte_seconds + excluded.mem_byte_seconds, h.mem_byte_seconds, "
+    "excluded.mem_byte_seconds), "
+    "mem_covered_seconds = h.mem_covered_seconds + excluded.mem_covered_seconds, "
+    "peak_mem_used_bytes = greatest(h.peak_mem_used_bytes, excluded.peak_mem_used_bytes), "
+    "energy_joules = coalesce(h.energy_joules + excluded.energy_joules, h.energy_joules, "
+    "excluded.energy_joules), "
+    "gpu_status_bits = h.gpu_status_bits | excluded.gpu_status_bits"
+)
+HOUR_COLUMNS = (
+    "pod_key",
+    "hour_start",
+    "gpu_share",
+    "charge_share",
+    "model_key",
+    "charged",
+    "reports",
+    "reports_continued",
+    "util_seconds",
+    "util_covered_seconds",
+    "peak_sm_util_pct",
+    "mem_byte_seconds",
+    "mem_covered_seconds",
+    "peak_mem_used_bytes",
+    "energy_joules",
+    "gpu_status_bits",
+)
+# The rows of `fresh` (pod_key, gpu_share, charge_share, model_key, charged, util and util_peak as the
+# ledger's numeric(6,3), mem_used_bytes, mean_power_w, gpu_status_bits)
+# split at hour boundaries into aggregate rows, in key order. A batch holds one report per pod, so no
+# aggregate is touched twice by one statement. bench/history.py's bulk loader adds its rows with the same
+# HOUR_COLUMNS and ADD_HOUR.
+_HOURS_OF_FRESH = (
+    f"INSERT INTO usage_pod_hours AS h ({', '.join(HOUR_COLUMNS)}) "
+    "SELECT f.pod_key, b, f.gpu_share, f.charge_share, f.model_key, x.piece, 1, "
+    "CAST(b > date_trunc('hour', lower(f.charged), 'UTC') AS int), "
+    "f.util * x.seconds, CASE WHEN f.util IS NULL THEN 0 ELSE x.seconds END, "
+    "coalesce(f.util_peak, f.util), f.mem_used_bytes * x.seconds, "
+    "CASE WHEN f.mem_used_bytes IS NULL THEN 0 ELSE x.seconds END, f.mem_used_bytes, "
+    "f.mean_power_w * x.seconds, f.gpu_status_bits "
+    "FROM fresh f CROSS JOIN LATERAL generate_series(date_trunc('hour', lower(f.charged), 'UTC'), "
+    "upper(f.charged) - interval '1 microsecond', interval '1 hour') AS b "
+    "CROSS JOIN LATERAL (SELECT f.charged * tstzmultirange(tstzrange(b, b + interval '1 hour')) AS piece) "
+    "AS p "
+    "CROSS JOIN LATERAL (SELECT p.piece, (SELECT sum(extract(epoch FROM upper(q) - lower(q))) "
+    "FROM unnest(p.piece) AS q) AS seconds) AS x "
+    f"WHERE NOT isempty(x.piece) ORDER BY 1, 2 {ADD_HOUR}"
+)
+# One statement: each report's charge (the part of its interval its pod has not covered) added to its
+# pod's hourly aggregates, its ledger row where it ends inside the raw window (after :raw_since; NULL:
+# none kept), and that interval added to its pod's coverage (reports whose time is all charged already
+# add none). Every part of a statement reads one snapshot, so the aggregates and the insert read each
+# pod's coverage as it was before the update beside it; the pods are locked since _LOCK_PODS, so the
+# update takes no lock out of order. ON CONFLICT stays as a guard: IngestStatements.write refuses the
+# batch when a row it was sure was new did not go in. Pods are found by primary-key probes, not by joins
+# the planner may make scans of every pod (jsonb_to_recordset counts as 100 rows; OFFSET 0 keeps the
+# lateral subquery a probe per report, as in _REPEATED).
 _CHARGE = (
     f"WITH r AS MATERIALIZED (SELECT * FROM {_REPORTS}), cover AS ("
     "UPDATE pod_coverage p SET covered = p.covered + tstzmultirange(tstzrange(r.interval_start, "
     "r.interval_end)), last_seq = r.seq, pod = r.pod, final = p.final OR r.final "
     "FROM r WHERE r.covers AND p.pod_uid = r.pod_uid "
-    "AND p.pod_uid = ANY(ARRAY(SELECT pod_uid FROM r WHERE covers))) "
+    "AND p.pod_uid = ANY(ARRAY(SELECT pod_uid FROM r WHERE covers))), "
+    "fresh AS MATERIALIZED (SELECT r.*, c.id AS pod_key, "
+    "tstzmultirange(tstzrange(r.interval_start, r.interval_end)) - c.covered AS charged, "
+    "(SELECT m.id FROM usage_models m WHERE m.name = r.gpu_model) AS model_key, "
+    "CAST(r.mean_sm_util_pct AS numeric(6, 3)) AS util, "
+    "CAST(r.peak_sm_util_pct AS numeric(6, 3)) AS util_peak "
+    "FROM r "
+    "CROSS JOIN LATERAL (SELECT id, covered FROM pod_coverage c WHERE c.pod_uid = r.pod_uid OFFSET 0) AS c), "
+    f"hours AS ({_HOURS_OF_FRESH}) "
     f"{INSERT_LEDGER} "
     "SELECT r.namespace, r.pod, r.pod_uid, r.seq, r.interval_start, r.interval_end, r.gpu_share, "
-    "tstzmultirange(tstzrange(r.interval_start, r.interval_end)) "
-    "- (SELECT c.covered FROM pod_coverage c WHERE c.pod_uid = r.pod_uid), r.gpu_minutes, r.final, "
+    "r.charged, r.gpu_minutes, r.final, "
     "CAST(%(now)s AS timestamptz), r.mean_sm_util_pct, r.gpus, "
     "r.peak_sm_util_pct, r.mem_used_bytes, r.mean_power_w, r.gpu_status_bits, r.charge_share, r.gpu_model "
-    "FROM r ON CONFLICT ON CONSTRAINT uq_usage_ledger_report DO NOTHING"
+    "FROM fresh r WHERE r.interval_end > CAST(%(raw_since)s AS timestamptz) "
+    "ON CONFLICT ON CONSTRAINT uq_usage_ledger_report DO NOTHING"
 )
 # Marks the pods whose report stated another share than the admitted one, once: answers those marked now
 # (their pods are locked since _LOCK_PODS).
@@ -171,36 +247,28 @@ def lock_states(arity: int | None) -> str:
     )
 
 
-# Raw ledger rows and the hourly per-pod aggregates the roll-up job folds old rows into, in one shape:
-# a report counts once per aggregate (an aggregate row counts the reports folded into its hour). Each
-# additive figure is a value for `per` seconds of the source's charged time: a ledger row's per second
-# (its utilisation, memory, power; 1 where it has the figure), an aggregate's for its whole charged time
-# (its sums), so the seconds of a bucket or window take their part (all of it for a whole hour, exactly).
+# The usage queries' sources: the hourly per-pod aggregates ingest writes (raw ledger rows are not read;
+# they may be gone), with the names of their keys. A source counts its reports once in a bucket (less
+# `continued`, those counted in its previous hour, where that hour is in the bucket too: _REPORTS_IN, so a
+# report counts once per bucket, as it does by raw rows); its additive figures
+# are sums over its whole charged time, `per` seconds, so the seconds of a bucket or window take their part
+# (all of it for a whole hour, exactly). `id` tells one source's pieces apart (within the statement).
 _SOURCE_OF = (
-    "SELECT 'l' || l.id AS id, l.namespace, l.pod, l.pod_uid, l.gpu_share, l.charge_share, l.gpu_model, "
-    "l.charged, "
-    "1 AS reports, 1 AS per, "
-    "l.mean_sm_util_pct AS util, CAST(l.mean_sm_util_pct IS NOT NULL AS int) AS util_covered, "
-    "coalesce(l.peak_sm_util_pct, l.mean_sm_util_pct) AS util_peak, l.mem_used_bytes AS mem, "
-    "CAST(l.mem_used_bytes IS NOT NULL AS int) AS mem_covered, l.mem_used_bytes AS mem_peak, "
-    "l.mean_power_w AS energy, l.gpu_status_bits AS status_bits "
-    "FROM usage_ledger l "
-    "WHERE {namespace_of_l} AND l.interval_end > :since AND l.interval_start < :until "
-    "UNION ALL SELECT 'h' || h.id, h.namespace, h.pod, h.pod_uid, h.gpu_share, h.charge_share, h.gpu_model, "
-    "h.charged, "
-    "h.reports, (SELECT sum(extract(epoch FROM upper(c) - lower(c))) FROM unnest(h.charged) AS c), "
-    "h.util_seconds, h.util_covered_seconds, h.peak_sm_util_pct, h.mem_byte_seconds, h.mem_covered_seconds, "
-    "h.peak_mem_used_bytes, h.energy_joules, h.gpu_status_bits "
-    "FROM usage_hourly h WHERE {namespace_of_h} "
+    "SELECT h.ctid AS id, c.namespace, c.pod, c.pod_uid, h.gpu_share, h.charge_share, m.name AS gpu_model, "
+    "h.charged, h.reports, (SELECT sum(extract(epoch FROM upper(q) - lower(q))) FROM unnest(h.charged) AS q) "
+    "AS per, h.hour_start, h.reports_continued AS continued, "
+    "h.util_seconds AS util, h.util_covered_seconds AS util_covered, "
+    "h.peak_sm_util_pct AS util_peak, "
+    "h.mem_byte_seconds AS mem, h.mem_covered_seconds AS mem_covered, h.peak_mem_used_bytes AS mem_peak, "
+    "h.energy_joules AS energy, h.gpu_status_bits AS status_bits "
+    "FROM pod_coverage c JOIN usage_pod_hours h ON h.pod_key = c.id "
+    "LEFT JOIN usage_models m ON m.id = h.model_key WHERE {namespace_of_c} "
     "AND h.hour_start > CAST(:since AS timestamptz) - interval '1 hour' AND h.hour_start < :until"
 )
-_USAGE_SOURCE = _SOURCE_OF.format(
-    namespace_of_l="l.namespace = :namespace", namespace_of_h="h.namespace = :namespace"
-)
+_USAGE_SOURCE = _SOURCE_OF.format(namespace_of_c="c.namespace = :namespace")
 # The same over the namespaces in :namespaces (a text[]; NULL: every namespace).
 _USAGE_SOURCE_OF_NAMESPACES = _SOURCE_OF.format(
-    namespace_of_l="(CAST(:namespaces AS text[]) IS NULL OR l.namespace = ANY(CAST(:namespaces AS text[])))",
-    namespace_of_h="(CAST(:namespaces AS text[]) IS NULL OR h.namespace = ANY(CAST(:namespaces AS text[])))",
+    namespace_of_c="(CAST(:namespaces AS text[]) IS NULL OR c.namespace = ANY(CAST(:namespaces AS text[])))"
 )
 UNKNOWN_MODEL = "unknown"
 _USAGE_PIECE = {
@@ -275,8 +343,20 @@ def _period_sums(period: str) -> str:
 
 
 # A source's own figures (one value per source: max() of one value where grouped).
+def _reports_in(lower: str) -> str:
+    """A source's reports counted in a bucket whose part inside the window starts at `lower`: those that
+    also have charged time in the hour before are counted there, where that hour is inside too."""
+    return f"s.reports - CASE WHEN s.hour_start > {lower} THEN s.continued ELSE 0 END"
+
+
+def _source_figures(lower: str) -> str:
+    """A source's own figures in a bucket (_reports_in's `lower`), one value per source and bucket (max()
+    of one value where grouped)."""
+    return f"max({_reports_in(lower)}) AS reports, " + _SOURCE_FIGURES
+
+
 _SOURCE_FIGURES = (
-    "max(s.per) AS per, max(s.reports) AS reports, max(s.util) AS util, max(s.util_covered) AS util_covered, "
+    "max(s.per) AS per, max(s.util) AS util, max(s.util_covered) AS util_covered, "
     "max(s.util_peak) AS util_peak, max(s.mem) AS mem, max(s.mem_covered) AS mem_covered, "
     "max(s.mem_peak) AS mem_peak, max(s.energy) AS energy, max(s.status_bits) AS status_bits"
 )
@@ -311,7 +391,8 @@ _USAGE_BY_PERIOD = sa.text(
     "SELECT CAST(:starts AS timestamptz[]) AS starts, CAST(:ends AS timestamptz[]) AS ends), per_source AS ("
     f"SELECT b.starts[k] AS period_start, s.namespace, {_USAGE_PIECE['model'][0]} AS key, "
     f"{_period_sums(_PERIOD)}, "
-    "s.per, s.reports, s.util, s.util_covered, s.util_peak, s.mem, s.mem_covered, s.mem_peak, s.energy, "
+    f"s.per, {_reports_in('b.starts[k]')} AS reports, "
+    "s.util, s.util_covered, s.util_peak, s.mem, s.mem_covered, s.mem_peak, s.energy, "
     f"s.status_bits FROM source s {_SOURCE_WEIGHT} CROSS JOIN b "
     "CROSS JOIN LATERAL generate_series(greatest(width_bucket(lower(s.charged), b.starts), 1), "
     "width_bucket(upper(s.charged) - interval '1 microsecond', b.starts)) AS k "
@@ -338,23 +419,23 @@ _EFFICIENCY = sa.text(
 # SQLAlchemy leaves its dialects' constructors untyped.
 _RUNNING = str(RUNNING_POD.compile(dialect=postgresql.dialect()))  # type: ignore[no-untyped-call]
 # Running pods that have held their GPUs since before :held_since (their first charged time) and whose
-# utilisation over [:held_since, :now) is known; the caller keeps those below the threshold. Raw rows
-# only: the window is far younger than the roll-up's retention.
+# utilisation over [:held_since, :now) is known; the caller keeps those below the threshold. From the
+# hourly aggregates: an hour the window cuts takes its part of the hour's figures (as usage's windows do).
 _HELD = sa.text(
-    "WITH pods AS (SELECT namespace, pod, pod_uid, lower(covered) AS held_from FROM pod_coverage "
+    "WITH pods AS (SELECT id, namespace, pod, pod_uid, lower(covered) AS held_from FROM pod_coverage "
     "WHERE (CAST(:namespaces AS text[]) IS NULL OR namespace = ANY(CAST(:namespaces AS text[]))) "
     f"AND {_RUNNING} AND NOT isempty(covered) AND lower(covered) <= :held_since), pieces AS ("
-    "SELECT l.pod_uid, l.gpu_share, l.mean_sm_util_pct AS util, "
+    "SELECT h.pod_key, h.gpu_share, h.util_seconds AS util, h.util_covered_seconds AS util_covered, "
+    "(SELECT sum(extract(epoch FROM upper(q) - lower(q))) FROM unnest(h.charged) AS q) AS per, "
     "extract(epoch FROM upper(r) - lower(r)) AS seconds FROM pods "
-    "JOIN usage_ledger l ON l.pod_uid = pods.pod_uid AND l.namespace = pods.namespace "
-    "AND l.interval_end > :held_since AND l.interval_start < :now "
-    "CROSS JOIN LATERAL unnest(l.charged * tstzmultirange(tstzrange(:held_since, :now))) AS r) "
+    "JOIN usage_pod_hours h ON h.pod_key = pods.id "
+    "AND h.hour_start > CAST(:held_since AS timestamptz) - interval '1 hour' AND h.hour_start < :now "
+    "CROSS JOIN LATERAL unnest(h.charged * tstzmultirange(tstzrange(:held_since, :now))) AS r) "
     "SELECT pods.namespace, pods.pod, pods.pod_uid, pods.held_from, max(x.gpu_share) AS gpu_share, "
     "round(sum(x.gpu_share * x.seconds) / 60, 9) AS allocated, "
-    "sum(x.util * x.seconds) FILTER (WHERE x.util IS NOT NULL) "
-    "/ sum(x.seconds) FILTER (WHERE x.util IS NOT NULL) AS mean_util "
-    "FROM pods JOIN pieces x USING (pod_uid) GROUP BY 1, 2, 3, 4 "
-    "HAVING count(x.util) > 0 ORDER BY 1, 2, 3"
+    "sum(x.util * x.seconds / x.per) / sum(x.util_covered * x.seconds / x.per) AS mean_util "
+    "FROM pods JOIN pieces x ON x.pod_key = pods.id GROUP BY 1, 2, 3, 4 "
+    "HAVING sum(x.util_covered) > 0 ORDER BY 1, 2, 3"
 )
 
 
@@ -436,6 +517,9 @@ class BatchPod(Protocol):
     @property
     def pod_uid(self) -> str: ...
 
+    @property
+    def interval_end(self) -> datetime: ...
+
     uncovered: list[Interval] | None  # its interval's time not yet charged; None: another namespace's pod
     model: str | None  # the GPU model known for its pod
     admitted: Decimal | None  # its pod's admitted share, when known
@@ -477,13 +561,16 @@ class IngestStatements:
         namespaces: list[str],
         span: Interval,
         now: datetime,
+        raw_since: datetime | None,
         *,
         from_sidecar: bool,
     ) -> BatchRead:
         """Lock (creating on first sight) the batch's pods and read, in one round trip (two when a pod's model
         is not the one its report names): the namespaces' figures and charge bases, each report's time not yet
-        charged, each pod's GPU model and admitted share, the models' weights, and which reports repeat. The
-        per-report answers fill `records` (`pods`: their pod rows as batch_json)."""
+        charged, each pod's GPU model and admitted share, the models' weights, and which reports repeat: a
+        raw row of the same report, or, past the raw window (`raw_since`; None: no raw rows kept), the
+        pod's last seq again with nothing left to charge. The per-report answers fill `records` (`pods`:
+        their pod rows as batch_json)."""
         connection = self.connection
         # The pipeline's exit sends the one Sync and reads every result into its cursor: a sync() inside
         # the block would cost a round trip of its own, the exit's (docs/performance.md, "One sync").
@@ -501,15 +588,23 @@ class IngestStatements:
             repeated = await connection.execute(_REPEATED, repeated_parameters(pods, span))
         by_uid = {record.pod_uid: record for record in records}
         models: set[str | None] = set()
-        for pod_uid, lower, upper, model, share in await locked.fetchall():
+        last_seq: set[str] = set()
+        for pod_uid, lower, upper, model, share, same_seq in await locked.fetchall():
             record = by_uid[pod_uid]
             if record.uncovered is None:
                 record.uncovered, record.model, record.admitted = [], model, share
                 models.add(model)
+                if same_seq:
+                    last_seq.add(pod_uid)
             if lower is not None:
                 record.uncovered.append((lower, upper))
         for (pod_uid,) in await repeated.fetchall():
             by_uid[pod_uid].repeated = True
+        # A retry whose raw row was never kept or is gone: its pod's last seq, all its time charged.
+        for pod_uid in last_seq:
+            record = by_uid[pod_uid]
+            if not record.uncovered and (raw_since is None or record.interval_end <= raw_since):
+                record.repeated = True
         inputs = charge_inputs(await billing.fetchone())
         read = BatchRead(
             [namespace_figures(row) for row in await figures.fetchall()], inputs.weights, inputs.bases
@@ -528,20 +623,27 @@ class IngestStatements:
     async def write(
         self,
         reports: str,
-        count: int,
+        raw: int,
+        models: Sequence[str],
         totals: str | None,
         namespaces: list[str],
         now: datetime,
+        raw_since: datetime | None,
         burn: str | None = None,
         mismatched: Sequence[BatchPod] = (),
     ) -> BatchWritten:
-        """Write a batch's plan in one round trip: ledger rows, coverage, totals, burn buckets, share
+        """Write a batch's plan in one round trip: hourly aggregates, the `raw` ledger rows that end after
+        `raw_since` (None: none), coverage, the `models`' keys, totals, burn buckets, share
         mismatches marked once (the records of `mismatched`, in pod_uid order, whose pods are marked now
         are told so). Answers each total afterwards and the stored states of `namespaces` locked until the
         commit (so the caller writes only states that change)."""
         connection = self.connection
         async with connection.pipeline():  # one Sync, at the exit (as in read)
-            inserted = await connection.execute(_CHARGE, {"reports": reports, "now": now})
+            if models:
+                await connection.execute(_ADD_MODELS, {"models": list(models)})
+            inserted = await connection.execute(
+                _CHARGE, {"reports": reports, "now": now, "raw_since": raw_since}
+            )
             added = None if totals is None else await connection.execute(_ADD_USED, {"totals": totals})
             if burn is not None:
                 await connection.execute(_ADD_BURN, {"burn": burn})
@@ -559,8 +661,8 @@ class IngestStatements:
                 if mismatched
                 else None
             )
-        if inserted.rowcount != count:  # a repeat the read did not see: never charge it twice
-            raise RuntimeError(f"{count - inserted.rowcount} ledger rows of the batch were there already")
+        if inserted.rowcount != raw:  # a repeat the read did not see: never charge it twice
+            raise RuntimeError(f"{raw - inserted.rowcount} ledger rows of the batch were there already")
         if marked is not None:
             by_uid = {record.pod_uid: record for record in mismatched}
             for (pod_uid,) in await marked.fetchall():
@@ -596,8 +698,13 @@ class UsageRepository:
     ) -> list[UsageFound]:
         """Charged GPU-minutes (weighted, at the charge basis) and raw ones (share x time) inside
         [since, until), exactly, grouped by pod, workload (its pods' rows, rounded as by pod, summed), hour,
-        day or model, with the measurements' sums over the same seconds; ledger and hourly rows alike."""
+        day or model, with the measurements' sums over the same seconds; from the hourly aggregates."""
         key, piece, bucket = _USAGE_PIECE[group_by]
+        lower = (
+            "greatest(b, CAST(:since AS timestamptz))"
+            if group_by in ("hour", "day")
+            else "CAST(:since AS timestamptz)"
+        )
         if group_by == "workload":  # rounded per pod, as usage by pod rounds, then summed per workload
             per_pod = f"SELECT key, pod, {_TOTALS} FROM per_source GROUP BY 1, 2"
             rows = f"SELECT key, {_BY_WORKLOAD} FROM ({per_pod}) AS per_pod"
@@ -605,7 +712,7 @@ class UsageRepository:
             rows = f"SELECT key, {_TOTALS} FROM per_source"
         query = sa.text(
             f"WITH source AS ({_USAGE_SOURCE}), per_source AS ("
-            f"SELECT {key} AS key, s.pod, s.id, {_piece_sums(piece)}, {_SOURCE_FIGURES} "
+            f"SELECT {key} AS key, s.pod, s.id, {_piece_sums(piece)}, {_source_figures(lower)} "
             f"FROM source s {_SOURCE_WEIGHT} "
             "CROSS JOIN LATERAL unnest(s.charged * tstzmultirange(tstzrange(:since, :until))) AS r "
             f"{bucket} GROUP BY 1, 2, 3) "
@@ -627,8 +734,8 @@ class UsageRepository:
             yield row.period_start, row.namespace, usage_found(row)
 
     async def efficiency(self, namespace: str, since: datetime, until: datetime) -> list[PodEfficiency]:
-        """Per pod over [since, until): allocated, measured and utilised GPU-minutes, exactly (raw rows and
-        hourly aggregates alike)."""
+        """Per pod over [since, until): allocated, measured and utilised GPU-minutes, exactly (from the hourly
+        aggregates)."""
         result = await self.session.execute(
             _EFFICIENCY, {"namespace": namespace, "since": since, "until": until}
         )

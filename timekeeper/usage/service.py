@@ -125,6 +125,10 @@ class BatchEntry:
     def pod_uid(self) -> str:
         return self.report.pod_uid
 
+    @property
+    def interval_end(self) -> datetime:
+        return self.report.interval_end
+
 
 def _planned(entries: Iterable[BatchEntry]) -> Iterator[tuple[BatchEntry, ReportPlan]]:
     """The entries that have a plan, each with it."""
@@ -207,6 +211,11 @@ class IngestService:
         # where reports are believed; in Kubernetes auth mode the model is the node's (`given_model`).
         self.reported_models = settings.reports_trusted
         self.reported_utilisation = settings.reports_trusted or settings.trust_reported_utilisation
+        self.ledger_retention = settings.ledger_retention
+
+    def raw_since(self, now: datetime) -> datetime | None:
+        """Raw ledger rows are kept for reports that end after this (None: none are kept)."""
+        return now - self.ledger_retention if self.ledger_retention else None
 
     async def charge_one(
         self,
@@ -291,6 +300,7 @@ class IngestService:
                 max(entry.report.interval_end for entry in in_order),
             ),
             now,
+            self.raw_since(now),
             from_sidecar=from_sidecar,
         )
 
@@ -330,7 +340,8 @@ class IngestService:
         lock_states_of: list[str],
         now: datetime,
     ) -> BatchWritten:
-        """Write the plan in one round trip: ledger rows, coverage, totals, burn buckets, and the stored
+        """Write the plan in one round trip: hourly aggregates, raw ledger rows inside the raw window,
+        coverage, totals, burn buckets, and the stored
         states of `lock_states_of` locked."""
         ledger = [
             ledger_row(
@@ -349,12 +360,15 @@ class IngestService:
             {"namespace": ns, "period_kind": kind, "period_start": start, "used": str(amount)}
             for (ns, kind, start), amount in added.items()
         ]
+        raw_since = self.raw_since(now)
         return await statements.write(
             batch_json(ledger),
-            len(fresh),
+            0 if raw_since is None else sum(entry.report.interval_end > raw_since for entry in fresh),
+            sorted({entry.model for entry in fresh if entry.model is not None}),
             batch_json(totals) if added else None,
             lock_states_of,
             now,
+            raw_since,
             burn_json(fresh),
             [entry for entry, plan in _planned(fresh) if plan.differs],
         )

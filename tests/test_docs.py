@@ -96,11 +96,13 @@ def _pydantic_names(
     settings: type[Settings] | type[WebhookSettings] | type[NodeAgentSettings], prefix: str
 ) -> set[str]:
     assert settings.model_config.get("env_prefix") == prefix
-    fields = settings.model_fields
-    assert not [name for name, field in fields.items() if field.alias or field.validation_alias], (
-        "an aliased field is read under another name; teach this test the alias"
-    )
-    return {prefix + name.upper() for name in fields}
+    names = set()
+    for name, field in settings.model_fields.items():
+        assert not field.alias, "an aliased field is read under another name; teach this test the alias"
+        # AliasChoices: the field's own name, and the variables it is read from (a former name too).
+        choices = getattr(field.validation_alias, "choices", [name])
+        names |= {choice if choice.startswith(prefix) else prefix + choice.upper() for choice in choices}
+    return names
 
 
 def _sidecar_names() -> set[str]:

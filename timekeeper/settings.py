@@ -7,7 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, Field, field_validator, model_validator
+from pydantic import AliasChoices, AwareDatetime, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from gpuaccounting.admission_state import DEFAULT_EXEMPT_NAMESPACES
@@ -222,6 +222,11 @@ class Settings(BaseSettings):
     ledger_retention: timedelta = Field(
         default=timedelta(hours=1),
         ge=timedelta(0),
+        # TIMEKEEPER_ROLLUP_RETENTION, its name before the history was aggregated at ingest, meant the same:
+        # how long raw rows are kept.
+        validation_alias=AliasChoices(
+            "ledger_retention", "TIMEKEEPER_LEDGER_RETENTION", "TIMEKEEPER_ROLLUP_RETENTION"
+        ),
         description="How long a report's raw ledger row is kept (by its interval_end): for audit and "
         "debugging (each report's own figures and GPU entries) and to answer a retried report as a "
         "duplicate. Charges and history never need it (coverage and the hourly aggregates, written with "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -52,6 +52,8 @@ class NamespaceRow:
     state: str
     burn_rate: float  # GPU-minutes per hour over the forecast window
     exhaustion_seconds: float | None  # from now until the forecast exhaustion, when within the period
+    # Each budgeted GPU model's (remaining raw GPU-minutes, state).
+    models: Mapping[str, tuple[float, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +97,16 @@ class NamespaceCollector(Collector):
             "GPU-minutes charged per hour over the forecast window",
             labels=["namespace"],
         )
+        model_remaining = GaugeMetricFamily(
+            "timekeeper_model_budget_remaining_gpu_minutes",
+            "Raw GPU-minutes left of a GPU model's own budget in the current period",
+            labels=["namespace", "model"],
+        )
+        model_state = GaugeMetricFamily(
+            "timekeeper_model_budget_state",
+            "1 for the state of a GPU model's own budget",
+            labels=["namespace", "model", "state"],
+        )
         exhaustion = GaugeMetricFamily(
             "timekeeper_namespace_forecast_exhaustion_seconds",
             "Seconds until the namespace's budget runs out at its burn rate; only for namespaces "
@@ -112,7 +124,14 @@ class NamespaceCollector(Collector):
             burn_rate.add_metric([row.namespace], row.burn_rate)
             if row.exhaustion_seconds is not None:
                 exhaustion.add_metric([row.namespace], row.exhaustion_seconds)
-        yield from (budget, used, remaining, state, burn_rate, exhaustion)
+            for model, (left, model_budget_state) in sorted(row.models.items()):
+                model_remaining.add_metric([row.namespace, model], left)
+                for candidate in BUDGET_STATES:
+                    if candidate != "unlimited":  # a model's budget always has an amount
+                        model_state.add_metric(
+                            [row.namespace, model, candidate], 1.0 if candidate == model_budget_state else 0.0
+                        )
+        yield from (budget, used, remaining, state, burn_rate, exhaustion, model_remaining, model_state)
 
 
 class PoolCollector(Collector):

@@ -36,6 +36,7 @@ from tests.support.partitions import partition_days_from
 from tests.support.postgres import REPO_ROOT
 from tests.support.throwaway_postgres import ThrowawayPostgres, throwaway_postgres
 from tests.support.timekeeper import Tokens, bearer, migrate, ok, report_body
+from timekeeper.domain.weights import model_key
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -291,7 +292,12 @@ async def test_charges_equal_ground_truth_through_drops_duplicates_and_restarts(
             ok(
                 await client.put(
                     "/api/v1/namespaces/chaos-a/budget",
-                    json={"budget_gpu_minutes": 10, "period": "daily"},
+                    # And a small H100 budget of its own, exhausted in today's part of the run.
+                    json={
+                        "budget_gpu_minutes": 10,
+                        "period": "daily",
+                        "models": {"NVIDIA-H100-80GB-HBM3": {"budget_gpu_minutes": 0.25}},
+                    },
                     headers=bearer(tokens.admin),
                 )
             )
@@ -354,6 +360,18 @@ async def test_charges_equal_ground_truth_through_drops_duplicates_and_restarts(
                 "GROUP BY c.pod_uid"
             ).fetchall()
         )
+        # The per-model totals (raw GPU-minutes, '' for a pod whose model is not known), maintained by
+        # each charge: exactly each model's truth, through the same chaos.
+        by_model = {
+            (namespace, model): used
+            for namespace, model, used in db.execute(
+                "SELECT namespace, model, sum(used_gpu_minutes) FROM usage_model_totals "
+                "WHERE period_kind = 'daily' OR namespace <> 'chaos-a' GROUP BY 1, 2"
+            ).fetchall()
+        }
+        model_states = db.execute(
+            "SELECT model_states FROM namespace_status WHERE namespace = 'chaos-a'"
+        ).fetchone()
         partitions = db.execute(
             "SELECT CAST(tableoid AS regclass)::text, count(*) FROM usage_ledger GROUP BY 1 ORDER BY 1"
         ).fetchall()
@@ -361,6 +379,14 @@ async def test_charges_equal_ground_truth_through_drops_duplicates_and_restarts(
     for namespace in NAMESPACES:
         assert abs(ledger[namespace] - truth[namespace]) <= Decimal("1e-6"), (ledger, truth)
         assert abs(totals[namespace] - truth[namespace]) <= Decimal("1e-6"), (totals, truth)
+    model_truth: dict[tuple[str, str], Decimal] = {}
+    for pod in pods:
+        key = (pod.namespace, "" if pod.model is None else model_key(pod.model))
+        model_truth[key] = model_truth.get(key, Decimal(0)) + pod.truth
+    assert by_model.keys() == model_truth.keys()
+    for key, expected in model_truth.items():
+        assert abs(by_model[key] - expected) <= Decimal("1e-6"), (key, by_model, model_truth)
+    assert model_states == ({"NVIDIA-H100-80GB-HBM3": "exhausted"},)
     assert overlaps == (0,), "a pod's time was charged twice"
     for pod in pods:
         assert charged_seconds[pod.uid] == INTERVALS * int(INTERVAL.total_seconds()), pod

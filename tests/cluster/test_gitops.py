@@ -237,8 +237,8 @@ def test_the_default_object_governs_put_defaults_and_only_one_named_default_coun
         ({"budgetGPUMinutes": 10, "period": "yearly"}, "spec.period"),
         ({"warnAtFraction": 1.5}, "spec.warnAtFraction"),
         ({"priorityPolicy": {"exemptClasses": ["Not_A_Name"], "userClasses": "replace"}}, "exemptClasses"),
-        ({"models": {"NVIDIA-H100-80GB-HBM3": {"budgetGpuMinutes": -1}}}, "budgetGpuMinutes"),
-        ({"models": {"NVIDIA-H100-80GB-HBM3": {}}}, "budgetGpuMinutes"),
+        ({"models": {"NVIDIA-H100-80GB-HBM3": {"budgetGPUMinutes": -1}}}, "budgetGPUMinutes"),
+        ({"models": {"NVIDIA-H100-80GB-HBM3": {}}}, "budgetGPUMinutes"),
         ({"modelPolicy": "evict"}, "spec.modelPolicy"),
     ],
 )
@@ -287,7 +287,7 @@ def test_the_objects_docs_gitops_shows_pass_the_api_servers_schema(kubectl: Kube
 
 def test_kubectl_get_shows_the_exhausted_models_column(kubectl: Kubectl, namespace: str) -> None:
     """The CRD's printer column for status.exhaustedModels (the sync writes it, docs/gitops.md)."""
-    models = {"NVIDIA-H100-80GB-HBM3": {"budgetGpuMinutes": 10}}
+    models = {"NVIDIA-H100-80GB-HBM3": {"budgetGPUMinutes": 10}}
     apply(kubectl, gpubudget(namespace, budgetGPUMinutes=100000, models=models, modelPolicy="steer"))
     header = kubectl.run("get", "gpubudgets", "-n", namespace).splitlines()[0]
     assert "EXHAUSTED MODELS" in header

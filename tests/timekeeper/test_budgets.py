@@ -212,5 +212,7 @@ async def test_defaults_read_back_as_written(api: Api) -> None:
             "concurrent_gpu_limit": None,
             "priority_policy": default_priority_policy(),
             "running_pod_action": "none",
+            "models": {},
+            "model_policy": "reduce",
         }
     )

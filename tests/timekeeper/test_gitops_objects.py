@@ -12,7 +12,13 @@ import pytest
 import yaml
 
 from gpuaccounting.admission_state import default_priority_policy
-from timekeeper.budgets.schemas import ForecastOut, NamespaceBudgetOut, PriorityPolicyBody
+from timekeeper.budgets.schemas import (
+    ForecastOut,
+    ModelBudgetOut,
+    ModelForecastOut,
+    NamespaceBudgetOut,
+    PriorityPolicyBody,
+)
 from timekeeper.domain.periods import PeriodKind
 from timekeeper.gitops.objects import (
     SPEC_FIELDS,
@@ -102,11 +108,27 @@ def test_stored_json_is_what_the_audit_log_says_the_database_holds() -> None:
         "concurrent_gpu_limit": None,
         "priority_policy": None,
         "running_pod_action": None,
+        "models": None,
+        "model_policy": "reduce",
     }
     # The default follows nothing: absent enforcement fields are the shipped ones.
     default = stored_json(body, cluster_default=True)
     assert default["priority_policy"] == default_priority_policy()
     assert default["running_pod_action"] == "none"
+
+
+def test_spec_models_become_the_apis_models_and_its_errors_name_the_spec() -> None:
+    body = budget_in(
+        {"models": {"NVIDIA H100 80GB HBM3": {"budgetGPUMinutes": 6000}}, "modelPolicy": "steer"}
+    )
+    assert stored_json(body, cluster_default=False)["models"] == {"NVIDIA-H100-80GB-HBM3": "6000"}
+    assert body.model_policy == "steer"
+    with pytest.raises(SpecError, match=r"spec\.models\.Tesla-T4\.budgetGPUMinutes"):
+        budget_in({"models": {"Tesla-T4": {"budgetGPUMinutes": -1}}})
+    with pytest.raises(SpecError, match=r"unknown spec\.models\.Tesla-T4 fields: budgetGPUMinutes"):
+        budget_in({"models": {"Tesla-T4": {"budgetGPUMinutes": 1}}})
+    with pytest.raises(SpecError, match="same GPU model"):
+        budget_in({"models": {"Tesla-T4": {"budgetGPUMinutes": 1}, "tesla t4": {"budgetGPUMinutes": 2}}})
 
 
 def _status(
@@ -305,3 +327,38 @@ def test_the_objects_docs_gitops_shows_are_budgets_the_api_takes() -> None:
     for obj in objects:
         assert obj["apiVersion"] == "gpu-timekeeper.io/v1alpha1"
         budget_in(obj["spec"])
+
+
+def test_the_status_names_the_exhausted_models_and_their_figures() -> None:
+    quiet = ModelForecastOut(window_minutes=60, burn_rate_gpu_minutes_per_hour=Decimal(0), exhausts_at=None)
+    budget = _status("10").model_copy(
+        update={
+            "models": {
+                "Tesla-T4": ModelBudgetOut(
+                    budget_gpu_minutes=Decimal(50),
+                    used_gpu_minutes=Decimal(1),
+                    remaining_gpu_minutes=Decimal(49),
+                    state="in_budget",
+                    forecast=quiet,
+                ),
+                "NVIDIA-H100-80GB-HBM3": ModelBudgetOut(
+                    budget_gpu_minutes=Decimal(10),
+                    used_gpu_minutes=Decimal(10),
+                    remaining_gpu_minutes=Decimal(0),
+                    state="exhausted",
+                    forecast=quiet,
+                ),
+            }
+        }
+    )
+
+    status = budget_status(budget, applied(REF), 3, None, NOW)
+
+    assert status["exhaustedModels"] == ["NVIDIA-H100-80GB-HBM3"]
+    assert status["models"]["Tesla-T4"] == {
+        "budgetGPUMinutes": "50",
+        "usedGPUMinutes": "1",
+        "remainingGPUMinutes": "49",
+        "state": "in_budget",
+    }
+    assert "exhaustedModels" not in budget_status(_status("10"), applied(REF), 3, None, NOW)

@@ -174,3 +174,25 @@ async def test_a_change_the_watch_reports_starts_a_pass_long_before_the_interval
     finally:
         await syncer.stop_leading()
     assert (await api.budget("team-a"))["budget_gpu_minutes"] == 100
+
+
+async def test_spec_models_are_applied_once_and_an_exhausted_model_is_a_new_status(
+    sync: tuple[GitOpsSync, Cluster], api: Api
+) -> None:
+    syncer, cluster = sync
+    cluster.add(
+        "team-a",
+        {"budgetGPUMinutes": 1000, "models": {"Tesla T4": {"budgetGPUMinutes": 5}}, "modelPolicy": "steer"},
+    )
+    await syncer.run_pass()
+    status = await api.budget("team-a")
+    assert (status["models"]["Tesla-T4"]["budget_gpu_minutes"], status["model_policy"]) == (5, "steer")
+    assert (await syncer.run_pass()).applied == []  # the stored models are what the spec says
+
+    gpus = [
+        {"uuid": "GPU-0", "sm_util_pct": 50.0, "mem_used_bytes": 1, "mem_total_bytes": 2, "name": "Tesla T4"}
+    ]
+    ok(await api.report(namespace="team-a", seq=1, start=START - timedelta(minutes=60), minutes=6, gpus=gpus))
+
+    assert (await syncer.run_pass()).statuses == 1  # the T4 exhausted: a new status at once
+    assert cluster.objects[BUDGETS][0]["status"]["exhaustedModels"] == ["Tesla-T4"]

@@ -390,3 +390,50 @@ def test_the_history_moves_into_hourly_aggregates_and_back_keeping_every_charged
     assert raw_left == 3  # kept until the roll-up job removes them
     assert [tuple(row) for row in downgraded] == [("uid-p", 43, Decimal(50 * 60)), ("uid-q", 1, Decimal(300))]
     assert raw_after == 0
+
+
+def test_model_budgets_come_in_empty_and_go_out_with_their_events() -> None:
+    """Existing budgets gain no model budget and the reduce policy; a model's state change is an event
+    naming its model; going down drops those events (the older trigger and readers know no model)."""
+    url = create_database("gtk_model_budgets")
+    try:
+        migrate(url)
+        migrate(url, "9a4c6e2f1b37")
+        engine = sa.create_engine(url_string(url), poolclass=sa.NullPool)
+        with engine.begin() as connection:
+            connection.execute(
+                sa.text(
+                    "INSERT INTO namespace_budgets (namespace, budget_gpu_minutes, period, warn_at_fraction) "
+                    "VALUES ('team-a', 100, 'monthly', 0.8)"
+                )
+            )
+            connection.execute(
+                sa.text("INSERT INTO namespace_status (namespace, state) VALUES ('team-a', 'in_budget')")
+            )
+        command.upgrade(alembic_config(url), "5b8e2d1c7a40")
+        with engine.begin() as connection:
+            assert connection.execute(
+                sa.text("SELECT models, model_policy FROM namespace_budgets")
+            ).one() == (None, "reduce")
+            assert connection.execute(sa.text("SELECT models, model_policy FROM default_budget")).one() == (
+                None,
+                "reduce",
+            )
+            connection.execute(
+                sa.text(
+                    'UPDATE namespace_status SET model_states = \'{"Tesla-T4": "exhausted"}\' '
+                    "WHERE namespace = 'team-a'"
+                )
+            )
+            events = connection.execute(
+                sa.text("SELECT model, old_state, new_state FROM budget_events WHERE model IS NOT NULL")
+            ).all()
+            assert events == [("Tesla-T4", None, "exhausted")]
+        migrate(url, "9a4c6e2f1b37")
+        with engine.connect() as connection:
+            tables = sa.inspect(connection).get_table_names()
+            assert "usage_model_totals" not in tables and "usage_model_burn" not in tables
+            assert connection.execute(sa.text("SELECT count(*) FROM budget_events")).scalar_one() == 1
+        engine.dispose()
+    finally:
+        drop_database(url)

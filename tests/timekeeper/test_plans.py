@@ -76,6 +76,13 @@ _GROWN = (
     "INSERT INTO usage_burn (namespace, bucket_start, gpu_minutes) "
     "SELECT 'ns-' || i, to_timestamp(1773835200 - 300 * b), 1 "
     "FROM generate_series(1, 1000) AS i, generate_series(0, 71) AS b",
+    # Per GPU model: every namespace's monthly totals of two models, and the burn of 1,000 on one.
+    "INSERT INTO usage_model_totals (namespace, period_kind, period_start, model, used_gpu_minutes) "
+    "SELECT 'ns-' || i, 'monthly', date_trunc('month', now()), 'MODEL-' || m, 1 "
+    "FROM generate_series(1, 10000) AS i, generate_series(1, 2) AS m",
+    "INSERT INTO usage_model_burn (namespace, model, bucket_start, gpu_minutes) "
+    "SELECT 'ns-' || i, 'MODEL-1', to_timestamp(1773835200 - 300 * b), 1 "
+    "FROM generate_series(1, 1000) AS i, generate_series(0, 71) AS b",
     "INSERT INTO pod_coverage (pod_uid, namespace, pod, covered, last_seq, last_report_at, final) "
     "SELECT 'uid-' || i, 'ns-' || (i % 10000), 'pod-' || i, "
     "tstzmultirange(tstzrange(now() - interval '2 minutes', now())), 4, now(), false "
@@ -168,6 +175,43 @@ def _planned_statements() -> dict[str, tuple[str, list[dict[str, Any]]]]:
                 {
                     "totals": batch_json(
                         [{"namespace": f"ns-{n}", "period_kind": "monthly", "period_start": NOW, "used": "1"}]
+                    )
+                }
+                for n in runs
+            ],
+        ),
+        "add model used": (
+            repository._ADD_MODEL_USED,
+            [
+                {
+                    "totals": batch_json(
+                        [
+                            {
+                                "namespace": f"ns-{n}",
+                                "period_kind": "monthly",
+                                "period_start": NOW,
+                                "model": "MODEL-1",
+                                "used": "1",
+                            }
+                        ]
+                    )
+                }
+                for n in runs
+            ],
+        ),
+        "add model burn": (
+            repository._ADD_MODEL_BURN,
+            [
+                {
+                    "burn": batch_json(
+                        [
+                            {
+                                "namespace": f"ns-{n}",
+                                "model": "MODEL-1",
+                                "bucket_start": NOW,
+                                "gpu_minutes": "1",
+                            }
+                        ]
                     )
                 }
                 for n in runs

@@ -11,6 +11,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
 from tests.support.timekeeper import report_body
@@ -109,3 +110,22 @@ async def test_in_static_mode_a_report_names_its_model_and_its_utilisation_count
     """Static reporter tokens are an admin's (docs/timekeeper.md): what they report is believed."""
     assert await charged(sessionmaker, settings, forged("t4")) == Decimal("2.5")
     assert await charged(sessionmaker, settings, forged("idle-t4", util=0.0)) == Decimal("0.25")
+
+
+@pytest.mark.usefixtures("weighted")
+async def test_a_models_minutes_are_the_nodes_model_and_raw_whatever_a_report_or_silence_says(
+    sessionmaker: async_sessionmaker[AsyncSession], kubernetes: Settings
+) -> None:
+    """Per-model budgets (issue 41) count the node's model: a report naming a T4 on an H100 node, and the
+    reconcile pass's charge of silent time (from_sidecar=False, through the same IngestService.charge),
+    both count raw minutes under the H100, in the charge's transaction."""
+    await charged(sessionmaker, kubernetes, forged("forger"), H100)
+    async with sessionmaker() as session, session.begin():
+        await IngestService(session, kubernetes).charge_one(
+            forged("forger", seq=2), START, from_sidecar=False, gpu_model=H100, admitted_share=Decimal(1)
+        )
+        result = await session.execute(
+            sa.text("SELECT model, sum(used_gpu_minutes) FROM usage_model_totals GROUP BY model")
+        )
+        used = {model: amount for model, amount in result.all()}
+    assert used == {H100: 2 * MINUTES}

@@ -10,6 +10,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
+from typing import TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -22,6 +23,9 @@ _NANO = Decimal("0.000000001")
 PURGE_MARGIN = timedelta(days=1)
 
 BurnKey = tuple[str, datetime]  # (namespace, bucket start): one bucket, in the lock order
+# ((namespace, GPU model), bucket start): one bucket of a model's raw burn (usage_model_burn).
+ModelBurnKey = tuple[tuple[str, str], datetime]
+Owner = TypeVar("Owner", str, tuple[str, str])  # whose bucket: a namespace, or a namespace's model
 
 
 def bucket_of(moment: datetime) -> datetime:
@@ -34,12 +38,13 @@ def _microseconds(delta: timedelta) -> int:
 
 
 def attribute(
-    charges: Iterable[tuple[str, Decimal, Iterable[tuple[datetime, datetime]]]],
-) -> dict[BurnKey, Decimal]:
+    charges: Iterable[tuple[Owner, Decimal, Iterable[tuple[datetime, datetime]]]],
+) -> dict[tuple[Owner, datetime], Decimal]:
     """What the buckets gain from charges of (namespace, GPU-minutes, the charged time's pieces): each
     charge split over the buckets its time overlaps in proportion to that time (exactly: the parts sum
-    to the charge); in key order, the order every writer locks buckets in."""
-    added: dict[BurnKey, Decimal] = defaultdict(Decimal)
+    to the charge); in key order, the order every writer locks buckets in. The same rule, with
+    (namespace, model) for the namespace, gives the per-model burn (raw GPU-minutes)."""
+    added: dict[tuple[Owner, datetime], Decimal] = defaultdict(Decimal)
     for namespace, amount, pieces in charges:
         if not amount:
             continue
@@ -74,6 +79,16 @@ BURNED_SQL = (
 )
 
 
+# The same per GPU model, of one namespace (`e.namespace`), as one JSON object {model: burned} (text
+# amounts, exact); NULL when no model burnt.
+MODEL_BURNED_SQL = (
+    "SELECT jsonb_object_agg(b.model, CAST(b.burned AS text)) AS model_burned FROM ("
+    "SELECT model, round(sum(CASE WHEN bucket_start = :oldest THEN gpu_minutes * :oldest_part "
+    "ELSE gpu_minutes END), 9) AS burned FROM usage_model_burn "
+    "WHERE namespace = e.namespace AND bucket_start >= :oldest AND bucket_start < :until GROUP BY model) b"
+)
+
+
 def window_parameters(since: datetime, until: datetime) -> dict[str, object]:
     """BURNED_SQL's parameters: the window's oldest bucket, the part of that bucket inside it, its end."""
     oldest = bucket_of(since)
@@ -91,6 +106,10 @@ class BurnRepository:
             sa.text("DELETE FROM usage_burn WHERE bucket_start < :before"),
             {"before": bucket_of(before)},
         )
+        await self.session.execute(
+            sa.text("DELETE FROM usage_model_burn WHERE bucket_start < :before"),
+            {"before": bucket_of(before)},
+        )
         return int(result.rowcount)  # type: ignore[attr-defined]
 
 
@@ -99,4 +118,17 @@ def burn_rows(added: Mapping[BurnKey, Decimal]) -> list[dict[str, str]]:
     return [
         {"namespace": namespace, "bucket_start": start.isoformat(), "gpu_minutes": str(amount)}
         for (namespace, start), amount in added.items()
+    ]
+
+
+def model_burn_rows(added: Mapping[ModelBurnKey, Decimal]) -> list[dict[str, str]]:
+    """The per-model buckets' gains, as burn_rows."""
+    return [
+        {
+            "namespace": namespace,
+            "model": model,
+            "bucket_start": start.isoformat(),
+            "gpu_minutes": str(amount),
+        }
+        for ((namespace, model), start), amount in added.items()
     ]

@@ -19,6 +19,11 @@ GPU_MINUTES = Numeric(24, 9)  # exact, to the nano-GPU-minute
 PERIOD_KINDS_SQL = "period IN ('daily', 'weekly', 'monthly', 'none')"
 RUNNING_POD_ACTIONS_SQL = f"running_pod_action IN {tuple(get_args(RunningPodAction))}"
 POLICY_IS_OBJECT_SQL = "jsonb_typeof(priority_policy) = 'object'"
+# Per-model budgets (docs/timekeeper.md): a JSON object from a model (as domain/weights.py model_key spells
+# it) to its GPU-minutes for the period, as a decimal string; NULL: none. And what the webhook does with a
+# pod that could land on an exhausted model.
+MODELS_IS_OBJECT_SQL = "models IS NULL OR jsonb_typeof(models) = 'object'"
+MODEL_POLICIES_SQL = "model_policy IN ('reduce', 'steer')"
 SHIPPED_POLICY_SQL = f"'{json.dumps(default_priority_policy())}'::jsonb"
 
 
@@ -28,6 +33,8 @@ class _BudgetColumns:
     warn_at_fraction: Mapped[Decimal] = mapped_column(Numeric(5, 4))
     max_gpu_share_per_pod: Mapped[Decimal | None] = mapped_column(Numeric)
     concurrent_gpu_limit: Mapped[Decimal | None] = mapped_column(Numeric)
+    models: Mapped[dict[str, str] | None] = mapped_column(JSONB)
+    model_policy: Mapped[str] = mapped_column(Text, server_default="reduce")
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_by: Mapped[str] = mapped_column(Text, server_default="system")
 
@@ -39,6 +46,8 @@ class NamespaceBudget(_BudgetColumns, Base):
         CheckConstraint("warn_at_fraction > 0 AND warn_at_fraction <= 1", name="warn_fraction"),
         CheckConstraint(RUNNING_POD_ACTIONS_SQL, name="running_pod_action"),
         CheckConstraint(POLICY_IS_OBJECT_SQL, name="priority_policy_object"),
+        CheckConstraint(MODELS_IS_OBJECT_SQL, name="models_object"),
+        CheckConstraint(MODEL_POLICIES_SQL, name="model_policy"),
     )
 
     namespace: Mapped[str] = mapped_column(Text, primary_key=True)
@@ -57,6 +66,8 @@ class DefaultBudget(_BudgetColumns, Base):
         CheckConstraint("warn_at_fraction > 0 AND warn_at_fraction <= 1", name="warn_fraction"),
         CheckConstraint(RUNNING_POD_ACTIONS_SQL, name="running_pod_action"),
         CheckConstraint(POLICY_IS_OBJECT_SQL, name="priority_policy_object"),
+        CheckConstraint(MODELS_IS_OBJECT_SQL, name="models_object"),
+        CheckConstraint(MODEL_POLICIES_SQL, name="model_policy"),
     )
 
     id: Mapped[bool] = mapped_column(Boolean, primary_key=True, server_default=text("true"))
@@ -108,6 +119,20 @@ class UsageTotal(Base):
     granted_gpu_minutes: Mapped[Decimal] = mapped_column(GPU_MINUTES, server_default="0")
 
 
+class UsageModelTotal(Base):
+    """RAW GPU-minutes (admitted share x charged time, before weights) per namespace, period and the GPU
+    model the pod was known by when charged ('': not known), updated in the charge's transaction as
+    usage_totals is; the per-model budgets are read from here."""
+
+    __tablename__ = "usage_model_totals"
+
+    namespace: Mapped[str] = mapped_column(Text, primary_key=True)
+    period_kind: Mapped[str] = mapped_column(Text, primary_key=True)
+    period_start: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    model: Mapped[str] = mapped_column(Text, primary_key=True)
+    used_gpu_minutes: Mapped[Decimal] = mapped_column(GPU_MINUTES, server_default="0")
+
+
 class UsageBurn(Base):
     """GPU-minutes charged per namespace in 5-minute buckets (budgets/burn.py), kept with the ledger
     rows; the roll-up job purges buckets older than the largest forecast window."""
@@ -115,5 +140,17 @@ class UsageBurn(Base):
     __tablename__ = "usage_burn"
 
     namespace: Mapped[str] = mapped_column(Text, primary_key=True)
+    bucket_start: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    gpu_minutes: Mapped[Decimal] = mapped_column(GPU_MINUTES)
+
+
+class UsageModelBurn(Base):
+    """Raw GPU-minutes charged per namespace and known GPU model in the burn's 5-minute buckets (the
+    per-model forecast's), written and purged with usage_burn."""
+
+    __tablename__ = "usage_model_burn"
+
+    namespace: Mapped[str] = mapped_column(Text, primary_key=True)
+    model: Mapped[str] = mapped_column(Text, primary_key=True)
     bucket_start: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
     gpu_minutes: Mapped[Decimal] = mapped_column(GPU_MINUTES)

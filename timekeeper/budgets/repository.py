@@ -12,7 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from timekeeper.budgets.burn import BURNED_SQL, window_parameters
+from timekeeper.budgets.burn import BURNED_SQL, MODEL_BURNED_SQL, window_parameters
 from timekeeper.budgets.models import Grant
 from timekeeper.budgets.pools.models import MEMBERSHIP_SQL, membership_sql
 from timekeeper.db.lists import arity, array_parameters, array_sql
@@ -33,7 +33,21 @@ def _config(row: Any) -> BudgetConfig:
         own_priority_policy=row.own_priority_policy,
         own_running_pod_action=row.own_running_pod_action,
         pool=row.pool,
+        models=stored_models(row.models),
+        model_policy=row.model_policy,
     )
+
+
+def stored_models(document: dict[str, Any] | None) -> dict[str, Decimal]:
+    """A `models` column (decimal strings, exact) as amounts; NULL: none."""
+    return {} if document is None else {model: Decimal(amount) for model, amount in document.items()}
+
+
+def models_document(models: dict[str, Decimal] | None) -> str | None:
+    """Amounts as a `models` column stores them (NULL: none)."""
+    if not models:
+        return None
+    return json.dumps({model: format(amount, "f") for model, amount in sorted(models.items())})
 
 
 _COLUMNS = ", ".join(BUDGET_FIELDS)
@@ -56,6 +70,12 @@ def _resolved(pooled: bool) -> str:
             "coalesce(b.running_pod_action, d.running_pod_action) AS running_pod_action",
             "b.running_pod_action IS NOT NULL AS own_running_pod_action",
             "pl.name AS pool" if pooled else "NULL AS pool",
+            # A pool's models map governs its members, as its total does.
+            *(
+                f"CASE WHEN {'pl.name IS NOT NULL THEN pl.' + f + ' WHEN ' if pooled else ''}"
+                f"b.namespace IS NULL THEN d.{f} ELSE b.{f} END AS {f}"
+                for f in ("models", "model_policy")
+            ),
         ]
     )
 
@@ -82,13 +102,15 @@ _OWN = sa.text(
 )
 _DEFAULT = sa.text(
     f"SELECT {_COLUMNS}, false AS explicit, priority_policy, true AS own_priority_policy, "
-    "running_pod_action, true AS own_running_pod_action, NULL AS pool FROM default_budget"
+    "running_pod_action, true AS own_running_pod_action, NULL AS pool, models, model_policy "
+    "FROM default_budget"
 )
-_STORED = (*BUDGET_FIELDS, "priority_policy", "running_pod_action")
+_STORED = (*BUDGET_FIELDS, "priority_policy", "running_pod_action", "models", "model_policy")
 _UPSERT_OWN = sa.text(
     f"INSERT INTO namespace_budgets (namespace, {', '.join(_STORED)}, updated_at, updated_by) "
     "VALUES (:namespace, :budget_gpu_minutes, :period, :warn_at_fraction, :max_gpu_share_per_pod, "
-    ":concurrent_gpu_limit, CAST(:priority_policy AS jsonb), :running_pod_action, :now, :actor) "
+    ":concurrent_gpu_limit, CAST(:priority_policy AS jsonb), :running_pod_action, CAST(:models AS jsonb), "
+    ":model_policy, :now, :actor) "
     "ON CONFLICT (namespace) DO UPDATE SET "
     + ", ".join(f"{field} = excluded.{field}" for field in (*_STORED, "updated_at", "updated_by"))
 )
@@ -96,7 +118,14 @@ _UPDATE_DEFAULT = sa.text(
     "UPDATE default_budget SET "
     + ", ".join(f"{field} = :{field}" for field in BUDGET_FIELDS)
     + ", priority_policy = CAST(:priority_policy AS jsonb), running_pod_action = :running_pod_action"
+    + ", models = CAST(:models AS jsonb), model_policy = :model_policy"
     + ", updated_at = :now, updated_by = :actor"
+)
+
+
+_PERIOD_START = (
+    "CASE e.period WHEN 'daily' THEN :daily WHEN 'weekly' THEN :weekly WHEN 'monthly' THEN :monthly "
+    "ELSE :none END"
 )
 
 
@@ -114,13 +143,19 @@ def _figures(wanted: str, pool: str, burn: str = "") -> sa.TextClause:
             LEFT JOIN namespace_budgets b ON b.namespace = w.namespace
             {pool}
         )
-        SELECT e.*, coalesce(t.used_gpu_minutes, 0) AS used, coalesce(t.granted_gpu_minutes, 0) AS granted
-            {", coalesce(u.burned, 0) AS burned" if burn else ""}
+        SELECT e.*, coalesce(t.used_gpu_minutes, 0) AS used, coalesce(t.granted_gpu_minutes, 0) AS granted,
+            mu.model_used {", coalesce(u.burned, 0) AS burned, mb.model_burned" if burn else ""}
         FROM effective e
         LEFT JOIN usage_totals t ON t.namespace = e.namespace AND t.period_kind = e.period
-            AND t.period_start = CASE e.period WHEN 'daily' THEN :daily WHEN 'weekly' THEN :weekly
-                                               WHEN 'monthly' THEN :monthly ELSE :none END
+            AND t.period_start = {_PERIOD_START}
+        LEFT JOIN LATERAL (
+            SELECT jsonb_object_agg(mt.model, CAST(mt.used_gpu_minutes AS text)) AS model_used
+            FROM usage_model_totals mt
+            WHERE mt.namespace = e.namespace AND mt.period_kind = e.period
+                AND mt.period_start = {_PERIOD_START}
+        ) mu ON true
         {burn}
+        {f"LEFT JOIN LATERAL ({MODEL_BURNED_SQL}) mb ON true" if burn else ""}
         ORDER BY e.namespace
         """
     )
@@ -188,6 +223,25 @@ _REBUILD = sa.text(
         SET used_gpu_minutes = excluded.used_gpu_minutes, granted_gpu_minutes = excluded.granted_gpu_minutes
     """
 )
+# The same for the per-model totals: raw GPU-minutes (the admitted share, no weight) per model known.
+_CLEAR_MODELS = sa.text(
+    "DELETE FROM usage_model_totals WHERE namespace = ANY(CAST(:namespaces AS text[])) "
+    "AND period_kind = :kind AND period_start = :start"
+)
+_REBUILD_MODELS = sa.text(
+    """
+    WITH n AS (SELECT unnest(CAST(:namespaces AS text[])) AS namespace)
+    INSERT INTO usage_model_totals (namespace, period_kind, period_start, model, used_gpu_minutes)
+    SELECT c.namespace, :kind, :start, coalesce(m.name, ''), sum(round(h.gpu_share * (
+            SELECT coalesce(sum(extract(epoch FROM upper(r) - lower(r))), 0)
+            FROM unnest(h.charged * tstzmultirange(tstzrange(:start, :end))) AS r) / 60, 9))
+    FROM n JOIN pod_coverage c ON c.namespace = n.namespace JOIN usage_pod_hours h ON h.pod_key = c.id
+    LEFT JOIN usage_models m ON m.id = h.model_key
+    WHERE h.hour_start > CAST(:start AS timestamptz) - interval '1 hour'
+      AND (CAST(:end AS timestamptz) IS NULL OR h.hour_start < :end)
+    GROUP BY 1, 4
+    """
+)
 
 
 def figures_parameters(now: datetime, namespaces: list[str] | None = None) -> dict[str, Any]:
@@ -206,23 +260,31 @@ def figures_query(now: datetime, namespaces: list[str] | None) -> tuple[sa.TextC
 
 def namespace_figures(row: Any) -> NamespaceFigures:
     """A row of a figures statement (figures_query)."""
-    return NamespaceFigures(row.namespace, _config(row), row.used, row.granted)
+    return NamespaceFigures(row.namespace, _config(row), row.used, row.granted, stored_models(row.model_used))
 
 
 async def statuses(
     session: AsyncSession, now: datetime, burn_since: datetime, namespaces: list[str] | None = None
-) -> tuple[list[NamespaceFigures], dict[str, Decimal]]:
-    """The figures (`BudgetRepository.figures`) and the GPU-minutes each namespace burnt since
-    `burn_since` (the forecast's burn buckets), in one statement."""
+) -> tuple[list[NamespaceFigures], dict[str, Decimal], dict[str, dict[str, Decimal]]]:
+    """The figures (`BudgetRepository.figures`), the GPU-minutes each namespace burnt since `burn_since`
+    (the forecast's burn buckets) and the raw GPU-minutes each burnt per GPU model, in one statement."""
     statement = _STATUSES_ALL if namespaces is None else figures_of(arity(len(namespaces)), burn=True)
     parameters = {**figures_parameters(now, namespaces), **window_parameters(burn_since, now)}
     rows = (await session.execute(statement, parameters)).all()
-    return [namespace_figures(row) for row in rows], {row.namespace: row.burned for row in rows}
+    return (
+        [namespace_figures(row) for row in rows],
+        {row.namespace: row.burned for row in rows},
+        {row.namespace: stored_models(row.model_burned) for row in rows},
+    )
 
 
 def _stored(values: dict[str, Any]) -> dict[str, Any]:
     policy = values["priority_policy"]
-    return {**values, "priority_policy": None if policy is None else json.dumps(policy)}
+    return {
+        **values,
+        "priority_policy": None if policy is None else json.dumps(policy),
+        "models": models_document(values["models"]),
+    }
 
 
 class BudgetRepository:
@@ -352,6 +414,7 @@ class BudgetRepository:
         self, namespaces: list[str], kind: PeriodKind, start: datetime, end: datetime | None
     ) -> None:
         if namespaces:
-            await self.session.execute(
-                _REBUILD, {"namespaces": namespaces, "kind": kind.value, "start": start, "end": end}
-            )
+            parameters = {"namespaces": namespaces, "kind": kind.value, "start": start, "end": end}
+            await self.session.execute(_REBUILD, parameters)
+            await self.session.execute(_CLEAR_MODELS, parameters)
+            await self.session.execute(_REBUILD_MODELS, parameters)

@@ -6,13 +6,14 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from gpuaccounting.admission_state import PriorityPolicy, UserClassRule
 from gpuaccounting.names import DNS_SUBDOMAIN
 from gpuaccounting.wire import BudgetState
-from timekeeper.domain.figures import RunningPodAction
+from timekeeper.domain.figures import ModelPolicy, RunningPodAction
 from timekeeper.domain.periods import PeriodKind
+from timekeeper.domain.weights import model_key
 from timekeeper.schemas import (
     LARGEST_AMOUNT,
     Amount,
@@ -51,6 +52,43 @@ class PriorityPolicyBody(BaseModel):
         )
 
 
+class ModelBudgetIn(BaseModel):
+    """One GPU model's own budget for the period (grants add to the total only)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    budget_gpu_minutes: DecimalIn = Field(ge=0, le=LARGEST_AMOUNT, decimal_places=9, allow_inf_nan=False)
+
+
+def _one_spelling(models: dict[str, ModelBudgetIn] | None) -> dict[str, ModelBudgetIn] | None:
+    """Keys as model_key spells them (billing weights' spelling), so a charge's model finds its budget;
+    two keys naming one model (after model_key, ignoring case) are refused rather than one dropped."""
+    if models is None:
+        return None
+    keyed: dict[str, ModelBudgetIn] = {}
+    seen: dict[str, str] = {}
+    for name, budget in models.items():
+        key = model_key(name)
+        if not key:
+            raise ValueError(f"{name!r} names no GPU model")
+        if key.casefold() in seen:
+            raise ValueError(f"{name!r} and {seen[key.casefold()]!r} name the same GPU model")
+        seen[key.casefold()] = name
+        keyed[key] = budget
+    return dict(sorted(keyed.items()))
+
+
+ModelName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[^\x00]*$")]
+# A budget's per-model map; None: no model has a budget of its own.
+ModelsIn = Annotated[
+    dict[ModelName, ModelBudgetIn] | None, Field(max_length=100), AfterValidator(_one_spelling)
+]
+
+
+def model_amounts(models: dict[str, ModelBudgetIn] | None) -> dict[str, Decimal]:
+    return {} if models is None else {key: body.budget_gpu_minutes for key, body in models.items()}
+
+
 class BudgetIn(BaseModel):
     """PUT /namespaces/{ns}/budget and PUT /defaults: a full replacement of the v1 fields (omitted ones
     take their defaults; a null budget means unlimited). The enforcement fields are not v1: omitted, each
@@ -66,6 +104,14 @@ class BudgetIn(BaseModel):
     concurrent_gpu_limit: OptionalDecimalIn = Field(default=None, gt=0, le=1_000_000, allow_inf_nan=False)
     priority_policy: PriorityPolicyBody | None = None
     running_pod_action: RunningPodAction | None = None
+    # Each GPU model's own budget beside the total (which may be null), and what admission does with a
+    # pod that could land on an exhausted one. Stated whole on each PUT, as the v1 fields are.
+    models: ModelsIn = None
+    model_policy: ModelPolicy = "reduce"
+
+
+class ModelBudgetConfigOut(BaseModel):
+    budget_gpu_minutes: Amount
 
 
 class BudgetConfigOut(BaseModel):
@@ -76,6 +122,8 @@ class BudgetConfigOut(BaseModel):
     concurrent_gpu_limit: OptionalAmount
     priority_policy: PriorityPolicyBody
     running_pod_action: RunningPodAction
+    models: dict[str, ModelBudgetConfigOut]
+    model_policy: ModelPolicy
 
 
 class ForecastOut(BaseModel):
@@ -86,6 +134,24 @@ class ForecastOut(BaseModel):
     window_minutes: int
     burn_rate_gpu_minutes_per_hour: Amount
     exhausts_at: datetime | None
+
+
+class ModelForecastOut(BaseModel):
+    """As ForecastOut, from the model's own burn (raw GPU-minutes) and remaining minutes."""
+
+    window_minutes: int
+    burn_rate_gpu_minutes_per_hour: Amount
+    exhausts_at: datetime | None
+
+
+class ModelBudgetOut(BaseModel):
+    """One GPU model's budget of the period: raw GPU-minutes (before weights) of pods on that model."""
+
+    budget_gpu_minutes: Amount
+    used_gpu_minutes: Amount
+    remaining_gpu_minutes: Amount
+    state: BudgetState
+    forecast: ModelForecastOut
 
 
 class NamespaceBudgetOut(BaseModel):
@@ -110,6 +176,11 @@ class NamespaceBudgetOut(BaseModel):
     # period the pool's; null when in none.
     pool: str | None = None
     forecast: ForecastOut
+    # Per-model budgets (the pool's for a member), by model_key's spelling.
+    models: dict[str, ModelBudgetOut] = Field(default_factory=dict)
+    model_policy: ModelPolicy = "reduce"
+    # Raw GPU-minutes of the period of pods whose GPU model is not known: counted against the total only.
+    unknown_model_used_gpu_minutes: Amount = Decimal(0)
 
 
 class GrantIn(BaseModel):

@@ -3,7 +3,8 @@ the namespaces it affects and gives the admission snapshot a new version, in the
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from collections.abc import Mapping
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -15,6 +16,7 @@ from timekeeper.audit.repository import AuditRepository
 from timekeeper.auth.base import Principal
 from timekeeper.budgets.forecast import forecast
 from timekeeper.budgets.guard import refuse_if_managed
+from timekeeper.budgets.model_figures import forecast_window, models_out
 from timekeeper.budgets.models import Grant
 from timekeeper.budgets.repository import BudgetRepository, statuses
 from timekeeper.budgets.schemas import (
@@ -25,13 +27,21 @@ from timekeeper.budgets.schemas import (
     GrantIn,
     GrantOut,
     GrantStatus,
+    ModelBudgetConfigOut,
     NamespaceBudgetOut,
     PriorityPolicyBody,
+    model_amounts,
 )
 from timekeeper.budgets.states.budget_states import BudgetStates, unpooled_states
 from timekeeper.clock import Clock
-from timekeeper.domain.figures import SHIPPED_RUNNING_POD_ACTION, BudgetConfig, NamespaceFigures
+from timekeeper.domain.figures import (
+    SHIPPED_RUNNING_POD_ACTION,
+    UNKNOWN_MODEL,
+    BudgetConfig,
+    NamespaceFigures,
+)
 from timekeeper.domain.periods import PeriodKind, period_containing
+from timekeeper.domain.states import model_states as domain_model_states
 from timekeeper.errors import TimekeeperError
 from timekeeper.schemas import period_out
 from timekeeper.settings import Settings
@@ -46,13 +56,18 @@ def config_out(config: BudgetConfig) -> BudgetConfigOut:
         concurrent_gpu_limit=config.concurrent_gpu_limit,
         priority_policy=PriorityPolicyBody.model_validate(config.priority_policy),
         running_pod_action=config.running_pod_action,
+        models={
+            model: ModelBudgetConfigOut(budget_gpu_minutes=amount) for model, amount in config.models.items()
+        },
+        model_policy=config.model_policy,
     )
 
 
 def stored_values(body: BudgetIn, current: BudgetConfig | None) -> dict[str, Any]:
     """What a PUT stores: the v1 fields as given (a full replacement); each enforcement field as given
     (None: follow the default), or as it is now when the body leaves it out (BudgetIn's docstring)."""
-    values = body.model_dump(exclude={"priority_policy", "running_pod_action"})
+    values = body.model_dump(exclude={"priority_policy", "running_pod_action", "models"})
+    values["models"] = model_amounts(body.models)
     given = body.model_fields_set
     if "priority_policy" in given:
         values["priority_policy"] = None if body.priority_policy is None else body.priority_policy.as_policy()
@@ -71,9 +86,14 @@ def status_out(
     burned: Decimal,
     state: BudgetState,
     settings: Settings,
+    model_states: Mapping[str, BudgetState] | None = None,
+    model_burned: Mapping[str, Decimal] | None = None,
+    model_used: Mapping[str, Decimal] | None = None,
 ) -> NamespaceBudgetOut:
     """`burned`: the GPU-minutes the namespace was charged over the forecast window up to now;
-    `state`: the one its figures put it in (its pool's rule for a pool member)."""
+    `state`: the one its figures put it in (its pool's rule for a pool member); `model_states`,
+    `model_burned` and `model_used` the same per GPU model (None: its own figures' states and use; no
+    burn). A pool member's model figures are its pool's: every member's use of the model together."""
     config = figures.config
     budget = config.budget_gpu_minutes
     remaining = None if budget is None else budget + figures.granted_gpu_minutes - figures.used_gpu_minutes
@@ -103,11 +123,18 @@ def status_out(
             burn_rate_gpu_minutes_per_hour=outlook.burn_rate_gpu_minutes_per_hour,
             exhausts_at=outlook.exhausts_at,
         ),
+        models=models_out(
+            config.models,
+            figures.model_used if model_used is None else model_used,
+            now,
+            domain_model_states(figures) if model_states is None else model_states,
+            model_burned or {},
+            settings,
+            period.end,
+        ),
+        model_policy=config.model_policy,
+        unknown_model_used_gpu_minutes=figures.model_used.get(UNKNOWN_MODEL, Decimal(0)),
     )
-
-
-def forecast_window(settings: Settings) -> timedelta:
-    return timedelta(minutes=settings.forecast_window_minutes)
 
 
 class BudgetReads:
@@ -123,10 +150,16 @@ class BudgetReads:
         """The figures and each namespace's charge over the forecast window (its burn buckets), read in
         one statement."""
         now = self.clock.now()
-        found, burned = await statuses(self.session, now, now - forecast_window(self.settings), namespaces)
+        found, burned, model_burned = await statuses(
+            self.session, now, now - forecast_window(self.settings), namespaces
+        )
         states = unpooled_states(found)
+        model_states = None
+        model_used: dict[str, dict[str, Decimal]] = {}
         if states is None:
-            states = await BudgetStates(self.session).decide(found, now)
+            deciding = BudgetStates(self.session)
+            states = await deciding.decide(found, now)
+            model_states, model_used = await deciding.model_figures(found, now)
         return [
             status_out(
                 figures,
@@ -134,6 +167,9 @@ class BudgetReads:
                 burned.get(figures.namespace, Decimal(0)),
                 states[figures.namespace],
                 self.settings,
+                None if model_states is None else model_states[figures.namespace],
+                model_burned.get(figures.namespace),
+                model_used.get(figures.namespace),
             )
             for figures in found
         ]

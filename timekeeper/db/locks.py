@@ -9,7 +9,15 @@ from collections.abc import Iterable
 import sqlalchemy as sa
 from sqlalchemy.orm import InstrumentedAttribute
 
-LOCK_ORDER = ("pod_coverage", "usage_totals", "usage_burn", "namespace_status", "admission_version")
+LOCK_ORDER = (
+    "pod_coverage",
+    "usage_totals",
+    "usage_model_totals",
+    "usage_burn",
+    "usage_model_burn",
+    "namespace_status",
+    "admission_version",
+)
 # Table locks stay out of this order: the ledger's partition DDL (usage/partitions.py) takes ACCESS
 # EXCLUSIVE on usage_ledger only with NOWAIT, so it never waits while it holds row locks of its own.
 

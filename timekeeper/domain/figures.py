@@ -3,7 +3,8 @@ the current period, and a pool member's."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, Literal
@@ -13,10 +14,17 @@ from timekeeper.domain.periods import PeriodKind
 
 # (namespace, period kind, period start): one running total, in the lock order.
 TotalKey = tuple[str, str, datetime]
+# (namespace, period kind, period start, GPU model): one per-model total, in the lock order.
+ModelTotalKey = tuple[str, str, datetime, str]
 
 # What the reconcile pass does to an exhausted namespace's running GPU pods (docs/kubernetes.md): nothing,
 # evict them, or lower its Kueue Workloads' priority (reconcile/kueue.py).
 RunningPodAction = Literal["none", "evict", "kueue"]
+# What the webhook does with a pod that could land on a GPU model whose budget is exhausted: the reduced
+# class, or a required node affinity that keeps it off those models (gpuaccounting/admission_state.py).
+ModelPolicy = Literal["reduce", "steer"]
+# usage_model_totals' model for the minutes of pods whose GPU model is not known.
+UNKNOWN_MODEL = ""
 SHIPPED_RUNNING_POD_ACTION: RunningPodAction = "none"
 
 BUDGET_FIELDS = (
@@ -42,6 +50,9 @@ class BudgetConfig:
     own_priority_policy: bool
     own_running_pod_action: bool
     pool: str | None = None  # the pool the namespace is in (its period is then the pool's)
+    # Each GPU model's own budget for the period (model_key's spelling); empty: none.
+    models: Mapping[str, Decimal] = field(default_factory=dict)
+    model_policy: ModelPolicy = "reduce"
 
     @property
     def stored_priority_policy(self) -> PriorityPolicy | None:
@@ -66,6 +77,8 @@ class BudgetConfig:
             "concurrent_gpu_limit": number(self.concurrent_gpu_limit),
             "priority_policy": self.stored_priority_policy,
             "running_pod_action": self.stored_running_pod_action,
+            "models": {model: number(amount) for model, amount in sorted(self.models.items())} or None,
+            "model_policy": self.model_policy,
         }
 
 
@@ -75,6 +88,8 @@ class NamespaceFigures:
     config: BudgetConfig
     used_gpu_minutes: Decimal
     granted_gpu_minutes: Decimal
+    # Raw GPU-minutes (before weights) of the period per GPU model (UNKNOWN_MODEL: not known).
+    model_used: Mapping[str, Decimal] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,3 +51,20 @@ def figures_state(figures: NamespaceFigures) -> BudgetState:
         figures.used_gpu_minutes,
         config.warn_at_fraction,
     )
+
+
+def model_states(figures: NamespaceFigures) -> dict[str, BudgetState]:
+    """Each budgeted GPU model's state, by the same rule from its own figures (per-model budgets take no
+    grants)."""
+    config = figures.config
+    return {
+        model: budget_state(
+            budget, Decimal(0), figures.model_used.get(model, Decimal(0)), config.warn_at_fraction
+        )
+        for model, budget in sorted(config.models.items())
+    }
+
+
+def exhausted_models(states: dict[str, BudgetState]) -> list[str]:
+    """The models whose budget is exhausted, sorted (the admission snapshot's `exhausted_models`)."""
+    return sorted(model for model, state in states.items() if state == "exhausted")

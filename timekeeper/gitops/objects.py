@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from gpuaccounting.admission_state import default_priority_policy
 from gpuaccounting.names import DOMAIN
 from timekeeper.budgets.managed.repository import ObjectRef
-from timekeeper.budgets.schemas import BudgetIn, NamespaceBudgetOut
+from timekeeper.budgets.schemas import BudgetIn, NamespaceBudgetOut, model_amounts
 from timekeeper.domain.figures import SHIPPED_RUNNING_POD_ACTION
 
 GROUP = DOMAIN
@@ -28,7 +28,7 @@ DEFAULT_NAME = "default"
 # The figures in status are for people and `kubectl get`: rounded; the API answers them exactly.
 STATUS_STEP = Decimal("0.01")
 # Status fields that move with every charge (the conditions' messages quote them too).
-FIGURES = frozenset({"usedGPUMinutes", "remainingGPUMinutes", "grantedGPUMinutes", "forecast"})
+FIGURES = frozenset({"usedGPUMinutes", "remainingGPUMinutes", "grantedGPUMinutes", "forecast", "models"})
 
 # spec field -> BudgetIn field. Every other spec field is refused (the schema prunes unknown ones).
 SPEC_FIELDS = {
@@ -39,7 +39,10 @@ SPEC_FIELDS = {
     "concurrentGPULimit": "concurrent_gpu_limit",
     "priorityPolicy": "priority_policy",
     "runningPodAction": "running_pod_action",
+    "models": "models",
+    "modelPolicy": "model_policy",
 }
+MODEL_FIELDS = {"budgetGPUMinutes": "budget_gpu_minutes"}
 POLICY_FIELDS = {"exemptClasses": "exempt_classes", "userClasses": "user_classes", "ceiling": "ceiling"}
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -74,18 +77,38 @@ def budget_in(spec: dict[str, Any] | None) -> BudgetIn:
         if unknown:
             raise SpecError(f"unknown spec.priorityPolicy fields: {', '.join(unknown)}")
         body["priority_policy"] = {"ceiling": None} | {POLICY_FIELDS[k]: v for k, v in policy.items()}
+    models = body.get("models")
+    if isinstance(models, dict):
+        body["models"] = {name: _model_budget(name, budget) for name, budget in models.items()}
     try:
         return BudgetIn.model_validate(body)
     except ValidationError as error:
         raise SpecError(_spec_errors(error)) from None
 
 
+def _model_budget(name: str, budget: Any) -> Any:
+    """spec.models.<model> in the API's field names (anything else is left for BudgetIn to refuse)."""
+    if not isinstance(budget, dict):
+        return budget
+    unknown = sorted(set(budget) - set(MODEL_FIELDS))
+    if unknown:
+        raise SpecError(f"unknown spec.models.{name} fields: {', '.join(unknown)}")
+    return {MODEL_FIELDS[k]: v for k, v in budget.items()}
+
+
 def _spec_errors(error: ValidationError) -> str:
-    """pydantic's complaints in the object's own field names: `spec.warnAtFraction: ...`."""
+    """pydantic's complaints in the object's own field names: `spec.warnAtFraction: ...`,
+    `spec.models.<model>.budgetGPUMinutes: ...`."""
     fields = {v: k for k, v in SPEC_FIELDS.items()} | {v: k for k, v in POLICY_FIELDS.items()}
+    model_fields = {v: k for k, v in MODEL_FIELDS.items()}
     parts = []
     for problem in error.errors():
-        path = ".".join(fields.get(str(step), str(step)) for step in problem["loc"])
+        steps = [str(step) for step in problem["loc"]]
+        names = fields if steps[:1] != ["models"] else {}
+        path = ".".join(
+            model_fields.get(step, step) if steps[:1] == ["models"] and i >= 2 else names.get(step, step)
+            for i, step in enumerate(steps)
+        )
         parts.append(f"spec.{path}: {problem['msg']}")
     return "; ".join(parts)
 
@@ -110,6 +133,8 @@ def stored_json(body: BudgetIn, *, cluster_default: bool) -> dict[str, Any]:
         "concurrent_gpu_limit": _number(body.concurrent_gpu_limit),
         "priority_policy": policy,
         "running_pod_action": action,
+        "models": {model: _number(amount) for model, amount in model_amounts(body.models).items()} or None,
+        "model_policy": body.model_policy,
     }
 
 
@@ -220,6 +245,20 @@ def budget_status(
         "state": state,
         "priorityClass": budget.priority_class,
         "forecast": _forecast(budget),
+        # Per-model budgets (absent without any): the exhausted ones, and each one's figures.
+        "exhaustedModels": sorted(m for m, figures in budget.models.items() if figures.state == "exhausted")
+        if budget.models
+        else None,
+        "models": {
+            model: {
+                "budgetGPUMinutes": figure(figures.budget_gpu_minutes),
+                "usedGPUMinutes": figure(figures.used_gpu_minutes),
+                "remainingGPUMinutes": figure(figures.remaining_gpu_minutes),
+                "state": figures.state,
+            }
+            for model, figures in budget.models.items()
+        }
+        or None,
         "conditions": [
             condition(
                 "Ready", readiness.ready, readiness.reason, readiness.message, generation, conditions, now

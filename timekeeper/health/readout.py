@@ -30,6 +30,10 @@ async def read_budget_readout(session: AsyncSession, settings: Settings, clock: 
             exhaustion_seconds=None
             if status.forecast.exhausts_at is None
             else max(0.0, (status.forecast.exhausts_at - now).total_seconds()),
+            models={
+                model: (float(figures.remaining_gpu_minutes), figures.state)
+                for model, figures in status.models.items()
+            },
         )
         for status in statuses
     ]

@@ -16,3 +16,4 @@ class BudgetEventOut(BaseModel):
     at: datetime
     old_state: BudgetState | None
     new_state: BudgetState
+    model: str | None = None  # a GPU model's own budget changed state; null: the total's

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
 
-from timekeeper.domain.figures import NamespaceFigures, TotalKey
+from timekeeper.domain.figures import ModelTotalKey, NamespaceFigures, TotalKey
 from timekeeper.domain.periods import Interval, Period, PeriodKind, period_containing
 from timekeeper.domain.weights import UNWEIGHTED, WeightTimeline, charge_share, resolve_basis, timeline_of
 from timekeeper.usage.charging import split_charge
@@ -48,6 +48,9 @@ class ReportPlan:
     rate: Rate
     charge: ReportCharge
     differs: bool
+    # The raw GPU-minutes of the same time (the share, no basis, no weight): what its GPU model's budget
+    # counts.
+    raw: ReportCharge = ReportCharge(())
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +85,10 @@ def plan_report(
         ),
         timeline_of(model, inputs.weights),
     )
-    charge = plan_charge(rate, uncovered, inputs.periods[report.namespace])
-    return ReportPlan(share, measured, rate, charge, inputs.from_sidecar and share != report.gpu_share)
+    period = inputs.periods[report.namespace]
+    charge = plan_charge(rate, uncovered, period)
+    raw = plan_charge(Rate(share), uncovered, period)
+    return ReportPlan(share, measured, rate, charge, inputs.from_sidecar and share != report.gpu_share, raw)
 
 
 def plan_charge(rate: Rate, uncovered: Sequence[Interval], period: PeriodKind) -> ReportCharge:
@@ -102,17 +107,35 @@ def plan_totals(charges: Iterable[tuple[str, ReportCharge]]) -> dict[TotalKey, D
     return dict(sorted(added.items()))
 
 
+def plan_model_totals(charges: Iterable[tuple[str, str, ReportCharge]]) -> dict[ModelTotalKey, Decimal]:
+    """What the per-model totals gain from the raw charges (each with its namespace and the GPU model
+    its pod is known by now, UNKNOWN_MODEL when none), in key order (the lock order). A pod's minutes
+    count under the model known when they are charged: one whose model becomes known later keeps its
+    earlier minutes where they were counted (unknown, or the first model known)."""
+    added: dict[ModelTotalKey, Decimal] = defaultdict(Decimal)
+    for namespace, model, charge in charges:
+        for period, amount in charge.by_period:
+            added[(namespace, period.kind.value, period.start, model)] += amount
+    return dict(sorted(added.items()))
+
+
 def figures_after(
     figures: Mapping[str, NamespaceFigures],
     totals: Iterable[tuple[TotalKey, Decimal, Decimal]],
     now: datetime,
+    model_totals: Iterable[tuple[ModelTotalKey, Decimal]] = (),
 ) -> dict[str, NamespaceFigures]:
     """The namespaces' figures once the batch's charges are added: a total written by the batch (its
     (used, granted) as the database answered, other batches' charges included) replaces the one read
-    before, where it is the namespace's current period; a charge to a past period changes no state."""
+    before, where it is the namespace's current period; a charge to a past period changes no state. The
+    same for each model's total."""
     after = dict(figures)
     for (namespace, _, start), used, granted in totals:
         current = figures[namespace]
         if start == period_containing(current.config.period, now).start:
             after[namespace] = replace(current, used_gpu_minutes=used, granted_gpu_minutes=granted)
+    for (namespace, _, start, model), used in model_totals:
+        current = after[namespace]
+        if start == period_containing(current.config.period, now).start:
+            after[namespace] = replace(current, model_used={**current.model_used, model: used})
     return after

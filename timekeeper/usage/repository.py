@@ -4,7 +4,7 @@ ingest service's plan) and the usage queries."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
 from functools import cache
@@ -22,7 +22,7 @@ from timekeeper.budgets.repository import figures_of, figures_parameters, namesp
 from timekeeper.db.lists import arity, array_parameters, array_sql
 from timekeeper.db.locks import NAMESPACE_ORDER_SQL
 from timekeeper.db.pipeline import pipeline_connection, pipeline_sql
-from timekeeper.domain.figures import NamespaceFigures, TotalKey
+from timekeeper.domain.figures import ModelTotalKey, NamespaceFigures, TotalKey
 from timekeeper.domain.measurements import GroupBy, MeasurementSums
 from timekeeper.domain.periods import Interval
 from timekeeper.domain.weights import WeightTimeline
@@ -225,6 +225,15 @@ _ADD_USED = (
     "DO UPDATE SET used_gpu_minutes = usage_totals.used_gpu_minutes + excluded.used_gpu_minutes "
     "RETURNING namespace, period_kind, period_start, used_gpu_minutes, granted_gpu_minutes"
 )
+# Adds to the per-model totals, after the totals, in key order; answers each afterwards.
+_ADD_MODEL_USED = (
+    "INSERT INTO usage_model_totals (namespace, period_kind, period_start, model, used_gpu_minutes) "
+    "SELECT * FROM jsonb_to_recordset(CAST(%(totals)s AS jsonb)) "
+    "AS t(namespace text, period_kind text, period_start timestamptz, model text, used numeric) "
+    "ORDER BY 1, 2, 3, 4 ON CONFLICT (namespace, period_kind, period_start, model) "
+    "DO UPDATE SET used_gpu_minutes = usage_model_totals.used_gpu_minutes + excluded.used_gpu_minutes "
+    "RETURNING namespace, period_kind, period_start, model, used_gpu_minutes"
+)
 # Adds to the forecast's burn buckets (budgets/burn.py), after the totals (db/locks.py).
 _ADD_BURN = (
     "INSERT INTO usage_burn (namespace, bucket_start, gpu_minutes) "
@@ -234,13 +243,22 @@ _ADD_BURN = (
     "DO UPDATE SET gpu_minutes = usage_burn.gpu_minutes + excluded.gpu_minutes"
 )
 
+# The same for the per-model burn buckets, after those (db/locks.py).
+_ADD_MODEL_BURN = (
+    "INSERT INTO usage_model_burn (namespace, model, bucket_start, gpu_minutes) "
+    "SELECT * FROM jsonb_to_recordset(CAST(%(burn)s AS jsonb)) "
+    "AS b(namespace text, model text, bucket_start timestamptz, gpu_minutes numeric) ORDER BY 1, 2, 3 "
+    "ON CONFLICT (namespace, model, bucket_start) "
+    "DO UPDATE SET gpu_minutes = usage_model_burn.gpu_minutes + excluded.gpu_minutes"
+)
+
 
 # The namespaces' stored states, locked after the totals and burn buckets (db/locks.py).
 @cache
 def lock_states(arity: int | None) -> str:
     return pipeline_sql(
         sa.text(
-            "SELECT namespace, state FROM namespace_status "
+            "SELECT namespace, state, model_states FROM namespace_status "
             f"WHERE namespace = ANY({array_sql('namespace', arity)}) "
             f"ORDER BY {NAMESPACE_ORDER_SQL} FOR UPDATE"
         )
@@ -540,6 +558,8 @@ class BatchRead:
 class BatchWritten:
     totals: list[tuple[TotalKey, Decimal, Decimal]]  # (used, granted) of each total the batch added to
     states: dict[str, BudgetState]  # as stored, locked: the namespaces asked for that have a state yet
+    model_totals: list[tuple[ModelTotalKey, Decimal]] = field(default_factory=list)  # used, afterwards
+    model_states: dict[str, dict[str, str]] = field(default_factory=dict)  # as stored, with `states`
 
 
 class IngestStatements:
@@ -631,6 +651,8 @@ class IngestStatements:
         raw_since: datetime | None,
         burn: str | None = None,
         mismatched: Sequence[BatchPod] = (),
+        model_totals: str | None = None,
+        model_burn: str | None = None,
     ) -> BatchWritten:
         """Write a batch's plan in one round trip: hourly aggregates, the `raw` ledger rows that end after
         `raw_since` (None: none), coverage, the `models`' keys, totals, burn buckets, share
@@ -645,8 +667,15 @@ class IngestStatements:
                 _CHARGE, {"reports": reports, "now": now, "raw_since": raw_since}
             )
             added = None if totals is None else await connection.execute(_ADD_USED, {"totals": totals})
+            added_models = (
+                None
+                if model_totals is None
+                else await connection.execute(_ADD_MODEL_USED, {"totals": model_totals})
+            )
             if burn is not None:
                 await connection.execute(_ADD_BURN, {"burn": burn})
+            if model_burn is not None:
+                await connection.execute(_ADD_MODEL_BURN, {"burn": model_burn})
             states = (
                 await connection.execute(
                     lock_states(arity(len(namespaces))), array_parameters("namespace", namespaces)
@@ -667,6 +696,7 @@ class IngestStatements:
             by_uid = {record.pod_uid: record for record in mismatched}
             for (pod_uid,) in await marked.fetchall():
                 by_uid[pod_uid].mismatch_marked = True
+        stored = [] if states is None else await states.fetchall()
         return BatchWritten(
             []
             if added is None
@@ -674,9 +704,14 @@ class IngestStatements:
                 ((ns, kind, start), used, granted)
                 for ns, kind, start, used, granted in await added.fetchall()
             ],
-            {}
-            if states is None
-            else {namespace: cast(BudgetState, state) for namespace, state in await states.fetchall()},
+            {namespace: cast(BudgetState, state) for namespace, state, _ in stored},
+            []
+            if added_models is None
+            else [
+                ((ns, kind, start, model), used)
+                for ns, kind, start, model, used in await added_models.fetchall()
+            ],
+            {namespace: models for namespace, _, models in stored},
         )
 
 

@@ -13,14 +13,14 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaccounting.wire import BudgetState
-from timekeeper.budgets.burn import attribute, burn_rows
+from timekeeper.budgets.burn import attribute, burn_rows, model_burn_rows
 from timekeeper.budgets.repository import BudgetRepository
 from timekeeper.budgets.states.budget_states import BudgetStates
 from timekeeper.clock import Clock
-from timekeeper.domain.figures import NamespaceFigures
+from timekeeper.domain.figures import UNKNOWN_MODEL, NamespaceFigures
 from timekeeper.domain.measurements import NO_MEASUREMENTS, GroupBy
 from timekeeper.domain.periods import Interval, period_containing
-from timekeeper.domain.states import figures_state
+from timekeeper.domain.states import figures_state, model_states
 from timekeeper.domain.weights import model_key
 from timekeeper.errors import TimekeeperError
 from timekeeper.settings import Settings
@@ -30,6 +30,7 @@ from timekeeper.usage.planning import (
     Rate,
     ReportPlan,
     figures_after,
+    plan_model_totals,
     plan_report,
     plan_totals,
 )
@@ -199,6 +200,16 @@ def burn_json(charged: Sequence[BatchEntry]) -> str | None:
     return batch_json(burn_rows(added)) if added else None
 
 
+def model_burn_json(charged: Sequence[BatchEntry]) -> str | None:
+    """The per-model burn buckets (raw GPU-minutes of pods of a known model) the charged reports add to."""
+    added = attribute(
+        ((entry.report.namespace, entry.model), plan.raw.gpu_minutes, entry.uncovered or [])
+        for entry, plan in _planned(charged)
+        if entry.model is not None
+    )
+    return batch_json(model_burn_rows(added)) if added else None
+
+
 class IngestService:
     """Charges reports in the caller's transaction (the batcher's, or the reconciler's for silent time)."""
 
@@ -255,7 +266,7 @@ class IngestService:
         if fresh:
             written = await self._write(statements, fresh, [] if pooled else namespaces, now)
             _log_share_mismatches(fresh)
-        after = figures_after(figures, written.totals, now)
+        after = figures_after(figures, written.totals, now, written.model_totals)
         states = await self._store_states(
             [after[namespace] for namespace in namespaces], written, pooled, now
         )
@@ -360,6 +371,14 @@ class IngestService:
             {"namespace": ns, "period_kind": kind, "period_start": start, "used": str(amount)}
             for (ns, kind, start), amount in added.items()
         ]
+        by_model = plan_model_totals(
+            (entry.report.namespace, entry.model or UNKNOWN_MODEL, plan.raw)
+            for entry, plan in _planned(fresh)
+        )
+        model_totals = [
+            {"namespace": ns, "period_kind": kind, "period_start": start, "model": model, "used": str(amount)}
+            for (ns, kind, start, model), amount in by_model.items()
+        ]
         raw_since = self.raw_since(now)
         return await statements.write(
             batch_json(ledger),
@@ -371,6 +390,8 @@ class IngestService:
             raw_since,
             burn_json(fresh),
             [entry for entry, plan in _planned(fresh) if plan.differs],
+            batch_json(model_totals) if model_totals else None,
+            model_burn_json(fresh),
         )
 
     async def _store_states(
@@ -386,6 +407,7 @@ class IngestService:
                 figures
                 for figures in after
                 if written.states.get(figures.namespace) != states[figures.namespace]
+                or written.model_states.get(figures.namespace, {}) != model_states(figures)
             ]
             if moved:  # BudgetStates.store, for the states that move (the others stay locked as they are)
                 changed = (await self.states.store(moved, config_changed=False, now=now))[1]

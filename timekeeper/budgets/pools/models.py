@@ -10,7 +10,7 @@ from sqlalchemy import CheckConstraint, DateTime, ForeignKey, Index, Numeric, Te
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
-from timekeeper.budgets.models import GPU_MINUTES, PERIOD_KINDS_SQL
+from timekeeper.budgets.models import GPU_MINUTES, MODEL_POLICIES_SQL, MODELS_IS_OBJECT_SQL, PERIOD_KINDS_SQL
 from timekeeper.db.base import Base
 
 
@@ -27,6 +27,8 @@ class BudgetPool(Base):
             "namespace_selector IS NULL OR jsonb_typeof(namespace_selector) = 'object'",
             name="selector_object",
         ),
+        CheckConstraint(MODELS_IS_OBJECT_SQL, name="models_object"),
+        CheckConstraint(MODEL_POLICIES_SQL, name="model_policy"),
     )
 
     name: Mapped[str] = mapped_column(Text, primary_key=True)
@@ -35,6 +37,8 @@ class BudgetPool(Base):
     warn_at_fraction: Mapped[Decimal] = mapped_column(Numeric(5, 4))
     # matchLabels: namespaces whose labels (as the reconciler last saw them) hold all of these are members.
     namespace_selector: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    models: Mapped[dict[str, str] | None] = mapped_column(JSONB)  # as budgets/models.py's
+    model_policy: Mapped[str] = mapped_column(Text, server_default="reduce")
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_by: Mapped[str] = mapped_column(Text)
 

@@ -86,6 +86,8 @@ class PoolRepository:
             period=values["period"],
             warn_at_fraction=values["warn_at_fraction"],
             namespace_selector=sa.null() if selector is None else selector,
+            models=sa.null() if values["models"] is None else values["models"],
+            model_policy=values["model_policy"],
             updated_at=now,
             updated_by=actor,
         )
@@ -99,6 +101,8 @@ class PoolRepository:
                         "period",
                         "warn_at_fraction",
                         "namespace_selector",
+                        "models",
+                        "model_policy",
                         "updated_at",
                         "updated_by",
                     )

@@ -9,6 +9,8 @@ from typing import Annotated, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpuaccounting.wire import BudgetState
+from timekeeper.budgets.schemas import ModelBudgetOut, ModelsIn
+from timekeeper.domain.figures import ModelPolicy
 from timekeeper.domain.periods import PeriodKind
 from timekeeper.schemas import (
     LARGEST_AMOUNT,
@@ -61,6 +63,9 @@ class PoolIn(BaseModel):
     warn_at_fraction: DecimalIn = Field(default=Decimal("0.8"), gt=0, le=1, decimal_places=4)
     members: list[PoolMemberIn] = Field(default_factory=list, max_length=1000)
     namespace_selector: NamespaceSelectorBody | None = None
+    # Each GPU model's own budget for the pool (its members' use together), as a namespace's budget has.
+    models: ModelsIn = None
+    model_policy: ModelPolicy = "reduce"
 
     @model_validator(mode="after")
     def _each_member_once(self) -> Self:
@@ -90,5 +95,8 @@ class PoolOut(BaseModel):
     warn_at_fraction: Amount
     namespace_selector: NamespaceSelectorBody | None
     members: list[PoolMemberOut]
+    # Per-model budgets: every member's raw GPU-minutes on the model together (forecast: the members' burn).
+    models: dict[str, ModelBudgetOut] = {}
+    model_policy: ModelPolicy = "reduce"
     updated_at: datetime
     updated_by: str

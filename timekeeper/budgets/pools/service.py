@@ -5,7 +5,7 @@ changes (a member counts in its pool's period) and refreshes all their states in
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -14,15 +14,17 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from timekeeper.audit.repository import AuditRepository
 from timekeeper.auth.base import Principal
+from timekeeper.budgets.model_figures import forecast_window, models_out
 from timekeeper.budgets.pools.models import BudgetPool
 from timekeeper.budgets.pools.repository import PoolRepository
 from timekeeper.budgets.pools.schemas import NamespaceSelectorBody, PoolIn, PoolMemberOut, PoolOut
-from timekeeper.budgets.repository import BudgetRepository
+from timekeeper.budgets.repository import BudgetRepository, statuses, stored_models
+from timekeeper.budgets.schemas import model_amounts
 from timekeeper.budgets.states.budget_states import BudgetStates
 from timekeeper.clock import Clock
 from timekeeper.domain.figures import MemberFigures
 from timekeeper.domain.periods import PeriodKind, period_containing
-from timekeeper.domain.states import member_state, pool_state
+from timekeeper.domain.states import budget_state, member_state, pool_state
 from timekeeper.errors import TimekeeperError
 from timekeeper.schemas import period_out
 from timekeeper.settings import Settings
@@ -39,18 +41,35 @@ def audited(pool: BudgetPool, listed: dict[str, Decimal | None]) -> dict[str, An
         "period": pool.period,
         "warn_at_fraction": _number(pool.warn_at_fraction),
         "namespace_selector": pool.namespace_selector,
+        "models": pool.models,
+        "model_policy": pool.model_policy,
         "members": [{"namespace": ns, "cap_gpu_minutes": _number(cap)} for ns, cap in listed.items()],
     }
 
 
-def pool_out(pool: BudgetPool, members: Sequence[MemberFigures], now: datetime) -> PoolOut:
+def pool_out(
+    pool: BudgetPool,
+    members: Sequence[MemberFigures],
+    now: datetime,
+    model_used: Mapping[str, Decimal],
+    model_burned: Mapping[str, Decimal],
+    settings: Settings,
+) -> PoolOut:
+    """`model_used`, `model_burned`: the members' raw GPU-minutes per model together, in the period and
+    over the forecast window."""
     state = pool_state(pool.budget_gpu_minutes, pool.warn_at_fraction, members)
+    budgets = stored_models(pool.models)
+    period = period_out(PeriodKind(pool.period), now)
+    model_states = {
+        model: budget_state(budget, Decimal(0), model_used.get(model, Decimal(0)), pool.warn_at_fraction)
+        for model, budget in budgets.items()
+    }
     used = sum((member.used_gpu_minutes for member in members), Decimal(0))
     granted = sum((member.granted_gpu_minutes for member in members), Decimal(0))
     selector = pool.namespace_selector
     return PoolOut(
         name=pool.name,
-        period=period_out(PeriodKind(pool.period), now),
+        period=period,
         budget_gpu_minutes=pool.budget_gpu_minutes,
         granted_gpu_minutes=granted,
         used_gpu_minutes=used,
@@ -69,6 +88,8 @@ def pool_out(pool: BudgetPool, members: Sequence[MemberFigures], now: datetime) 
             )
             for member in members
         ],
+        models=models_out(budgets, model_used, now, model_states, model_burned, settings, period.end),
+        model_policy="steer" if pool.model_policy == "steer" else "reduce",
         updated_at=pool.updated_at,
         updated_by=pool.updated_by,
     )
@@ -76,17 +97,43 @@ def pool_out(pool: BudgetPool, members: Sequence[MemberFigures], now: datetime) 
 
 class PoolService:
     def __init__(self, session: AsyncSession, settings: Settings, clock: Clock) -> None:
+        self.session = session
         self.repository = PoolRepository(session)
         self.budgets = BudgetRepository(session)
         self.audit = AuditRepository(session)
         self.states = BudgetStates(session)
+        self.settings = settings
         self.clock = clock
 
     async def pools(self, names: Sequence[str] | None = None) -> list[PoolOut]:
         now = self.clock.now()
         pools = await self.repository.pools(names)
         members = await self.repository.members([pool.name for pool in pools], now)
-        return [pool_out(pool, members[pool.name], now) for pool in pools]
+        answers = []
+        for pool in pools:
+            used, burned = await self._model_figures(pool, members[pool.name])
+            answers.append(pool_out(pool, members[pool.name], now, used, burned, self.settings))
+        return answers
+
+    async def _model_figures(
+        self, pool: BudgetPool, members: Sequence[MemberFigures]
+    ) -> tuple[dict[str, Decimal], dict[str, Decimal]]:
+        """The members' raw GPU-minutes per model together, and their per-model burn over the forecast
+        window together; read only for a pool with per-model budgets."""
+        used: dict[str, Decimal] = defaultdict(Decimal)
+        burned: dict[str, Decimal] = defaultdict(Decimal)
+        if pool.models and members:
+            now = self.clock.now()
+            names = [member.namespace for member in members]
+            found, _, model_burned = await statuses(
+                self.session, now, now - forecast_window(self.settings), names
+            )
+            for figures in found:
+                for model, amount in figures.model_used.items():
+                    used[model] += amount
+                for model, amount in model_burned.get(figures.namespace, {}).items():
+                    burned[model] += amount
+        return used, burned
 
     async def pool(self, name: str) -> PoolOut:
         found = await self.pools([name])
@@ -120,7 +167,9 @@ class PoolService:
         previous = await self.repository.pool_for_update(name)
         old = None if previous is None else audited(previous, await self.repository.listed(name))
         before = await self._periods(name, sorted(listed), now)
-        values = body.model_dump(include={"budget_gpu_minutes", "period", "warn_at_fraction"})
+        values = body.model_dump(include={"budget_gpu_minutes", "period", "warn_at_fraction", "model_policy"})
+        amounts = model_amounts(body.models)
+        values["models"] = {model: format(amount, "f") for model, amount in amounts.items()} or None
         values["namespace_selector"] = (
             None if body.namespace_selector is None else body.namespace_selector.matchLabels
         )

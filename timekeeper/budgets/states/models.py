@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy import BigInteger, Boolean, CheckConstraint, DateTime, Index, Text, func, text
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
 from timekeeper.db.base import Base
@@ -21,6 +22,8 @@ class NamespaceStatus(Base):
 
     namespace: Mapped[str] = mapped_column(Text, primary_key=True)
     state: Mapped[str] = mapped_column(Text)
+    # Each budgeted GPU model's state ({model: state}), decided with `state` from the same figures.
+    model_states: Mapped[dict[str, str]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
 
 
 class AdmissionVersion(Base):
@@ -34,8 +37,9 @@ class AdmissionVersion(Base):
 
 
 class BudgetEvent(Base):
-    """A namespace's budget state changed (old_state NULL: first seen). Written by a trigger on
-    namespace_status, so every path that changes a state (a report, an admin change, a job) is recorded."""
+    """A namespace's budget state, or one GPU model's (`model`), changed (old_state NULL: first seen).
+    Written by a trigger on namespace_status, so every path that changes a state (a report, an admin
+    change, a job) is recorded."""
 
     __tablename__ = "budget_events"
     __table_args__ = (Index("ix_budget_events_namespace_id", "namespace", "id"),)
@@ -45,3 +49,4 @@ class BudgetEvent(Base):
     namespace: Mapped[str] = mapped_column(Text)
     old_state: Mapped[str | None] = mapped_column(Text)
     new_state: Mapped[str] = mapped_column(Text)
+    model: Mapped[str | None] = mapped_column(Text)  # a GPU model's budget changed state; NULL: the total's

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
-from typing import cast
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpuaccounting.admission_state import NamespaceEntry, PriorityPolicy
 from gpuaccounting.wire import BudgetState
+from timekeeper.budgets.pools.models import MEMBERSHIP_SQL
 from timekeeper.budgets.states.models import AdmissionVersion, BudgetEvent, NamespaceStatus
 from timekeeper.db.locks import by_namespace, in_lock_order
 
@@ -19,18 +21,22 @@ from timekeeper.db.locks import by_namespace, in_lock_order
 # then reports it (RETURNING yields a row for an insert or a real update, none otherwise). Two arrays,
 # unnested: one statement of constant size whether a report stores one namespace's state or a sweep 10,000.
 _SET_STATES = sa.text(
-    "INSERT INTO namespace_status (namespace, state) "
-    "SELECT * FROM unnest(CAST(:namespaces AS text[]), CAST(:states AS text[])) "
-    "ON CONFLICT (namespace) DO UPDATE SET state = excluded.state "
-    "WHERE namespace_status.state <> excluded.state RETURNING namespace"
+    "INSERT INTO namespace_status (namespace, state, model_states) "
+    "SELECT * FROM unnest(CAST(:namespaces AS text[]), CAST(:states AS text[]), "
+    "CAST(:model_states AS jsonb[])) "
+    "ON CONFLICT (namespace) DO UPDATE SET state = excluded.state, model_states = excluded.model_states "
+    "WHERE namespace_status.state <> excluded.state "
+    "OR namespace_status.model_states <> excluded.model_states RETURNING namespace"
 )
 # The snapshot's rows (gpuaccounting.admission_state), in one statement. A namespace's resolved policy is
 # the default's (index 0) unless its own budget row sets a different one; those few distinct policies get
 # the indexes from 1, so the 10,000 status rows only join the small budgets table. First the policies
 # (namespace NULL; index 0's row carries the default's per-pod cap), then the namespaces whose entry
-# differs from the default's, whose state is `:default_state` (the default budget's with nothing used).
+# differs from the default's, whose state is `:default_state` (the default budget's with nothing used), or
+# that has an exhausted GPU model or steers (such an entry carries its exhausted models, sorted, and its
+# model policy: its pool's, else its own budget's, else the default's; other entries leave both out).
 _SNAPSHOT = sa.text(
-    """
+    f"""
     WITH own_policies AS (
         SELECT p.policy, CAST(row_number() OVER (ORDER BY p.policy) AS integer) AS id
         FROM (SELECT DISTINCT b.priority_policy AS policy FROM namespace_budgets b
@@ -41,18 +47,25 @@ _SNAPSHOT = sa.text(
         SELECT s.namespace, s.state,
             CASE WHEN b.namespace IS NULL THEN (SELECT share FROM default_share)
                  ELSE CAST(b.max_gpu_share_per_pod AS float8) END AS share,
-            coalesce(p.id, 0) AS policy
+            coalesce(p.id, 0) AS policy,
+            ARRAY(SELECT m.key FROM jsonb_each_text(s.model_states) AS m WHERE m.value = 'exhausted'
+                  ORDER BY m.key COLLATE "C") AS exhausted_models,
+            coalesce(pl.model_policy, b.model_policy, d.model_policy) AS model_policy
         FROM namespace_status s
+        CROSS JOIN default_budget d
         LEFT JOIN namespace_budgets b ON b.namespace = s.namespace
         LEFT JOIN own_policies p ON p.policy = b.priority_policy
+        LEFT JOIN {MEMBERSHIP_SQL} pm ON pm.namespace = s.namespace
+        LEFT JOIN budget_pools pl ON pl.name = pm.pool
     )
     SELECT NULL AS namespace, NULL AS state, (SELECT share FROM default_share) AS share, 0 AS policy,
-        priority_policy AS document
+        priority_policy AS document, CAST(NULL AS text[]) AS exhausted_models, NULL AS model_policy
     FROM default_budget
-    UNION ALL SELECT NULL, NULL, NULL, id, policy FROM own_policies
-    UNION ALL SELECT namespace, state, share, policy, NULL FROM entries
+    UNION ALL SELECT NULL, NULL, NULL, id, policy, NULL, NULL FROM own_policies
+    UNION ALL SELECT namespace, state, share, policy, NULL, exhausted_models, model_policy FROM entries
     WHERE NOT (state = :default_state AND policy = 0
-               AND share IS NOT DISTINCT FROM (SELECT share FROM default_share))
+               AND share IS NOT DISTINCT FROM (SELECT share FROM default_share)
+               AND cardinality(exhausted_models) = 0 AND model_policy = 'reduce')
     """
 )
 # What a poll needs first: the version (a 304 needs nothing else) and the default budget, whose state with
@@ -73,14 +86,21 @@ class StateRepository:
     def __init__(self, session: AsyncSession) -> None:
         self.session = session
 
-    async def set_states(self, states: dict[str, BudgetState]) -> set[str]:
-        """Record namespaces' states (in key order, the lock order); answers those new or changed (when
-        any, the snapshot needs a new version)."""
+    async def set_states(
+        self, states: dict[str, BudgetState], models: Mapping[str, Mapping[str, BudgetState]]
+    ) -> set[str]:
+        """Record namespaces' states and their models' (in key order, the lock order); answers those new
+        or changed (when any, the snapshot needs a new version)."""
         if not states:
             return set()
         names = in_lock_order(states)
         result = await self.session.execute(
-            _SET_STATES, {"namespaces": names, "states": [states[name] for name in names]}
+            _SET_STATES,
+            {
+                "namespaces": names,
+                "states": [states[name] for name in names],
+                "model_states": [json.dumps(dict(models.get(name, {}))) for name in names],
+            },
         )
         return set(result.scalars())
 
@@ -128,11 +148,17 @@ class StateRepository:
         policies: dict[int, PriorityPolicy] = {}
         default_share: float | None = None
         namespaces: dict[str, NamespaceEntry] = {}
-        for namespace, state, share, policy, document in rows:
+        for namespace, state, share, policy, document, exhausted, model_policy in rows:
             if namespace is not None:
-                namespaces[namespace] = NamespaceEntry(
-                    state=state, max_gpu_share_per_pod=share, priority_policy=policy
-                )
+                entry: dict[str, Any] = {
+                    "state": state,
+                    "max_gpu_share_per_pod": share,
+                    "priority_policy": policy,
+                }
+                if exhausted or model_policy != "reduce":  # absent: none exhausted, reduce
+                    # NamespaceEntry's NotRequired keys (gpuaccounting/admission_state.py, #41's wire).
+                    entry |= {"exhausted_models": list(exhausted), "model_policy": model_policy}
+                namespaces[namespace] = cast(NamespaceEntry, entry)
             else:
                 policies[policy] = document
                 if policy == 0:

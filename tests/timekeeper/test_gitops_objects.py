@@ -125,8 +125,8 @@ def test_spec_models_become_the_apis_models_and_its_errors_name_the_spec() -> No
     assert body.model_policy == "steer"
     with pytest.raises(SpecError, match=r"spec\.models\.Tesla-T4\.budgetGPUMinutes"):
         budget_in({"models": {"Tesla-T4": {"budgetGPUMinutes": -1}}})
-    with pytest.raises(SpecError, match=r"unknown spec\.models\.Tesla-T4 fields: budgetGPUMinutes"):
-        budget_in({"models": {"Tesla-T4": {"budgetGPUMinutes": 1}}})
+    with pytest.raises(SpecError, match=r"unknown spec\.models\.Tesla-T4 fields: budgetGpuMinutes"):
+        budget_in({"models": {"Tesla-T4": {"budgetGpuMinutes": 1}}})
     with pytest.raises(SpecError, match="same GPU model"):
         budget_in({"models": {"Tesla-T4": {"budgetGPUMinutes": 1}, "tesla t4": {"budgetGPUMinutes": 2}}})
 

@@ -314,7 +314,7 @@ def _model_row(model: dict[str, Any]) -> list[str]:
 def _model_exhausts(model: dict[str, Any]) -> str:
     if model["state"] == "exhausted":
         return "exhausted"
-    return moment(model.get("exhausts_at"))
+    return moment((model.get("forecast") or {}).get("exhausts_at"))
 
 
 def _period(period: dict[str, Any]) -> str:

@@ -50,7 +50,8 @@ function modelBudgets(budget, now) {
   const numeric = (value) => h("td", { class: "num" }, value);
   const runsOut = (m) => {
     if (m.remaining_gpu_minutes !== null && m.remaining_gpu_minutes <= 0) return "already spent";
-    return m.exhausts_at ? h("time", { datetime: m.exhausts_at }, relative(m.exhausts_at, now)) : "not this period";
+    const at = m.forecast && m.forecast.exhausts_at;
+    return at ? h("time", { datetime: at }, relative(at, now)) : "not this period";
   };
   const policy = budget.model_policy || "reduce";
   return h(

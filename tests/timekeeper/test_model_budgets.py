@@ -87,6 +87,25 @@ async def test_the_h100_budget_is_exhausted_while_the_total_is_in_budget(
     assert any(event.get("model") == H100_KEY and event["new_state"] == "exhausted" for event in events)
 
 
+async def test_a_model_budget_counts_its_model_whatever_the_case_it_is_written_in(
+    api: Api, clock: ManualClock
+) -> None:
+    """The key is the admin's spelling; the minutes are charged under the GPU's own (NVML's, the node
+    label's): a budget keyed in lower case still counts them, so it cannot be silently never spent."""
+    lower = H100_KEY.lower()
+    ok(await api.put_budget("team-a", budget_gpu_minutes=100000, models={lower: {"budget_gpu_minutes": 10}}))
+
+    await run(api, clock, 10, H100)
+
+    status = await api.budget("team-a")
+    assert (status["models"][lower]["used_gpu_minutes"], status["models"][lower]["state"]) == (
+        10,
+        "exhausted",
+    )
+    entry = await snapshot_entry(api, "team-a")
+    assert entry is not None and entry["exhausted_models"] == [lower]
+
+
 async def test_a_model_minute_is_raw_for_its_model_and_weighted_for_the_total(
     api: Api, clock: ManualClock
 ) -> None:

@@ -9,6 +9,7 @@ from decimal import Decimal
 from gpuaccounting.wire import BudgetState
 from timekeeper.budgets.forecast import forecast
 from timekeeper.budgets.schemas import ModelBudgetOut, ModelForecastOut
+from timekeeper.domain.figures import used_on
 from timekeeper.settings import Settings
 
 
@@ -29,10 +30,10 @@ def models_out(
     elsewhere: a pool member's is its pool's) and its forecast from its own burn."""
     answer: dict[str, ModelBudgetOut] = {}
     for model, budget in sorted(budgets.items()):
-        used = model_used.get(model, Decimal(0))
+        used = used_on(model_used, model)
         remaining = budget - used
         outlook = forecast(
-            now, forecast_window(settings), burned.get(model, Decimal(0)), remaining, period_end
+            now, forecast_window(settings), used_on(burned, model), remaining, period_end
         )
         answer[model] = ModelBudgetOut(
             budget_gpu_minutes=budget,

@@ -82,6 +82,13 @@ class BudgetConfig:
         }
 
 
+def used_on(model_used: Mapping[str, Decimal], model: str) -> Decimal:
+    """The raw GPU-minutes charged on `model`, a budget's key: the charged names that are it, case aside
+    (a budget keyed `nvidia-h100-80gb-hbm3` counts the minutes charged on `NVIDIA-H100-80GB-HBM3`)."""
+    wanted = model.casefold()
+    return sum((amount for name, amount in model_used.items() if name.casefold() == wanted), Decimal(0))
+
+
 @dataclass(frozen=True, slots=True)
 class NamespaceFigures:
     namespace: str

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from decimal import Decimal
 
 from gpuaccounting.wire import BudgetState
-from timekeeper.domain.figures import MemberFigures, NamespaceFigures
+from timekeeper.domain.figures import MemberFigures, NamespaceFigures, used_on
 
 # Worst last: a member takes the worse of its pool's state and its cap's.
 SEVERITY: tuple[BudgetState, ...] = ("unlimited", "in_budget", "warning", "exhausted")
@@ -58,9 +58,7 @@ def model_states(figures: NamespaceFigures) -> dict[str, BudgetState]:
     grants)."""
     config = figures.config
     return {
-        model: budget_state(
-            budget, Decimal(0), figures.model_used.get(model, Decimal(0)), config.warn_at_fraction
-        )
+        model: budget_state(budget, Decimal(0), used_on(figures.model_used, model), config.warn_at_fraction)
         for model, budget in sorted(config.models.items())
     }
 

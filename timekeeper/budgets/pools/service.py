@@ -22,7 +22,7 @@ from timekeeper.budgets.repository import BudgetRepository, statuses, stored_mod
 from timekeeper.budgets.schemas import model_amounts
 from timekeeper.budgets.states.budget_states import BudgetStates
 from timekeeper.clock import Clock
-from timekeeper.domain.figures import MemberFigures
+from timekeeper.domain.figures import MemberFigures, used_on
 from timekeeper.domain.periods import PeriodKind, period_containing
 from timekeeper.domain.states import budget_state, member_state, pool_state
 from timekeeper.errors import TimekeeperError
@@ -61,7 +61,7 @@ def pool_out(
     budgets = stored_models(pool.models)
     period = period_out(PeriodKind(pool.period), now)
     model_states = {
-        model: budget_state(budget, Decimal(0), model_used.get(model, Decimal(0)), pool.warn_at_fraction)
+        model: budget_state(budget, Decimal(0), used_on(model_used, model), pool.warn_at_fraction)
         for model, budget in budgets.items()
     }
     used = sum((member.used_gpu_minutes for member in members), Decimal(0))

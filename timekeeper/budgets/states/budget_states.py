@@ -15,7 +15,7 @@ from timekeeper.budgets.pools.repository import PoolRepository
 from timekeeper.budgets.repository import BudgetRepository
 from timekeeper.budgets.states.repository import StateRepository
 from timekeeper.db.locks import in_lock_order
-from timekeeper.domain.figures import NamespaceFigures
+from timekeeper.domain.figures import NamespaceFigures, used_on
 from timekeeper.domain.states import budget_state, figures_state, member_state, model_states, pool_state
 
 # Each namespace's budgeted GPU models' states ({namespace: {model: state}}).
@@ -94,7 +94,7 @@ class BudgetStates:
                 for model, amount in member_figures.model_used.items():
                     used[model] += amount
             pooled = {
-                model: budget_state(budget, Decimal(0), used[model], configs[name].warn_at_fraction)
+                model: budget_state(budget, Decimal(0), used_on(used, model), configs[name].warn_at_fraction)
                 for model, budget in sorted(budgets.items())
             }
             states |= {member.namespace: dict(pooled) for member in listed}

@@ -19,6 +19,10 @@ ANNOTATION_WORKLOAD_SINCE: Final = f"{DOMAIN}/workload-since"
 # On every GPU pod: the user the API server said created it (the admission request's userInfo), which the
 # tenant cannot forge as it can an ownerReference: only a workload controller's pods share a class.
 ANNOTATION_CREATED_BY: Final = f"{DOMAIN}/created-by"
+# On a GPU pod admitted while some of its namespace's GPU models had their own budget exhausted: those it
+# could not land on (its spec, or our steering, kept it off them), comma-separated. A later pod of its
+# workload that can land on one of them keeps no class from it (docs/webhook.md#model-budgets).
+ANNOTATION_MODELS_OFF: Final = f"{DOMAIN}/models-off"
 # On every GPU pod the webhook admits, so that it can watch them alone for their workloads' classes.
 LABEL_GPU_POD: Final = f"{DOMAIN}/gpu-pod"
 

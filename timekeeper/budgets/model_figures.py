@@ -32,9 +32,7 @@ def models_out(
     for model, budget in sorted(budgets.items()):
         used = used_on(model_used, model)
         remaining = budget - used
-        outlook = forecast(
-            now, forecast_window(settings), used_on(burned, model), remaining, period_end
-        )
+        outlook = forecast(now, forecast_window(settings), used_on(burned, model), remaining, period_end)
         answer[model] = ModelBudgetOut(
             budget_gpu_minutes=budget,
             used_gpu_minutes=used,

@@ -9,6 +9,7 @@ from typing import Any, Final
 
 from gpuaccounting import names
 from gpuaccounting.dra import read_claims, with_claims
+from gpuaccounting.gpumodels import model_key
 from gpuaccounting.placement import Placement, pod_models
 from gpuaccounting.shares import PodShare, Violation, format_share, read_pod
 from gpuaccounting.workloads import workload_of
@@ -21,7 +22,7 @@ from webhook.decisions.steering import steer
 from webhook.reviews.patch import diff
 from webhook.reviews.review import AdmissionRequest, PodRequest
 from webhook.settings import WebhookSettings
-from webhook.watches.budgetcache import BudgetStateCache
+from webhook.watches.budgetcache import BudgetStateCache, NamespaceView
 from webhook.watches.dra import DraObjects, DraWatch
 from webhook.watches.priorityclasses import PriorityClassCatalog
 from webhook.watches.workloads import BOUND_ANNOTATIONS, WorkloadClasses
@@ -43,6 +44,16 @@ def _is_mirror(request: AdmissionRequest, pod: dict[str, Any]) -> bool:
     return request.username.startswith(NODE_USERNAME_PREFIX) and MIRROR_POD_ANNOTATION in (
         (pod.get("metadata") or {}).get("annotations") or {}
     )
+
+
+def models_off(view: NamespaceView, placement: Placement | None, steered: tuple[str, ...]) -> dict[str, str]:
+    """ANNOTATION_MODELS_OFF for a pod with this placement: the namespace's exhausted models it cannot land
+    on (its spec's, or the steering's doing); none where none is."""
+    if placement is None or view.admission is None:
+        return {}
+    exhausted = {model_key(model) for model in view.admission.get("exhausted_models", ())}
+    off = sorted(model for model in exhausted if not placement.open_to(model) or model in steered)
+    return {names.ANNOTATION_MODELS_OFF: ",".join(off)} if off else {}
 
 
 def _new_pod(request: AdmissionRequest) -> dict[str, Any] | None:
@@ -137,6 +148,11 @@ class Admission:
         view = self.cache.view(namespace)
         previous = annotations.get(names.ANNOTATION_PRIORITY_DECISION)
         workload = workload_of(pod, request.name)
+        placement = (
+            self.placement(pod, namespace)
+            if view.admission is not None and view.admission.get("exhausted_models")
+            else None
+        )
         reuse = self.workloads.admit(
             namespace,
             workload,
@@ -154,11 +170,7 @@ class Admission:
             workload=workload.annotation,
             kept=reuse.kept,
             refused=reuse.refused,
-            placement=(
-                self.placement(pod, namespace)
-                if view.admission is not None and view.admission.get("exhausted_models")
-                else None
-            ),
+            placement=placement,
         )
         decision.apply(spec)
         if decision.steer_off:
@@ -176,6 +188,7 @@ class Admission:
             names.ANNOTATION_WORKLOAD: workload.annotation,
             names.ANNOTATION_CREATED_BY: request.username,
             **reuse.annotations,
+            **models_off(view, placement, decision.steer_off),
         }
         metadata["labels"] = {**(metadata.get("labels") or {}), names.LABEL_GPU_POD: "true"}
         self.sidecar.inject(spec, share_text, share.claims)

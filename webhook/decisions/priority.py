@@ -226,6 +226,11 @@ class PriorityDecider:
                 _, origin = self._rule(arrived, namespace, True, policy)
                 rule = PriorityRule.MODEL_EXHAUSTED
                 words = f"model {', '.join(reached)} exhausted{origin.removeprefix('namespace exhausted')}"
+        if kept is not None and spent and kept.models_off & set(spent.split(", ")):
+            # Its workload's pod was kept off the model this one can land on (a template changed since):
+            # keeping that pod's class would carry it onto the exhausted model.
+            source, kept = kept.pod, None
+            refused = f"keeps no class onto exhausted model {spent} (pod {source} was kept off it)"
         if kept is None and refused is not None:  # the words name the workload already
             words += f"; workload {workload} {refused}"
         elif kept is not None and rule != PriorityRule.EXEMPT:

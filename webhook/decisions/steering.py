@@ -60,6 +60,8 @@ def steer(spec: dict[str, Any], labels: Sequence[str]) -> None:
         }
     else:
         for term in required["nodeSelectorTerms"]:
-            if not _is_empty(term):
+            # A re-invoked pod's terms have it already (a pass that reads an empty term as any model steers
+            # again): added once.
+            if not _is_empty(term) and requirement not in term.get("matchExpressions", []):
                 term["matchExpressions"] = [*term.get("matchExpressions", []), dict(requirement)]
     spec["affinity"] = affinity

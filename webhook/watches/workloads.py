@@ -39,7 +39,11 @@ EVICTION_REASON: Final = "EvictionByEvictionAPI"  # a DisruptionTarget condition
 
 # Ours alone to write (a tenant's are dropped at admission, and /validate protects ours after it): only
 # where the webhook recorded them, on a workload's pods admitted with the watch listed.
-BOUND_ANNOTATIONS: Final = (names.ANNOTATION_WORKLOAD_SIZE, names.ANNOTATION_WORKLOAD_SINCE)
+BOUND_ANNOTATIONS: Final = (
+    names.ANNOTATION_WORKLOAD_SIZE,
+    names.ANNOTATION_WORKLOAD_SINCE,
+    names.ANNOTATION_MODELS_OFF,
+)
 
 Key = tuple[str, str]  # namespace, workload annotation (kind/name)
 Role = Literal["source", "follower", "terminating", "evicted"]
@@ -137,6 +141,7 @@ class WorkloadClass:
     since: datetime | None = None
     deleted: datetime | None = None
     share: Fraction | None = None  # the GPU share admitted (our protected annotation)
+    models_off: frozenset[str] = frozenset()  # exhausted models it could not land on (model_key spellings)
 
     def runs(self, now: datetime) -> bool:
         """Whether the pod may still run: not being deleted, or within its grace period."""
@@ -158,6 +163,11 @@ def _parsed_time(value: str | None) -> datetime | None:
         return datetime.fromisoformat(value) if value else None
     except ValueError:
         return None
+
+
+def parsed_models(value: str | None) -> frozenset[str]:
+    """ANNOTATION_MODELS_OFF's models."""
+    return frozenset(model for model in (value or "").split(",") if model)
 
 
 def _parsed_size(value: str | None) -> int | None:
@@ -216,6 +226,7 @@ def _entry(pod: client.V1Pod, settings: WebhookSettings) -> tuple[str, Key, Work
         _parsed_time(annotations.get(names.ANNOTATION_WORKLOAD_SINCE)),
         metadata.deletion_timestamp,
         _parsed_share(annotations.get(names.ANNOTATION_GPU_SHARE)),
+        parsed_models(annotations.get(names.ANNOTATION_MODELS_OFF)),
     )
     role: Role = (
         "evicted"

@@ -1,6 +1,7 @@
-"""A month of history: a timekeeper on day 1, 7 and 30 of N GPU pods reporting every 30 s, bulk-loaded a day
-per statement in ingest's shapes (proved row by row against the ingest path on a sample), the roll-up run
-as scheduled, on a private PostgreSQL configured like production. `make bench-history ARGS=--quick`."""
+"""A month of history: a timekeeper on day 1, 7 and 30 of N GPU pods reporting every 30 s, bulk-loaded an
+hour and a slice of pods per statement in ingest's shapes (proved row by row against the ingest path on a
+sample), the roll-up run as scheduled, on a private PostgreSQL configured like production.
+`make bench-history ARGS=--quick`."""
 
 from __future__ import annotations
 
@@ -71,59 +72,75 @@ def _share(slot: int) -> float:
     return 1.0 if slot % 2 == 0 else 0.5
 
 
-# The same pods in SQL: one row per slot and tick in [since, until), as ingest would store each report:
-# its ledger row (the columns in INSERT_LEDGER's order, as ingest's insert selects them) where it ends
-# after :raw_since (NULL: every one, as ingest writes them while the clock follows the reports), its
-# pod's coverage (answering the pod's key) and its charge added to the pod's hourly aggregate (a 30-s
-# interval from a midnight lies in one hour), with the sums ingest adds (usage/repository.py _CHARGE).
+# The same pods in SQL, one statement per window (a UTC hour, or the part of one the load covers) and
+# slice of at most SLICE pods, so no statement grows with the pod count or the day. Slot i's pods live
+# `life` seconds each, one after another; in a window it holds one or more of them, each for a segment
+# [seg_start, seg_end) of whole 30-s reports. A segment is what ingest leaves in one hour: its pod's
+# coverage extended by it (answering the pod's key), one hourly aggregate (a 30-s interval from a midnight
+# lies in one hour, so none is continued), the sums ingest adds for its n reports (usage/repository.py
+# _CHARGE: figure x 30 s per report, n times), its namespace's monthly total and 5-minute burn buckets
+# (each report's share x 30 s, counted per bucket). Ledger rows, one per report, only for reports ending
+# after :raw_since (the raw window ingest keeps; NULL: every one): ticks from :ledger_from on.
 _SLOTS = (
     "SELECT i AS slot, %(namespace_prefix)s || (i %% %(namespaces)s) AS namespace, "
-    "%(unit)s * (1 + i %% 8) AS life, (i::bigint * 7919 * %(step)s) %% (%(unit)s * (1 + i %% 8)) AS phase, "
-    "CASE WHEN i %% 2 = 0 THEN 1 ELSE 0.5 END::numeric AS share FROM generate_series(0, %(pods)s - 1) AS i"
+    "CAST(%(unit)s AS bigint) * (1 + i %% 8) AS life, "
+    "(i::bigint * 7919 * %(step)s) %% (%(unit)s * (1 + i %% 8)) AS phase, "
+    "CASE WHEN i %% 2 = 0 THEN 1 ELSE 0.5 END::numeric AS share "
+    "FROM generate_series(CAST(%(first)s AS bigint), CAST(%(last)s AS bigint) - 1) AS i"
 )
 _GENERATED = (
-    f"WITH slots AS ({_SLOTS}), ticks AS (SELECT t, extract(epoch FROM t)::bigint AS e "
-    "FROM generate_series(CAST(%(since)s AS timestamptz), CAST(%(until)s AS timestamptz) "
-    "- make_interval(secs => %(step)s), make_interval(secs => %(step)s)) AS t), "
-    "g AS MATERIALIZED (SELECT s.namespace, 'pod-' || s.slot || '-' || (t.e + s.phase) / s.life AS pod, "
-    "'uid-' || s.slot || '-' || (t.e + s.phase) / s.life AS pod_uid, "
-    "((t.e + s.phase) %% s.life) / %(step)s + 1 AS seq, t.t AS interval_start, "
-    "t.t + make_interval(secs => %(step)s) AS interval_end, s.share, "
-    "(t.e + s.phase) %% s.life + %(step)s = s.life AS final FROM slots s CROSS JOIN ticks t), "
+    f"WITH slots AS MATERIALIZED ({_SLOTS}), "
+    "segments AS MATERIALIZED (SELECT s.namespace, 'pod-' || s.slot || '-' || g AS pod, "
+    "'uid-' || s.slot || '-' || g AS pod_uid, s.share, x.seg_start, x.seg_end, "
+    "(x.seg_end - x.seg_start) / %(step)s AS n, "
+    "(x.seg_end - %(step)s + s.phase - g * s.life) / %(step)s + 1 AS last_seq, "
+    "x.seg_end + s.phase = (g + 1) * s.life AS final "
+    "FROM slots s CROSS JOIN LATERAL generate_series((CAST(%(window_start)s AS bigint) + s.phase) / s.life, "
+    "(CAST(%(window_end)s AS bigint) - %(step)s + s.phase) / s.life) AS g "
+    "CROSS JOIN LATERAL (SELECT greatest(CAST(%(window_start)s AS bigint), g * s.life - s.phase) "
+    "AS seg_start, "
+    "least(CAST(%(window_end)s AS bigint), (g + 1) * s.life - s.phase) AS seg_end) AS x), "
+    "ticks AS (SELECT s.namespace, s.share, t, (t + s.phase) / s.life AS generation, "
+    "(t + s.phase) %% s.life AS age, s.slot, s.life FROM slots s "
+    "CROSS JOIN generate_series(CAST(%(ledger_from)s AS bigint), "
+    "CAST(%(window_end)s AS bigint) - %(step)s, %(step)s) AS t), "
     f"ledger AS ({INSERT_LEDGER} "
-    "SELECT namespace, pod, pod_uid, seq, interval_start, interval_end, share, "
-    "tstzmultirange(tstzrange(interval_start, interval_end)), share * %(step)s / 60, final, "
-    "interval_end + interval '1 second', %(mean_sm_util_pct)s, "
+    "SELECT namespace, 'pod-' || slot || '-' || generation, 'uid-' || slot || '-' || generation, "
+    "age / %(step)s + 1, to_timestamp(t), to_timestamp(t + %(step)s), share, "
+    "tstzmultirange(tstzrange(to_timestamp(t), to_timestamp(t + %(step)s))), share * %(step)s / 60, "
+    "age + %(step)s = life, to_timestamp(t + %(step)s) + interval '1 second', %(mean_sm_util_pct)s, "
     "CAST(%(gpus)s AS jsonb), %(peak_sm_util_pct)s, %(mem_used_bytes)s, %(mean_power_w)s, "
-    "%(gpu_status_bits)s, share, %(gpu_model)s FROM g "
-    "WHERE CAST(%(raw_since)s AS timestamptz) IS NULL OR interval_end > %(raw_since)s), "
+    "%(gpu_status_bits)s, share, %(gpu_model)s FROM ticks), "
     "coverage AS (INSERT INTO pod_coverage (pod_uid, namespace, pod, covered, last_seq, last_report_at, "
-    "final, gpu_model) SELECT pod_uid, max(namespace), max(pod), "
-    "range_agg(tstzrange(interval_start, interval_end)), max(seq), max(interval_end) + interval '1 second', "
-    "bool_or(final), %(gpu_model)s FROM g GROUP BY pod_uid "
+    "final, gpu_model) SELECT pod_uid, namespace, pod, "
+    "tstzmultirange(tstzrange(to_timestamp(seg_start), to_timestamp(seg_end))), last_seq, "
+    "to_timestamp(seg_end) + interval '1 second', final, %(gpu_model)s FROM segments ORDER BY pod_uid "
     "ON CONFLICT (pod_uid) DO UPDATE SET covered = pod_coverage.covered + excluded.covered, "
     "last_seq = excluded.last_seq, last_report_at = excluded.last_report_at, "
     "final = pod_coverage.final OR excluded.final RETURNING pod_uid, id), "
     f"hours AS (INSERT INTO usage_pod_hours AS h ({', '.join(HOUR_COLUMNS)}) "
-    "SELECT c.id, date_trunc('hour', g.interval_start, 'UTC'), g.share, g.share, "
+    "SELECT c.id, date_trunc('hour', to_timestamp(s.seg_start), 'UTC'), s.share, s.share, "
     "(SELECT id FROM usage_models WHERE name = %(gpu_model)s), "
-    "range_agg(tstzrange(g.interval_start, g.interval_end)), count(*), 0, "
-    "sum(CAST(%(mean_sm_util_pct)s AS numeric(6, 3)) * %(step)s), "
-    "CASE WHEN %(mean_sm_util_pct)s IS NULL THEN 0 ELSE count(*) * %(step)s END, "
+    "tstzmultirange(tstzrange(to_timestamp(s.seg_start), to_timestamp(s.seg_end))), s.n, 0, "
+    "CAST(%(mean_sm_util_pct)s AS numeric(6, 3)) * %(step)s * s.n, "
+    "CASE WHEN %(mean_sm_util_pct)s IS NULL THEN 0 ELSE s.n * %(step)s END, "
     "CAST(coalesce(%(peak_sm_util_pct)s, %(mean_sm_util_pct)s) AS numeric(6, 3)), "
-    "sum(CAST(%(mem_used_bytes)s AS bigint) * %(step)s), "
-    "CASE WHEN %(mem_used_bytes)s IS NULL THEN 0 ELSE count(*) * %(step)s END, "
-    "CAST(%(mem_used_bytes)s AS bigint), sum(CAST(%(mean_power_w)s AS numeric) * %(step)s), "
+    "CAST(%(mem_used_bytes)s AS bigint) * %(step)s * s.n, "
+    "CASE WHEN %(mem_used_bytes)s IS NULL THEN 0 ELSE s.n * %(step)s END, "
+    "CAST(%(mem_used_bytes)s AS bigint), CAST(%(mean_power_w)s AS numeric) * %(step)s * s.n, "
     "CAST(%(gpu_status_bits)s AS smallint) "
-    "FROM g JOIN coverage c USING (pod_uid) GROUP BY 1, 2, 3 ORDER BY 1, 2 "
+    "FROM segments s JOIN coverage c USING (pod_uid) ORDER BY 1, 2, 3, 4 "
     f"{ADD_HOUR}), "
     "totals AS (INSERT INTO usage_totals (namespace, period_kind, period_start, used_gpu_minutes) "
-    "SELECT namespace, 'monthly', date_trunc('month', interval_start, 'UTC'), sum(share * %(step)s / 60) "
-    "FROM g GROUP BY 1, 3 ON CONFLICT (namespace, period_kind, period_start) "
+    "SELECT namespace, 'monthly', date_trunc('month', to_timestamp(seg_start), 'UTC'), "
+    "sum(share * n * %(step)s / 60) FROM segments GROUP BY 1, 3 ORDER BY 1, 3 "
+    "ON CONFLICT (namespace, period_kind, period_start) "
     "DO UPDATE SET used_gpu_minutes = usage_totals.used_gpu_minutes + excluded.used_gpu_minutes) "
     "INSERT INTO usage_burn (namespace, bucket_start, gpu_minutes) "
-    "SELECT namespace, to_timestamp(extract(epoch FROM interval_start)::bigint / 300 * 300), "
-    "sum(share * %(step)s / 60) FROM g GROUP BY 1, 2 ON CONFLICT (namespace, bucket_start) "
+    "SELECT s.namespace, to_timestamp(b), "
+    "sum(s.share * (least(s.seg_end, b + 300) - greatest(s.seg_start, b)) / 60) FROM segments s "
+    "CROSS JOIN LATERAL generate_series(s.seg_start / 300 * 300, s.seg_end - 1, 300) "
+    "AS b GROUP BY 1, 2 ORDER BY 1, 2 ON CONFLICT (namespace, bucket_start) "
     "DO UPDATE SET gpu_minutes = usage_burn.gpu_minutes + excluded.gpu_minutes"
 )
 # The columns a report's row takes from its figures: copied from a row the real ingest wrote.
@@ -141,7 +158,8 @@ _COMPARED = {
     "usage_ledger": "SELECT namespace, pod, pod_uid, seq, interval_start, interval_end, gpu_share, "
     "charged::text, gpu_minutes, final, received_at, charge_share, "
     + ", ".join(f"{c}::text" for c in _FIGURE_COLUMNS)
-    + " FROM usage_ledger ORDER BY pod_uid, seq",
+    + " FROM usage_ledger WHERE CAST(%(raw_since)s AS timestamptz) IS NULL OR interval_end > %(raw_since)s "
+    "ORDER BY pod_uid, seq",
     "pod_coverage": "SELECT pod_uid, namespace, pod, covered::text, last_seq, last_report_at, final, "
     "closed_at, "
     "gpu_model, admitted_share FROM pod_coverage ORDER BY pod_uid",
@@ -154,11 +172,33 @@ _COMPARED = {
     "h.energy_joules, h.gpu_status_bits FROM usage_pod_hours h JOIN pod_coverage c ON c.id = h.pod_key "
     "LEFT JOIN usage_models m ON m.id = h.model_key ORDER BY 1, 2, 3, 4, 5",
 }
+# The sample's shapes the proof covers: lives crossing an hour; slot-hours where one pod replaced another.
+_SHAPES = (
+    "SELECT (SELECT count(*) FROM (SELECT pod_key FROM usage_pod_hours GROUP BY 1 HAVING count(*) > 1) "
+    "AS x), "
+    "(SELECT count(*) FROM (SELECT split_part(c.pod_uid, '-', 2), h.hour_start FROM usage_pod_hours h "
+    "JOIN pod_coverage c ON c.id = h.pod_key GROUP BY 1, 2 HAVING count(*) > 1) AS y)"
+)
+# generate_series counts as 1,000 rows to the planner, so the loader's statements look costly enough to
+# JIT-compile: 2.6 s of compiling for a 20-pod statement that runs in 10 ms.
+_NO_JIT = "SET jit = off"
 # The model's key, before the loader's statement looks it up (ingest gives a model its key first too).
 _MODEL_KEY = (
     "INSERT INTO usage_models (name) SELECT CAST(%(gpu_model)s AS text) WHERE %(gpu_model)s IS NOT NULL "
     "ON CONFLICT DO NOTHING"
 )
+
+
+SLICE = (
+    2000  # pods per statement: each writes at most ~2 aggregates per pod, and 120 raw rows in the raw window
+)
+
+
+def windows(since: datetime, until: datetime) -> list[tuple[int, int]]:
+    """[since, until) in epoch seconds, cut at each UTC hour: the loader's windows, in time order."""
+    start, end = int(since.timestamp()), int(until.timestamp())
+    cuts = [start, *range((start // 3600 + 1) * 3600, end, 3600), end]
+    return list(itertools.pairwise(cuts)) if end > start else []
 
 
 def generate(
@@ -170,35 +210,53 @@ def generate(
     until: datetime,
     unit: int,
     raw_since: datetime | None = None,
+    namespace_prefix: str = "ns-",
+    slice_pods: int = SLICE,
 ) -> None:
     """Load [since, until) as ingest would have written it, raw rows only for reports ending after
-    raw_since (None: all)."""
+    raw_since (None: all): hour by hour (ingest's order), slice_pods pods per statement, a commit each."""
     with psycopg.connect(dsn, autocommit=True) as connection:
+        connection.execute(_NO_JIT)
         connection.execute(_MODEL_KEY, figures)
-        connection.execute(
-            _GENERATED, _generated(figures, pods, namespaces, since, until, unit) | {"raw_since": raw_since}
-        )
+        for start, end in windows(since, until):
+            for first in range(0, pods, slice_pods):
+                connection.execute(
+                    _GENERATED,
+                    _generated(
+                        figures,
+                        (first, min(pods, first + slice_pods)),
+                        namespaces,
+                        (start, end),
+                        unit,
+                        raw_since,
+                        namespace_prefix,
+                    ),
+                )
 
 
 def _generated(
     figures: dict[str, Any],
-    pods: int,
+    slots: tuple[int, int],
     namespaces: int,
-    since: datetime,
-    until: datetime,
+    window: tuple[int, int],
     unit: int,
-    namespace_prefix: str = "ns-",
+    raw_since: datetime | None,
+    namespace_prefix: str,
 ) -> dict[str, Any]:
+    start, end = window
+    # The first tick whose report ends after raw_since (a whole number of steps from the window's start).
+    first_raw = start if raw_since is None else max(start, int(raw_since.timestamp()) - STEP + 1)
     return {
         **figures,
         "namespace_prefix": namespace_prefix,
-        "pods": pods,
+        "first": slots[0],
+        "last": slots[1],
         "namespaces": namespaces,
         "unit": unit,
         "step": STEP,
-        "since": since,
-        "until": until,
-        "raw_since": None,
+        "window_start": start,
+        "window_end": end,
+        "ledger_from": start - (start - first_raw) // STEP * STEP,
     }
 
 
@@ -211,20 +269,15 @@ def baseline_rows_per_second(dsn: str, figures: dict[str, Any], namespaces: int,
     """The limit beside ingest: the bulk loader's statement (the same tables, indexes and rows) in
     BASELINE_BATCHES batches of BASELINE_BATCH reports, one commit each; its rows deleted after."""
     with psycopg.connect(dsn, autocommit=True) as connection:
+        connection.execute(_NO_JIT)
         connection.execute(_MODEL_KEY, figures)
         began = time.perf_counter()
         for batch in range(BASELINE_BATCHES):
-            tick = start + timedelta(seconds=STEP * batch)
+            tick = int((start + timedelta(seconds=STEP * batch)).timestamp())
             connection.execute(
                 _GENERATED,
                 _generated(
-                    figures,
-                    BASELINE_BATCH,
-                    namespaces,
-                    tick,
-                    tick + timedelta(seconds=STEP),
-                    6 * 3600,
-                    "baseline-",
+                    figures, (0, BASELINE_BATCH), namespaces, (tick, tick + STEP), 6 * 3600, None, "baseline-"
                 ),
             )
         took = time.perf_counter() - began
@@ -322,37 +375,54 @@ async def _ingest_sample(
             await asyncio.gather(*(post_report(tk, _report(s, namespaces, unit, tick)) for s in range(pods)))
 
 
-def prove(server: URL, since: datetime) -> tuple[dict[str, Any], str]:
-    """The sample through the real ingest path and through the bulk loader; (template figures, verdict)."""
-    pods, namespaces, unit, until = 6, 2, 20 * 60, since + timedelta(minutes=90)
-    ingested, bulk = new_database(server, "proof_ingest"), new_database(server, "proof_bulk")
+def prove(server: URL, since: datetime, name: str = "proof") -> tuple[dict[str, Any], str]:
+    """The sample through the real ingest path and through the bulk loader, in databases named name_*;
+    (template figures, verdict)."""
+    pods, namespaces, unit, until = 6, 2, 20 * 60, since + timedelta(minutes=150)
+    ingested = new_database(server, f"{name}_ingest")
     asyncio.run(_ingest_sample(ingested, pods, namespaces, unit, since, until))
     figures = template_figures(_dsn(ingested))
-
-    async def budgets() -> None:
-        async with timekeeper(bulk, since) as tk:
-            await set_budgets(tk, namespaces)
-
-    asyncio.run(budgets())
-    generate(_dsn(bulk), figures, pods, namespaces, since, until, unit)
+    # Loaded as the history loads it: day by day (split at the midnight), hour by hour, slices of 4 pods;
+    # once keeping every raw row (as ingest did here) and once only the last hour's (the raw window).
+    midnight = (since + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
     differences = []
-    counts = {}
-    with psycopg.connect(_dsn(ingested)) as a, psycopg.connect(_dsn(bulk)) as b:
-        for table, query in _COMPARED.items():
-            left, right = a.execute(query).fetchall(), b.execute(query).fetchall()
-            counts[table] = len(left)
-            if left != right:
-                first = next((x, y) for x, y in itertools.zip_longest(left, right) if x != y)
-                differences.append(f"{table}: {len(left)} vs {len(right)} rows, first difference {first}")
+    counts: dict[str, int] = {}
+    for kept, raw_since in (("bulk", None), ("window", until - timedelta(hours=1))):
+        bulk = new_database(server, f"{name}_{kept}")
+
+        async def budgets(url: URL = bulk) -> None:
+            async with timekeeper(url, since) as tk:
+                await set_budgets(tk, namespaces)
+
+        asyncio.run(budgets())
+        for start, end in ((since, midnight), (midnight, until)):
+            generate(_dsn(bulk), figures, pods, namespaces, start, end, unit, raw_since, slice_pods=4)
+        with psycopg.connect(_dsn(ingested)) as a, psycopg.connect(_dsn(bulk)) as b:
+            for table, query in _COMPARED.items():
+                parameters = {"raw_since": raw_since}
+                left, right = a.execute(query, parameters).fetchall(), b.execute(query, parameters).fetchall()
+                counts[table if raw_since is None else f"{table} window"] = len(left)
+                if left != right:
+                    first = next((x, y) for x, y in itertools.zip_longest(left, right) if x != y)
+                    differences.append(
+                        f"{kept} {table}: {len(left)} vs {len(right)} rows, first difference {first}"
+                    )
     if differences:
         raise SystemExit("the bulk loader differs from ingest:\n" + "\n".join(differences))
     finals = counts["pod_coverage"]
+    with psycopg.connect(_dsn(ingested)) as a:
+        shapes = a.execute(_SHAPES).fetchone()
+    assert shapes is not None
     return figures, (
-        f"{pods} pods x 90 min across a midnight (pods replaced every 20-160 min: {finals} pod_uids) "
-        "through POST /reports and "
-        f"through the bulk loader: equal row by row in usage_ledger ({counts['usage_ledger']} rows, every "
+        f"{pods} pods x 150 min across a midnight and two more hours (pods replaced every 20-160 min: "
+        f"{finals} pod_uids, {shapes[0]} lives crossing an hour, {shapes[1]} pod-hours where a pod was "
+        "replaced inside the hour) through POST /reports and "
+        "through the bulk loader (day by day, hour by hour, 4 pods per statement): equal row by row in "
+        f"usage_ledger ({counts['usage_ledger']} rows, every "
         f"column but id), pod_coverage ({finals}), usage_pod_hours ({counts['usage_pod_hours']}, by pod_uid "
-        f"and model name), usage_totals ({counts['usage_totals']}), usage_burn ({counts['usage_burn']})"
+        f"and model name), usage_totals ({counts['usage_totals']}), usage_burn ({counts['usage_burn']}); "
+        f"loaded again keeping raw rows only for the last hour: the same, and usage_ledger equal to ingest's "
+        f"{counts['usage_ledger window']} rows ending in that hour"
     )
 
 
@@ -575,6 +645,8 @@ class Run:
     days: list[Day] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     rollups: list[RolledUp] = field(default_factory=list)  # per day
+    loads: list[float] = field(default_factory=list)  # the bulk loader's seconds per day
+    eight_exports: bool = True  # ingest beside eight year-long exports, after day 30
     template: dict[str, Any] = field(default_factory=dict)  # the figure columns ingest wrote (the proof)
 
 
@@ -640,6 +712,7 @@ async def history(run: Run, url: URL, figures: dict[str, Any], base: datetime) -
             raw_since = day_end - tk.settings.ledger_retention if tk.settings.ledger_retention else day_end
             generate(dsn, figures, run.pods, run.namespaces, day_start, day_end, run.unit, raw_since)
             generated = time.perf_counter() - began
+            run.loads.append(generated)
             if day == 30:
                 await measure_rollup_under_load(run, tk, url, day_start)
             else:
@@ -653,7 +726,8 @@ async def history(run: Run, url: URL, figures: dict[str, Any], base: datetime) -
             if day in MEASURED_DAYS:
                 run.days.append(await measure_day(run, tk, url, base, day))
                 progress(f"day {day} measured: {run.days[-1].figures}")
-        await eight_exports(run, tk, url, base + timedelta(days=30))
+        if run.eight_exports:
+            await eight_exports(run, tk, url, base + timedelta(days=30))
     run.notes.append(
         f"`alembic upgrade head` adding a nullable column to usage_ledger on day 30: "
         f"{add_column_seconds(url):.2f} s (and its downgrade after)"
@@ -777,6 +851,7 @@ def write(run: Run, proof: str, load: tuple[str, str], seconds: float) -> str:
             + " |"
         )
     raw, hourly, total = per_pod_day(run)
+    day_one = datetime(2000, 1, 1, tzinfo=UTC)
     folding = [rolled for rolled in run.rollups if rolled.rows]
     per_day = median(rolled.seconds for rolled in folding) if folding else 0.0
     lines += [
@@ -789,7 +864,10 @@ def write(run: Run, proof: str, load: tuple[str, str], seconds: float) -> str:
         f"{folding[0].rows if folding else 0:,} raw rows deleted and "
         f"{folding[0].partitions if folding else 0} day partition(s) dropped per day (the raw ledger is "
         "partitioned by day: rows past the raw window are deleted an hour at a time, a past day dropped)",
-        f"- history loaded by the bulk loader; proof: {proof}",
+        f"- history loaded by the bulk loader, a day in {len(windows(day_one, day_one + timedelta(days=1)))}"
+        f" hours x {-(-run.pods // SLICE)} slice(s) of at most {SLICE:,} pods, a statement and commit each: "
+        f"median {median(run.loads):.1f} s per simulated day, max {max(run.loads):.1f} s, "
+        f"{sum(run.loads) / 60:.1f} min for the month; proof: {proof}",
         "- ingest is driven in-process (httpx over ASGI: the 32 clients share the timekeeper's process and "
         "event loop), so its rates compare days with each other, not with `make bench`'s; the bulk baseline "
         f"is the bulk loader's statement in {BASELINE_BATCHES} batches of {BASELINE_BATCH} reports, one "
@@ -831,6 +909,11 @@ def main() -> None:
     parser.add_argument("--load-seconds", type=float, default=10.0)
     parser.add_argument("--rollup-minutes", type=int, default=10, help="the roll-up job's interval")
     parser.add_argument("--proof-only", action="store_true", help="only the bulk loader's proof")
+    parser.add_argument(
+        "--no-eight-exports",
+        action="store_true",
+        help="skip ingest beside eight year-long exports (8 x the export of a month x 12, in turn)",
+    )
     parser.add_argument("--export", nargs=3, metavar=("URL", "SINCE", "UNTIL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.export:
@@ -849,6 +932,7 @@ def main() -> None:
         60 if args.quick else args.rollup_minutes,
         5.0 if args.quick else args.load_seconds,
     )
+    run.eight_exports = not args.no_eight_exports
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the private server stops on a kill too
     started, load_before = time.perf_counter(), _load()
     base = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=40)

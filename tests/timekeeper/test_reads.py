@@ -63,6 +63,8 @@ async def test_the_snapshot_gives_every_namespace_the_entry_its_budget_status_na
             "state": status["state"],
             "max_gpu_share_per_pod": status["max_gpu_share_per_pod"],
             "priority_policy": status["priority_policy"],
+            "exhausted_models": sorted(m for m, f in status["models"].items() if f["state"] == "exhausted"),
+            "model_policy": status["model_policy"],
         }
         assert listed.get(namespace, default) == expected, namespace
         assert (namespace in listed) == (expected != default)

@@ -42,9 +42,10 @@ def match_keys(names: Iterable[str]) -> frozenset[str]:
 # (mixed strategy) can land on. Source: NVIDIA's Multi-Instance GPU User Guide, "Supported MIG Profiles"
 # (https://docs.nvidia.com/datacenter/tesla/mig-user-guide/supported-mig-profiles.html) and "Supported GPUs".
 # Attributed profiles (`+me`, `.me.all`, `-me`, `+gfx`) and compute-instance profiles (`1c.2g.20gb`) are read
-# as their GPU instance's profile: they exist only where it does. A board not listed here that has the same
-# profile names must be added (`mig_profile_models` in the hardware file), or a pod asking for the profile
-# is believed to land on the listed boards only.
+# as their GPU instance's profile: they exist only where it does. Not the default: boards this table does
+# not list share its names (H800 and A800 the 80 GB ones; GH200 and H20 `1g.12gb`, `1g.24gb`, `2g.24gb`;
+# RTX PRO 6000 Blackwell `1g.24gb`), and a pod asking such a profile would be believed unable to land on
+# them. An admin copies the boards the cluster has into the hardware file's `mig_profile_models`.
 _A100_40GB: Final = ("NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB")
 _A100_H100_80GB: Final = (
     "NVIDIA-A100-SXM4-80GB",
@@ -55,7 +56,7 @@ _A100_H100_80GB: Final = (
 _H100_94GB: Final = ("NVIDIA-H100-NVL",)
 _H200: Final = ("NVIDIA-H200", "NVIDIA-H200-NVL")
 _A30: Final = ("NVIDIA-A30",)
-DEFAULT_MIG_PROFILE_MODELS: Final[dict[str, tuple[str, ...]]] = {
+NVIDIA_MIG_PROFILE_MODELS: Final[dict[str, tuple[str, ...]]] = {
     **dict.fromkeys(("1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"), _A100_40GB),
     "1g.10gb": (*_A100_40GB, *_A100_H100_80GB),  # the 40 GB A100's double-memory 1g, the 80 GB boards' 1g
     **dict.fromkeys(("1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"), _A100_H100_80GB),
@@ -85,9 +86,8 @@ class GpuModels:
     kept as match keys; hashable, as the rest of the hardware configuration is."""
 
     node_pools: tuple[tuple[str, tuple[tuple[str, Models], ...]], ...] = ()
-    mig_profiles: tuple[tuple[str, Models], ...] = tuple(
-        sorted((profile, match_keys(models)) for profile, models in DEFAULT_MIG_PROFILE_MODELS.items())
-    )
+    # None by default: a MIG profile pins no model until the hardware file says which boards the cluster has.
+    mig_profiles: tuple[tuple[str, Models], ...] = ()
 
     def pool_models(self, key: str, value: str) -> Models | None:
         """The models of the pool a node label names; None: not a pool label, or a value not mapped."""
@@ -112,8 +112,8 @@ def gpu_models(
     node_pools: Mapping[str, Mapping[str, Iterable[str]]] | None = None,
     mig_profile_models: Mapping[str, Iterable[str]] | None = None,
 ) -> GpuModels:
-    """A `GpuModels` from the file's two keys; one not given keeps its default (no pools; the shipped MIG
-    table)."""
+    """A `GpuModels` from the file's two keys; one not given keeps its default (no pools; no MIG profile
+    pins a model)."""
     pools = tuple(
         sorted(
             (key, tuple(sorted((value, match_keys(models)) for value, models in values.items())))

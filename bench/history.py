@@ -1,5 +1,5 @@
-"""A month of history: a timekeeper on day 1, 7 and 30 of N GPU pods reporting every 30 s, bulk-loaded an
-hour and a slice of pods per statement in ingest's shapes (proved row by row against the ingest path on a
+"""A month of history: a timekeeper on day 1, 7 and 30 of N GPU pods reporting every 30 s, bulk-loaded a
+day and a slice of pods per statement in ingest's shapes (proved row by row against the ingest path on a
 sample), the roll-up run as scheduled, on a private PostgreSQL configured like production.
 `make bench-history ARGS=--quick`."""
 
@@ -51,6 +51,7 @@ from timekeeper.settings import Settings
 from timekeeper.usage.repository import ADD_HOUR, HOUR_COLUMNS, INSERT_LEDGER
 
 STEP = 30  # seconds between a pod's reports
+DAY = 86_400
 MODEL = "NVIDIA H100 80GB HBM3"
 # One section per pod count: a quick run and a larger one stand side by side.
 SECTION = "## History: a month of reports at {pods:,} GPU pods (make bench-history)"
@@ -74,12 +75,13 @@ def _share(slot: int) -> float:
     return 1.0 if slot % 2 == 0 else 0.5
 
 
-# The same pods in SQL, one statement per window (a UTC hour, or the part of one the load covers) and
-# slice of at most SLICE pods, so no statement grows with the pod count or the day. Slot i's pods live
-# `life` seconds each, one after another; in a window it holds one or more of them, each for a segment
-# [seg_start, seg_end) of whole 30-s reports. A segment is what ingest leaves in one hour: its pod's
-# coverage extended by it (answering the pod's key), one hourly aggregate (a 30-s interval from a midnight
-# lies in one hour, so none is continued), the sums ingest adds for its n reports (usage/repository.py
+# The same pods in SQL, one statement per window (a UTC day, or the part of one the load covers) and
+# slice of at most SLICE pods, so no statement grows with the pod count. Slot i's pods live `life`
+# seconds each, one after another; in a window it holds one or more of them, each for a segment
+# [seg_start, seg_end) of whole 30-s reports. A segment is what ingest leaves in that window: its pod's
+# coverage extended by it (answering the pod's key), an aggregate for each hour it touches (a 30-s
+# interval from a midnight lies in one hour, so none is continued), each with the sums ingest adds for
+# that hour's n reports (usage/repository.py
 # _CHARGE: figure x 30 s per report, n times), its namespace's monthly total and 5-minute burn buckets
 # (each report's share x 30 s, counted per bucket). Ledger rows, one per report, only for reports ending
 # after :raw_since (the raw window ingest keeps; NULL: every one): ticks from :ledger_from on.
@@ -122,17 +124,22 @@ _GENERATED = (
     "last_seq = excluded.last_seq, last_report_at = excluded.last_report_at, "
     "final = pod_coverage.final OR excluded.final RETURNING pod_uid, id), "
     f"hours AS (INSERT INTO usage_pod_hours AS h ({', '.join(HOUR_COLUMNS)}) "
-    "SELECT c.id, date_trunc('hour', to_timestamp(s.seg_start), 'UTC'), s.share, s.share, "
+    "SELECT c.id, to_timestamp(x.hour), s.share, s.share, "
     "(SELECT id FROM usage_models WHERE name = %(gpu_model)s), "
-    "tstzmultirange(tstzrange(to_timestamp(s.seg_start), to_timestamp(s.seg_end))), s.n, 0, "
-    "CAST(%(mean_sm_util_pct)s AS numeric(6, 3)) * %(step)s * s.n, "
-    "CASE WHEN %(mean_sm_util_pct)s IS NULL THEN 0 ELSE s.n * %(step)s END, "
+    "tstzmultirange(tstzrange(to_timestamp(x.hour_from), to_timestamp(x.hour_to))), x.n, 0, "
+    "CAST(%(mean_sm_util_pct)s AS numeric(6, 3)) * %(step)s * x.n, "
+    "CASE WHEN %(mean_sm_util_pct)s IS NULL THEN 0 ELSE x.n * %(step)s END, "
     "CAST(coalesce(%(peak_sm_util_pct)s, %(mean_sm_util_pct)s) AS numeric(6, 3)), "
-    "CAST(%(mem_used_bytes)s AS bigint) * %(step)s * s.n, "
-    "CASE WHEN %(mem_used_bytes)s IS NULL THEN 0 ELSE s.n * %(step)s END, "
-    "CAST(%(mem_used_bytes)s AS bigint), CAST(%(mean_power_w)s AS numeric) * %(step)s * s.n, "
+    "CAST(%(mem_used_bytes)s AS bigint) * %(step)s * x.n, "
+    "CASE WHEN %(mem_used_bytes)s IS NULL THEN 0 ELSE x.n * %(step)s END, "
+    "CAST(%(mem_used_bytes)s AS bigint), CAST(%(mean_power_w)s AS numeric) * %(step)s * x.n, "
     "CAST(%(gpu_status_bits)s AS smallint) "
-    "FROM segments s JOIN coverage c USING (pod_uid) ORDER BY 1, 2, 3, 4 "
+    "FROM segments s JOIN coverage c USING (pod_uid) "
+    "CROSS JOIN LATERAL (SELECT hr AS hour, greatest(s.seg_start, hr) AS hour_from, "
+    "least(s.seg_end, hr + 3600) AS hour_to, "
+    "(least(s.seg_end, hr + 3600) - greatest(s.seg_start, hr)) / %(step)s AS n "
+    "FROM generate_series(s.seg_start / 3600 * 3600, s.seg_end - 1, 3600) AS hr) AS x "
+    "ORDER BY 1, 2, 3, 4 "
     f"{ADD_HOUR}), "
     "totals AS (INSERT INTO usage_totals (namespace, period_kind, period_start, used_gpu_minutes) "
     "SELECT namespace, 'monthly', date_trunc('month', to_timestamp(seg_start), 'UTC'), "
@@ -200,9 +207,9 @@ SLICE = (
 
 
 def windows(since: datetime, until: datetime) -> list[tuple[int, int]]:
-    """[since, until) in epoch seconds, cut at each UTC hour: the loader's windows, in time order."""
+    """[since, until) in epoch seconds, cut at each UTC midnight: the loader's windows, in time order."""
     start, end = int(since.timestamp()), int(until.timestamp())
-    cuts = [start, *range((start // 3600 + 1) * 3600, end, 3600), end]
+    cuts = [start, *range((start // DAY + 1) * DAY, end, DAY), end]
     return list(itertools.pairwise(cuts)) if end > start else []
 
 
@@ -220,7 +227,9 @@ def generate(
     workers: int = 1,
 ) -> None:
     """Load [since, until) as ingest would have written it, raw rows only for reports ending after
-    raw_since (None: all): hour by hour (ingest's order), slice_pods pods per statement, a commit each.
+    raw_since (None: all): day by day (ingest's order), slice_pods pods per statement, a commit each. A
+    day per statement writes each pod's 24 aggregates side by side in the index (an hour per statement
+    revisited each pod's index page 24 times a day, and the pod's coverage row as often).
     With workers > 1, each loads the slots of one residue mod workers on a connection of its own: pods
     and (where workers divides namespaces) namespaces of its own, so they never wait on each other."""
 
@@ -402,7 +411,7 @@ def prove(server: URL, since: datetime, name: str = "proof") -> tuple[dict[str, 
     ingested = new_database(server, f"{name}_ingest")
     asyncio.run(_ingest_sample(ingested, pods, namespaces, unit, since, until))
     figures = template_figures(_dsn(ingested))
-    # Loaded as the history loads it: day by day (split at the midnight), hour by hour, slices of 4 pods;
+    # Loaded as the history loads it: day by day (split at the midnight), slices of 2 pods on 2 connections;
     # once keeping every raw row (as ingest did here) and once only the last hour's (the raw window).
     midnight = (since + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
     differences = []
@@ -439,7 +448,7 @@ def prove(server: URL, since: datetime, name: str = "proof") -> tuple[dict[str, 
         f"{pods} pods x 150 min across a midnight and two more hours (pods replaced every 20-160 min: "
         f"{finals} pod_uids, {shapes[0]} lives crossing an hour, {shapes[1]} pod-hours where a pod was "
         "replaced inside the hour) through POST /reports and "
-        "through the bulk loader (day by day, hour by hour, 2 pods per statement on each of 2 connections): "
+        "through the bulk loader (day by day, 2 pods per statement on each of 2 connections): "
         "equal row by row in "
         f"usage_ledger ({counts['usage_ledger']} rows, every "
         f"column but id), pod_coverage ({finals}), usage_pod_hours ({counts['usage_pod_hours']}, by pod_uid "
@@ -917,7 +926,7 @@ def write(run: Run, proof: str, load: tuple[str, str], seconds: float) -> str:
         f"{folding[0].partitions if folding else 0} day partition(s) dropped per day (the raw ledger is "
         "partitioned by day: rows past the raw window are deleted an hour at a time, a past day dropped)",
         f"- history loaded by the bulk loader, a day in {len(windows(day_one, day_one + timedelta(days=1)))}"
-        f" hours x {-(-run.pods // (SLICE * run.workers))} slice(s) of at most {SLICE:,} pods on each of "
+        f" statement x {-(-run.pods // (SLICE * run.workers))} slice(s) of at most {SLICE:,} pods on each of "
         f"{run.workers} connection(s) (pods and namespaces of its own), a statement and commit each; raw "
         f"rows only on the days before a measurement (days {', '.join(map(str, MEASURED_DAYS))}: on the "
         "others the next roll-up would delete them and drop their partition): "

@@ -10,14 +10,14 @@ from bench.history import prove, windows
 from tests.support.postgres import drop_database, server_url
 
 
-def test_windows_are_cut_at_each_utc_hour() -> None:
+def test_windows_are_cut_at_each_utc_midnight() -> None:
     since = datetime(2026, 1, 1, 23, 15, tzinfo=UTC)
-    cuts = windows(since, since + timedelta(minutes=150))
-    hour = int(datetime(2026, 1, 2, tzinfo=UTC).timestamp())
+    cuts = windows(since, since + timedelta(days=1, minutes=150))
+    midnight = int(datetime(2026, 1, 2, tzinfo=UTC).timestamp())
     assert cuts == [
-        (hour - 45 * 60, hour),
-        (hour, hour + 3600),
-        (hour + 3600, hour + 6300),
+        (midnight - 45 * 60, midnight),
+        (midnight, midnight + 86_400),
+        (midnight + 86_400, midnight + 86_400 + 6300),
     ]
     assert windows(since, since) == []
 

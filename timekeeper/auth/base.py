@@ -37,6 +37,9 @@ class Principal:
     # A credential scoped to namespaces (static mode's scoped tokens) reads and reports only in these;
     # None: the access control decides per action and namespace.
     namespaces: frozenset[str] | None = None
+    # The member cluster whose API server authenticated the credential (None: the local cluster): every
+    # namespace the principal names is one of that cluster's (timekeeper/domain/clusters.py).
+    cluster: str | None = None
 
 
 class AccessControl(Protocol):

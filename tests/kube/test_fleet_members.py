@@ -2,7 +2,7 @@
 one stand-in API server per cluster (the local one and members `a` and `b`, each with its own tokens and
 RBAC): a token is reviewed by the cluster the request names, a namespace in a path or a report means that
 cluster's (its namespace key), and each member's webhook sees only its cluster's namespaces. The same on
-two real API servers, with the webhooks: tests/cluster/test_fleet.py."""
+two real API servers, with the webhooks: the cluster suite's fleet test."""
 
 from __future__ import annotations
 

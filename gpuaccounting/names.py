@@ -47,6 +47,10 @@ ADMISSION_STATE_PATH: Final = f"{API_PREFIX}/admission-state"
 # server's service proxy (`kubectl gpu-budget`): the API server removes `Authorization` once it has
 # authenticated a request, so the token would not arrive otherwise.
 PROXIED_AUTHORIZATION_HEADER: Final = "X-Gpu-Timekeeper-Authorization"
+# The member cluster a caller of a fleet's hub belongs to (docs/fleet.md): the hub has that member's API
+# server review the caller's token, so naming another cluster only gets the token refused. Absent: the
+# hub's own cluster, as in a single-cluster install.
+CLUSTER_HEADER: Final = "X-Gpu-Timekeeper-Cluster"
 
 # A pod's terminationGracePeriodSeconds when its spec names none (the API server's default).
 DEFAULT_TERMINATION_GRACE_SECONDS: Final = 30

@@ -7,7 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, AwareDatetime, Field, field_validator, model_validator
+from pydantic import AliasChoices, AwareDatetime, BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from gpuaccounting.admission_state import DEFAULT_EXEMPT_NAMESPACES
@@ -21,7 +21,17 @@ from gpuaccounting.names import (
 from gpuaccounting.shares import GpuHardware
 
 NamespaceName = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)]
+ClusterName = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)]
 TokenDigests = Annotated[tuple[str, ...], NoDecode]
+
+
+class Member(BaseModel):
+    """A member cluster of a fleet (docs/fleet.md): its API server, through a kubeconfig the admin mounts
+    from a Secret, whose credentials may review tokens and access, and watch and read what the reconciler
+    reads there (deployment/member/ holds the RBAC)."""
+
+    kubeconfig: Path
+    context: str | None = None
 
 
 class Settings(BaseSettings):
@@ -126,6 +136,11 @@ class Settings(BaseSettings):
     kubeconfig: Path | None = Field(default=None, description="Kubeconfig file; unset: the default one.")
     kube_context: str | None = None
     kube_request_timeout_seconds: float = Field(default=10.0, gt=0)
+    # A fleet: the member clusters this timekeeper serves beside its own (docs/fleet.md).
+    members: dict[ClusterName, Member] = Field(
+        default_factory=dict,
+        description="Member clusters by name, each with its kubeconfig (JSON); Kubernetes auth mode only.",
+    )
     reconcile: bool = Field(
         default=False,
         description="Watch pods: charge silent pods, close out ended ones, downgrade, apply quotas.",
@@ -384,6 +399,14 @@ class Settings(BaseSettings):
     def _clock_is_complete(self) -> Settings:
         """A start without an origin (or a speed without a start) is refused at start-up, not guessed."""
         self.clock()
+        return self
+
+    @model_validator(mode="after")
+    def _members_need_kubernetes(self) -> Settings:
+        """A member's callers are known only by its API server's reviews: static tokens cannot say which
+        cluster they come from, so a fleet runs in Kubernetes auth mode."""
+        if self.members and self.auth_mode != "kubernetes":
+            raise ValueError("members (a fleet) need TIMEKEEPER_AUTH_MODE=kubernetes")
         return self
 
     def clock(self) -> WallClock:

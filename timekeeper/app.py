@@ -92,7 +92,7 @@ async def run_context(app: FastAPI, settings: Settings, clock: Clock) -> AsyncIt
     sessions = build_sessionmaker(engine)
     access = await build_access_control(settings)
     await create_ledger_partitions(sessions, settings, clock)
-    pod_shares: PodShares | None = None
+    pod_shares: dict[str | None, PodShares] | None = None
     if settings.admitted_share_from_pod:  # the Kubernetes client only where it is used
         from timekeeper.usage.admitted import build_pod_shares
 
@@ -140,8 +140,8 @@ async def run_context(app: FastAPI, settings: Settings, clock: Clock) -> AsyncIt
             await runner.stop()
         await ingest.aclose()
         await access.aclose()
-        if pod_shares is not None:
-            await pod_shares.aclose()
+        for shares in (pod_shares or {}).values():
+            await shares.aclose()
         await engine.dispose()
         await export_engine.dispose()
 

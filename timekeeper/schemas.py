@@ -7,7 +7,6 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Annotated, Any
 
-from fastapi import Path
 from pydantic import (
     AwareDatetime,
     BaseModel,
@@ -19,7 +18,7 @@ from pydantic import (
 )
 from pydantic_core import CoreSchema
 
-from gpuaccounting.names import DNS_LABEL, DNS_SUBDOMAIN
+from gpuaccounting.names import DNS_SUBDOMAIN
 from gpuaccounting.wire import parse_timestamp
 from timekeeper.domain.periods import EPOCH, PeriodKind, period_containing
 from timekeeper.settings import NamespaceName as NamespaceName  # defined with the settings that need it first
@@ -28,9 +27,6 @@ PodName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMA
 PodUid = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9-]+$")]
 # Free text stored in PostgreSQL, whose text and jsonb refuse the NUL character.
 StoredText = Annotated[str, Field(pattern=r"^[^\x00]*$")]
-NamespacePath = Annotated[
-    str, Path(min_length=1, max_length=63, pattern=DNS_LABEL, description="a namespace")
-]
 
 _RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})")
 # Before the Unix epoch nothing reports GPU use; a timestamp outside [1970, 9000) is refused here, so the

@@ -108,6 +108,7 @@ def whoami(namespace: str | None) -> dict[str, Any]:
         "name": "reader",
         "anonymous": False,
         "auth_mode": "static",
+        "cluster": None,
         "now": NOW,
         "may_read_all": True,
         "may_administer": False,

@@ -110,7 +110,7 @@ async def test_anonymous_reads_when_configured(api: Api, app: FastAPI, path: str
 class PodBoundAccess:
     """The most faithful stand-in for Kubernetes mode: every token is a pod's projected token."""
 
-    async def authenticate(self, token: str) -> Principal | None:
+    async def authenticate(self, token: str, cluster: str | None) -> Principal | None:
         namespace, name, uid = token.split("/")
         return Principal(
             name=f"system:serviceaccount:{namespace}:default", pod=PodIdentity(namespace, name, uid)

@@ -25,7 +25,7 @@ class SlowRbac:
         self.open = 0
         self.most_open = 0
 
-    async def authenticate(self, token: str) -> Principal | None:
+    async def authenticate(self, token: str, cluster: str | None) -> Principal | None:
         return None
 
     async def authorize(self, principal: Principal, action: Action, namespace: str | None) -> bool:

@@ -1,6 +1,10 @@
 """The access-control interface every auth mode implements: a bearer token becomes a Principal
 (authentication), then each endpoint asks whether it may perform one Action, on one namespace where the
-action concerns one (authorization). Endpoints never look at tokens themselves."""
+action concerns one (authorization). Endpoints never look at tokens themselves.
+
+In a fleet (docs/fleet.md) a token is reviewed by the API server of the cluster the request names, and
+every namespace asked about is a namespace key (timekeeper/domain/clusters.py), so an access control can
+refuse a key of another cluster than the principal's before asking any API server."""
 
 from __future__ import annotations
 
@@ -43,12 +47,14 @@ class Principal:
 
 
 class AccessControl(Protocol):
-    async def authenticate(self, token: str) -> Principal | None:
-        """The principal a bearer token stands for, or None when the token is not accepted."""
+    async def authenticate(self, token: str, cluster: str | None) -> Principal | None:
+        """The principal a bearer token stands for in `cluster` (None: the local cluster), or None when the
+        token is not accepted there. The principal's `cluster` is that cluster."""
         ...
 
     async def authorize(self, principal: Principal, action: Action, namespace: str | None) -> bool:
-        """Whether the principal may perform the action (on the namespace, where it concerns one)."""
+        """Whether the principal may perform the action on `namespace`, a namespace key, or (None)
+        across the principal's own cluster. A key of another cluster than the principal's is refused."""
         ...
 
     async def aclose(self) -> None:

@@ -1,5 +1,9 @@
 """FastAPI dependencies that turn a request's bearer token into an authorized Principal. `_principal` is
-the one place a token is authenticated; every route reaches it through a dependency."""
+the one place a token is authenticated; every route reaches it through a dependency.
+
+In a fleet (docs/fleet.md) a request names its cluster in CLUSTER_HEADER: its token is reviewed by that
+cluster's API server, and the namespace in its path means that cluster's, so routes take a `NamespaceKey`
+(timekeeper/domain/clusters.py) and everything above this floor speaks keys."""
 
 from __future__ import annotations
 
@@ -7,15 +11,16 @@ from collections.abc import Awaitable, Callable
 from functools import cache
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.requests import HTTPConnection
 
-from gpuaccounting.names import PROXIED_AUTHORIZATION_HEADER
+from gpuaccounting.names import CLUSTER_HEADER, DNS_LABEL, PROXIED_AUTHORIZATION_HEADER
 from timekeeper.auth.base import AccessControl, Action, Principal
 from timekeeper.auth.digests import TokenDigests
 from timekeeper.auth.scope import readable_namespaces
 from timekeeper.context import Context, ContextDep, Slot, context_of
+from timekeeper.domain.clusters import keys_in_cluster, namespace_key
 from timekeeper.errors import TimekeeperError
 
 ANONYMOUS = Principal(name="anonymous")
@@ -45,6 +50,20 @@ _bearer = _Bearer(auto_error=False, description="A static token, or a Kubernetes
 _UNAUTHENTICATED = {"WWW-Authenticate": "Bearer"}
 
 
+def request_cluster(request: Request) -> str | None:
+    """The cluster a request names in CLUSTER_HEADER (absent or empty: the local cluster). A name that is
+    not one of the settings' members is a 400 that says so, whoever the caller: no API server could review
+    its token, and no namespace of it is stored here."""
+    cluster = request.headers.get(CLUSTER_HEADER)
+    if not cluster:
+        return None
+    if cluster not in context_of(request).settings.members:
+        raise TimekeeperError(
+            f"cluster {cluster[:63]!r} ({CLUSTER_HEADER}) is not a member cluster of this timekeeper", 400
+        )
+    return cluster
+
+
 async def authorize(context: Context, principal: Principal, action: Action, namespace: str | None) -> None:
     access = context[ACCESS]
     if principal is ANONYMOUS:
@@ -66,9 +85,10 @@ async def refuse_anonymous(request: Request) -> None:
 async def _principal(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> Principal:
+    cluster = request_cluster(request)  # an unknown cluster is refused before any credential is looked at
     if credentials is None:
         return ANONYMOUS
-    principal = await context_of(request)[ACCESS].authenticate(credentials.credentials)
+    principal = await context_of(request)[ACCESS].authenticate(credentials.credentials, cluster)
     if principal is None:
         raise TimekeeperError("token not accepted", 401, _UNAUTHENTICATED)
     return principal
@@ -88,41 +108,84 @@ async def reporter(principal: AuthenticatedPrincipal) -> Principal:
 Reporter = Annotated[Principal, Depends(reporter)]
 
 
+# A namespace in a path: the request's cluster's (NamespaceKey makes it the key it is stored under).
+NamespacePath = Annotated[
+    str, Path(min_length=1, max_length=63, pattern=DNS_LABEL, description="a namespace")
+]
+
+
+async def _namespace_key(request: Request, namespace: NamespacePath) -> str:
+    return namespace_key(request_cluster(request), namespace)
+
+
+# What a route that takes a namespace from its path acts on: the namespace key of the request's cluster
+# (the bare name for the local cluster, as before fleets).
+NamespaceKey = Annotated[str, Depends(_namespace_key)]
+
+
+def _fleet_wide_refused(principal: Principal, action: Action) -> TimekeeperError:
+    return TimekeeperError(
+        f"{principal.name} of member cluster {principal.cluster} may not {action.value} across the fleet:"
+        " only the hub's own cluster's principals may",
+        403,
+    )
+
+
 @cache
-def require(action: Action) -> Callable[..., Awaitable[Principal]]:
-    """A dependency: the caller may perform `action` on the path's namespace (or cluster-wide). One per
+def require(action: Action, fleet_wide: bool = False) -> Callable[..., Awaitable[Principal]]:
+    """A dependency: the caller may perform `action` on the path's namespace (its key in the request's
+    cluster), else across the caller's cluster; with `fleet_wide`, a route without a namespace acts on
+    every cluster (defaults, prices, the audit log), which a member cluster's principal may not. One per
     action, so a route that needs it twice authorizes once."""
 
     async def dependency(request: Request, principal: AuthenticatedPrincipal) -> Principal:
-        await authorize(context_of(request), principal, action, request.path_params.get("namespace"))
+        namespace = request.path_params.get("namespace")
+        if namespace is None and fleet_wide and principal.cluster is not None:
+            raise _fleet_wide_refused(principal, action)
+        key = None if namespace is None else namespace_key(request_cluster(request), namespace)
+        await authorize(context_of(request), principal, action, key)
         return principal
 
     return dependency
 
 
 Reader = Annotated[Principal, Depends(require(Action.READ))]
-Admin = Annotated[Principal, Depends(require(Action.ADMIN))]
+# Changes to one namespace (its key), or to what every cluster shares: the hub's own principals only.
+Admin = Annotated[Principal, Depends(require(Action.ADMIN, fleet_wide=True))]
+# Changes a member cluster's principal may make across its own cluster (its namespaces' pools).
+ClusterAdmin = Annotated[Principal, Depends(require(Action.ADMIN))]
 
 
-async def read_scope(context: ContextDep, principal: AuthenticatedPrincipal) -> frozenset[str] | None:
-    """Which namespaces a listing may show the caller: a scoped credential's own; (None) every namespace,
-    for a caller that may read cluster-wide; else the known namespaces it may read one by one, possibly
-    none (an empty list, not a 403: the listing answers "what may I read", and "nothing" is an answer)."""
+async def read_scope(
+    request: Request, context: ContextDep, principal: AuthenticatedPrincipal
+) -> frozenset[str] | None:
+    """Which namespace keys a listing may show the caller: a scoped credential's own; (None) every one,
+    for a caller of the local cluster that may read cluster-wide (the hub's view of the fleet); every
+    known one of its cluster for a member's caller that may; else the known ones of its cluster it may
+    read one by one, possibly none (an empty list, not a 403: the listing answers "what may I read", and
+    "nothing" is an answer)."""
     if principal.namespaces is not None:
         return principal.namespaces
+    cluster = request_cluster(request)
     if principal is ANONYMOUS:
         await authorize(context, principal, Action.READ, None)  # 401 unless anonymous reads are on
+    elif not await context[ACCESS].authorize(principal, Action.READ, None):
+        return await readable_known_namespaces(context, principal)
+    if cluster is None:
         return None
-    if await context[ACCESS].authorize(principal, Action.READ, None):
-        return None
-    return await readable_known_namespaces(context, principal)
+    known = await context.known_namespaces(context.sessions)
+    return frozenset(keys_in_cluster(known, cluster))
 
 
 async def readable_known_namespaces(context: Context, principal: Principal) -> frozenset[str]:
-    """The known namespaces `principal` may read, one authorization each (timekeeper/auth/scope.py)."""
+    """The known namespaces of the principal's cluster it may read, one authorization each
+    (timekeeper/auth/scope.py)."""
     known = await context.known_namespaces(context.sessions)  # budgets.states.repository.known_namespaces
     return await readable_namespaces(
-        context[ACCESS], principal, known, context.settings.read_scope_concurrency
+        context[ACCESS],
+        principal,
+        keys_in_cluster(known, principal.cluster),
+        context.settings.read_scope_concurrency,
     )
 
 
@@ -139,14 +202,18 @@ async def _metrics_access(
         return
     if credentials is not None and context[METRICS_TOKENS].match(credentials.credentials):
         return
-    await authorize(context, await _principal(request, credentials), Action.READ, None)
+    principal = await _principal(request, credentials)
+    if principal.cluster is not None:  # the scrape shows every cluster's namespaces
+        raise _fleet_wide_refused(principal, Action.READ)
+    await authorize(context, principal, Action.READ, None)
 
 
 MetricsAccess = Depends(_metrics_access)
 
 
 def check_pod_identity(principal: Principal, namespace: str, pod: str, pod_uid: str) -> None:
-    """A credential bound to one pod may report only for that pod."""
+    """A credential bound to one pod may report only for that pod (`namespace`: the bare name, in the
+    principal's cluster)."""
     bound = principal.pod
     if bound is not None and (bound.namespace, bound.name, bound.uid) != (namespace, pod, pod_uid):
         raise TimekeeperError(

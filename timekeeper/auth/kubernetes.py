@@ -6,20 +6,26 @@ Rules:
   (`accept_api_tokens=False` turns this off);
 - reading a namespace is `get gpubudgets` there (`list` at cluster scope for all); changing budgets,
   defaults and grants, and reading the audit log, is `update gpubudgets` (cluster scope for the last two).
-Both reviews are cached briefly, keyed by a SHA-256 of the token or by the user, groups and question."""
+Both reviews are cached briefly, keyed by a SHA-256 of the token or by the user, groups and question.
+
+A fleet's hub (docs/fleet.md) holds one such access control per cluster, each asking that cluster's API
+server with the credentials of the member's kubeconfig, behind FleetAccessControl: a token is reviewed by
+the cluster the request names, and its principal is asked about its own cluster's namespaces only."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import TypeVar
 
 from cachetools import TTLCache
 
 from gpuaccounting.names import DOMAIN, TOKEN_AUDIENCE
 from timekeeper.auth.base import Action, PodIdentity, Principal
+from timekeeper.domain.clusters import split_key
 from timekeeper.errors import TimekeeperError
 from timekeeper.kube.client import KubeClient, KubeConfig
 from timekeeper.kube.types import POD_NAME_EXTRA, POD_UID_EXTRA, KubeError, TokenReviewResult
@@ -71,8 +77,11 @@ class KubernetesAccessControl:
         max_entries: int = 50_000,
         timer: Callable[[], float] = time.monotonic,
         owns_client: bool = False,
+        cluster: str | None = None,
     ) -> None:
         self._kube = kube
+        # The cluster whose API server `kube` reaches (None: the local one): its principals carry it.
+        self._cluster = cluster
         self._owns_client = owns_client
         self._audiences = (audience,)
         self._accept_api_tokens = accept_api_tokens
@@ -83,8 +92,8 @@ class KubernetesAccessControl:
             max_entries, decision_ttl_seconds, timer=timer
         )
 
-    async def authenticate(self, token: str) -> Principal | None:
-        if not token:
+    async def authenticate(self, token: str, cluster: str | None = None) -> Principal | None:
+        if not token or cluster != self._cluster:
             return None
         key = hashlib.sha256(token.encode()).hexdigest()
         if key in self._rejected:
@@ -101,10 +110,19 @@ class KubernetesAccessControl:
         if principal is None:
             self._rejected[key] = True
         else:
+            principal = replace(principal, cluster=self._cluster)
             self._accepted[key] = principal
         return principal
 
     async def authorize(self, principal: Principal, action: Action, namespace: str | None) -> bool:
+        """`namespace` is a namespace key: one of another cluster than the principal's is refused without
+        asking; the principal's own API server is asked about the bare namespace."""
+        if principal.cluster != self._cluster:
+            return False
+        if namespace is not None:
+            cluster, namespace = split_key(namespace)
+            if cluster != self._cluster:
+                return False
         if action is Action.REPORT:
             # The endpoint checks further that the report's pod name and uid are principal.pod's.
             return principal.pod is not None and namespace in (None, principal.pod.namespace)
@@ -129,7 +147,52 @@ class KubernetesAccessControl:
             await self._kube.close()
 
 
-async def build_access_control(settings: Settings) -> KubernetesAccessControl:
-    """The factory's entry for `TIMEKEEPER_AUTH_MODE=kubernetes` (called in the lifespan)."""
+class FleetAccessControl:
+    """A hub's access control: each cluster's own (the local one under None), chosen by the cluster the
+    request names for a token and by the principal's cluster for a decision, so a member's principal is
+    only ever judged by its own API server. Each keeps its own caches."""
+
+    def __init__(self, clusters: Mapping[str | None, KubernetesAccessControl]) -> None:
+        self._clusters = dict(clusters)
+
+    async def authenticate(self, token: str, cluster: str | None) -> Principal | None:
+        access = self._clusters.get(cluster)
+        return None if access is None else await access.authenticate(token, cluster)
+
+    async def authorize(self, principal: Principal, action: Action, namespace: str | None) -> bool:
+        access = self._clusters.get(principal.cluster)
+        return access is not None and await access.authorize(principal, action, namespace)
+
+    async def aclose(self) -> None:
+        for access in self._clusters.values():
+            await access.aclose()
+
+
+def member_kube_config(settings: Settings, cluster: str) -> KubeConfig:
+    """How the hub reaches a member's API server: the kubeconfig the admin mounted for it."""
+    member = settings.members[cluster]
+    return KubeConfig(
+        in_cluster=False,
+        kubeconfig=member.kubeconfig,
+        context=member.context,
+        request_timeout_seconds=settings.kube_request_timeout_seconds,
+    )
+
+
+async def build_access_control(settings: Settings) -> KubernetesAccessControl | FleetAccessControl:
+    """The factory's entry for `TIMEKEEPER_AUTH_MODE=kubernetes` (called in the lifespan): the local
+    cluster's access control, behind a FleetAccessControl with one per member when there are members."""
     kube = await KubeClient.from_config(KubeConfig.from_settings(settings))
-    return KubernetesAccessControl(kube, owns_client=True)
+    local = KubernetesAccessControl(kube, owns_client=True)
+    if not settings.members:
+        return local
+    clusters: dict[str | None, KubernetesAccessControl] = {None: local}
+    try:
+        for name in settings.members:
+            member = await KubeClient.from_config(member_kube_config(settings, name))
+            clusters[name] = KubernetesAccessControl(member, owns_client=True, cluster=name)
+    except BaseException:
+        for access in clusters.values():
+            await access.aclose()
+        raise
+    return FleetAccessControl(clusters)

@@ -42,7 +42,10 @@ class StaticAccessControl:
         self._accepted = TokenDigests(self._grants)
         self._roles: dict[str, str] = {}
 
-    async def authenticate(self, token: str) -> Principal | None:
+    async def authenticate(self, token: str, cluster: str | None = None) -> Principal | None:
+        """Static tokens belong to no member cluster (settings refuse members in static mode)."""
+        if cluster is not None:
+            return None
         digest = self._accepted.match(token)
         if digest is None:
             return None

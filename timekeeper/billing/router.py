@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from timekeeper.auth.dependencies import Admin, Reader, ReadScope
+from timekeeper.auth.dependencies import Admin, NamespaceKey, Reader, ReadScope
 from timekeeper.billing.chargeback import (
     BucketKind,
     ChargebackExports,
@@ -31,7 +31,7 @@ from timekeeper.context import ContextDep, Slot
 from timekeeper.db.session import SessionDep
 from timekeeper.domain.periods import PeriodKind, period_containing
 from timekeeper.routing import StrictRoute
-from timekeeper.schemas import BODY_ERRORS, NamespacePath, Timestamp, error_responses
+from timekeeper.schemas import BODY_ERRORS, Timestamp, error_responses
 
 router = APIRouter(prefix="/billing", tags=["billing"], route_class=StrictRoute)
 namespaced = APIRouter(tags=["billing"], route_class=StrictRoute)
@@ -135,13 +135,13 @@ async def export_chargeback(
 
 
 @namespaced.get("/namespaces/{namespace}/charge-basis", response_model=ChargeBasisOut)
-async def get_basis(namespace: NamespacePath, service: BillingServiceDep, _: Reader) -> ChargeBasisOut:
+async def get_basis(namespace: NamespaceKey, service: BillingServiceDep, _: Reader) -> ChargeBasisOut:
     return await service.basis(namespace)
 
 
 @namespaced.put("/namespaces/{namespace}/charge-basis", response_model=ChargeBasisOut, responses=BODY_ERRORS)
 async def put_basis(
-    namespace: NamespacePath,
+    namespace: NamespaceKey,
     body: ChargeBasisIn,
     service: BillingServiceDep,
     admin: Admin,
@@ -152,6 +152,6 @@ async def put_basis(
 @namespaced.delete(
     "/namespaces/{namespace}/charge-basis", response_model=ChargeBasisOut, responses=error_responses(404)
 )
-async def delete_basis(namespace: NamespacePath, service: BillingServiceDep, admin: Admin) -> ChargeBasisOut:
+async def delete_basis(namespace: NamespaceKey, service: BillingServiceDep, admin: Admin) -> ChargeBasisOut:
     """The namespace follows the cluster's basis again."""
     return await service.delete_basis(namespace, admin)

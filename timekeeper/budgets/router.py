@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Path, Query, Response
 from pydantic import TypeAdapter
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from timekeeper.auth.dependencies import Admin, Reader, ReadScope
+from timekeeper.auth.dependencies import Admin, NamespaceKey, Reader, ReadScope
 from timekeeper.budgets.schemas import (
     BudgetConfigOut,
     BudgetIn,
@@ -21,7 +21,7 @@ from timekeeper.budgets.service import BudgetReads, BudgetService
 from timekeeper.context import ContextDep
 from timekeeper.db.session import ReadsDep, SessionDep
 from timekeeper.routing import StrictRoute
-from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
+from timekeeper.schemas import BODY_ERRORS, error_responses
 
 router = APIRouter(tags=["budgets"], route_class=StrictRoute)
 
@@ -49,7 +49,7 @@ async def list_namespaces(context: ContextDep, reads: ReadsDep, scope: ReadScope
 
 
 @router.get("/namespaces/{namespace}/budget", response_model=NamespaceBudgetOut)
-async def get_budget(context: ContextDep, reads: ReadsDep, namespace: NamespacePath, _: Reader) -> Response:
+async def get_budget(context: ContextDep, reads: ReadsDep, namespace: NamespaceKey, _: Reader) -> Response:
     """One namespace's budget status (any namespace has one: an unknown one is on the default, unused)."""
     status = await reads(
         lambda session: BudgetReads(session, context.settings, context.clock).status(namespace)
@@ -63,7 +63,7 @@ async def get_budget(context: ContextDep, reads: ReadsDep, namespace: NamespaceP
     responses={**BODY_ERRORS, **error_responses(409)},
 )
 async def put_budget(
-    namespace: NamespacePath,
+    namespace: NamespaceKey,
     body: BudgetIn,
     service: BudgetServiceDep,
     admin: Admin,
@@ -76,7 +76,7 @@ async def put_budget(
     "/namespaces/{namespace}/budget", response_model=NamespaceBudgetOut, responses=error_responses(404, 409)
 )
 async def delete_budget(
-    namespace: NamespacePath, service: BudgetServiceDep, admin: Admin
+    namespace: NamespaceKey, service: BudgetServiceDep, admin: Admin
 ) -> NamespaceBudgetOut:
     await service.refuse_if_managed(namespace)
     return await service.delete(namespace, admin)
@@ -97,14 +97,14 @@ async def put_defaults(body: BudgetIn, service: BudgetServiceDep, admin: Admin) 
     "/namespaces/{namespace}/grants", response_model=GrantOut, status_code=201, responses=BODY_ERRORS
 )
 async def create_grant(
-    namespace: NamespacePath, body: GrantIn, service: BudgetServiceDep, admin: Admin
+    namespace: NamespaceKey, body: GrantIn, service: BudgetServiceDep, admin: Admin
 ) -> GrantOut:
     return await service.grant(namespace, body, admin)
 
 
 @router.get("/namespaces/{namespace}/grants", response_model=list[GrantEntryOut])
 async def list_grants(
-    namespace: NamespacePath,
+    namespace: NamespaceKey,
     service: BudgetServiceDep,
     _: Reader,
     before_id: Annotated[int | None, Query(ge=1, le=BIGINT_MAX)] = None,
@@ -118,7 +118,7 @@ async def list_grants(
     "/namespaces/{namespace}/grants/{grant_id}", response_model=GrantOut, responses=error_responses(404)
 )
 async def revoke_grant(
-    namespace: NamespacePath,
+    namespace: NamespaceKey,
     grant_id: Annotated[int, Path(ge=1, le=BIGINT_MAX)],
     service: BudgetServiceDep,
     admin: Admin,

@@ -44,6 +44,7 @@ async def readyz(context: ContextDep, reads: ReadsDep, principal: AuthenticatedP
     if (
         scheduler is None
         or principal is ANONYMOUS
+        or principal.cluster is not None  # a member's reader: the hub's replicas are not its cluster's
         or not await context[ACCESS].authorize(principal, Action.READ, None)
     ):
         return {"status": "ready"}

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Query, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
-from timekeeper.auth.dependencies import Reader
+from timekeeper.auth.dependencies import NamespaceKey, Reader, request_cluster
 from timekeeper.context import ContextDep, Slot
 from timekeeper.db.session import ReadsDep, SessionDep
-from timekeeper.schemas import NamespacePath, Timestamp
+from timekeeper.schemas import Timestamp
 from timekeeper.snapshot.schemas import BudgetEventOut
 from timekeeper.snapshot.service import SnapshotCache, SnapshotService
 
@@ -37,6 +37,7 @@ def _etag(version: int) -> str:
     },
 )
 async def admission_state(
+    request: Request,
     context: ContextDep,
     reads: ReadsDep,
     _: Reader,
@@ -44,8 +45,10 @@ async def admission_state(
         str | None, Header(description="the ETag of the snapshot the caller holds")
     ] = None,
 ) -> Response:
-    """The gpuaccounting.admission_state.AdmissionSnapshot snapshot; 304 when If-None-Match names its
-    version. Read in autocommit: polling writes nothing."""
+    """The gpuaccounting.admission_state.AdmissionSnapshot snapshot of the caller's cluster (a member's
+    webhook sends CLUSTER_HEADER: its namespaces by bare name, docs/fleet.md); 304 when If-None-Match
+    names its version. Read in autocommit: polling writes nothing."""
+    cluster = request_cluster(request)
     known = (
         set()
         if if_none_match is None
@@ -57,6 +60,7 @@ async def admission_state(
             lambda version: _etag(version) in known,
             cache=context[SNAPSHOT_CACHE],
             source=context.reads,
+            cluster=cluster,
         ),
     )
     if body is None:
@@ -66,7 +70,7 @@ async def admission_state(
 
 @router.get("/namespaces/{namespace}/budget/events", response_model=list[BudgetEventOut])
 async def budget_events(
-    namespace: NamespacePath,
+    namespace: NamespaceKey,
     service: SnapshotServiceDep,
     _: Reader,
     since: Timestamp | None = None,

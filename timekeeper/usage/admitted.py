@@ -13,6 +13,7 @@ from gpuaccounting.dra import claim_refs
 from gpuaccounting.names import ANNOTATION_GPU_SHARE, SIDECAR_CONTAINER_NAME
 from gpuaccounting.shares import GpuHardware, read_pod
 from timekeeper.auth.base import PodIdentity
+from timekeeper.auth.kubernetes import member_kube_config
 from timekeeper.clock import Clock
 from timekeeper.domain.weights import model_key
 from timekeeper.errors import TimekeeperError
@@ -111,7 +112,19 @@ class PodShares:
         await self._kube.close()
 
 
-async def build_pod_shares(settings: Settings, clock: Clock) -> PodShares:
-    """The report path's reader (Kubernetes auth mode), with a client of its own, built in the lifespan."""
-    kube = await KubeClient.from_config(KubeConfig.from_settings(settings))
-    return PodShares(kube, settings.hardware, clock)
+async def build_pod_shares(settings: Settings, clock: Clock) -> dict[str | None, PodShares]:
+    """The report path's readers (Kubernetes auth mode), each with a client of its own, built in the
+    lifespan: the local cluster's (under None) and each member's, through its kubeconfig, so a member's pod
+    is read where its token was bound to it (docs/fleet.md)."""
+    readers: dict[str | None, PodShares] = {}
+    try:
+        kube = await KubeClient.from_config(KubeConfig.from_settings(settings))
+        readers[None] = PodShares(kube, settings.hardware, clock)
+        for name in settings.members:
+            member = await KubeClient.from_config(member_kube_config(settings, name))
+            readers[name] = PodShares(member, settings.hardware, clock)
+    except BaseException:
+        for reader in readers.values():
+            await reader.aclose()
+        raise
+    return readers

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from gpuaccounting.names import API_PREFIX, REPORTS_PATH
 from timekeeper.auth.base import Action, Principal
 from timekeeper.auth.dependencies import (
+    NamespaceKey,
     Reader,
     ReadScope,
     Reporter,
@@ -19,11 +20,12 @@ from timekeeper.auth.dependencies import (
 )
 from timekeeper.context import Context, ContextDep, Slot, context_of
 from timekeeper.db.session import SessionDep
+from timekeeper.domain.clusters import namespace_key
 from timekeeper.domain.measurements import GroupBy
 from timekeeper.metrics import METRICS
 from timekeeper.refusals import REFUSALS
 from timekeeper.routing import StrictRoute
-from timekeeper.schemas import BODY_ERRORS, NamespacePath, Timestamp, error_responses
+from timekeeper.schemas import BODY_ERRORS, Timestamp, error_responses
 from timekeeper.usage.batcher import IngestBatcher
 from timekeeper.usage.efficiency import EfficiencyService
 from timekeeper.usage.schemas import EfficiencyOut, IdleReportOut, ReportAck, ReportIn, UsageOut
@@ -34,9 +36,10 @@ if TYPE_CHECKING:
 
 router = APIRouter(tags=["usage"], route_class=StrictRoute)
 # The context's slots this domain owns (timekeeper/context.py): the batcher, and the pods' admitted
-# shares read from Kubernetes (None unless settings.admitted_share_from_pod).
+# shares read from Kubernetes, one reader per cluster (None: the local one; the slot holds None unless
+# settings.admitted_share_from_pod).
 INGEST: Slot[IngestBatcher] = Slot("ingest")
-POD_SHARES: Slot[PodShares | None] = Slot("pod_shares")
+POD_SHARES: Slot[Mapping[str | None, PodShares] | None] = Slot("pod_shares")
 
 
 async def _service(context: ContextDep, session: SessionDep) -> UsageService:
@@ -62,12 +65,14 @@ async def _report_metrics(request: Request) -> AsyncIterator[None]:
 async def charge_report(context: Context, principal: Principal, report: ReportIn) -> IngestOutcome:
     """The report charged in its batch. A pod whose admitted share the pods table does not hold yet (its
     first report, in Kubernetes auth mode) has it read from the pod, off the batch, and the report
-    submitted again with it: the pods table keeps it, so later reports cost no read."""
+    submitted again with it: the pods table keeps it, so later reports cost no read. The pod is read
+    from the API server of the principal's cluster, which bound its token to it."""
     ingest = context[INGEST]
     try:
         return await ingest.submit(report)
     except AdmittedShareUnknown:
-        shares = context[POD_SHARES]
+        readers = context[POD_SHARES]
+        shares = None if readers is None else readers.get(principal.cluster)
         if shares is None or principal.pod is None:
             raise
         return await ingest.submit(report, await shares.admitted(principal.pod))
@@ -85,11 +90,15 @@ async def post_report(request: Request, sender: Reporter, report: ReportIn) -> R
     interval) answers `duplicate: true` and charges nothing; time already charged is never charged
     again. Answered after the commit that made the charge durable. The sender is authenticated before
     the body is validated (401 before any 422), then authorized for the report's namespace and, for a
-    credential bound to a pod, that pod (403)."""
+    credential bound to a pod, that pod (403). A member cluster's sender reports its cluster's pods,
+    charged under their namespace keys (docs/fleet.md)."""
     context = context_of(request)
-    await authorize(context, sender, Action.REPORT, report.namespace)
+    key = namespace_key(sender.cluster, report.namespace)
+    await authorize(context, sender, Action.REPORT, key)
     check_pod_identity(sender, report.namespace, report.pod, report.pod_uid)
     check_report(context.settings, report, context.clock.now())
+    if key != report.namespace:
+        report = report.model_copy(update={"namespace": key})
     outcome = await charge_report(context, sender, report)
     metrics = context[METRICS]
     metrics.reports.labels(result="duplicate" if outcome.duplicate else "charged").inc()
@@ -101,7 +110,7 @@ async def post_report(request: Request, sender: Reporter, report: ReportIn) -> R
 
 @router.get("/namespaces/{namespace}/usage", response_model=UsageOut)
 async def get_usage(
-    namespace: NamespacePath,
+    namespace: NamespaceKey,
     service: UsageServiceDep,
     _: Reader,
     since: Timestamp | None = None,
@@ -120,7 +129,7 @@ EfficiencyServiceDep = Annotated[EfficiencyService, Depends(_efficiency)]
 
 @router.get("/namespaces/{namespace}/efficiency", response_model=EfficiencyOut)
 async def get_efficiency(
-    namespace: NamespacePath,
+    namespace: NamespaceKey,
     service: EfficiencyServiceDep,
     _: Reader,
     since: Timestamp | None = None,

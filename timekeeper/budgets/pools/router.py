@@ -6,14 +6,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Response
 
-from timekeeper.auth.dependencies import Admin, Reader, ReadScope
+from timekeeper.auth.dependencies import Admin, NamespaceKey, Reader, ReadScope
 from timekeeper.budgets.pools.schemas import PoolIn, PoolOut
 from timekeeper.budgets.pools.service import PoolService
 from timekeeper.context import ContextDep
 from timekeeper.db.session import SessionDep
 from timekeeper.errors import TimekeeperError
 from timekeeper.routing import StrictRoute
-from timekeeper.schemas import BODY_ERRORS, NamespacePath, error_responses
+from timekeeper.schemas import BODY_ERRORS, error_responses
 
 router = APIRouter(tags=["pools"], route_class=StrictRoute)
 PoolPath = Annotated[str, Path(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
@@ -53,6 +53,6 @@ async def delete_pool(name: PoolPath, service: PoolServiceDep, admin: Admin) -> 
 
 
 @router.get("/namespaces/{namespace}/pool", response_model=PoolOut, responses=error_responses(404))
-async def get_namespace_pool(namespace: NamespacePath, service: PoolServiceDep, _: Reader) -> PoolOut:
+async def get_namespace_pool(namespace: NamespaceKey, service: PoolServiceDep, _: Reader) -> PoolOut:
     """The pool the namespace is in (404: none), with every member's figures."""
     return await service.of_namespace(namespace)

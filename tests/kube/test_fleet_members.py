@@ -1,0 +1,172 @@
+"""A hub serving member clusters (docs/fleet.md), through the app's HTTP layer and the real database, with
+one stand-in API server per cluster (the local one and members `a` and `b`, each with its own tokens and
+RBAC): a token is reviewed by the cluster the request names, a namespace in a path or a report means that
+cluster's (its namespace key), and each member's webhook sees only its cluster's namespaces. The same on
+two real API servers, with the webhooks: tests/cluster/test_fleet.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gpuaccounting.names import CLUSTER_HEADER, TOKEN_AUDIENCE
+from tests.kube.factories import gpu_pod
+from tests.support.kube_apiserver import KubeApiServer
+from tests.support.kube_rbac import (
+    TIMEKEEPER_NAMESPACE,
+    TIMEKEEPER_SERVICE_ACCOUNT,
+    bind_cluster_wide,
+    bind_namespace_viewer,
+    install_cluster_roles,
+)
+from tests.support.timekeeper import bearer, ok, report_body
+from tests.timekeeper.conftest import START
+from timekeeper.settings import Member, Settings
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest.fixture
+def members() -> Iterator[dict[str, KubeApiServer]]:
+    servers: dict[str, KubeApiServer] = {}
+    try:
+        for name in ("a", "b"):
+            servers[name] = KubeApiServer().start()
+            install_cluster_roles(servers[name])
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+@pytest.fixture
+def settings(settings: Settings, members: dict[str, KubeApiServer], tmp_path: Path) -> Settings:
+    """The local stand-in's settings (tests/kube/conftest.py) with a kubeconfig per member, holding the
+    timekeeper's ServiceAccount token of that member; without the background scheduler."""
+    configs = {}
+    for name, server in members.items():
+        token = server.add_service_account_token(TIMEKEEPER_NAMESPACE, TIMEKEEPER_SERVICE_ACCOUNT)
+        configs[name] = Member(kubeconfig=server.write_kubeconfig(tmp_path / f"kubeconfig-{name}", token))
+    return settings.model_copy(update={"scheduler_enabled": False, "members": configs})
+
+
+def of(cluster: str | None, token: str) -> dict[str, str]:
+    """A request's headers: the token, and the cluster it is of (None: the local one, no header)."""
+    return bearer(token) | ({} if cluster is None else {CLUSTER_HEADER: cluster})
+
+
+def pod_token(server: KubeApiServer, pod: dict[str, Any]) -> str:
+    return server.add_service_account_token(
+        pod["metadata"]["namespace"], "default", [TOKEN_AUDIENCE], pod=pod
+    )
+
+
+def report(pod: dict[str, Any], seq: int = 1, minutes: float = 5) -> dict[str, Any]:
+    meta = pod["metadata"]
+    return report_body(
+        namespace=meta["namespace"],
+        pod=meta["name"],
+        pod_uid=meta["uid"],
+        seq=seq,
+        start=START - timedelta(minutes=60 - 5 * seq),
+        minutes=minutes,
+    )
+
+
+def cluster_reader(server: KubeApiServer, name: str) -> str:
+    token = server.add_user(name)
+    bind_cluster_wide(server, name, "gpu-timekeeper-viewer")
+    return token
+
+
+async def test_a_member_pod_reports_under_its_key_and_only_with_its_own_cluster(
+    apiserver: KubeApiServer, members: dict[str, KubeApiServer], client: httpx.AsyncClient
+):
+    a = members["a"]
+    pod = gpu_pod(a, "team-x", "trainer-0")
+    token = pod_token(a, pod)
+
+    # Named as b's, or as the local cluster's (no header), the token is reviewed there and refused.
+    for cluster in ("b", None):
+        refused = await client.post("/reports", json=report(pod), headers=of(cluster, token))
+        assert refused.status_code == 401, refused.text
+    charged = ok(await client.post("/reports", json=report(pod), headers=of("a", token)))
+    assert charged["gpu_minutes"] == 5.0  # the share read from the pod in a's API server
+
+    a_usage = ok(await client.get("/namespaces/team-x/usage", headers=of("a", cluster_reader(a, "ops-a"))))
+    assert (a_usage["namespace"], a_usage["total_gpu_minutes"]) == ("a/team-x", 5.0)
+    local_reader = cluster_reader(apiserver, "ops")
+    local_usage = ok(await client.get("/namespaces/team-x/usage", headers=of(None, local_reader)))
+    assert local_usage["total_gpu_minutes"] == 0.0  # the local cluster's team-x is another namespace
+    b_usage = ok(
+        await client.get("/namespaces/team-x/usage", headers=of("b", cluster_reader(members["b"], "o")))
+    )
+    assert b_usage["total_gpu_minutes"] == 0.0
+
+
+async def test_a_member_reader_reads_its_own_namespaces_only(
+    apiserver: KubeApiServer, members: dict[str, KubeApiServer], client: httpx.AsyncClient
+):
+    a, b = members["a"], members["b"]
+    alice = a.add_user("alice")
+    bind_namespace_viewer(a, "team-x", "alice")
+    bind_namespace_viewer(b, "team-x", "alice")  # b's alice is b's: a's token is no credential there
+    for server, cluster in ((a, "a"), (b, "b")):
+        pod = gpu_pod(server, "team-x", "trainer-0")
+        ok(await client.post("/reports", json=report(pod), headers=of(cluster, pod_token(server, pod))))
+
+    assert (
+        ok(await client.get("/namespaces/team-x/budget", headers=of("a", alice)))["namespace"] == "a/team-x"
+    )
+    assert (await client.get("/namespaces/team-x/budget", headers=of("b", alice))).status_code == 401
+    assert (await client.get("/namespaces/team-y/budget", headers=of("a", alice))).status_code == 403
+    listed = ok(await client.get("/namespaces", headers=of("a", alice)))
+    assert [status["namespace"] for status in listed] == ["a/team-x"]
+
+    # A cluster-wide reader of a lists a's namespaces only; the hub's own cluster-wide reader, the fleet's.
+    ops_a = ok(await client.get("/namespaces", headers=of("a", cluster_reader(a, "ops-a"))))
+    assert [status["namespace"] for status in ops_a] == ["a/team-x"]
+    hub = ok(await client.get("/namespaces", headers=of(None, cluster_reader(apiserver, "ops"))))
+    assert {"a/team-x", "b/team-x"} <= {status["namespace"] for status in hub}
+
+
+async def test_an_unknown_cluster_is_a_400_that_names_it(apiserver: KubeApiServer, client: httpx.AsyncClient):
+    reader = cluster_reader(apiserver, "ops")
+    for path in ("/namespaces/team-x/budget", "/namespaces", "/admission-state", "/whoami"):
+        response = await client.get(path, headers=of("c", reader))
+        assert response.status_code == 400, (path, response.text)
+        assert "'c'" in response.json()["detail"]
+    anonymous = await client.get("/namespaces/team-x/budget", headers={CLUSTER_HEADER: "c"})
+    assert anonymous.status_code == 400
+
+
+async def test_a_member_admin_changes_its_namespaces_not_the_fleet(
+    apiserver: KubeApiServer, members: dict[str, KubeApiServer], client: httpx.AsyncClient
+):
+    a = members["a"]
+    admin = a.add_user("admin-a")
+    bind_cluster_wide(a, "admin-a", "gpu-timekeeper-admin")
+    body = {"budget_gpu_minutes": 0, "period": "monthly"}
+
+    put = ok(await client.put("/namespaces/team-x/budget", json=body, headers=of("a", admin)))
+    assert (put["namespace"], put["state"]) == ("a/team-x", "exhausted")
+    # What every cluster shares is the hub's own cluster's to change and to read.
+    for path in ("/defaults", "/billing/charge-basis", "/billing/prices/h100"):
+        assert (await client.put(path, json=body, headers=of("a", admin))).status_code == 403, path
+    assert (await client.get("/audit", headers=of("a", admin))).status_code == 403
+
+    # Each cluster's webhook sees its own namespaces by bare name; the local one none of a member's.
+    webhook_a = cluster_reader(a, "webhook-a")
+    snapshot_a = ok(await client.get("/admission-state", headers=of("a", webhook_a)))
+    assert snapshot_a["namespaces"]["team-x"]["state"] == "exhausted"
+    snapshot_b = ok(await client.get("/admission-state", headers=of("b", cluster_reader(members["b"], "w"))))
+    local = ok(await client.get("/admission-state", headers=of(None, cluster_reader(apiserver, "w"))))
+    for snapshot in (snapshot_b, local):
+        assert "team-x" not in snapshot["namespaces"]
+        assert not any("/" in namespace for namespace in snapshot["namespaces"])
+    assert snapshot_a["version"] == snapshot_b["version"] == local["version"]

@@ -56,8 +56,9 @@ class WebhookSettings(BaseSettings):
     missing_state_policy: Literal["in_budget", "over_budget"] = "in_budget"
     # In a fleet (docs/fleet.md): this cluster's name as the hub knows it. Sent with every poll, so the
     # hub reviews our token with this cluster's API server and answers this cluster's namespaces; injected
-    # into every sidecar, so its reports are charged here. Empty: the hub's own (or the only) cluster.
-    cluster: str = ""
+    # into every sidecar, so its reports are charged here. Unset (or empty): the hub's own (or the only)
+    # cluster.
+    cluster: str | None = None
 
     # Priority. The numbers are the PriorityClass objects' own once the watch has listed them; these
     # are the fallback before the first list, or with the watch off.
@@ -159,10 +160,12 @@ class WebhookSettings(BaseSettings):
 
     @field_validator("cluster")
     @classmethod
-    def _cluster_is_a_name(cls, value: str) -> str:
+    def _cluster_is_a_name(cls, value: str | None) -> str | None:
         """The hub's member names are DNS labels (timekeeper.settings.ClusterName): another would only
         have every poll refused."""
-        if value and (len(value) > 63 or not re.match(names.DNS_LABEL, value)):
+        if not value:
+            return None
+        if len(value) > 63 or not re.match(names.DNS_LABEL, value):
             raise ValueError(f"{value!r} is not a member cluster's name (a DNS label, e.g. eu-train)")
         return value
 

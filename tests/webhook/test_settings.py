@@ -54,7 +54,9 @@ def test_default_sidecar_image_is_versioned() -> None:
 
 
 def test_the_cluster_is_read_and_must_be_a_members_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert WebhookSettings().cluster == ""
+    assert WebhookSettings().cluster is None
+    monkeypatch.setenv("WEBHOOK_CLUSTER", "")
+    assert WebhookSettings().cluster is None
     monkeypatch.setenv("WEBHOOK_CLUSTER", "eu-train")
     assert WebhookSettings().cluster == "eu-train"
     for bad in ("EU", "a/b", "-a", "a" * 64):

@@ -20,9 +20,15 @@ from pydantic_core import CoreSchema
 
 from gpuaccounting.names import DNS_SUBDOMAIN
 from gpuaccounting.wire import parse_timestamp
+from timekeeper.domain.clusters import NAMESPACE_KEY_LENGTH, NAMESPACE_KEY_PATTERN
 from timekeeper.domain.periods import EPOCH, PeriodKind, period_containing
 from timekeeper.settings import NamespaceName as NamespaceName  # defined with the settings that need it first
 
+# A namespace key (timekeeper/domain/clusters.py) where a hub's own principal may name another cluster's
+# namespace; a member cluster's principal names bare namespaces, which mean its cluster's.
+NamespaceKeyName = Annotated[
+    str, Field(min_length=1, max_length=NAMESPACE_KEY_LENGTH, pattern=NAMESPACE_KEY_PATTERN)
+]
 PodName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
 PodUid = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9-]+$")]
 # Free text stored in PostgreSQL, whose text and jsonb refuse the NUL character.

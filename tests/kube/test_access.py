@@ -118,3 +118,22 @@ async def test_narrowing_asks_each_namespace_once_and_an_unreachable_api_server_
     with pytest.raises(TimekeeperError) as refused:
         await readable_namespaces(access, alice, known, concurrency=3)
     assert refused.value.status_code == 503
+
+
+async def test_a_member_clusters_access_control_asks_its_api_server_about_its_own_keys_only(
+    apiserver: KubeApiServer, kube: KubeClient
+):
+    """A member's principal is asked about by namespace key (timekeeper/domain/clusters.py): another
+    cluster's key, or a bare (local) name, is refused without a review; its own is asked by bare name."""
+    member = KubernetesAccessControl(kube, cluster="a")
+    bind_namespace_viewer(apiserver, "team-a", "alice")
+    alice = await member.authenticate(apiserver.add_user("alice"), "a")
+    assert alice is not None and alice.cluster == "a"
+    assert await member.authenticate(apiserver.add_user("bob"), None) is None  # not this cluster's request
+
+    for other in ("team-a", "b/team-a"):
+        assert not await member.authorize(alice, Action.READ, other)
+    assert apiserver.requests["create", "subjectaccessreviews"] == 0
+    assert await member.authorize(alice, Action.READ, "a/team-a")
+    assert not await member.authorize(alice, Action.READ, "a/team-b")
+    assert not await member.authorize(Principal(name="alice"), Action.READ, "a/team-a")  # a local principal

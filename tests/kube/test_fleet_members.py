@@ -2,7 +2,7 @@
 one stand-in API server per cluster (the local one and members `a` and `b`, each with its own tokens and
 RBAC): a token is reviewed by the cluster the request names, a namespace in a path or a report means that
 cluster's (its namespace key), and each member's webhook sees only its cluster's namespaces. The same on
-two real API servers, with the webhooks: tests/cluster/test_fleet.py."""
+two real API servers, with the webhooks: the cluster suite's fleet test."""
 
 from __future__ import annotations
 
@@ -170,3 +170,55 @@ async def test_a_member_admin_changes_its_namespaces_not_the_fleet(
         assert "team-x" not in snapshot["namespaces"]
         assert not any("/" in namespace for namespace in snapshot["namespaces"])
     assert snapshot_a["version"] == snapshot_b["version"] == local["version"]
+
+
+def cluster_admin(server: KubeApiServer, name: str) -> str:
+    token = server.add_user(name)
+    bind_cluster_wide(server, name, "gpu-timekeeper-admin")
+    return token
+
+
+async def test_a_pool_across_clusters_is_exhausted_by_one_and_moves_the_others_snapshot(
+    apiserver: KubeApiServer, members: dict[str, KubeApiServer], client: httpx.AsyncClient
+):
+    a, b = members["a"], members["b"]
+    hub_admin = cluster_admin(apiserver, "hub-admin")
+    shared = {"budget_gpu_minutes": 8, "members": [{"namespace": "a/team-x"}, {"namespace": "b/team-x"}]}
+    pool = ok(await client.put("/pools/shared", json=shared, headers=of(None, hub_admin)))
+    assert [member["namespace"] for member in pool["members"]] == ["a/team-x", "b/team-x"]
+    unknown = {"budget_gpu_minutes": 8, "members": [{"namespace": "c/team-x"}]}
+    assert (await client.put("/pools/other", json=unknown, headers=of(None, hub_admin))).status_code == 422
+
+    pod = gpu_pod(a, "team-x", "trainer-0")
+    token = pod_token(a, pod)
+    for seq in (1, 2):
+        ok(await client.post("/reports", json=report(pod, seq), headers=of("a", token)))
+
+    webhook_b = cluster_reader(b, "webhook-b")
+    snapshot_b = ok(await client.get("/admission-state", headers=of("b", webhook_b)))
+    assert snapshot_b["namespaces"]["team-x"]["state"] == "exhausted"
+    b_pool = ok(await client.get("/namespaces/team-x/pool", headers=of("b", webhook_b)))
+    assert (b_pool["name"], b_pool["used_gpu_minutes"]) == ("shared", 10.0)
+
+
+async def test_a_member_admin_pools_its_own_cluster_only(
+    apiserver: KubeApiServer, members: dict[str, KubeApiServer], client: httpx.AsyncClient
+):
+    admin_a = cluster_admin(members["a"], "admin-a")
+    own = {"budget_gpu_minutes": 8, "members": [{"namespace": "team-x"}, {"namespace": "team-y"}]}
+    pool = ok(await client.put("/pools/a-teams", json=own, headers=of("a", admin_a)))
+    assert [member["namespace"] for member in pool["members"]] == ["a/team-x", "a/team-y"]
+
+    across = {"budget_gpu_minutes": 8, "members": [{"namespace": "team-z"}, {"namespace": "b/team-x"}]}
+    assert (await client.put("/pools/a-teams", json=across, headers=of("a", admin_a))).status_code == 403
+    selected = {"budget_gpu_minutes": 8, "namespace_selector": {"matchLabels": {"team": "x"}}}
+    assert (await client.put("/pools/a-sel", json=selected, headers=of("a", admin_a))).status_code == 403
+
+    # A pool the hub made across clusters is the hub's to change or delete.
+    hub_admin = cluster_admin(apiserver, "hub-admin")
+    shared = {"budget_gpu_minutes": 8, "members": [{"namespace": "a/team-q"}, {"namespace": "b/team-q"}]}
+    ok(await client.put("/pools/shared", json=shared, headers=of(None, hub_admin)))
+    narrowed = {"budget_gpu_minutes": 8, "members": [{"namespace": "team-q"}]}
+    assert (await client.put("/pools/shared", json=narrowed, headers=of("a", admin_a))).status_code == 403
+    assert (await client.delete("/pools/shared", headers=of("a", admin_a))).status_code == 403
+    assert (await client.delete("/pools/a-teams", headers=of("a", admin_a))).status_code == 204

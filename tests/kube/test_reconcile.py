@@ -912,3 +912,21 @@ async def test_the_first_model_told_wins_and_an_unlabelled_node_leaves_the_pod_u
             (await session.execute(sa.select(PodCoverage.pod, PodCoverage.gpu_model))).tuples().all()
         )
     assert models == {"told": "NVIDIA-L4", "plain": None}
+
+
+async def test_a_fleet_members_namespaces_are_left_to_their_cluster(
+    apiserver: KubeApiServer, reconciler: Reconciler, sessionmaker
+):
+    """A hub's store holds its members' namespaces by key (`a/team-a`, docs/fleet.md): this cluster's
+    reconciler neither announces their states, nor evicts, nor writes their quotas here; a member key
+    sorting before this cluster's namespaces would otherwise fail the pass's quota writes as a whole."""
+    await _exhaust(apiserver, reconciler, sessionmaker, "team-a", running_pod_action="evict")
+    await set_budget(sessionmaker, reconciler, "a/team-a", budget_gpu_minutes=0, concurrent_gpu_limit=1)
+    await set_budget(sessionmaker, reconciler, "b-team", budget_gpu_minutes=100, concurrent_gpu_limit=1)
+
+    result = await reconciler.run_pass()
+
+    assert result is not None
+    assert result.transitions == {"team-a": ("in_budget", "exhausted")}
+    assert result.quotas == {"b-team": QuotaChange.CREATED}
+    assert deleting(apiserver, "team-a", "spender")

@@ -11,7 +11,7 @@ import pytest
 from fastapi import FastAPI
 from pydantic import ValidationError
 
-from gpuaccounting.names import PROXIED_AUTHORIZATION_HEADER
+from gpuaccounting.names import CLUSTER_HEADER, PROXIED_AUTHORIZATION_HEADER
 from tests.support.timekeeper import Api, Tokens, bearer, ok, report_body, sha256
 from tests.timekeeper.conftest import START
 from timekeeper.app import current, expose
@@ -188,3 +188,22 @@ async def test_the_authorization_header_wins_over_the_proxied_one(api: Api) -> N
     both = bearer(api.tokens.reader) | {PROXIED_AUTHORIZATION_HEADER: f"Bearer {api.tokens.admin}"}
 
     assert (await call(api.client, "GET", "/audit", None, both)).status_code == 403
+
+
+@pytest.mark.parametrize(("method", "path", "body"), [*ADMIN_CALLS, ("POST", "/reports", REPORT)])
+async def test_a_cluster_the_timekeeper_does_not_serve_is_a_400_whatever_the_token(
+    api: Api, method: str, path: str, body: object
+) -> None:
+    """Static mode has no member clusters (docs/fleet.md): a request naming one is refused as a mistake,
+    with a sentence naming the cluster, before its token is looked at; never a 500, nor a local answer."""
+    for token in (api.tokens.admin, api.tokens.reporter, "not-a-token"):
+        response = await call(api.client, method, path, body, bearer(token) | {CLUSTER_HEADER: "a"})
+        assert response.status_code == 400, response.text
+        assert "'a'" in response.json()["detail"]
+
+
+async def test_an_empty_cluster_header_is_the_local_cluster(api: Api) -> None:
+    response = await call(
+        api.client, "GET", "/namespaces/team-a/budget", None, bearer(api.tokens.admin) | {CLUSTER_HEADER: ""}
+    )
+    assert response.status_code == 200

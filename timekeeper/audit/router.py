@@ -6,11 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
-from gpuaccounting.names import DNS_LABEL
 from timekeeper.audit.schemas import AuditEntryOut
 from timekeeper.audit.service import AuditService
 from timekeeper.auth.dependencies import Admin
 from timekeeper.db.session import SessionDep
+from timekeeper.domain.clusters import NAMESPACE_KEY_LENGTH, NAMESPACE_KEY_PATTERN
 from timekeeper.schemas import Timestamp
 
 router = APIRouter(tags=["audit"])
@@ -27,7 +27,10 @@ AuditServiceDep = Annotated[AuditService, Depends(_service)]
 async def list_audit(
     service: AuditServiceDep,
     _: Admin,
-    namespace: Annotated[str | None, Query(max_length=63, pattern=DNS_LABEL)] = None,
+    # A namespace key: the hub's admins read every cluster's entries (a member's principal is refused).
+    namespace: Annotated[
+        str | None, Query(max_length=NAMESPACE_KEY_LENGTH, pattern=NAMESPACE_KEY_PATTERN)
+    ] = None,
     since: Timestamp | None = None,
     before_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,  # a bigint id
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,

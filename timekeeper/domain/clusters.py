@@ -12,7 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Final, TypeVar
 
+from gpuaccounting.names import DNS_LABEL
+
 SEPARATOR: Final = "/"
+_LABEL = DNS_LABEL.removeprefix("^").removesuffix("$")
+# A namespace key as a hub's own principals may write one (a pool's members): `[<cluster>/]<namespace>`.
+NAMESPACE_KEY_PATTERN: Final = rf"^({_LABEL}{SEPARATOR})?{_LABEL}$"
+NAMESPACE_KEY_LENGTH: Final = 63 + len(SEPARATOR) + 63
 # What the export, /metrics and the dashboard call the local cluster.
 LOCAL_CLUSTER_LABEL: Final = ""
 

@@ -21,6 +21,7 @@ from gpuaccounting.names import DOMAIN
 from gpuaccounting.shares import read_pod
 from timekeeper.audit.repository import AuditRepository
 from timekeeper.clock import Clock
+from timekeeper.domain.clusters import in_cluster
 from timekeeper.kube import KubeApiError, KubeClient, KubeError, ObjectReference
 from timekeeper.metrics import DowngradeMetrics
 from timekeeper.reconcile.repository import ReconcileRepository
@@ -58,8 +59,8 @@ class KueuePolicy:
 
 async def kueue_policies(session: AsyncSession, namespaces: Iterable[str]) -> dict[str, KueuePolicy]:
     """Every exhausted namespace and each of `namespaces`, with its effective action and priority policy
-    (its own budget's, else the default's)."""
-    found = await ReconcileRepository(session).kueue_policies(namespaces)
+    (its own budget's, else the default's); this cluster's only, not a fleet's members' (docs/fleet.md)."""
+    found = in_cluster(await ReconcileRepository(session).kueue_policies(namespaces), None)
     return {
         namespace: KueuePolicy(
             lowering=lowering,

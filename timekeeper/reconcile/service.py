@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from timekeeper.budgets.pools.service import PoolService
 from timekeeper.clock import Clock
+from timekeeper.domain.clusters import in_cluster
 from timekeeper.kube import KubeClient, KubeConfig
 from timekeeper.metrics import DowngradeMetrics, PodWatchCollector
 from timekeeper.reconcile.census import PodCensus
@@ -128,10 +129,11 @@ class Reconciler:
             reports = await repository.sidecar_reports(
                 p.info.uid for p in self.registry.pods() if p.running and p.sidecar
             )
-            states = await repository.states()
-            evicting = await repository.evicting()
+            # This cluster's namespaces only: a fleet's members' keys are their clusters' (docs/fleet.md).
+            states = in_cluster(await repository.states(), None)
+            evicting = in_cluster(await repository.evicting(), None)
             namespaces = {p.info.namespace for p in self.registry.pods()}
-            limits = await repository.concurrent_limits(namespaces)
+            limits = in_cluster(await repository.concurrent_limits(namespaces), None)
         holders = self.charger.claim_holders
         self.census.count(reports, holders, result)
         await self.announcer.announce_states(states, result)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Response
 
-from timekeeper.auth.dependencies import Admin, NamespaceKey, Reader, ReadScope
+from timekeeper.auth.dependencies import ClusterAdmin, NamespaceKey, Reader, ReadScope
 from timekeeper.budgets.pools.schemas import PoolIn, PoolOut
 from timekeeper.budgets.pools.service import PoolService
 from timekeeper.context import ContextDep
@@ -42,12 +42,14 @@ async def get_pool(name: PoolPath, service: PoolServiceDep, scope: ReadScope) ->
 
 
 @router.put("/pools/{name}", response_model=PoolOut, responses=BODY_ERRORS | error_responses(409))
-async def put_pool(name: PoolPath, body: PoolIn, service: PoolServiceDep, admin: Admin) -> PoolOut:
+async def put_pool(name: PoolPath, body: PoolIn, service: PoolServiceDep, admin: ClusterAdmin) -> PoolOut:
+    """A member cluster's admin lists its cluster's namespaces (bare names); the hub's own, any cluster's
+    by key (`b/team-x`), so a pool may span clusters (docs/fleet.md)."""
     return await service.put(name, body, admin)
 
 
 @router.delete("/pools/{name}", status_code=204, response_class=Response, responses=error_responses(404))
-async def delete_pool(name: PoolPath, service: PoolServiceDep, admin: Admin) -> Response:
+async def delete_pool(name: PoolPath, service: PoolServiceDep, admin: ClusterAdmin) -> Response:
     await service.delete(name, admin)
     return Response(status_code=204)
 

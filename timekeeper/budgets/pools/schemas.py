@@ -16,7 +16,7 @@ from timekeeper.schemas import (
     LARGEST_AMOUNT,
     Amount,
     DecimalIn,
-    NamespaceName,
+    NamespaceKeyName,
     OptionalAmount,
     OptionalDecimalIn,
     PeriodOut,
@@ -46,7 +46,9 @@ class NamespaceSelectorBody(BaseModel):
 class PoolMemberIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    namespace: NamespaceName
+    # A namespace of the caller's cluster, or (the hub's own principals only) a key `<cluster>/<namespace>`
+    # naming a member cluster's: a pool may span clusters (docs/fleet.md).
+    namespace: NamespaceKeyName
     # The most this member may use of the pool in a period (plus its own grants); null: no cap.
     cap_gpu_minutes: OptionalDecimalIn = Field(
         default=None, ge=0, le=LARGEST_AMOUNT, decimal_places=9, allow_inf_nan=False

@@ -22,6 +22,7 @@ from timekeeper.budgets.repository import BudgetRepository, statuses, stored_mod
 from timekeeper.budgets.schemas import model_amounts
 from timekeeper.budgets.states.budget_states import BudgetStates
 from timekeeper.clock import Clock
+from timekeeper.domain.clusters import cluster_of, namespace_key, split_key
 from timekeeper.domain.figures import MemberFigures, used_on
 from timekeeper.domain.periods import PeriodKind, period_containing
 from timekeeper.domain.states import budget_state, member_state, pool_state
@@ -154,9 +155,49 @@ class PoolService:
             raise TimekeeperError(f"namespace {namespace} is in no pool", 404)
         return await self.pool(pool)
 
+    def _listed_keys(self, principal: Principal, body: PoolIn) -> dict[str, Decimal | None]:
+        """The listed members by namespace key (docs/fleet.md): a member cluster's principal names its
+        own cluster's namespaces, bare names meaning its cluster's; the hub's own principals name any,
+        by key, of a cluster this timekeeper serves."""
+        listed: dict[str, Decimal | None] = {}
+        for member in body.members:
+            cluster, namespace = split_key(member.namespace)
+            if principal.cluster is not None:
+                if cluster not in (None, principal.cluster):
+                    raise TimekeeperError(
+                        f"{principal.name} of member cluster {principal.cluster} may not list"
+                        f" {member.namespace}: another cluster's namespace",
+                        403,
+                    )
+                cluster = principal.cluster
+            elif cluster is not None and cluster not in self.settings.members:
+                raise TimekeeperError(f"{member.namespace}: {cluster} is not a member cluster", 422)
+            key = namespace_key(cluster, namespace)
+            if key in listed:
+                raise TimekeeperError(f"{key} is listed twice", 422)
+            listed[key] = member.cap_gpu_minutes
+        return listed
+
+    async def _refuse_other_clusters(
+        self, principal: Principal, name: str, previous: BudgetPool | None, selector: object, now: datetime
+    ) -> None:
+        """A member cluster's principal changes only a pool of its own cluster's namespaces: not one that
+        holds (listed, or chosen by a selector, which matches the hub's own namespaces) another's."""
+        if principal.cluster is None:
+            return
+        members = (await self.repository.members([name], now))[name]
+        foreign = sorted(m.namespace for m in members if cluster_of(m.namespace) != principal.cluster)
+        if foreign or selector is not None or (previous is not None and previous.namespace_selector):
+            raise TimekeeperError(
+                f"pool {name} spans namespaces of other clusters than {principal.cluster}"
+                f"{' (' + ', '.join(foreign) + ')' if foreign else ' (a namespace selector)'}:"
+                " only the hub's own principals may change it",
+                403,
+            )
+
     async def put(self, name: str, body: PoolIn, principal: Principal) -> PoolOut:
         now = self.clock.now()
-        listed = {member.namespace: member.cap_gpu_minutes for member in body.members}
+        listed = self._listed_keys(principal, body)
         elsewhere = await self.repository.listed_elsewhere(name, sorted(listed))
         if elsewhere:
             raise TimekeeperError(
@@ -165,6 +206,7 @@ class PoolService:
                 409,
             )
         previous = await self.repository.pool_for_update(name)
+        await self._refuse_other_clusters(principal, name, previous, body.namespace_selector, now)
         old = None if previous is None else audited(previous, await self.repository.listed(name))
         before = await self._periods(name, sorted(listed), now)
         values = body.model_dump(include={"budget_gpu_minutes", "period", "warn_at_fraction", "model_policy"})
@@ -186,6 +228,7 @@ class PoolService:
         pool = await self.repository.pool_for_update(name)
         if pool is None:
             raise TimekeeperError(f"no pool {name}", 404)
+        await self._refuse_other_clusters(principal, name, pool, None, now)
         old = audited(pool, await self.repository.listed(name)) | {"name": name}
         before = await self._periods(name, [], now)
         await self.repository.delete(name)

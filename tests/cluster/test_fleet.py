@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -76,6 +76,7 @@ class Member:
     plane: ControlPlane
     core: client.CoreV1Api
     kubectl: Kubectl
+    namespaces: list[str] = field(default_factory=list)  # created by the tests
 
     @property
     def admin_token(self) -> str:
@@ -149,6 +150,8 @@ def cluster_a(control_plane: ControlPlane, request: pytest.FixtureRequest) -> It
         else:
             request.getfixturevalue("webhook")
         yield member
+        if member.namespaces:  # the layer's control plane outlives this module
+            member.kubectl.run("delete", "namespace", *member.namespaces, "--wait=false")
 
 
 @pytest.fixture(scope="module")
@@ -244,6 +247,7 @@ def webhook_b(
 def namespace_in(member: Member, name: str) -> str:
     """`name` in the member, ready for pods (its default ServiceAccount has its token)."""
     member.kubectl.run("create", "namespace", name)
+    member.namespaces.append(name)
 
     def ready() -> bool:
         accounts = member.core.list_namespaced_service_account(name).items
@@ -258,13 +262,6 @@ def gpu_pod(member: Member, namespace: str, name: str) -> dict[str, Any]:
     return member.kubectl.create(placed(gpu_probe(namespace), namespace, name))
 
 
-# FLEET.md rule 6: a pool's members are namespace keys, which the hub's own admin may name for any member.
-# The core on branch `fleet` (cd05c37) still validates a member as a bare namespace name (422).
-@pytest.mark.xfail(
-    strict=True,
-    reason="missing in the core: pool members as namespace keys (timekeeper/budgets/pools/schemas.py"
-    " PoolMemberIn.namespace refuses `a/team-x`), FLEET.md rule 6",
-)
 def test_a_pool_across_clusters_spent_in_a_reduces_bs_pods(
     cluster_a: Member, cluster_b: Member, hub: Hub, webhook_b: WebhookProcess
 ) -> None:

@@ -45,14 +45,22 @@ def members() -> Iterator[dict[str, KubeApiServer]]:
 
 
 @pytest.fixture
-def settings(settings: Settings, members: dict[str, KubeApiServer], tmp_path: Path) -> Settings:
+def settings_update() -> dict[str, Any]:
+    """What a test changes in the settings besides the members (parametrized where it does)."""
+    return {}
+
+
+@pytest.fixture
+def settings(
+    settings: Settings, members: dict[str, KubeApiServer], tmp_path: Path, settings_update: dict[str, Any]
+) -> Settings:
     """The local stand-in's settings (tests/kube/conftest.py) with a kubeconfig per member, holding the
     timekeeper's ServiceAccount token of that member; without the background scheduler."""
     configs = {}
     for name, server in members.items():
         token = server.add_service_account_token(TIMEKEEPER_NAMESPACE, TIMEKEEPER_SERVICE_ACCOUNT)
         configs[name] = Member(kubeconfig=server.write_kubeconfig(tmp_path / f"kubeconfig-{name}", token))
-    return settings.model_copy(update={"scheduler_enabled": False, "members": configs})
+    return settings.model_copy(update={"scheduler_enabled": False, "members": configs, **settings_update})
 
 
 def of(cluster: str | None, token: str) -> dict[str, str]:
@@ -222,3 +230,16 @@ async def test_a_member_admin_pools_its_own_cluster_only(
     assert (await client.put("/pools/shared", json=narrowed, headers=of("a", admin_a))).status_code == 403
     assert (await client.delete("/pools/shared", headers=of("a", admin_a))).status_code == 403
     assert (await client.delete("/pools/a-teams", headers=of("a", admin_a))).status_code == 204
+
+
+@pytest.mark.parametrize("settings_update", [{"metrics_auth": "token"}])
+async def test_the_fleets_metrics_are_the_hubs_to_scrape(
+    apiserver: KubeApiServer, members: dict[str, KubeApiServer], client: httpx.AsyncClient
+):
+    """The scrape shows every cluster's namespaces: a member's cluster-wide reader is refused it."""
+    assert (
+        await client.get("/metrics", headers=of("a", cluster_reader(members["a"], "prom")))
+    ).status_code == 403
+    assert (
+        await client.get("/metrics", headers=of(None, cluster_reader(apiserver, "prom")))
+    ).status_code == 200

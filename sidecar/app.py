@@ -93,7 +93,9 @@ class Sidecar:
         self.aggregate = IntervalAggregate()
         self.sender = Sender(
             self.buffer,
-            TimekeeperClient(config.timekeeper_url, config.token_file, config.request_timeout_seconds),
+            TimekeeperClient(
+                config.timekeeper_url, config.token_file, config.request_timeout_seconds, config.cluster
+            ),
             retry_base=config.retry_base_seconds,
             retry_max=config.retry_max_seconds,
             record_drop=self.store.record_drop,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -14,7 +15,7 @@ from typing import Literal, TypeVar, cast
 
 from gpuaccounting.clock import WallClock, build_clock
 from gpuaccounting.logs import LogFormat
-from gpuaccounting.names import TOKEN_AUDIENCE
+from gpuaccounting.names import DNS_LABEL, TOKEN_AUDIENCE
 
 Backend = Literal["pynvml", "fake", "nodeagent"]
 
@@ -89,6 +90,13 @@ def _moment(env: Mapping[str, str], name: str) -> datetime | None:
     return moment
 
 
+def _cluster(env: Mapping[str, str], name: str) -> str | None:
+    text = _raw(env, name)
+    if text is not None and (len(text) > 63 or not re.match(DNS_LABEL, text)):
+        raise ConfigError(f"{name}={text!r} is not a member cluster's name (a DNS label)")
+    return text
+
+
 def _choice(env: Mapping[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:
     text = _raw(env, name) or default
     if text.lower() not in allowed:
@@ -108,6 +116,8 @@ class Config:
     token_file: Path
     buffer_dir: Path
     podinfo_dir: Path | None
+    # A fleet's member cluster (docs/fleet.md), named to the hub with each report; None: the hub's own.
+    cluster: str | None = None
     report_interval_seconds: float = 30.0
     max_report_interval_seconds: float = 3600.0
     sample_interval_seconds: float = 1.0
@@ -184,6 +194,7 @@ class Config:
             token_file=Path(_raw(env, f"{PREFIX}TOKEN_FILE") or f"/var/run/secrets/{TOKEN_AUDIENCE}/token"),
             buffer_dir=Path(_raw(env, f"{PREFIX}BUFFER_DIR") or "/var/lib/gpu-timekeeper"),
             podinfo_dir=Path(podinfo) if podinfo else None,
+            cluster=_cluster(env, f"{PREFIX}CLUSTER"),
             report_interval_seconds=report_interval,
             max_report_interval_seconds=max_interval,
             sample_interval_seconds=sample_interval,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, cast
 from urllib.parse import urlsplit
 
 from gpuaccounting.backoff import Backoff
-from gpuaccounting.names import REPORTS_PATH
+from gpuaccounting.names import CLUSTER_HEADER, REPORTS_PATH
 from gpuaccounting.wire import Report, ReportAck
 from sidecar.buffer import Pending, ReportBuffer
 from sidecar.logs import EventLog
@@ -72,7 +72,7 @@ def load_http_client(https: bool) -> ModuleType:
 class TimekeeperClient:
     """POSTs one report; never raises for network or HTTP trouble, answers a SendResult instead."""
 
-    def __init__(self, base_url: str, token_file: Path, timeout: float) -> None:
+    def __init__(self, base_url: str, token_file: Path, timeout: float, cluster: str | None = None) -> None:
         parts = urlsplit(base_url)
         self._https = parts.scheme == "https"
         self._http = load_http_client(self._https)
@@ -81,6 +81,8 @@ class TimekeeperClient:
         self._path = parts.path.rstrip("/") + REPORTS_PATH
         self._token_file = token_file
         self._timeout = timeout
+        # A fleet's member: the hub reviews our token with that cluster's API server (docs/fleet.md).
+        self._cluster_headers = {CLUSTER_HEADER: cluster} if cluster else {}
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._https:
@@ -105,6 +107,7 @@ class TimekeeperClient:
             "Content-Type": "application/json",
             "Accept": "application/json",
             "Authorization": f"Bearer {token}",
+            **self._cluster_headers,
         }
         connection = self._connection()
         try:

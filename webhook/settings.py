@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
@@ -53,6 +54,11 @@ class WebhookSettings(BaseSettings):
     state_max_age_seconds: float = Field(default=120.0, gt=0)
     # A stale state decides with what it last knew; a state never loaded assumes this.
     missing_state_policy: Literal["in_budget", "over_budget"] = "in_budget"
+    # In a fleet (docs/fleet.md): this cluster's name as the hub knows it. Sent with every poll, so the
+    # hub reviews our token with this cluster's API server and answers this cluster's namespaces; injected
+    # into every sidecar, so its reports are charged here. Unset (or empty): the hub's own (or the only)
+    # cluster.
+    cluster: str | None = None
 
     # Priority. The numbers are the PriorityClass objects' own once the watch has listed them; these
     # are the fallback before the first list, or with the watch off.
@@ -150,6 +156,17 @@ class WebhookSettings(BaseSettings):
                 f"{Rule.MINIMUM_SHARE} is never disabled (a share below it would be written as 0);"
                 " lower the floor in the hardware file's minimum_shares instead"
             )
+        return value
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster_is_a_name(cls, value: str | None) -> str | None:
+        """The hub's member names are DNS labels (timekeeper.settings.ClusterName): another would only
+        have every poll refused."""
+        if not value:
+            return None
+        if len(value) > 63 or not re.match(names.DNS_LABEL, value):
+            raise ValueError(f"{value!r} is not a member cluster's name (a DNS label, e.g. eu-train)")
         return value
 
     @field_validator("hardware_file")

@@ -7,6 +7,7 @@ The fixtures in conftest.py build these once per run; a test that needs more of 
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import os
@@ -28,7 +29,8 @@ from tests.support.helm import helm_binary
 from tests.support.processes import LOCAL_HTTP, REPO_ROOT, wait_until
 
 HERE = Path(__file__).resolve().parent
-CHART = REPO_ROOT / "deployment" / "helm" / "gpu-timekeeper"
+DEPLOYMENT = REPO_ROOT / "deployment"
+CHART = DEPLOYMENT / "helm" / "gpu-timekeeper"
 CHART_KUBE_VERSION = "1.30.0"  # the oldest the chart's `kubeVersion` admits
 KUBECTL_TIMEOUT_SECONDS = 60
 INSTALL_NAMESPACE = "gpu-timekeeper"  # deployment/'s namespace
@@ -225,6 +227,36 @@ def render_chart(webhook_url: str, workdir: Path) -> str:
     return _render_pointed_at(
         webhook_url, workdir, resources=[rendered], components=[HERE / "local-processes"]
     )
+
+
+def render_member(webhook_url: str, workdir: Path) -> str:
+    """A fleet's member install as docs/fleet.md applies it (deployment/member, the self-signed
+    certificate bootstrap), less what runs here as processes, with the webhooks' URLs at `webhook_url`."""
+    member = workdir / "member"
+    member.mkdir(parents=True, exist_ok=True)
+    kustomization = {
+        "namespace": INSTALL_NAMESPACE,
+        "resources": [os.path.relpath(DEPLOYMENT / "member", member)],
+        "components": [
+            os.path.relpath(DEPLOYMENT / "components" / "selfsigned-bootstrap", member),
+            os.path.relpath(HERE / "local-processes", member),
+        ],
+    }
+    (member / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    return _render_pointed_at(webhook_url, workdir, resources=[member], components=[])
+
+
+def hub_kubeconfig(control_plane: ControlPlane, core: client.CoreV1Api, path: Path) -> Path:
+    """The kubeconfig a fleet's hub reaches a member with, as docs/fleet.md builds it: the token the
+    member's token controller wrote into deployment/member's `gpu-timekeeper-hub-token` Secret."""
+
+    def token() -> str | None:
+        secret = core.read_namespaced_secret("gpu-timekeeper-hub-token", INSTALL_NAMESPACE)
+        data = secret.data or {}
+        return base64.b64decode(data["token"]).decode() if "token" in data else None
+
+    wait_until(lambda: token() is not None, timeout=30, what="the hub token Secret to be filled in")
+    return kubeconfig_for_token(control_plane, str(token()), path)
 
 
 def _render_pointed_at(

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from gpuaccounting.names import REPORTS_PATH
+from gpuaccounting.names import CLUSTER_HEADER, REPORTS_PATH
 from tests.support.loopback import LoopbackServer, send_json
 
 
@@ -20,6 +20,7 @@ class Received:
     authorization: str | None
     body: dict[str, Any]
     status: int
+    cluster: str | None = None  # the fleet's CLUSTER_HEADER, when sent
 
 
 @dataclass
@@ -59,7 +60,13 @@ class ReportReceiver:
                         receiver.seen.add(key)
                     body["_duplicate"] = duplicate
                     receiver.requests.append(
-                        Received(self.path, self.headers.get("Authorization"), body, status)
+                        Received(
+                            self.path,
+                            self.headers.get("Authorization"),
+                            body,
+                            status,
+                            self.headers.get(CLUSTER_HEADER),
+                        )
                     )
                 if self.path != REPORTS_PATH:
                     status = 404

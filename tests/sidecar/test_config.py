@@ -32,6 +32,7 @@ def test_minimal_environment_gets_documented_defaults() -> None:
     assert config.podinfo_dir is None
     assert config.log_debug is False
     assert config.log_format == "auto"
+    assert config.cluster is None
 
 
 def test_every_setting_is_read_and_typed() -> None:
@@ -45,6 +46,7 @@ def test_every_setting_is_read_and_typed() -> None:
             "SIDECAR_PODINFO_DIR": "/etc/podinfo",
             "SIDECAR_BUFFER_MAX_REPORTS": "10",
             "SIDECAR_LOG_DEBUG": "yes",
+            "SIDECAR_CLUSTER": "eu-b",
             "NVIDIA_VISIBLE_DEVICES": "GPU-1234",
         }
     )
@@ -57,6 +59,7 @@ def test_every_setting_is_read_and_typed() -> None:
     assert config.buffer_max_reports == 10
     assert config.log_debug is True
     assert config.visible_devices == "GPU-1234"
+    assert config.cluster == "eu-b"
 
 
 def test_the_clock_is_the_system_clock_unless_start_speed_and_origin_are_given() -> None:
@@ -88,6 +91,7 @@ def test_false_reads_as_false() -> None:
         ({"SIDECAR_REPORT_INTERVAL_SECONDS": "0"}, "SIDECAR_REPORT_INTERVAL_SECONDS must be greater than 0"),
         ({"SIDECAR_LOG_DEBUG": "maybe"}, "SIDECAR_LOG_DEBUG='maybe' is not a boolean"),
         ({"SIDECAR_NVML_BACKEND": "dcgm"}, "SIDECAR_NVML_BACKEND='dcgm' must be one of pynvml, fake"),
+        ({"SIDECAR_CLUSTER": "EU/b"}, "SIDECAR_CLUSTER='EU/b' is not a member cluster's name"),
         ({"SIDECAR_BUFFER_MAX_REPORTS": "1"}, "SIDECAR_BUFFER_MAX_REPORTS='1' must be at least 2"),
         (
             {"SIDECAR_REPORT_INTERVAL_SECONDS": "60", "SIDECAR_MAX_REPORT_INTERVAL_SECONDS": "30"},

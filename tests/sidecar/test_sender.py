@@ -57,6 +57,7 @@ class Rig:
         count: int,
         max_reports: int = 100,
         figures: bool = True,
+        cluster: str | None = None,
     ) -> None:
         self.store, _ = ProgressStore.open(tmp_path / "state.json", "pod-uid", T0)
         self.buffer = ReportBuffer(
@@ -79,7 +80,7 @@ class Rig:
             self.buffer.admit(self.buffer.store(report), T0)
         self.sender = Sender(
             self.buffer,
-            TimekeeperClient(url, token_file, timeout=2.0),
+            TimekeeperClient(url, token_file, timeout=2.0, cluster=cluster),
             retry_base=0.01,
             retry_max=0.05,
             record_drop=self.store.record_drop,
@@ -103,6 +104,27 @@ def test_reports_go_oldest_first_with_the_bearer_token(
     assert {r.path for r in receiver.requests} == {REPORTS_PATH}
     assert {r.authorization for r in receiver.requests} == {f"Bearer {token_file.read_text()}"}
     assert list((tmp_path / "pending").iterdir()) == []
+
+
+def test_a_members_sidecar_names_its_cluster_on_every_report(
+    tmp_path: Path, receiver: ReportReceiver, token_file: Path, event_log: EventLog
+) -> None:
+    """In a fleet the hub reviews the token with the named member's API server (docs/fleet.md)."""
+    rig = Rig(tmp_path, receiver.url, token_file, event_log, count=2, cluster="eu-b")
+
+    assert rig.deliver_all()
+
+    assert [r.cluster for r in receiver.requests] == ["eu-b", "eu-b"]
+
+
+def test_a_single_clusters_sidecar_names_no_cluster(
+    tmp_path: Path, receiver: ReportReceiver, token_file: Path, event_log: EventLog
+) -> None:
+    rig = Rig(tmp_path, receiver.url, token_file, event_log, count=1)
+
+    assert rig.deliver_all()
+
+    assert [r.cluster for r in receiver.requests] == [None]
 
 
 def test_transient_failures_are_retried_until_acknowledged(

@@ -182,3 +182,14 @@ async def test_a_snapshot_naming_a_policy_it_does_not_list_is_refused_and_the_la
     assert cache.etag == '"1"'
     view = cache.view("team-a")
     assert view.admission is not None and view.admission["state"] == "exhausted"
+
+
+def test_a_members_polls_name_its_cluster_and_a_single_clusters_name_none(tls: Tls) -> None:
+    """In a fleet the hub reviews the poll's token with the named cluster's API server and answers that
+    cluster's namespaces (docs/fleet.md); a single cluster's webhook sends no such header."""
+    with run_state_server(snapshot(version=2)) as state, serve_webhook(tls, state, cluster="eu-b") as hook:
+        hook.wait_until(lambda: len(state.seen) >= 2)
+        assert {seen.get(names.CLUSTER_HEADER) for seen in state.seen} == {"eu-b"}
+    with run_state_server(snapshot(version=2)) as state, serve_webhook(tls, state) as hook:
+        hook.wait_until(lambda: len(state.seen) >= 2)
+        assert {names.CLUSTER_HEADER.lower()} & {key.lower() for seen in state.seen for key in seen} == set()

@@ -51,3 +51,14 @@ def test_the_share_floor_is_never_disabled() -> None:
 def test_default_sidecar_image_is_versioned() -> None:
     image = WebhookSettings().sidecar_image
     assert ":" in image and not image.endswith(":latest")
+
+
+def test_the_cluster_is_read_and_must_be_a_members_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert WebhookSettings().cluster is None
+    monkeypatch.setenv("WEBHOOK_CLUSTER", "")
+    assert WebhookSettings().cluster is None
+    monkeypatch.setenv("WEBHOOK_CLUSTER", "eu-train")
+    assert WebhookSettings().cluster == "eu-train"
+    for bad in ("EU", "a/b", "-a", "a" * 64):
+        with pytest.raises(ValidationError, match="is not a member cluster's name"):
+            WebhookSettings(cluster=bad)

@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from gpuaccounting import names
+from sidecar.config import Config
 from tests.support.pods import container, pod, review
 from tests.webhook.conftest import Tls, Webhook, serve_webhook
 from webhook.decisions.injection import SidecarTemplate
@@ -225,3 +226,29 @@ def test_an_update_may_change_no_field_of_the_sidecar(webhook: Webhook, case: st
     ALTERATIONS[case][1](sidecars(new)[0])
     answer = webhook.validate(new, operation="UPDATE", old=old)
     assert not answer.allowed and "rule protected-sidecar" in answer.message
+
+
+def sidecar_environment(sidecar: dict[str, Any]) -> dict[str, str]:
+    """The sidecar's environment as the kubelet would give it (fieldRefs read from a made-up pod)."""
+    fields = {"metadata.namespace": "team-x", "metadata.name": "train-0", "metadata.uid": "uid-1"}
+    fields["status.hostIP"] = "10.0.0.7"
+    return {
+        item["name"]: item["value"] if "value" in item else fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
+        for item in sidecar["env"]
+    }
+
+
+def test_a_members_webhook_gives_its_sidecars_the_cluster(tls: Tls, state: Any, webhook: Webhook) -> None:
+    """In a fleet's member the webhook injects its own WEBHOOK_CLUSTER, so no pod is configured by hand
+    and the sidecar names its cluster to the hub; a single cluster's sidecar is built as it always was."""
+    with serve_webhook(tls, state, cluster="eu-b") as member:
+        patched = member.admit(pod(container("train", {"nvidia.com/gpu": 1})))
+        assert member.validate(patched).allowed
+        assert member.mutate(patched).patch == []
+    [sidecar] = sidecars(patched)
+    assert {"name": "SIDECAR_CLUSTER", "value": "eu-b"} in sidecar["env"]
+    assert Config.from_env(sidecar_environment(sidecar)).cluster == "eu-b"
+
+    [single] = sidecars(webhook.admit(pod(container("train", {"nvidia.com/gpu": 1}))))
+    assert "SIDECAR_CLUSTER" not in sidecar_environment(single)
+    assert Config.from_env(sidecar_environment(single)).cluster is None

@@ -37,6 +37,9 @@ class SidecarTemplate:
                 "value": settings.sidecar_timekeeper_url or settings.timekeeper_url,
             },
             {"name": "SIDECAR_TOKEN_FILE", "value": self.token_file},
+            # A fleet's member (docs/fleet.md): the sidecar names our cluster to the hub, so no pod needs
+            # configuring. Left out otherwise: a single cluster's sidecar is built as it always was.
+            *([{"name": "SIDECAR_CLUSTER", "value": settings.cluster}] if settings.cluster else []),
             {
                 "name": "SIDECAR_REPORT_INTERVAL_SECONDS",
                 "value": str(settings.sidecar_report_interval_seconds),

@@ -16,7 +16,7 @@ from pydantic import BaseModel, create_model
 from gpuaccounting.admission_state import AdmissionSnapshot, NamespaceAdmission, resolve
 from gpuaccounting.backoff import Backoff
 from gpuaccounting.counters import start_at_zero
-from gpuaccounting.names import ADMISSION_STATE_PATH
+from gpuaccounting.names import ADMISSION_STATE_PATH, CLUSTER_HEADER
 from webhook.metrics import WebhookMetrics
 from webhook.settings import WebhookSettings
 
@@ -123,6 +123,8 @@ class BudgetStatePoller:
 
     async def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json"}
+        if self.settings.cluster:  # a fleet's member: our token is reviewed, our namespaces answered, there
+            headers[CLUSTER_HEADER] = self.settings.cluster
         if self.cache.etag:
             headers["If-None-Match"] = self.cache.etag
         token_file = self.settings.timekeeper_token_file

@@ -144,3 +144,15 @@ spec:
 {{- define "gpu-timekeeper.exemptNamespaces" -}}
 {{- .Values.priorityClasses.exemptNamespaces | default (dict "*" (list "kube-system" .Release.Namespace)) | toJson -}}
 {{- end -}}
+
+{{/* TIMEKEEPER_MEMBERS (timekeeper.settings.Member by name): each member's kubeconfig where timekeeper.yaml
+     mounts its Secret, and its context when given. */}}
+{{- define "gpu-timekeeper.members" -}}
+{{- $members := dict -}}
+{{- range $name, $member := .Values.fleet.members -}}
+{{- $entry := dict "kubeconfig" (printf "/etc/gpu-timekeeper/members/%s/kubeconfig" $name) -}}
+{{- with $member.context }}{{ $_ := set $entry "context" . }}{{ end -}}
+{{- $_ := set $members $name $entry -}}
+{{- end -}}
+{{- toJson $members -}}
+{{- end -}}

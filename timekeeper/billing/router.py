@@ -113,7 +113,8 @@ ClusterQuery = Annotated[
     "/chargeback",
     responses={
         200: {
-            "description": "rows per period, namespace and GPU model (JSON, or CSV with a header row)",
+            "description": "rows per period, cluster, namespace and GPU model (JSON, then the totals; "
+            "or CSV with a header row)",
             "content": {"application/json": {}, _CSV: {"schema": {"type": "string"}}},
         },
         **error_responses(429, 503),

@@ -9,12 +9,14 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from gpuaccounting.counters import start_at_zero
 from gpuaccounting.wire import BUDGET_STATES
 from httpguard.connections import REASONS as CONNECTION_REASONS
 from timekeeper.context import Slot
 from timekeeper.db.outage import OutageWatch
+from timekeeper.domain.clusters import split_key
 
 REPORT_RESULTS = ("charged", "duplicate", "rejected")
 BATCH_FAILURE_REASONS = ("outage", "refused")
@@ -41,11 +43,21 @@ def count_refused_connection(reason: str) -> None:
     CONNECTIONS_REFUSED.labels(reason=reason).inc()
 
 
+def add_namespace_sample(family: Metric, key: str, value: float, **labels: str) -> None:
+    """A sample of `family` for the namespace `key` (timekeeper/domain/clusters.py): labelled `namespace`,
+    the bare name, and `cluster`, the member's name, where it is a member's. A fleet's hub exports every
+    member's namespaces, and `team-x` of two clusters are two series; the local cluster's carry no
+    `cluster` label (what Prometheus makes of an empty one), so a single cluster's scrape is unchanged."""
+    cluster, namespace = split_key(key)
+    names = {"namespace": namespace} if cluster is None else {"cluster": cluster, "namespace": namespace}
+    family.samples.append(Sample(family.name, names | labels, value))
+
+
 @dataclass(frozen=True, slots=True)
 class NamespaceRow:
     """One namespace's figures for the scrape (None: the gauge has no sample for it)."""
 
-    namespace: str
+    namespace: str  # its key (timekeeper/domain/clusters.py)
     budget: float | None  # budget plus grants
     used: float
     remaining: float | None
@@ -77,60 +89,51 @@ class NamespaceCollector(Collector):
         budget = GaugeMetricFamily(
             "timekeeper_namespace_budget_gpu_minutes",
             "Budget plus grants of the current period",
-            labels=["namespace"],
         )
         used = GaugeMetricFamily(
             "timekeeper_namespace_used_gpu_minutes",
             "GPU-minutes charged in the current period",
-            labels=["namespace"],
         )
         remaining = GaugeMetricFamily(
             "timekeeper_namespace_remaining_gpu_minutes",
             "GPU-minutes left in the current period",
-            labels=["namespace"],
         )
-        state = GaugeMetricFamily(
-            "timekeeper_namespace_state", "1 for the namespace's budget state", labels=["namespace", "state"]
-        )
+        state = GaugeMetricFamily("timekeeper_namespace_state", "1 for the namespace's budget state")
         burn_rate = GaugeMetricFamily(
             "timekeeper_namespace_burn_rate_gpu_minutes_per_hour",
             "GPU-minutes charged per hour over the forecast window",
-            labels=["namespace"],
         )
         model_remaining = GaugeMetricFamily(
             "timekeeper_model_budget_remaining_gpu_minutes",
             "Raw GPU-minutes left of a GPU model's own budget in the current period",
-            labels=["namespace", "model"],
         )
         model_state = GaugeMetricFamily(
             "timekeeper_model_budget_state",
             "1 for the state of a GPU model's own budget",
-            labels=["namespace", "model", "state"],
         )
         exhaustion = GaugeMetricFamily(
             "timekeeper_namespace_forecast_exhaustion_seconds",
             "Seconds until the namespace's budget runs out at its burn rate; only for namespaces "
             "forecast to run out within the current period",
-            labels=["namespace"],
         )
         for row in self.rows:
+            key = row.namespace
             if row.budget is not None:
-                budget.add_metric([row.namespace], row.budget)
-            used.add_metric([row.namespace], row.used)
+                add_namespace_sample(budget, key, row.budget)
+            add_namespace_sample(used, key, row.used)
             if row.remaining is not None:
-                remaining.add_metric([row.namespace], row.remaining)
+                add_namespace_sample(remaining, key, row.remaining)
             for candidate in BUDGET_STATES:
-                state.add_metric([row.namespace, candidate], 1.0 if candidate == row.state else 0.0)
-            burn_rate.add_metric([row.namespace], row.burn_rate)
+                add_namespace_sample(state, key, 1.0 if candidate == row.state else 0.0, state=candidate)
+            add_namespace_sample(burn_rate, key, row.burn_rate)
             if row.exhaustion_seconds is not None:
-                exhaustion.add_metric([row.namespace], row.exhaustion_seconds)
+                add_namespace_sample(exhaustion, key, row.exhaustion_seconds)
             for model, (left, model_budget_state) in sorted(row.models.items()):
-                model_remaining.add_metric([row.namespace, model], left)
+                add_namespace_sample(model_remaining, key, left, model=model)
                 for candidate in BUDGET_STATES:
                     if candidate != "unlimited":  # a model's budget always has an amount
-                        model_state.add_metric(
-                            [row.namespace, model, candidate], 1.0 if candidate == model_budget_state else 0.0
-                        )
+                        spent = 1.0 if candidate == model_budget_state else 0.0
+                        add_namespace_sample(model_state, key, spent, model=model, state=candidate)
         yield from (budget, used, remaining, state, burn_rate, exhaustion, model_remaining, model_state)
 
 
@@ -168,15 +171,28 @@ class IdleCollector(Collector):
         pods = GaugeMetricFamily(
             "timekeeper_idle_gpu_pods",
             "Running pods holding GPUs at least idle_after with utilisation below the idle threshold",
-            labels=["namespace"],
         )
-        gpus = GaugeMetricFamily(
-            "timekeeper_idle_gpus", "GPUs (shares summed) held by those idle pods", labels=["namespace"]
-        )
+        gpus = GaugeMetricFamily("timekeeper_idle_gpus", "GPUs (shares summed) held by those idle pods")
         for namespace, count, shares in self.rows:
-            pods.add_metric([namespace], count)
-            gpus.add_metric([namespace], shares)
+            add_namespace_sample(pods, namespace, count)
+            add_namespace_sample(gpus, namespace, shares)
         yield from (pods, gpus)
+
+
+class UnweightedPodsCollector(Collector):
+    """The running pods of no known GPU model per namespace, as last read."""
+
+    def __init__(self) -> None:
+        self.counts: Mapping[str, int] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        pods = GaugeMetricFamily(
+            "timekeeper_pods_without_gpu_model",
+            "Running pods whose GPU model is not known (charged at weight 1), set at scrape",
+        )
+        for namespace, count in sorted(self.counts.items()):
+            add_namespace_sample(pods, namespace, count)
+        yield pods
 
 
 class PodWatchCollector(Collector):
@@ -191,16 +207,14 @@ class PodWatchCollector(Collector):
         running = GaugeMetricFamily(
             "timekeeper_running_gpu_pods",
             "GPU pods the API server shows running (the scheduler leader's last reconcile pass)",
-            labels=["namespace"],
         )
         silent = GaugeMetricFamily(
             "timekeeper_silent_gpu_pods",
             "Running GPU pods whose sidecar sent no report for TIMEKEEPER_SIDECAR_SILENT_AFTER_SECONDS",
-            labels=["namespace"],
         )
         for namespace, (count, quiet) in sorted((self.counts or {}).items()):
-            running.add_metric([namespace], count)
-            silent.add_metric([namespace], quiet)
+            add_namespace_sample(running, namespace, count)
+            add_namespace_sample(silent, namespace, quiet)
         yield from (running, silent)
 
 
@@ -250,12 +264,8 @@ class Metrics:
         self.registry.register(self.namespaces)
         self.idle = IdleCollector()
         self.registry.register(self.idle)
-        self.unweighted_pods = Gauge(
-            "timekeeper_pods_without_gpu_model",
-            "Running pods whose GPU model is not known (charged at weight 1), set at scrape",
-            ["namespace"],
-            registry=self.registry,
-        )
+        self.unweighted_pods = UnweightedPodsCollector()
+        self.registry.register(self.unweighted_pods)
         self.pools = PoolCollector()
         self.registry.register(self.pools)
         self.registry.register(CONNECTIONS_REFUSED)
@@ -271,9 +281,7 @@ class Metrics:
         self.namespaces.rows = readout.namespaces
         self.pools.rows = readout.pools
         self.idle.rows = readout.idle
-        self.unweighted_pods.clear()
-        for namespace, count in readout.unweighted_pods.items():
-            self.unweighted_pods.labels(namespace=namespace).set(count)
+        self.unweighted_pods.counts = readout.unweighted_pods
         self.read_at = time.monotonic()
 
 

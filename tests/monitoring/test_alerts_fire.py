@@ -361,23 +361,27 @@ def test_a_model_budget_spent_fires_naming_the_model_and_raising_it_resolves(sta
 
 
 class _Exporter(BaseHTTPRequestHandler):
-    """A stand-in timekeeper /metrics: the model budget gauges as docs/timekeeper.md shapes them, its
-    states set by the test (`exhausted` for the H100 of team-a, or none)."""
+    """A stand-in timekeeper /metrics: the model budget gauges as docs/timekeeper.md shapes them, of team-a
+    in the local cluster (no `cluster` label) and in member cluster `a`, its states set by the test
+    (`exhausted` for those in `exhausted`, else `in_budget`)."""
 
-    exhausted: set[tuple[str, str]] = set()
-    MODELS = (("team-a", H100), ("team-a", "NVIDIA-A100-SXM4-80GB"))
+    exhausted: set[tuple[str, str, str]] = set()
+    MODELS = (("", "team-a", H100), ("", "team-a", "NVIDIA-A100-SXM4-80GB"), ("a", "team-a", H100))
 
     def do_GET(self) -> None:
         lines = ["# TYPE timekeeper_model_budget_state gauge"]
-        for namespace, model in self.MODELS:
-            current = "exhausted" if (namespace, model) in self.exhausted else "in_budget"
+        for cluster, namespace, model in self.MODELS:
+            current = "exhausted" if (cluster, namespace, model) in self.exhausted else "in_budget"
+            labelled = (
+                f'cluster="{cluster}",' if cluster else ""
+            ) + f'namespace="{namespace}",model="{model}"'
             for state in BUDGET_STATES:
-                labels = f'namespace="{namespace}",model="{model}",state="{state}"'
+                labels = f'{labelled},state="{state}"'
                 lines.append(f"timekeeper_model_budget_state{{{labels}}} {1 if state == current else 0}")
         lines.append("# TYPE timekeeper_model_budget_remaining_gpu_minutes gauge")
-        for namespace, model in self.MODELS:
-            remaining = 0 if (namespace, model) in self.exhausted else 380
-            labels = f'namespace="{namespace}",model="{model}"'
+        for cluster, namespace, model in self.MODELS:
+            remaining = 0 if (cluster, namespace, model) in self.exhausted else 380
+            labels = (f'cluster="{cluster}",' if cluster else "") + f'namespace="{namespace}",model="{model}"'
             lines.append(f"timekeeper_model_budget_remaining_gpu_minutes{{{labels}}} {remaining}")
         data = ("\n".join(lines) + "\n").encode()
         self.send_response(200)
@@ -393,9 +397,10 @@ class _Exporter(BaseHTTPRequestHandler):
 def test_the_shipped_model_alert_fires_on_the_series_the_contract_names(tmp_path: Path) -> None:
     """The shipped rule on a real Prometheus, fed the model series by a stand-in exporter with the
     ServiceMonitor's job and honor_labels: it names the namespace and the model, never the model in budget,
-    and resolves when the state does."""
+    and resolves when the state does. team-a of member cluster `a` is a namespace of its own: its alert
+    names the cluster, and the local team-a's, which has no `cluster` label, fires apart from it."""
     binary = str(required(prometheus_binary(), "no prometheus: apt-get install prometheus"))
-    _Exporter.exhausted = {("team-a", H100)}
+    _Exporter.exhausted = {("", "team-a", H100)}
     exporter = LoopbackServer(_Exporter).start()
     target = exporter.url.removeprefix("http://")
     scrape = [{"job_name": "gpu-timekeeper", "honor_labels": True, "static_configs": [{"targets": [target]}]}]
@@ -404,8 +409,17 @@ def test_the_shipped_model_alert_fires_on_the_series_the_contract_names(tmp_path
     try:
         alert = prometheus.wait_firing("GPUTimekeeperModelBudgetExhausted", namespace="team-a", model=H100)
         assert alert["labels"]["severity"] == "warning"
-        assert H100 in alert["annotations"]["summary"]
-        assert len(prometheus.alerts("GPUTimekeeperModelBudgetExhausted")) == 1  # not the A100
+        assert "cluster" not in alert["labels"]
+        assert alert["annotations"]["summary"] == f"Namespace team-a has spent its {H100} GPU-minutes."
+        assert len(prometheus.alerts("GPUTimekeeperModelBudgetExhausted")) == 1  # not the A100, nor a's
+
+        _Exporter.exhausted = {("", "team-a", H100), ("a", "team-a", H100)}
+        member = prometheus.wait_firing("GPUTimekeeperModelBudgetExhausted", cluster="a", namespace="team-a")
+        assert (
+            member["annotations"]["summary"]
+            == f"Namespace team-a of cluster a has spent its {H100} GPU-minutes."
+        )
+        assert len(prometheus.alerts("GPUTimekeeperModelBudgetExhausted")) == 2
 
         _Exporter.exhausted = set()
         prometheus.wait_resolved("GPUTimekeeperModelBudgetExhausted")
@@ -519,7 +533,10 @@ def test_every_dashboard_panel_shows_a_number_or_says_why_not(stack: Stack) -> N
         pytest.skip("the busy moment is the budget test's: run the module whole")
     blank = []
     for panel in dashboard()["panels"]:
-        expressions = [target["expr"].replace("$namespace", ".*") for target in panel.get("targets", [])]
+        expressions = [
+            target["expr"].replace("$namespace", ".*").replace("$cluster", ".*")  # the variables' "All"
+            for target in panel.get("targets", [])
+        ]
         for moment, at in stack.moments.items():
             shown = 0
             for expression in expressions:

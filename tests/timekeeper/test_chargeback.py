@@ -21,13 +21,16 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tests.support.postgres import url_string
 from tests.support.timekeeper import Api, Tokens, bearer, ok, sha256
+from tests.timekeeper.member_usage import charge
 from tests.timekeeper.test_scheduler_jobs import run
 from timekeeper.app import current, expose
-from timekeeper.billing.chargeback import ChargebackRange, chargeback_range, escape_formula
+from timekeeper.billing.chargeback import COLUMNS, ChargebackRange, chargeback_range, escape_formula
 from timekeeper.billing.router import CHARGEBACK_EXPORTS
 from timekeeper.clock import ManualClock
 from timekeeper.db.session import build_sessionmaker
+from timekeeper.domain.clusters import namespace_key
 from timekeeper.settings import Settings
+from timekeeper.usage.service import UsageService
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -343,3 +346,138 @@ async def test_a_gpu_name_that_is_a_formula_is_escaped_in_csv_only(api: Api, clo
 async def test_each_formula_prefix_is_escaped(text: str) -> None:
     assert escape_formula(text) == "'" + text
     assert escape_formula("NVIDIA-H100") == "NVIDIA-H100"
+
+
+# The fleet: team-x in the local cluster and in members a and b (docs/fleet.md).
+H100, T4 = "NVIDIA-H100-80GB-HBM3", "Tesla-T4"
+MONTHS = (
+    ("2026-02-01T00:00:00Z", "2026-03-01T00:00:00Z"),
+    ("2026-03-01T00:00:00Z", "2026-04-01T00:00:00Z"),
+)
+
+
+@pytest.fixture
+async def fleet(api: Api, app: FastAPI, clock: ManualClock) -> None:
+    """team-x's use in three clusters over two months: priced, weighted and unknown models, odd shares."""
+    admin = bearer(api.tokens.admin)
+    clock.set(MARCH - timedelta(days=30))
+    ok(await api.client.put("/billing/weights/Tesla-T4", json={"weight": 0.5}, headers=admin))
+    ok(await api.client.put(f"/billing/prices/{H100}", json={"price_per_gpu_hour": 2.75}, headers=admin))
+    ok(await api.client.put("/billing/prices/Tesla-T4", json={"price_per_gpu_hour": 0.35}, headers=admin))
+    reports = [
+        (None, "x1", MARCH - timedelta(days=2), 41, 1 / 3, "NVIDIA H100 80GB HBM3"),
+        ("a", "x1", MARCH - timedelta(minutes=7), 19, 0.5, "Tesla T4"),  # across the month
+        ("a", "x2", MARCH + timedelta(days=4), 23, 0.25, "NVIDIA H100 80GB HBM3"),
+        ("b", "x1", MARCH + timedelta(days=6), 17, 2, None),
+        ("b", "x2", MARCH + timedelta(days=6, hours=1), 29, 1 / 7, "Tesla T4"),
+    ]
+    for cluster, pod, start, minutes, share, name in reports:
+        clock.set(start + timedelta(minutes=minutes + 1))
+        uid = f"uid-{cluster or 'local'}-{pod}"
+        body = dict(
+            pod=pod, pod_uid=uid, start=start, minutes=minutes, gpu_share=share, gpus=gpus(name, 50.0)
+        )
+        await charge(app, namespace_key(cluster, "team-x"), **body)
+    clock.set(MARCH + timedelta(days=20))
+
+
+async def export_json(api: Api, **params: str) -> dict[str, Any]:
+    response = await api.client.get(
+        "/billing/chargeback", params={**WINDOW, **params, "format": "json"}, headers=bearer(api.tokens.admin)
+    )
+    return dict(ok(response))
+
+
+def sums(rows: list[dict[str, str]]) -> tuple[Decimal, Decimal, Decimal]:
+    """The exact sums of CSV rows' raw and charged minutes and costs."""
+    return (
+        sum((Decimal(row["raw_gpu_minutes"]) for row in rows), Decimal(0)),
+        sum((Decimal(row["gpu_minutes"]) for row in rows), Decimal(0)),
+        sum((Decimal(row["cost"]) for row in rows if row["cost"]), Decimal(0)),
+    )
+
+
+async def test_rows_name_their_cluster_beside_the_bare_namespace(api: Api, fleet: None) -> None:
+    rows = await export_csv(api)
+
+    assert COLUMNS[-1] == "cluster"  # last: a single cluster's columns stay where they were
+    assert [
+        (row["period_start"][:7], row["cluster"], row["namespace"], row["gpu_model"]) for row in rows
+    ] == [
+        ("2026-02", "", "team-x", H100),
+        ("2026-02", "a", "team-x", T4),
+        ("2026-03", "a", "team-x", H100),
+        ("2026-03", "a", "team-x", T4),
+        ("2026-03", "b", "team-x", T4),
+        ("2026-03", "b", "team-x", "unknown"),
+    ]
+    answer = await export_json(api)
+    assert [(row["cluster"], row["namespace"]) for row in answer["rows"]] == [
+        (row["cluster"], row["namespace"]) for row in rows
+    ]
+
+
+async def test_the_cluster_parameter_keeps_one_clusters_rows(api: Api, fleet: None) -> None:
+    every = await export_csv(api)
+
+    for cluster in ("", "a", "b"):  # empty: the local cluster
+        assert await export_csv(api, cluster=cluster) == [row for row in every if row["cluster"] == cluster]
+    assert await export_csv(api, cluster="gone") == []  # a former member's name: its rows, here none
+    refused = await api.client.get(
+        "/billing/chargeback", params={**WINDOW, "cluster": "a/b"}, headers=bearer(api.tokens.admin)
+    )
+    assert refused.status_code == 422
+
+
+async def test_totals_by_cluster_and_in_all_are_the_rows_exact_sums_and_the_usage_apis(
+    api: Api, app: FastAPI, fleet: None, settings: Settings, clock: ManualClock
+) -> None:
+    """Each row is rounded once (docs/billing.md); a cluster's total is the exact sum of its rows, all
+    clusters' the sum of theirs, whether the export is asked for one cluster or all of them; and each
+    namespace's rows per period sum to the usage answer's total for it, exactly."""
+    rows, answer = await export_csv(api), await export_json(api)
+    by_cluster = {entry.pop("cluster"): entry for entry in answer["totals"]["by_cluster"]}
+
+    assert list(by_cluster) == ["", "a", "b"]
+    for cluster, totals in by_cluster.items():
+        raw, charged, cost = sums([row for row in rows if row["cluster"] == cluster])
+        assert totals == {"raw_gpu_minutes": float(raw), "gpu_minutes": float(charged), "cost": float(cost)}
+        alone = await export_json(api, cluster=cluster)
+        assert [entry["cluster"] for entry in alone["totals"]["by_cluster"]] == [cluster]
+        assert alone["totals"]["all"] == totals
+    raw, charged, cost = sums(rows)
+    assert answer["totals"]["all"] == {
+        "raw_gpu_minutes": float(raw),
+        "gpu_minutes": float(charged),
+        "cost": float(cost),
+    }
+    assert charged == sum((sums([r for r in rows if r["cluster"] == c])[1] for c in by_cluster), Decimal(0))
+
+    async with current(app).reads() as session:
+        service = UsageService(session, settings, clock)
+        for cluster in ("", "a", "b"):
+            for start, end in MONTHS:
+                since, until = datetime.fromisoformat(start), datetime.fromisoformat(end)
+                usage = await service.usage(namespace_key(cluster or None, "team-x"), since, until, "model")
+                mine = [row for row in rows if row["cluster"] == cluster and row["period_start"] == start]
+                assert (usage.namespace, usage.cluster) == ("team-x", cluster or None)
+                assert (usage.total_raw_gpu_minutes, usage.total_gpu_minutes) == sums(mine)[:2]
+    local = ok(
+        await api.get(
+            "/namespaces/team-x/usage",
+            group_by="model",
+            **dict(zip(("since", "until"), MONTHS[0], strict=True)),
+        )
+    )
+    assert (local["namespace"], local["cluster"]) == ("team-x", None)
+
+
+async def test_a_single_clusters_export_carries_an_empty_cluster_and_its_totals(
+    api: Api, history: None
+) -> None:
+    rows = await export_csv(api)
+    answer = await export_json(api)
+
+    assert {row["cluster"] for row in rows} == {""}
+    assert [entry["cluster"] for entry in answer["totals"]["by_cluster"]] == [""]
+    assert answer["totals"]["all"]["gpu_minutes"] == float(sums(rows)[1])

@@ -1,6 +1,8 @@
 """The chargeback export: per period, namespace and GPU model, raw and charged GPU-minutes, utilisation and
 cost at the admin-set price per GPU-hour. Each row is the usage API's answer by model for that namespace and
-period (the same exact sums, one statement for them all), streamed as JSON or CSV one row at a time."""
+period (the same exact sums, one statement for them all), streamed as JSON or CSV one row at a time. A row
+names its cluster and the bare namespace (timekeeper/domain/clusters.py); the JSON answer ends with the
+totals of each cluster and of all, the exact sums of its rows, so they agree with any sum of the rows."""
 
 from __future__ import annotations
 
@@ -10,10 +12,10 @@ import io
 import math
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
-from typing import Literal, TypeVar
+from typing import Literal, TypeVar, cast
 
 import orjson
 import psycopg
@@ -21,6 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from timekeeper.billing.repository import BillingRepository
+from timekeeper.domain.clusters import cluster_label, split_key
 from timekeeper.domain.periods import Period, PeriodKind, count_periods, periods_overlapping
 from timekeeper.errors import TimekeeperError
 from timekeeper.usage.repository import UNKNOWN_MODEL, UsageRepository
@@ -39,6 +42,7 @@ COLUMNS = (
     "price_per_gpu_hour",
     "cost",
     "currency",
+    "cluster",  # last: a single cluster's CSV keeps its columns where they were
 )
 _MINUTES_PER_HOUR = Decimal(60)
 _CENT_FRACTION = Decimal("0.000001")
@@ -89,14 +93,18 @@ class ChargebackExports:
         self.wait_seconds = wait_seconds
 
     async def rows(
-        self, span: ChargebackRange, namespaces: Sequence[str] | None, currency: str
+        self,
+        span: ChargebackRange,
+        namespaces: Sequence[str] | None,
+        currency: str,
+        cluster: str | None = None,
     ) -> AsyncIterator[dict[str, object]]:
         """chargeback_rows in its turn, its first row read already: the statement's work is done before
         an answer starts, so a refusal or a statement cut off at its timeout answers its own status."""
-        return await started(self._in_turn(span, namespaces, currency))
+        return await started(self._in_turn(span, namespaces, currency, cluster))
 
     async def _in_turn(
-        self, span: ChargebackRange, namespaces: Sequence[str] | None, currency: str
+        self, span: ChargebackRange, namespaces: Sequence[str] | None, currency: str, cluster: str | None
     ) -> AsyncGenerator[dict[str, object], None]:
         try:
             async with asyncio.timeout(self.wait_seconds):
@@ -108,7 +116,8 @@ class ChargebackExports:
             ) from None
         try:
             # Closed before the turn is given back: its session's connection returns to the pool first.
-            async with aclosing(chargeback_rows(self._sessions(), span, namespaces, currency)) as rows:
+            found = chargeback_rows(self._sessions(), span, namespaces, currency, cluster)
+            async with aclosing(found) as rows:
                 async for row in rows:
                     yield row
         except sa.exc.OperationalError as error:
@@ -152,24 +161,26 @@ async def chargeback_rows(
     span: ChargebackRange,
     namespaces: Sequence[str] | None,
     currency: str,
+    cluster: str | None = None,
 ) -> AsyncGenerator[dict[str, object], None]:
-    """One row per period, namespace (of `namespaces`; None: all) and GPU model with use, in that order:
-    one statement for them all, read from a server-side cursor a batch at a time."""
+    """One row per period, namespace key (of `namespaces`; None: all) of `cluster` (None: every cluster;
+    LOCAL_CLUSTER_LABEL: the local one) and GPU model with use, in the order of period, cluster, namespace
+    and model: one statement for them all, read from a server-side cursor a batch at a time."""
     by_start = {period.start: period for period in span.periods}
     async with sessions() as session:
         prices = {
             price.model: price.price_per_gpu_hour for price in await BillingRepository(session).prices()
         }
         found = UsageRepository(session).usage_by_period(
-            namespaces, [(period.start, period.end or span.until) for period in span.periods]
+            namespaces, [(period.start, period.end or span.until) for period in span.periods], cluster
         )
-        async for period_start, namespace, row in found:
+        async for period_start, key, row in found:
             period = by_start[period_start]
             price = None if row.key == UNKNOWN_MODEL else prices.get(row.key)
             yield {
                 "period_start": period.start,
                 "period_end": period.end,
-                "namespace": namespace,
+                "namespace": split_key(key)[1],
                 "gpu_model": row.key,
                 "raw_gpu_minutes": row.raw_gpu_minutes,
                 "gpu_minutes": row.gpu_minutes,
@@ -177,6 +188,7 @@ async def chargeback_rows(
                 "price_per_gpu_hour": price,
                 "cost": cost(row.raw_gpu_minutes, price),
                 "currency": currency,
+                "cluster": cluster_label(key),
             }
 
 
@@ -219,17 +231,56 @@ def _json_default(value: object) -> object:
     raise TypeError(type(value).__name__)
 
 
+@dataclass(slots=True)
+class Totals:
+    """The exact sums of some rows' minutes and costs (each row's cost already rounded): a cluster's total
+    is the sum of its rows, and all clusters' the sum of theirs, with no rounding of its own."""
+
+    raw_gpu_minutes: Decimal = Decimal(0)
+    gpu_minutes: Decimal = Decimal(0)
+    cost: Decimal | None = None  # None while no row has a price
+
+    def add(self, row: dict[str, object]) -> None:
+        self.raw_gpu_minutes += cast(Decimal, row["raw_gpu_minutes"])
+        self.gpu_minutes += cast(Decimal, row["gpu_minutes"])
+        priced = cast(Decimal | None, row["cost"])
+        if priced is not None:
+            self.cost = priced if self.cost is None else self.cost + priced
+
+    def answer(self) -> dict[str, object]:
+        return {"raw_gpu_minutes": self.raw_gpu_minutes, "gpu_minutes": self.gpu_minutes, "cost": self.cost}
+
+
+@dataclass(slots=True)
+class ClusterTotals:
+    """Each cluster's totals and those of all, as the rows stream past."""
+
+    clusters: dict[str, Totals] = field(default_factory=dict)
+    all: Totals = field(default_factory=Totals)
+
+    def add(self, row: dict[str, object]) -> None:
+        self.clusters.setdefault(str(row["cluster"]), Totals()).add(row)
+        self.all.add(row)
+
+    def answer(self) -> dict[str, object]:
+        by_cluster = [{"cluster": name} | self.clusters[name].answer() for name in sorted(self.clusters)]
+        return {"by_cluster": by_cluster, "all": self.all.answer()}
+
+
 async def as_json(
     span: ChargebackRange, currency: str, rows: AsyncIterator[dict[str, object]]
 ) -> AsyncIterator[bytes]:
-    """{"since", "until", "currency", "rows": [...]}, written as the rows come (amounts as JSON numbers,
-    as every other answer of the API)."""
+    """{"since", "until", "currency", "rows": [...], "totals": {"by_cluster": [...], "all": {...}}}, written
+    as the rows come (amounts as JSON numbers, as every other answer of the API); the totals last, once
+    every row has been summed into them."""
     head = orjson.dumps(
         {"since": span.since, "until": span.until, "currency": currency}, option=orjson.OPT_UTC_Z
     )
     yield head[:-1] + b', "rows": ['
+    totals = ClusterTotals()
     first = True
     async for row in rows:
+        totals.add(row)
         yield (b"" if first else b",") + orjson.dumps(row, default=_json_default, option=orjson.OPT_UTC_Z)
         first = False
-    yield b"]}"
+    yield b'], "totals": ' + orjson.dumps(totals.answer(), default=_json_default) + b"}"

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
+from gpuaccounting.names import DNS_LABEL
 from timekeeper.auth.dependencies import Admin, NamespaceKey, Reader, ReadScope
 from timekeeper.billing.chargeback import (
     BucketKind,
@@ -95,13 +96,25 @@ async def delete_cluster_basis(service: BillingServiceDep, admin: Admin) -> Char
 
 
 _CSV = "text/csv"
+# One cluster of the export: a member's name, or empty for the local cluster (the name its rows carry,
+# LOCAL_CLUSTER_LABEL, which no member's name can be). A name no member has any more is not refused: its
+# use stays in the ledger, to be billed.
+ClusterQuery = Annotated[
+    str | None,
+    Query(
+        max_length=63,
+        pattern=f"^$|{DNS_LABEL}",
+        description="one cluster's rows: a member cluster's name, or empty for the local cluster",
+    ),
+]
 
 
 @router.get(
     "/chargeback",
     responses={
         200: {
-            "description": "rows per period, namespace and GPU model (JSON, or CSV with a header row)",
+            "description": "rows per period, cluster, namespace and GPU model (JSON, then the totals; "
+            "or CSV with a header row)",
             "content": {"application/json": {}, _CSV: {"schema": {"type": "string"}}},
         },
         **error_responses(429, 503),
@@ -116,14 +129,17 @@ async def export_chargeback(
     until: Timestamp | None = None,
     period: BucketKind = "monthly",
     export_format: Annotated[ExportFormat | None, Query(alias="format")] = None,
+    cluster: ClusterQuery = None,
 ) -> StreamingResponse:
-    """Per period (clipped to [since, until); default: this month so far), namespace and GPU model: raw
-    and charged GPU-minutes, mean utilisation, price and cost. `?format=csv` or `Accept: text/csv` for
-    CSV. Each row equals the usage API's answer by model for that namespace and period."""
+    """Per period (clipped to [since, until); default: this month so far), cluster, namespace and GPU
+    model: raw and charged GPU-minutes, mean utilisation, price and cost; in JSON, then each cluster's
+    totals and those of all. `?format=csv` or `Accept: text/csv` for CSV. Each row equals the usage API's
+    answer by model for that namespace and period. `cluster` keeps one cluster's rows (`cluster=`: the
+    local cluster's)."""
     settings, now = context.settings, context.clock.now()
     span = chargeback_range(period, since or period_containing(PeriodKind(period), now).start, until or now)
     namespaces = None if scope is None else sorted(scope)
-    rows = await context[CHARGEBACK_EXPORTS].rows(span, namespaces, settings.billing_currency)
+    rows = await context[CHARGEBACK_EXPORTS].rows(span, namespaces, settings.billing_currency, cluster)
     wanted = export_format or ("csv" if _CSV in request.headers.get("accept", "") else "json")
     if wanted == "csv":
         return StreamingResponse(

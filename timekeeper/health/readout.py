@@ -8,6 +8,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from timekeeper.budgets.pools.service import PoolService
 from timekeeper.budgets.service import BudgetService
 from timekeeper.clock import Clock
+from timekeeper.domain.clusters import namespace_key
 from timekeeper.metrics import BudgetReadout, NamespaceRow
 from timekeeper.settings import Settings
 from timekeeper.usage.efficiency import EfficiencyService
@@ -40,8 +41,9 @@ async def read_budget_readout(session: AsyncSession, settings: Settings, clock: 
     idle: dict[str, tuple[int, float]] = {}
     report = await EfficiencyService(session, settings, clock).idle(None)
     for pod in report.pods:
-        count, shares = idle.get(pod.namespace, (0, 0.0))
-        idle[pod.namespace] = (count + 1, shares + float(pod.gpu_share))
+        key = namespace_key(pod.cluster, pod.namespace)  # the answer names the two apart
+        count, shares = idle.get(key, (0, 0.0))
+        idle[key] = (count + 1, shares + float(pod.gpu_share))
     pools = await PoolService(session, settings, clock).pools()
     return BudgetReadout(
         namespaces=namespaces,

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from timekeeper.budgets.repository import BudgetRepository
 from timekeeper.clock import Clock
+from timekeeper.domain.clusters import split_key
 from timekeeper.domain.periods import period_containing
 from timekeeper.errors import TimekeeperError
 from timekeeper.settings import Settings
@@ -57,8 +58,10 @@ class EfficiencyService:
         pods = await self.usage.efficiency(namespace, since, until)
         measured = sum((pod.measured_gpu_minutes for pod in pods), Decimal(0))
         utilised = sum((pod.utilised_gpu_minutes for pod in pods), Decimal(0))
+        cluster, bare = split_key(namespace)
         return EfficiencyOut(
-            namespace=namespace,
+            namespace=bare,
+            cluster=cluster,
             since=since,
             until=until,
             allocated_gpu_minutes=sum((pod.allocated_gpu_minutes for pod in pods), Decimal(0)),
@@ -81,7 +84,8 @@ class EfficiencyService:
             below_sm_util_pct=below,
             pods=[
                 IdlePodOut(
-                    namespace=pod.namespace,
+                    namespace=split_key(pod.namespace)[1],
+                    cluster=split_key(pod.namespace)[0],
                     pod=pod.pod,
                     pod_uid=pod.pod_uid,
                     gpu_share=pod.gpu_share,

@@ -284,9 +284,16 @@ _SOURCE_OF = (
     "AND h.hour_start > CAST(:since AS timestamptz) - interval '1 hour' AND h.hour_start < :until"
 )
 _USAGE_SOURCE = _SOURCE_OF.format(namespace_of_c="c.namespace = :namespace")
-# The same over the namespaces in :namespaces (a text[]; NULL: every namespace).
-_USAGE_SOURCE_OF_NAMESPACES = _SOURCE_OF.format(
-    namespace_of_c="(CAST(:namespaces AS text[]) IS NULL OR c.namespace = ANY(CAST(:namespaces AS text[])))"
+# A namespace key's cluster and bare namespace (timekeeper/domain/clusters.py) in SQL: '' for the local
+# cluster, whose keys hold no separator.
+_CLUSTER_OF_KEY = "CASE WHEN strpos({key}, '/') = 0 THEN '' ELSE split_part({key}, '/', 1) END"
+_NAMESPACE_OF_KEY = "substr({key}, strpos({key}, '/') + 1)"
+# The export's sources: _USAGE_SOURCE's over the namespace keys in :namespaces (a text[]; NULL: every
+# namespace) of the cluster :cluster (NULL: every cluster; '': the local one).
+_EXPORT_SOURCE = _SOURCE_OF.format(
+    namespace_of_c="(CAST(:namespaces AS text[]) IS NULL OR c.namespace = ANY(CAST(:namespaces AS text[]))) "
+    "AND (CAST(:cluster AS text) IS NULL OR "
+    f"{_CLUSTER_OF_KEY.format(key='c.namespace')} = CAST(:cluster AS text))"
 )
 UNKNOWN_MODEL = "unknown"
 _USAGE_PIECE = {
@@ -405,7 +412,7 @@ _BY_WORKLOAD = (
 # every use of it in _TOTALS.
 _PERIOD = "tstzrange(b.starts[k], b.ends[k])"
 _USAGE_BY_PERIOD = sa.text(
-    f"WITH source AS ({_USAGE_SOURCE_OF_NAMESPACES}), b AS ("
+    f"WITH source AS ({_EXPORT_SOURCE}), b AS ("
     "SELECT CAST(:starts AS timestamptz[]) AS starts, CAST(:ends AS timestamptz[]) AS ends), per_source AS ("
     f"SELECT b.starts[k] AS period_start, s.namespace, {_USAGE_PIECE['model'][0]} AS key, "
     f"{_period_sums(_PERIOD)}, "
@@ -415,8 +422,9 @@ _USAGE_BY_PERIOD = sa.text(
     "CROSS JOIN LATERAL generate_series(greatest(width_bucket(lower(s.charged), b.starts), 1), "
     "width_bucket(upper(s.charged) - interval '1 microsecond', b.starts)) AS k "
     f"WHERE s.charged && {_PERIOD} OFFSET 0) "
-    f"SELECT period_start, namespace, key, {_TOTALS} FROM per_source "
-    "GROUP BY period_start, namespace, key ORDER BY period_start, namespace, key"
+    f"SELECT period_start, namespace, key, {_TOTALS} FROM per_source GROUP BY period_start, namespace, key "
+    f"ORDER BY period_start, {_CLUSTER_OF_KEY.format(key='namespace')}, "
+    f"{_NAMESPACE_OF_KEY.format(key='namespace')}, key"
 )
 _STREAMED_ROWS = 1000  # rows fetched from the server-side cursor at a time
 
@@ -458,11 +466,15 @@ _HELD = sa.text(
 
 
 def by_period_parameters(
-    namespaces: Sequence[str] | None, periods: Sequence[tuple[datetime, datetime]]
+    namespaces: Sequence[str] | None,
+    periods: Sequence[tuple[datetime, datetime]],
+    cluster: str | None = None,
 ) -> dict[str, Any]:
-    """_USAGE_BY_PERIOD's parameters: the namespaces (None: all) and the periods' bounds, in order."""
+    """_USAGE_BY_PERIOD's parameters: the namespace keys (None: all), the cluster (None: all; "": the local
+    one) and the periods' bounds, in order."""
     return {
         "namespaces": None if namespaces is None else list(namespaces),
+        "cluster": cluster,
         "starts": [start for start, _ in periods],
         "ends": [end for _, end in periods],
         "since": min(start for start, _ in periods),
@@ -757,13 +769,17 @@ class UsageRepository:
         return [usage_found(row) for row in result]
 
     async def usage_by_period(
-        self, namespaces: Sequence[str] | None, periods: Sequence[tuple[datetime, datetime]]
+        self,
+        namespaces: Sequence[str] | None,
+        periods: Sequence[tuple[datetime, datetime]],
+        cluster: str | None = None,
     ) -> AsyncIterator[tuple[datetime, str, UsageFound]]:
-        """usage(namespace, start, end, "model") of every namespace (None: all) and period, as one
-        statement streamed from a server-side cursor: (period start, namespace, row) in that order."""
+        """usage(namespace, start, end, "model") of every namespace key (None: all) of `cluster` (None:
+        every cluster) and period, as one statement streamed from a server-side cursor: (period start,
+        namespace key, row), ordered by period, cluster, namespace and model."""
         result = await self.session.stream(
             _USAGE_BY_PERIOD.execution_options(yield_per=_STREAMED_ROWS),
-            by_period_parameters(namespaces, periods),
+            by_period_parameters(namespaces, periods, cluster),
         )
         async for row in result:
             yield row.period_start, row.namespace, usage_found(row)

@@ -129,8 +129,14 @@ class UsageRow(BaseModel):
     gpu_statuses: list[GpuStatus]
 
 
+# Beside a namespace in an answer: the member cluster it is in (docs/fleet.md); null for the local cluster,
+# so a single cluster's answers read as before.
+ClusterField = Annotated[str | None, Field(description="the member cluster; null: the local cluster")]
+
+
 class UsageOut(BaseModel):
     namespace: str
+    cluster: ClusterField = None
     since: datetime
     until: datetime
     group_by: Literal["pod", "workload", "hour", "day", "model"]
@@ -157,6 +163,7 @@ class PodEfficiencyOut(BaseModel):
 
 class EfficiencyOut(BaseModel):
     namespace: str
+    cluster: ClusterField = None
     since: datetime
     until: datetime
     allocated_gpu_minutes: Amount
@@ -168,6 +175,7 @@ class EfficiencyOut(BaseModel):
 
 class IdlePodOut(BaseModel):
     namespace: str
+    cluster: ClusterField = None
     pod: str
     pod_uid: str
     gpu_share: Amount

@@ -17,6 +17,7 @@ from timekeeper.budgets.burn import attribute, burn_rows, model_burn_rows
 from timekeeper.budgets.repository import BudgetRepository
 from timekeeper.budgets.states.budget_states import BudgetStates
 from timekeeper.clock import Clock
+from timekeeper.domain.clusters import split_key
 from timekeeper.domain.figures import UNKNOWN_MODEL, NamespaceFigures
 from timekeeper.domain.measurements import NO_MEASUREMENTS, GroupBy
 from timekeeper.domain.periods import Interval, period_containing
@@ -457,8 +458,10 @@ class UsageService:
             raise TimekeeperError("until must be after since", 422)
         found = await self.repository.usage(namespace, since, until, group_by)
         totals = sum((row.figures for row in found), NO_MEASUREMENTS)
+        cluster, bare = split_key(namespace)
         return UsageOut(
-            namespace=namespace,
+            namespace=bare,
+            cluster=cluster,
             since=since,
             until=until,
             group_by=group_by,

@@ -1,4 +1,5 @@
-// The namespace list: every namespace the identity may read, sortable and filterable. Each row is built
+// The namespace list: every namespace the identity may read, sortable and filterable (on a fleet's hub, a
+// member cluster's namespace shows its cluster before its name, and each cluster has its totals). Each row is built
 // once per load, the first screenful before the first paint and the rest in slices between frames; sorting
 // and filtering only reorder the same row elements. The list is an ARIA table of CSS grid
 // rows in groups of CHUNK, each group `content-visibility: auto`: the browser lays out and paints only the
@@ -7,7 +8,7 @@
 
 import { api, ApiError } from "./api.js";
 import { h } from "./dom.js";
-import { exhaustedModels, gpuMinutes, pct, relative, STATE_LABELS } from "./format.js";
+import { exhaustedModels, gpuMinutes, LOCAL_CLUSTER, pct, placeOf, relative, STATE_LABELS } from "./format.js";
 
 const STATE_ORDER = { exhausted: 0, warning: 1, in_budget: 2, unlimited: 3 };
 const CHUNK = 50;
@@ -32,9 +33,22 @@ function burnRate(ns) {
   return ns.forecast ? ns.forecast.burn_rate_gpu_minutes_per_hour : null;
 }
 
+/** The name the list filters by: `cluster/namespace` for a member's, the bare name locally. */
+function shownName(ns) {
+  const { cluster, name } = placeOf(ns);
+  return cluster ? `${cluster}/${name}` : name;
+}
+
+/** How names sort: by cluster, the local one ("") first, then by name (a blank sorts before any character
+ * of a cluster's name, a DNS label). */
+function nameOrder(ns) {
+  const { cluster, name } = placeOf(ns);
+  return `${cluster} ${name}`;
+}
+
 // Each column: its heading, how it sorts (a number or a string; null sorts last), how a cell shows it.
 const COLUMNS = [
-  { key: "namespace", label: "Namespace", sort: (ns) => ns.namespace },
+  { key: "namespace", label: "Namespace", sort: nameOrder },
   { key: "state", label: "State", sort: (ns) => STATE_ORDER[ns.state] ?? 9 },
   { key: "budget", label: "Budget", numeric: true, sort: (ns) => ns.budget_gpu_minutes },
   { key: "used", label: "Used", numeric: true, sort: (ns) => ns.used_gpu_minutes },
@@ -72,12 +86,46 @@ function forecastCell(ns, now) {
   return h("div", { role: "cell" }, h("time", { datetime: at, title: new Date(at).toString() }, relative(at, now)));
 }
 
+/** The row's heading: a local namespace links to its page; a member cluster's shows its cluster first, and
+ * no link (the API's namespace paths name the caller's own cluster's namespaces). */
+function nameCell(ns) {
+  const { cluster, name } = placeOf(ns);
+  const shown = cluster
+    ? [h("span", { class: "cluster", title: `cluster ${cluster}` }, `${cluster} / `), h("span", {}, name)]
+    : [h("a", { href: `#/ns/${encodeURIComponent(ns.namespace)}` }, name)];
+  return h("div", { role: "rowheader" }, ...shown, modelMarker(ns));
+}
+
+/** Per cluster and in all: namespaces and GPU-minutes used; null without a member cluster's namespace (the
+ * summary says it all). */
+function clusterTotals(namespaces) {
+  const totals = new Map();
+  for (const ns of namespaces) {
+    const { cluster } = placeOf(ns);
+    const total = totals.get(cluster) || { count: 0, used: 0 };
+    total.count += 1;
+    total.used += ns.used_gpu_minutes;
+    totals.set(cluster, total);
+  }
+  if (![...totals.keys()].some((cluster) => cluster)) return null;
+  const names = [...totals.keys()].sort(collator.compare);
+  const used = namespaces.reduce((sum, ns) => sum + ns.used_gpu_minutes, 0);
+  const part = (label, total, attrs) =>
+    h("li", attrs, h("strong", {}, label), ` ${total.count.toLocaleString()} namespace${total.count === 1 ? "" : "s"}, ${gpuMinutes(total.used)} GPU-minutes used`);
+  return h(
+    "ul",
+    { class: "cluster-totals", id: "list-clusters", "aria-label": "Namespaces and GPU-minutes used per cluster, and in all" },
+    ...names.map((name) => part(name || LOCAL_CLUSTER, totals.get(name), { dataset: { cluster: name } })),
+    part("All clusters", { count: namespaces.length, used }, { class: "all" }),
+  );
+}
+
 function row(ns, now) {
   const fraction = usedFraction(ns);
   return h(
     "div",
-    { role: "row", class: "grid-row", dataset: { namespace: ns.namespace, state: ns.state } },
-    h("div", { role: "rowheader" }, h("a", { href: `#/ns/${encodeURIComponent(ns.namespace)}` }, ns.namespace), modelMarker(ns)),
+    { role: "row", class: "grid-row", dataset: { namespace: ns.namespace, cluster: placeOf(ns).cluster, state: ns.state } },
+    nameCell(ns),
     h("div", { role: "cell" }, stateBadge(ns.state)),
     h("div", { role: "cell", class: "num" }, ns.budget_gpu_minutes === null ? "unlimited" : gpuMinutes(ns.budget_gpu_minutes)),
     h("div", { role: "cell", class: "num" }, gpuMinutes(ns.used_gpu_minutes)),
@@ -97,7 +145,7 @@ function compare(column, direction) {
     if (x === null || x === undefined) return y === null || y === undefined ? 0 : 1;
     if (y === null || y === undefined) return -1;
     const order = typeof x === "string" ? collator.compare(x, y) : x - y;
-    return order ? order * direction : collator.compare(a.ns.namespace, b.ns.namespace);
+    return order ? order * direction : collator.compare(nameOrder(a.ns), nameOrder(b.ns));
   };
 }
 
@@ -254,7 +302,7 @@ export async function renderList(view, ctx) {
     const state = stateSelect.value;
     const sorted = entries.slice().sort(compare(sortColumn, direction));
     const visible = sorted.filter(
-      (e) => (!text || e.ns.namespace.includes(text)) && (!state || e.ns.state === state),
+      (e) => (!text || shownName(e.ns).includes(text)) && (!state || e.ns.state === state),
     );
     const groups = [];
     for (let i = 0; i < visible.length; i += CHUNK) {
@@ -298,7 +346,8 @@ export async function renderList(view, ctx) {
   stateSelect.addEventListener("change", schedule);
 
   apply();
-  view.append(summary, filters, h("div", { class: "list-notes" }, shown, units), h("div", { class: "table-scroll" }, table));
+  const byCluster = clusterTotals(namespaces);
+  view.append(summary, ...(byCluster ? [byCluster] : []), filters, h("div", { class: "list-notes" }, shown, units), h("div", { class: "table-scroll" }, table));
   ctx.status("");
   // Painted: the frame after this one has been laid out and drawn.
   requestAnimationFrame(() =>

@@ -34,7 +34,7 @@ from bench.common import (
     postgres_settings_note,
     progress,
 )
-from bench.history import conditions, windows
+from bench.history import conditions
 from tests.support.partitions import partition_days_from
 from tests.support.timekeeper import alembic_config
 
@@ -176,6 +176,14 @@ _UNTOUCHED = {
 }
 
 
+def hours(since: datetime, until: datetime) -> list[tuple[int, int]]:
+    """[since, until) in epoch seconds, cut at each UTC hour: the old schema kept one hourly row per pod
+    and hour, so the old loader wrote an hour per statement."""
+    start, end = int(since.timestamp()), int(until.timestamp())
+    cuts = [start, *range((start // 3600 + 1) * 3600, end, 3600), end]
+    return list(itertools.pairwise(cuts)) if end > start else []
+
+
 @dataclass(frozen=True)
 class Month:
     """The history: `days` days of `pods` GPU pods ending at `end` (a UTC midnight), the last `raw_days`
@@ -231,7 +239,7 @@ def load_old_month(url: URL, month: Month) -> None:
         # The raw days' partitions (and today's); the old roll-up dropped the older days'.
         partition_days_from(connection, month.end - timedelta(days=month.raw_days), month.raw_days + 1)
         connection.execute("SET jit = off")  # generate_series makes each statement look costly
-        for start, end in windows(since, month.end):
+        for start, end in hours(since, month.end):
             connection.execute(
                 _OLD_HOUR,
                 {

@@ -29,6 +29,11 @@ from timekeeper.settings import NamespaceName as NamespaceName  # defined with t
 NamespaceKeyName = Annotated[
     str, Field(min_length=1, max_length=NAMESPACE_KEY_LENGTH, pattern=NAMESPACE_KEY_PATTERN)
 ]
+# Beside a namespace in an answer: the member cluster it is in (docs/fleet.md); null for the local cluster,
+# so a single cluster's answers read as before. Every answer that names a namespace names it so: the bare
+# namespace and this (timekeeper/domain/clusters.py split_key), never the key, except where an admin wrote
+# keys (a pool's members, the audit log's namespace).
+ClusterField = Annotated[str | None, Field(description="the member cluster; null: the local cluster")]
 PodName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
 PodUid = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9-]+$")]
 # Free text stored in PostgreSQL, whose text and jsonb refuse the NUL character.

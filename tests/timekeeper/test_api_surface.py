@@ -137,8 +137,9 @@ async def test_the_openapi_document_names_the_cluster_header_and_each_answers_cl
         ("/whoami", "get"),
         ("/reports", "post"),
     ):
-        headers = [p for p in document["paths"][API_PREFIX + path][method]["parameters"] if p["in"] == "header"]
-        assert [p["name"] for p in headers if p["name"] == CLUSTER_HEADER] == [CLUSTER_HEADER], path
+        parameters = document["paths"][API_PREFIX + path][method]["parameters"]
+        headers = [p["name"] for p in parameters if p["in"] == "header"]
+        assert headers.count(CLUSTER_HEADER) == 1, path
     schemas = document["components"]["schemas"]
     for model in (
         "NamespaceBudgetOut",

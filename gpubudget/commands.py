@@ -20,7 +20,17 @@ from gpubudget.connection import (
     resolve,
 )
 from gpubudget.errors import CliError
-from gpubudget.render import FORMATS, duration, exhausts, fields, minutes, moment, structured, table
+from gpubudget.render import (
+    FORMATS,
+    duration,
+    exhausts,
+    fields,
+    minutes,
+    moment,
+    namespace,
+    structured,
+    table,
+)
 
 PERIODS = ("daily", "weekly", "monthly", "none")
 Command = Callable[[Api, argparse.Namespace], tuple[Any, str]]
@@ -98,7 +108,7 @@ def usage(api: Api, args: argparse.Namespace) -> tuple[Any, str]:
         ]
     )
     heading = (
-        f"{answer['namespace']}: GPU-minutes by {answer['group_by']}, "
+        f"{namespace(answer)}: GPU-minutes by {answer['group_by']}, "
         f"{moment(answer['since'])} to {moment(answer['until'])}"
     )
     text = table([args.by.upper(), "GPU-MINUTES", "REPORTS", "MEAN SM%", "PEAK SM%"], rows)
@@ -115,10 +125,10 @@ def top(api: Api, args: argparse.Namespace) -> tuple[Any, str]:
             float("inf") if s["remaining_gpu_minutes"] is None else s["remaining_gpu_minutes"]
         ),
     }
-    ranked = sorted(listed, key=lambda s: (keys[args.sort](s), s["namespace"]))[: args.limit]
+    ranked = sorted(listed, key=lambda s: (keys[args.sort](s), namespace(s)))[: args.limit]
     rows = [
         [
-            s["namespace"],
+            namespace(s),
             minutes(s["forecast"]["burn_rate_gpu_minutes_per_hour"]),
             minutes(s["used_gpu_minutes"]),
             minutes(_available(s)),
@@ -141,6 +151,7 @@ def forecast(api: Api, args: argparse.Namespace) -> tuple[Any, str]:
     answer = [
         {
             "namespace": s["namespace"],
+            "cluster": s.get("cluster"),
             "state": s["state"],
             "remaining_gpu_minutes": s["remaining_gpu_minutes"],
             "period": s["period"],
@@ -150,7 +161,7 @@ def forecast(api: Api, args: argparse.Namespace) -> tuple[Any, str]:
     ]
     rows = [
         [
-            s["namespace"],
+            namespace(s),
             minutes(s["forecast"]["burn_rate_gpu_minutes_per_hour"]),
             minutes(s["remaining_gpu_minutes"]),
             moment(s["period"]["end"], "never"),
@@ -183,7 +194,7 @@ def grant(api: Api, args: argparse.Namespace) -> tuple[Any, str]:
     budget = answer["budget"]
     text = fields(
         [
-            ("granted", f"{minutes(answer['gpu_minutes'])} GPU-minutes to {answer['namespace']}"),
+            ("granted", f"{minutes(answer['gpu_minutes'])} GPU-minutes to {namespace(answer)}"),
             ("reason", answer["reason"]),
             ("by", answer["granted_by"]),
             ("for period", _period(answer["period"])),
@@ -236,7 +247,7 @@ def _status_table(listed: list[dict[str, Any]]) -> str:
         _model_row(row)
         if "model" in row
         else [
-            row["namespace"],
+            namespace(row),
             row["state"],
             minutes(row["budget_gpu_minutes"]),
             minutes(row["used_gpu_minutes"]),
@@ -261,7 +272,7 @@ def _with_model_rows(s: dict[str, Any]) -> list[dict[str, Any]]:
 def _status_fields(s: dict[str, Any]) -> str:
     forecast = s["forecast"]
     pairs = [
-        ("namespace", s["namespace"]),
+        ("namespace", namespace(s)),
         ("state", s["state"]),
         ("priority class", s["priority_class"]),
         (

@@ -39,6 +39,15 @@ def fields(pairs: Sequence[tuple[str, str]]) -> str:
     return "\n".join(f"{(name + ':').ljust(width)}  {value}" for name, value in pairs)
 
 
+def namespace(answer: dict[str, Any]) -> str:
+    """The namespace an answer names, as a person reads it: `<cluster>/<namespace>` for a fleet member
+    cluster's (the answer's `cluster` beside its bare `namespace`), the bare name for the local cluster's
+    (`cluster` null, or absent from a timekeeper that predates fleets). A hub's listing holds `team-x` of
+    several clusters: the cluster tells them apart."""
+    cluster = answer.get("cluster")
+    return f"{cluster}/{answer['namespace']}" if cluster else str(answer["namespace"])
+
+
 def _looks_numeric(cell: str) -> bool:
     return cell.replace(",", "").replace(".", "").replace("-", "").replace("%", "").isdigit() or cell in (
         "-",

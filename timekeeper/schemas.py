@@ -18,7 +18,7 @@ from pydantic import (
 )
 from pydantic_core import CoreSchema
 
-from gpuaccounting.names import DNS_SUBDOMAIN
+from gpuaccounting.names import CLUSTER_HEADER, DNS_SUBDOMAIN
 from gpuaccounting.wire import parse_timestamp
 from timekeeper.domain.clusters import NAMESPACE_KEY_LENGTH, NAMESPACE_KEY_PATTERN
 from timekeeper.domain.periods import EPOCH, PeriodKind, period_containing
@@ -29,6 +29,11 @@ from timekeeper.settings import NamespaceName as NamespaceName  # defined with t
 NamespaceKeyName = Annotated[
     str, Field(min_length=1, max_length=NAMESPACE_KEY_LENGTH, pattern=NAMESPACE_KEY_PATTERN)
 ]
+# Beside a namespace in an answer: the member cluster it is in (docs/fleet.md); null for the local cluster,
+# so a single cluster's answers read as before. Every answer that names a namespace names it so: the bare
+# namespace and this (timekeeper/domain/clusters.py split_key), never the key, except where an admin wrote
+# keys (a pool's members, the audit log's namespace).
+ClusterField = Annotated[str | None, Field(description="the member cluster; null: the local cluster")]
 PodName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
 PodUid = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9-]+$")]
 # Free text stored in PostgreSQL, whose text and jsonb refuse the NUL character.
@@ -120,6 +125,7 @@ class ErrorOut(BaseModel):
 
 
 _ERRORS = {
+    400: f"{CLUSTER_HEADER} names no member cluster of this timekeeper",
     401: "no token, or a token not accepted",
     403: "the token may not do this",
     404: "nothing to act on",
@@ -136,8 +142,9 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorOut, "description": _ERRORS[code]} for code in codes}
 
 
-# Every operation under /api/v1 authenticates and validates its parameters; one with a body limits its size.
-API_ERRORS = error_responses(401, 403, 422)
+# Every operation under /api/v1 reads the caller's cluster, authenticates and validates its parameters; one
+# with a body limits its size.
+API_ERRORS = error_responses(400, 401, 403, 422)
 BODY_ERRORS = error_responses(413)
 
 

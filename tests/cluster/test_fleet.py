@@ -366,7 +366,7 @@ def test_a_namespace_reader_of_cluster_a_cannot_read_cluster_bs_budget(
     assert by_key.status_code in (404, 422)
     assert local.status_code == 200 and local.json()["budget_gpu_minutes"] != 77
     assert listed.status_code == 200
-    assert [n["namespace"].rpartition("/")[2] for n in listed.json()] == ["team-r"]  # a's only
+    assert [(n["cluster"], n["namespace"]) for n in listed.json()] == [("a", "team-r")]  # a's only
     assert "b/" not in listed.text
     assert write.status_code == 403
     # b's admin, for b, reads b's figure: it is there, and the reader never saw it.

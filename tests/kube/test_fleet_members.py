@@ -107,7 +107,7 @@ async def test_a_member_pod_reports_under_its_key_and_only_with_its_own_cluster(
     assert charged["gpu_minutes"] == 5.0  # the share read from the pod in a's API server
 
     a_usage = ok(await client.get("/namespaces/team-x/usage", headers=of("a", cluster_reader(a, "ops-a"))))
-    assert (a_usage["namespace"], a_usage["total_gpu_minutes"]) == ("a/team-x", 5.0)
+    assert (a_usage["namespace"], a_usage["cluster"], a_usage["total_gpu_minutes"]) == ("team-x", "a", 5.0)
     local_reader = cluster_reader(apiserver, "ops")
     local_usage = ok(await client.get("/namespaces/team-x/usage", headers=of(None, local_reader)))
     assert local_usage["total_gpu_minutes"] == 0.0  # the local cluster's team-x is another namespace
@@ -128,19 +128,19 @@ async def test_a_member_reader_reads_its_own_namespaces_only(
         pod = gpu_pod(server, "team-x", "trainer-0")
         ok(await client.post("/reports", json=report(pod), headers=of(cluster, pod_token(server, pod))))
 
-    assert (
-        ok(await client.get("/namespaces/team-x/budget", headers=of("a", alice)))["namespace"] == "a/team-x"
-    )
+    # Named as every answer names a namespace: bare, with its cluster beside it (never the key `a/team-x`).
+    budget = ok(await client.get("/namespaces/team-x/budget", headers=of("a", alice)))
+    assert (budget["namespace"], budget["cluster"]) == ("team-x", "a")
     assert (await client.get("/namespaces/team-x/budget", headers=of("b", alice))).status_code == 401
     assert (await client.get("/namespaces/team-y/budget", headers=of("a", alice))).status_code == 403
     listed = ok(await client.get("/namespaces", headers=of("a", alice)))
-    assert [status["namespace"] for status in listed] == ["a/team-x"]
+    assert [(status["cluster"], status["namespace"]) for status in listed] == [("a", "team-x")]
 
     # A cluster-wide reader of a lists a's namespaces only; the hub's own cluster-wide reader, the fleet's.
     ops_a = ok(await client.get("/namespaces", headers=of("a", cluster_reader(a, "ops-a"))))
-    assert [status["namespace"] for status in ops_a] == ["a/team-x"]
+    assert [(status["cluster"], status["namespace"]) for status in ops_a] == [("a", "team-x")]
     hub = ok(await client.get("/namespaces", headers=of(None, cluster_reader(apiserver, "ops"))))
-    assert {"a/team-x", "b/team-x"} <= {status["namespace"] for status in hub}
+    assert {("a", "team-x"), ("b", "team-x")} <= {(status["cluster"], status["namespace"]) for status in hub}
 
 
 async def test_an_unknown_cluster_is_a_400_that_names_it(apiserver: KubeApiServer, client: httpx.AsyncClient):
@@ -162,7 +162,7 @@ async def test_a_member_admin_changes_its_namespaces_not_the_fleet(
     body = {"budget_gpu_minutes": 0, "period": "monthly"}
 
     put = ok(await client.put("/namespaces/team-x/budget", json=body, headers=of("a", admin)))
-    assert (put["namespace"], put["state"]) == ("a/team-x", "exhausted")
+    assert (put["namespace"], put["cluster"], put["state"]) == ("team-x", "a", "exhausted")
     # What every cluster shares is the hub's own cluster's to change and to read.
     for path in ("/defaults", "/billing/charge-basis", "/billing/prices/h100"):
         assert (await client.put(path, json=body, headers=of("a", admin))).status_code == 403, path

@@ -32,6 +32,7 @@ from schemathesis.specs.openapi.checks import (
 )
 from sqlalchemy.engine import URL
 
+from gpuaccounting.names import CLUSTER_HEADER
 from tests.support.postgres import url_string
 from tests.support.timekeeper import Tokens, bearer, migrated_database, report_body
 from tests.timekeeper.conftest import START
@@ -191,6 +192,10 @@ def assert_ledger_consistent(database: URL, client: TestClient, tokens: Tokens) 
 def test_every_operation_answers_as_documented_and_never_5xx(case: Any, tokens: Tokens) -> None:
     role = ROLES[(case.operation.method.upper(), case.operation.path)]
     headers = bearer(getattr(tokens, role)) if role else {}
+    # The documented cluster header is left out: this app has no member clusters, so any value is the one
+    # 400 (tests/timekeeper/test_auth.py), and the examples are spent on what lies behind it.
+    if case.headers:
+        case.headers.pop(CLUSTER_HEADER, None)
     case.call_and_validate(headers=headers, checks=CHECKS)
 
 

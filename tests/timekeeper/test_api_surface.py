@@ -2,7 +2,8 @@
 
 Writes authenticate before they validate, so an anonymous client learns nothing about a body's shape;
 OPTIONS and 405 name every method a path has; /readyz tells an anonymous prober only whether the replica
-is ready; the OpenAPI document says which strings an amount accepts.
+is ready; the OpenAPI document says which strings an amount accepts, and names the cluster header and the
+`cluster` beside every answer's bare namespace (docs/fleet.md).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from gpuaccounting.names import API_PREFIX, CLUSTER_HEADER
 from tests.support.timekeeper import Tokens, bearer
 from timekeeper.app import current, expose
 from timekeeper.clock import ManualClock
@@ -121,6 +123,36 @@ async def test_the_openapi_document_says_which_strings_an_amount_accepts(client:
         strings = [s for s in _alternatives(accepted) if s.get("type") == "string"]
         assert strings and all("pattern" in s for s in strings), accepted
         assert any(s.get("type") == "number" for s in _alternatives(accepted)), accepted
+
+
+async def test_the_openapi_document_names_the_cluster_header_and_each_answers_cluster(
+    client: httpx.AsyncClient,
+) -> None:
+    async with _readyz_client(client._transport.app) as root:  # type: ignore[attr-defined]
+        document = (await root.get("/openapi.json")).json()
+    for path, method in (
+        ("/namespaces/{namespace}/budget", "get"),
+        ("/namespaces", "get"),
+        ("/admission-state", "get"),
+        ("/whoami", "get"),
+        ("/reports", "post"),
+    ):
+        parameters = document["paths"][API_PREFIX + path][method]["parameters"]
+        headers = [p["name"] for p in parameters if p["in"] == "header"]
+        assert headers.count(CLUSTER_HEADER) == 1, path
+    schemas = document["components"]["schemas"]
+    for model in (
+        "NamespaceBudgetOut",
+        "GrantEntryOut",
+        "GrantOut",
+        "UsageOut",
+        "EfficiencyOut",
+        "IdlePodOut",
+    ):
+        properties = schemas[model]["properties"]
+        assert "namespace" in properties and "null" in str(properties["cluster"]), model
+    # A pool's members are keys (admin input that may span clusters), and the document says so.
+    assert "namespace key" in schemas["PoolMemberOut"]["properties"]["namespace"]["description"]
 
 
 def _alternatives(schema: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 """What the outputs say of a fleet's namespaces (FLEET.md rule 7): `team-x` of the local cluster and of
 members `a` and `b` are three namespaces. /metrics labels each series `cluster` (the member's name; no
 label for the local cluster, so a single cluster's scrape is unchanged) beside the bare `namespace`; the
-usage, efficiency and idle answers name the bare namespace and the cluster (null locally)."""
+usage, efficiency, idle, budget and grant answers name the bare namespace and the cluster (null locally)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.timekeeper import Api, bearer, ok
 from tests.timekeeper.member_usage import charge
 from timekeeper.app import current
+from timekeeper.auth.base import Principal
+from timekeeper.budgets.schemas import GrantIn
+from timekeeper.budgets.service import BudgetService
 from timekeeper.clock import ManualClock
 from timekeeper.domain.clusters import split_key
 from timekeeper.metrics import PodWatchCollector
@@ -122,3 +125,40 @@ async def test_the_usage_answers_name_the_cluster_beside_the_bare_namespace(
     # Over HTTP, a local namespace's answer is the one it was, with `cluster` null beside it.
     local = ok(await api.get("/namespaces/team-x/usage"))
     assert (local["namespace"], local["cluster"], local["total_gpu_minutes"]) == ("team-x", None, 70)
+
+
+async def test_the_budget_answers_name_the_cluster_beside_the_bare_namespace(
+    api: Api, app: FastAPI, idle_pods: datetime, settings: Settings, clock: ManualClock
+) -> None:
+    admin = Principal(name="hub-admin")
+    async with current(app).sessions() as session, session.begin():
+        budgets = BudgetService(session, settings, clock)
+        granted = await budgets.grant("a/team-x", GrantIn(gpu_minutes=5, reason="fleet"), admin)
+        listed = await budgets.grants("a/team-x", 10, None)
+        status = await budgets.status("b/team-x")
+
+    assert (granted.namespace, granted.cluster) == ("team-x", "a")
+    assert (granted.budget.namespace, granted.budget.cluster) == ("team-x", "a")
+    assert [(entry.namespace, entry.cluster) for entry in listed] == [("team-x", "a")]
+    assert (status.namespace, status.cluster, status.used_gpu_minutes) == ("team-x", "b", 140)
+    # The hub's listing: every cluster's team-x, each named as the usage answers name it.
+    listing = ok(await api.get("/namespaces"))
+    assert sorted(
+        (entry["cluster"] or "", entry["namespace"], entry["used_gpu_minutes"]) for entry in listing
+    ) == [
+        ("", "team-x", 70),
+        ("a", "team-x", 70),
+        ("b", "team-x", 140),
+    ]
+    # A local namespace's answers are the ones they were, with `cluster` null beside the namespace.
+    local = ok(await api.get("/namespaces/team-x/budget"))
+    assert (local["namespace"], local["cluster"]) == ("team-x", None)
+    ok(
+        await api.client.post(
+            "/namespaces/team-x/grants",
+            json={"gpu_minutes": 1, "reason": "local"},
+            headers=bearer(api.tokens.admin),
+        )
+    )
+    [grant] = ok(await api.get("/namespaces/team-x/grants"))
+    assert (grant["namespace"], grant["cluster"]) == ("team-x", None)

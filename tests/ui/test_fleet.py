@@ -92,9 +92,9 @@ def test_a_fleets_list_shows_each_namespaces_cluster_and_each_clusters_totals(
         lambda b: (
             b.execute_script(
                 "return [...document.querySelectorAll('#namespaces [role=row][data-namespace]')]"
-                ".map(tr => tr.dataset.namespace)"
+                ".map(tr => [tr.dataset.cluster, tr.dataset.namespace])"
             )
-            == ["b/team-x"]
+            == [["b", "team-x"]]
         ),
     )
     assert page_errors(browser) == []

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+
+NAMESPACE_KEY = (
+    "the namespace key (`<cluster>/<namespace>` for a member cluster's); null: a change to what every "
+    "namespace shares (the default, prices, weights)"
+)
 
 
 class AuditEntryOut(BaseModel):
@@ -13,6 +18,8 @@ class AuditEntryOut(BaseModel):
     at: datetime
     actor: str
     action: str
-    namespace: str | None
+    # A key, unlike the bare namespace (with `cluster` beside it) of other answers: the audit log is the
+    # hub admins' record of what they changed, filtered by key (GET /audit?namespace=a/team-x).
+    namespace: Annotated[str | None, Field(description=NAMESPACE_KEY)]
     old_value: Any
     new_value: Any

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from functools import cache
 from typing import Annotated
 
-from fastapi import Depends, Path, Request
+from fastapi import Depends, Header, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.requests import HTTPConnection
 
@@ -50,11 +50,20 @@ _bearer = _Bearer(auto_error=False, description="A static token, or a Kubernetes
 _UNAUTHENTICATED = {"WWW-Authenticate": "Bearer"}
 
 
-def request_cluster(request: Request) -> str | None:
+async def request_cluster(
+    request: Request,
+    cluster: Annotated[
+        str | None,
+        Header(
+            alias=CLUSTER_HEADER,
+            description="the member cluster the caller belongs to (docs/fleet.md); absent: the local one",
+        ),
+    ] = None,
+) -> str | None:
     """The cluster a request names in CLUSTER_HEADER (absent or empty: the local cluster). A name that is
     not one of the settings' members is a 400 that says so, whoever the caller: no API server could review
-    its token, and no namespace of it is stored here."""
-    cluster = request.headers.get(CLUSTER_HEADER)
+    its token, and no namespace of it is stored here. The one reader of the header: a dependency, so every
+    route that authenticates documents the header in its OpenAPI, and a request reads it once."""
     if not cluster:
         return None
     if cluster not in context_of(request).settings.members:
@@ -82,10 +91,14 @@ async def refuse_anonymous(request: Request) -> None:
         raise TimekeeperError("authentication required", 401, _UNAUTHENTICATED)
 
 
+RequestCluster = Annotated[str | None, Depends(request_cluster)]
+
+
 async def _principal(
-    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    request: Request,
+    cluster: RequestCluster,  # an unknown cluster is refused before any credential is looked at
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
-    cluster = request_cluster(request)  # an unknown cluster is refused before any credential is looked at
     if credentials is None:
         return ANONYMOUS
     principal = await context_of(request)[ACCESS].authenticate(credentials.credentials, cluster)
@@ -114,8 +127,8 @@ NamespacePath = Annotated[
 ]
 
 
-async def _namespace_key(request: Request, namespace: NamespacePath) -> str:
-    return namespace_key(request_cluster(request), namespace)
+async def _namespace_key(cluster: RequestCluster, namespace: NamespacePath) -> str:
+    return namespace_key(cluster, namespace)
 
 
 # What a route that takes a namespace from its path acts on: the namespace key of the request's cluster
@@ -138,11 +151,13 @@ def require(action: Action, fleet_wide: bool = False) -> Callable[..., Awaitable
     every cluster (defaults, prices, the audit log), which a member cluster's principal may not. One per
     action, so a route that needs it twice authorizes once."""
 
-    async def dependency(request: Request, principal: AuthenticatedPrincipal) -> Principal:
+    async def dependency(
+        request: Request, cluster: RequestCluster, principal: AuthenticatedPrincipal
+    ) -> Principal:
         namespace = request.path_params.get("namespace")
         if namespace is None and fleet_wide and principal.cluster is not None:
             raise _fleet_wide_refused(principal, action)
-        key = None if namespace is None else namespace_key(request_cluster(request), namespace)
+        key = None if namespace is None else namespace_key(cluster, namespace)
         await authorize(context_of(request), principal, action, key)
         return principal
 
@@ -157,7 +172,7 @@ ClusterAdmin = Annotated[Principal, Depends(require(Action.ADMIN))]
 
 
 async def read_scope(
-    request: Request, context: ContextDep, principal: AuthenticatedPrincipal
+    cluster: RequestCluster, context: ContextDep, principal: AuthenticatedPrincipal
 ) -> frozenset[str] | None:
     """Which namespace keys a listing may show the caller: a scoped credential's own; (None) every one,
     for a caller of the local cluster that may read cluster-wide (the hub's view of the fleet); every
@@ -166,7 +181,6 @@ async def read_scope(
     "nothing" is an answer)."""
     if principal.namespaces is not None:
         return principal.namespaces
-    cluster = request_cluster(request)
     if principal is ANONYMOUS:
         await authorize(context, principal, Action.READ, None)  # 401 unless anonymous reads are on
     elif not await context[ACCESS].authorize(principal, Action.READ, None):
@@ -193,7 +207,9 @@ ReadScope = Annotated[frozenset[str] | None, Depends(read_scope)]
 
 
 async def _metrics_access(
-    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    request: Request,
+    cluster: RequestCluster,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
     """`TIMEKEEPER_METRICS_AUTH=token`: a metrics token, or a credential that may read every namespace
     (the scrape shows them all)."""
@@ -202,7 +218,7 @@ async def _metrics_access(
         return
     if credentials is not None and context[METRICS_TOKENS].match(credentials.credentials):
         return
-    principal = await _principal(request, credentials)
+    principal = await _principal(request, cluster, credentials)
     if principal.cluster is not None:  # the scrape shows every cluster's namespaces
         raise _fleet_wide_refused(principal, Action.READ)
     await authorize(context, principal, Action.READ, None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
 from gpuaccounting.names import DNS_LABEL
@@ -15,8 +15,8 @@ from timekeeper.auth.dependencies import (
     ACCESS,
     ANONYMOUS,
     AuthenticatedPrincipal,
+    RequestCluster,
     authorize,
-    request_cluster,
 )
 from timekeeper.context import Context, ContextDep
 from timekeeper.domain.clusters import namespace_key
@@ -56,13 +56,13 @@ async def _may(context: Context, principal: Principal, action: Action, namespace
 
 @router.get("/whoami", response_model=WhoAmIOut)
 async def whoami(
-    request: Request,
+    cluster: RequestCluster,
     context: ContextDep,
     principal: AuthenticatedPrincipal,
     namespace: Annotated[str | None, Query(min_length=1, max_length=63, pattern=DNS_LABEL)] = None,
 ) -> WhoAmIOut:
     """Anonymous callers are refused (401) unless anonymous reads are on; a token not accepted is 401."""
-    key = None if namespace is None else namespace_key(request_cluster(request), namespace)
+    key = None if namespace is None else namespace_key(cluster, namespace)
     if principal is ANONYMOUS:
         await authorize(context, principal, Action.READ, key)
     scoped = principal.namespaces

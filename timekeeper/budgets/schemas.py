@@ -17,6 +17,7 @@ from timekeeper.domain.weights import model_key
 from timekeeper.schemas import (
     LARGEST_AMOUNT,
     Amount,
+    ClusterField,
     DecimalIn,
     OptionalAmount,
     OptionalDecimalIn,
@@ -155,7 +156,8 @@ class ModelBudgetOut(BaseModel):
 
 
 class NamespaceBudgetOut(BaseModel):
-    namespace: str
+    namespace: str  # bare; the cluster beside it (timekeeper/schemas.py ClusterField)
+    cluster: ClusterField = None
     source: Source
     period: PeriodOut
     budget_gpu_minutes: OptionalAmount
@@ -201,7 +203,8 @@ GrantStatus = Literal["active", "expired", "revoked", "lapsed"]
 
 class GrantEntryOut(BaseModel):
     id: int
-    namespace: str
+    namespace: str  # bare, as NamespaceBudgetOut's
+    cluster: ClusterField = None
     gpu_minutes: Amount
     reason: str
     granted_by: str

@@ -34,6 +34,7 @@ from timekeeper.budgets.schemas import (
 )
 from timekeeper.budgets.states.budget_states import BudgetStates, unpooled_states
 from timekeeper.clock import Clock
+from timekeeper.domain.clusters import split_key
 from timekeeper.domain.figures import (
     SHIPPED_RUNNING_POD_ACTION,
     UNKNOWN_MODEL,
@@ -100,8 +101,10 @@ def status_out(
     over = is_over_budget(state)
     period = period_out(config.period, now)
     outlook = forecast(now, forecast_window(settings), burned, remaining, period.end)
+    cluster, namespace = split_key(figures.namespace)
     return NamespaceBudgetOut(
-        namespace=figures.namespace,
+        namespace=namespace,
+        cluster=cluster,
         source="namespace" if config.explicit else "default",
         period=period,
         budget_gpu_minutes=budget,
@@ -379,9 +382,11 @@ def grant_entry(grant: Grant, current_start: datetime, now: datetime) -> GrantEn
         status = "lapsed"
     else:
         status = "active"
+    cluster, namespace = split_key(grant.namespace)
     return GrantEntryOut(
         id=grant.id,
-        namespace=grant.namespace,
+        namespace=namespace,
+        cluster=cluster,
         gpu_minutes=grant.gpu_minutes,
         reason=grant.reason,
         granted_by=grant.granted_by,

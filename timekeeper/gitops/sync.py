@@ -20,6 +20,7 @@ from timekeeper.budgets.managed.repository import ManagedRepository, ObjectRef
 from timekeeper.budgets.schemas import BudgetIn
 from timekeeper.budgets.service import BudgetService
 from timekeeper.clock import Clock
+from timekeeper.domain.clusters import namespace_key
 from timekeeper.errors import TimekeeperError
 from timekeeper.gitops.objects import (
     BUDGET_KIND,
@@ -186,7 +187,8 @@ class GitOpsSync:
                 )
 
         async with self.sessionmaker() as session, session.begin():
-            figures = {b.namespace: b for b in await self._service(session).some(sorted(owners))}
+            found = await self._service(session).some(sorted(owners))
+        figures = {namespace_key(b.cluster, b.namespace): b for b in found}
         for obj in budgets:
             meta = obj["metadata"]
             ready = readiness[meta["uid"]]

@@ -20,7 +20,7 @@ async def read_budget_readout(session: AsyncSession, settings: Settings, clock: 
     statuses = await BudgetService(session, settings, clock).all()
     namespaces = [
         NamespaceRow(
-            namespace=status.namespace,
+            namespace=namespace_key(status.cluster, status.namespace),  # the answer names the two apart
             budget=None
             if status.budget_gpu_minutes is None
             else float(status.budget_gpu_minutes + status.granted_gpu_minutes),

@@ -31,7 +31,7 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", responses=error_responses(401, 503))
+@router.get("/readyz", responses=error_responses(400, 401, 503))
 async def readyz(context: ContextDep, reads: ReadsDep, principal: AuthenticatedPrincipal) -> dict[str, Any]:
     """Ready when the database answers; the replica's name and its jobs only for a cluster-wide reader
     (they name the host and process, which an anonymous prober has no need to learn)."""
@@ -53,7 +53,10 @@ async def readyz(context: ContextDep, reads: ReadsDep, principal: AuthenticatedP
 
 
 @router.get(
-    "/metrics", response_class=Response, dependencies=[MetricsAccess], responses=error_responses(401, 403)
+    "/metrics",
+    response_class=Response,
+    dependencies=[MetricsAccess],
+    responses=error_responses(400, 401, 403),
 )
 async def metrics(context: ContextDep, reads: ReadsDep) -> Response:
     """Always answers: while the database does not (an outage, or a read slower than the scrape can

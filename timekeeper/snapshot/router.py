@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Response
 
-from timekeeper.auth.dependencies import NamespaceKey, Reader, request_cluster
+from timekeeper.auth.dependencies import NamespaceKey, Reader, RequestCluster
 from timekeeper.context import ContextDep, Slot
 from timekeeper.db.session import ReadsDep, SessionDep
 from timekeeper.schemas import Timestamp
@@ -37,7 +37,7 @@ def _etag(version: int) -> str:
     },
 )
 async def admission_state(
-    request: Request,
+    cluster: RequestCluster,
     context: ContextDep,
     reads: ReadsDep,
     _: Reader,
@@ -48,7 +48,6 @@ async def admission_state(
     """The gpuaccounting.admission_state.AdmissionSnapshot snapshot of the caller's cluster (a member's
     webhook sends CLUSTER_HEADER: its namespaces by bare name, docs/fleet.md); 304 when If-None-Match
     names its version. Read in autocommit: polling writes nothing."""
-    cluster = request_cluster(request)
     known = (
         set()
         if if_none_match is None

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from gpuaccounting.wire import BudgetState, GpuStatus
 from timekeeper.schemas import (
     Amount,
+    ClusterField,
     DecimalNumber,
     NamespaceName,
     OptionalAmount,
@@ -127,11 +128,6 @@ class UsageRow(BaseModel):
     peak_mem_used_bytes: int | None
     energy_joules: float | None
     gpu_statuses: list[GpuStatus]
-
-
-# Beside a namespace in an answer: the member cluster it is in (docs/fleet.md); null for the local cluster,
-# so a single cluster's answers read as before.
-ClusterField = Annotated[str | None, Field(description="the member cluster; null: the local cluster")]
 
 
 class UsageOut(BaseModel):

@@ -32,6 +32,12 @@ LabelKey = Annotated[
     ),
 ]
 LabelValue = Annotated[str, Field(max_length=63, pattern=rf"^({_LABEL_NAME})?$")]
+# Unlike the namespaces of other answers (bare, with a `cluster` beside them), a pool's members are keys:
+# what an admin lists, and a pool may span clusters.
+MEMBER_KEY = (
+    "a namespace key: the bare namespace for the local cluster, `<cluster>/<namespace>` for a member "
+    "cluster's (docs/fleet.md)"
+)
 PoolName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
 
 
@@ -48,7 +54,7 @@ class PoolMemberIn(BaseModel):
 
     # A namespace of the caller's cluster, or (the hub's own principals only) a key `<cluster>/<namespace>`
     # naming a member cluster's: a pool may span clusters (docs/fleet.md).
-    namespace: NamespaceKeyName
+    namespace: Annotated[NamespaceKeyName, Field(description=MEMBER_KEY)]
     # The most this member may use of the pool in a period (plus its own grants); null: no cap.
     cap_gpu_minutes: OptionalDecimalIn = Field(
         default=None, ge=0, le=LARGEST_AMOUNT, decimal_places=9, allow_inf_nan=False
@@ -78,7 +84,7 @@ class PoolIn(BaseModel):
 
 
 class PoolMemberOut(BaseModel):
-    namespace: str
+    namespace: Annotated[str, Field(description=MEMBER_KEY)]  # as listed: admin input, unlike other answers
     listed: bool  # else chosen by the selector
     cap_gpu_minutes: OptionalAmount
     used_gpu_minutes: Amount
@@ -87,6 +93,9 @@ class PoolMemberOut(BaseModel):
 
 
 class PoolOut(BaseModel):
+    """A pool as answered. Its members are named by namespace key, as an admin lists them (a pool may span
+    clusters), not by bare namespace with a `cluster` beside it as other answers name namespaces."""
+
     name: str
     period: PeriodOut
     budget_gpu_minutes: Amount

@@ -25,14 +25,10 @@ export function exhaustedModels(budget) {
 // What the list calls the timekeeper's own cluster beside a fleet's members (no member's name has a blank).
 export const LOCAL_CLUSTER = "local cluster";
 
-/** Where a listed namespace is: its cluster ("" for the timekeeper's own) and its bare name. The answer
- * names the cluster (`cluster`), or its `namespace` is the key a fleet's hub keeps a member's namespace
- * under, `<cluster>/<namespace>` (timekeeper/domain/clusters.py); a bare name is the local cluster's. */
+/** Where a listed namespace is: its cluster ("" for the timekeeper's own) and its bare name, as every
+ * answer that names a namespace gives them (`cluster` null for the local cluster). */
 export function placeOf(ns) {
-  const key = ns.namespace;
-  const at = key.indexOf("/");
-  const cluster = ns.cluster ?? (at < 0 ? "" : key.slice(0, at));
-  return { cluster, name: at < 0 ? key : key.slice(at + 1) };
+  return { cluster: ns.cluster ?? "", name: ns.namespace };
 }
 
 export function gpuMinutes(value) {

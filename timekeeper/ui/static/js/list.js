@@ -92,7 +92,7 @@ function nameCell(ns) {
   const { cluster, name } = placeOf(ns);
   const shown = cluster
     ? [h("span", { class: "cluster", title: `cluster ${cluster}` }, `${cluster} / `), h("span", {}, name)]
-    : [h("a", { href: `#/ns/${encodeURIComponent(ns.namespace)}` }, name)];
+    : [h("a", { href: `#/ns/${encodeURIComponent(name)}` }, name)];
   return h("div", { role: "rowheader" }, ...shown, modelMarker(ns));
 }
 

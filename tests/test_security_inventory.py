@@ -1,14 +1,13 @@
 """docs/security.md's inventory of inputs stays true: every name the webhook, the shared logic, the timekeeper
 and the node agent read from a Kubernetes object, a request or a report is classified there, with who can
-write it and, where a tenant can, what makes it harmless.
-
-The names are found in the source, not in a list kept beside it (issue 37): a string key read from a mapping
-(`obj["spec"]`, `.get("labels")`, `.pop(...)`, `"key" in obj`), a module constant used as one
+write it and, where a tenant can, what makes it harmless. The names are found in the source, not in a list
+kept beside it (issue 37): a string key read from a mapping (`obj["spec"]`, `.get("labels")`, `.pop(...)`,
+`"key" in obj`, a FastAPI parameter's alias), a module constant used as one
 (`annotations.get(names.ANNOTATION_GPU_SHARE)`, resolved through imports and f-strings), every string shaped
 like a qualified label, annotation or resource name (`nvidia.com/gpu`, `gpu-timekeeper.io/workload`) or a
 camelCase Kubernetes field (`runtimeClassName`) wherever it appears, every module constant named `*_LABEL` /
-`*_ANNOTATION`, a typed Kubernetes model's field read as an attribute (`pod.spec.priority_class_name`, in
-the modules that use kubernetes_asyncio's models) and every field of the report the timekeeper accepts.
+`*_ANNOTATION`, a typed Kubernetes model's field read as an attribute (`pod.spec.priority_class_name`, in the
+modules that use kubernetes_asyncio's models) and every field of the report the timekeeper accepts.
 Adding a classification is one line: the name in backticks in the first cell of its row.
 """
 
@@ -50,6 +49,7 @@ QUALIFIED = re.compile(
 )
 # A key worth classifying: a name ('', '*', '/', '.' and patterns are string handling, not keys).
 KEY = re.compile(r"^[A-Za-z][\w./-]*$")
+FASTAPI_PARAMETERS = ("Header", "Query", "Cookie", "Path")
 KEY_CONSTANT = re.compile(r"(?:^|_)(?:LABELS?|ANNOTATIONS?)(?:_|$)")
 # snake_case attribute -> the API's field name, for every model kubernetes_asyncio has.
 KUBE_FIELDS: dict[str, str] = {
@@ -138,6 +138,9 @@ def _key_node(node: ast.AST) -> ast.AST | None:
         return node.args[0] if node.func.attr in ("get", "pop") else None
     if isinstance(node, ast.Compare) and isinstance(node.ops[0], ast.In | ast.NotIn):
         return node.left
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in FASTAPI_PARAMETERS:
+        # A request parameter FastAPI reads under its alias (`Header(alias=CLUSTER_HEADER)`).
+        return next((keyword.value for keyword in node.keywords if keyword.arg == "alias"), None)
     return None
 
 

@@ -1,6 +1,6 @@
 """CPU seconds per acknowledged report under `make bench`'s ingest load, by process (timekeepers, the
-PostgreSQL backends and the cluster's background processes, wrk) and, with pg_stat_statements in the
-cluster's shared_preload_libraries, by statement: a figure other load moves far less than throughput."""
+PostgreSQL backends and the cluster's background processes, wrk) and, with pg_stat_statements loaded
+(`--statements`), by statement: a figure other load moves far less than throughput."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ import os
 import subprocess
 import time
 from collections.abc import Iterable
+from contextlib import ExitStack
 from typing import Any
 
 import httpx
 import psycopg
 
-from bench.ingest import _base, _reports, timekeeper
+from bench.common import POSTGRES_SETTINGS, postgres_server
+from bench.ingest import Server, _base, _reports, timekeeper
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -79,56 +81,66 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--top", type=int, default=14)
+    parser.add_argument("--statements", action="store_true", help="load pg_stat_statements: per statement")
     args = parser.parse_args()
-    with timekeeper(workers=1, replicas=args.replicas) as server:
-        ports = [url.rsplit(":", 1)[1] for url in server.urls]
-        pids = [
-            int(found)
-            for port in ports
-            for found in subprocess.run(
-                ["pgrep", "-f", f"timekeeper --port {port}"], capture_output=True, text=True, check=True
-            ).stdout.split()
-        ]
-        # warm-up (pods created, plans cached) an hour before the load, so no measured report repeats one
-        _reports(server.urls, server.token, 2, args.connections, _base() - 3600)
-        with psycopg.connect(server.dsn, autocommit=True) as connection:
-            statements = connection.execute("SELECT to_regclass('pg_stat_statements')").fetchone()
-            tracked = statements is not None and statements[0] is not None
-            if not tracked:
-                try:
-                    connection.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-                    tracked = True
-                except psycopg.Error:
-                    tracked = False
-            if tracked:
-                try:
-                    connection.execute("SELECT pg_stat_statements_reset()")
-                except psycopg.Error:
-                    tracked = False
-            backends, background = _database_pids(connection)
-            own = [pid for (pid,) in [connection.execute("SELECT pg_backend_pid()").fetchone() or (0,)]]
-            backends = [pid for pid in backends if pid not in own]
-            before = (
-                _cpu_seconds(pids),
-                _cpu_seconds(pids, kernel=True),
-                _cpu_seconds(backends),
-                _cpu_seconds(backends, kernel=True),
-                _cpu_seconds(background),
-            )
-            charged = _batches(server.urls, server.reader)
-            started = time.monotonic()
-            load = _reports(server.urls, server.token, args.seconds, args.connections)
-            elapsed = time.monotonic() - started
-            after = (
-                _cpu_seconds(pids),
-                _cpu_seconds(pids, kernel=True),
-                _cpu_seconds(backends),
-                _cpu_seconds(backends, kernel=True),
-                _cpu_seconds(background),
-            )
-            found = _statements(connection) if tracked else None
-            (reports_after, batches_after) = _batches(server.urls, server.reader)
-            batched, batches = reports_after - charged[0], batches_after - charged[1]
+    with ExitStack() as stack:
+        database = None
+        if args.statements:
+            preload = {**POSTGRES_SETTINGS, "shared_preload_libraries": "pg_stat_statements"}
+            database = stack.enter_context(postgres_server(preload))
+        measure(args, stack.enter_context(timekeeper(workers=1, replicas=args.replicas, server=database)))
+
+
+def measure(args: argparse.Namespace, server: Server) -> None:
+    """The load's CPU per report on `server`'s timekeepers and database, printed."""
+    ports = [url.rsplit(":", 1)[1] for url in server.urls]
+    pids = [
+        int(found)
+        for port in ports
+        for found in subprocess.run(
+            ["pgrep", "-f", f"timekeeper --port {port}"], capture_output=True, text=True, check=True
+        ).stdout.split()
+    ]
+    # warm-up (pods created, plans cached) an hour before the load, so no measured report repeats one
+    _reports(server.urls, server.token, 2, args.connections, _base() - 3600)
+    with psycopg.connect(server.dsn, autocommit=True) as connection:
+        statements = connection.execute("SELECT to_regclass('pg_stat_statements')").fetchone()
+        tracked = statements is not None and statements[0] is not None
+        if not tracked:
+            try:
+                connection.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                tracked = True
+            except psycopg.Error:
+                tracked = False
+        if tracked:
+            try:
+                connection.execute("SELECT pg_stat_statements_reset()")
+            except psycopg.Error:
+                tracked = False
+        backends, background = _database_pids(connection)
+        own = [pid for (pid,) in [connection.execute("SELECT pg_backend_pid()").fetchone() or (0,)]]
+        backends = [pid for pid in backends if pid not in own]
+        before = (
+            _cpu_seconds(pids),
+            _cpu_seconds(pids, kernel=True),
+            _cpu_seconds(backends),
+            _cpu_seconds(backends, kernel=True),
+            _cpu_seconds(background),
+        )
+        charged = _batches(server.urls, server.reader)
+        started = time.monotonic()
+        load = _reports(server.urls, server.token, args.seconds, args.connections)
+        elapsed = time.monotonic() - started
+        after = (
+            _cpu_seconds(pids),
+            _cpu_seconds(pids, kernel=True),
+            _cpu_seconds(backends),
+            _cpu_seconds(backends, kernel=True),
+            _cpu_seconds(background),
+        )
+        found = _statements(connection) if tracked else None
+        (reports_after, batches_after) = _batches(server.urls, server.reader)
+        batched, batches = reports_after - charged[0], batches_after - charged[1]
     reports = load.requests
     timekeepers, timekeepers_kernel, database, database_kernel, cluster = (
         1e6 * (b - a) / reports for a, b in zip(before, after, strict=True)
@@ -149,6 +161,8 @@ def main() -> None:
     if found is None:
         print("(pg_stat_statements is not loaded in this cluster: no per-statement figures)")
         return
+    per_batch = sum(calls for _, calls, _ in found) / max(batches, 1)
+    print(f"{per_batch:.1f} statements per batch (BEGIN and COMMIT included)")
     print("\nPostgreSQL time per report by statement (µs; planning + execution), calls per 1,000 reports:")
     for query, calls, milliseconds in found[: args.top]:
         text = " ".join(query.split())

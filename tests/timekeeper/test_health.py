@@ -10,7 +10,7 @@ import pytest
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.timekeeper import Api, ok
+from tests.support.timekeeper import Api, bearer, ok, report_body
 from tests.timekeeper.conftest import START
 from timekeeper.app import create_app, current, expose, run_context
 from timekeeper.clock import ManualClock
@@ -72,6 +72,21 @@ async def test_metrics_count_reports_by_result_and_show_each_namespace(api: Api)
     assert scraped[("timekeeper_namespace_remaining_gpu_minutes", (("namespace", "team-a"),))] == 6
     assert scraped[("timekeeper_namespace_state", (("namespace", "team-a"), ("state", "in_budget")))] == 1
     assert scraped[("timekeeper_namespace_state", (("namespace", "team-a"), ("state", "exhausted")))] == 0
+
+
+async def test_metrics_count_reports_refused_before_their_body_or_by_authorization(api: Api) -> None:
+    """Rejected counts a report whatever refused it: no credential (refused before FastAPI reads the
+    body), a token not accepted, a caller that may not report; none of them is timed."""
+    body = report_body(start=START - timedelta(minutes=30))
+
+    anonymous = await api.client.post("/reports", json=body)
+    unknown = await api.client.post("/reports", json=body, headers=bearer("not-a-token"))
+    reader = await api.client.post("/reports", json=body, headers=bearer(api.tokens.reader))
+
+    assert (anonymous.status_code, unknown.status_code, reader.status_code) == (401, 401, 403)
+    scraped = samples((await api.client.get("/metrics")).text)
+    assert scraped[("timekeeper_reports_total", (("result", "rejected"),))] == 3
+    assert scraped[("timekeeper_report_ingest_seconds_count", ())] == 0
 
 
 async def test_two_apps_keep_separate_metrics(app: FastAPI, settings: Settings, clock: ManualClock) -> None:

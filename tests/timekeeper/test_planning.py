@@ -100,3 +100,30 @@ def test_only_a_total_of_the_current_period_moves_a_namespaces_figures() -> None
 
     assert (after["now"].used_gpu_minutes, after["now"].granted_gpu_minutes) == (Decimal(90), Decimal(5))
     assert after["past"] == figures["past"]
+
+
+def test_a_models_total_of_the_current_period_joins_the_others() -> None:
+    """Per-model totals move only the current period's model figures, the other models kept, with or
+    without the namespace's own total in the batch."""
+    h100, a100 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB"
+    figures = {
+        ns: NamespaceFigures(ns, config(PeriodKind.DAILY), Decimal(1), Decimal(2), {a100: Decimal(3)})
+        for ns in ("both", "models", "past")
+    }
+    totals = [(("both", "daily", MIDNIGHT), Decimal(90), Decimal(5))]
+    model_totals = [
+        (("both", "daily", MIDNIGHT, h100), Decimal(40)),
+        (("models", "daily", MIDNIGHT, a100), Decimal(7)),
+        (("models", "daily", MIDNIGHT, h100), Decimal(8)),
+        (("past", "daily", MIDNIGHT - timedelta(days=1), h100), Decimal(500)),
+    ]
+
+    after = figures_after(figures, totals, MIDNIGHT + timedelta(hours=3), model_totals)
+
+    assert after["both"] == NamespaceFigures(
+        "both", config(PeriodKind.DAILY), Decimal(90), Decimal(5), {a100: Decimal(3), h100: Decimal(40)}
+    )
+    assert after["models"] == NamespaceFigures(
+        "models", config(PeriodKind.DAILY), Decimal(1), Decimal(2), {a100: Decimal(7), h100: Decimal(8)}
+    )
+    assert after["past"] == figures["past"]

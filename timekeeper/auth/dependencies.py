@@ -110,17 +110,6 @@ async def _principal(
 AuthenticatedPrincipal = Annotated[Principal, Depends(_principal)]
 
 
-async def reporter(principal: AuthenticatedPrincipal) -> Principal:
-    """The caller, refused (401) when anonymous: who may report is decided once the report names its
-    namespace."""
-    if principal is ANONYMOUS:
-        raise TimekeeperError("authentication required", 401, _UNAUTHENTICATED)
-    return principal
-
-
-Reporter = Annotated[Principal, Depends(reporter)]
-
-
 # A namespace in a path: the request's cluster's (NamespaceKey makes it the key it is stored under).
 NamespacePath = Annotated[
     str, Path(min_length=1, max_length=63, pattern=DNS_LABEL, description="a namespace")

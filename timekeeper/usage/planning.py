@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
@@ -128,14 +128,30 @@ def figures_after(
     """The namespaces' figures once the batch's charges are added: a total written by the batch (its
     (used, granted) as the database answered, other batches' charges included) replaces the one read
     before, where it is the namespace's current period; a charge to a past period changes no state. The
-    same for each model's total."""
+    same for each model's total. Each namespace's figures are made once, directly: dataclasses.replace,
+    twice a namespace, was a measurable share of a batch's CPU (bench/RESULTS.md, Profiles)."""
+    current = {
+        namespace: period_containing(found.config.period, now).start for namespace, found in figures.items()
+    }
+    used: dict[str, tuple[Decimal, Decimal]] = {}
+    for (namespace, _, start), total, granted in totals:
+        if start == current[namespace]:
+            used[namespace] = (total, granted)
+    models: dict[str, dict[str, Decimal]] = {}
+    for (namespace, _, start, model), total in model_totals:
+        if start == current[namespace]:
+            models.setdefault(namespace, {})[model] = total
     after = dict(figures)
-    for (namespace, _, start), used, granted in totals:
-        current = figures[namespace]
-        if start == period_containing(current.config.period, now).start:
-            after[namespace] = replace(current, used_gpu_minutes=used, granted_gpu_minutes=granted)
-    for (namespace, _, start, model), used in model_totals:
-        current = after[namespace]
-        if start == period_containing(current.config.period, now).start:
-            after[namespace] = replace(current, model_used={**current.model_used, model: used})
+    for namespace in used.keys() | models.keys():
+        before = figures[namespace]
+        total, granted = used.get(namespace, (before.used_gpu_minutes, before.granted_gpu_minutes))
+        after[namespace] = NamespaceFigures(
+            namespace=namespace,
+            config=before.config,
+            used_gpu_minutes=total,
+            granted_gpu_minutes=granted,
+            model_used={**before.model_used, **models[namespace]}
+            if namespace in models
+            else before.model_used,
+        )
     return after

@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import threading
 from contextlib import aclosing
+from pathlib import Path
 
 import pytest
 
 from gpuaccounting.backoff import Backoff
 from tests.kube.factories import gpu_pod, pdb
 from tests.support.kube_apiserver import KubeApiServer
+from timekeeper.auth.kubernetes import member_kube_config
 from timekeeper.kube import (
     EvictionResult,
     KubeApiError,
@@ -24,6 +26,7 @@ from timekeeper.kube import (
 )
 from timekeeper.kube.core import QUOTA_NAME
 from timekeeper.kube.types import MANAGED_BY, MANAGED_BY_LABEL
+from timekeeper.settings import Settings
 
 # The client's connections belong to the loop of the fixture that built it (the session's).
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -264,3 +267,45 @@ async def test_an_unreachable_api_server_is_unavailable_not_refused(
     apiserver.stop()
     with pytest.raises(KubeUnavailableError):
         await kube.list_pods()
+
+
+_MEMBER_KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters:
+- name: b
+  cluster: {{server: "https://b.example:6443", certificate-authority: /etc/member/b/ca.crt}}
+users:
+- name: hub
+  user: {user}
+contexts:
+- name: b
+  context: {{cluster: b, user: hub}}
+current-context: b
+"""
+
+
+@pytest.mark.parametrize(
+    "user",
+    [
+        '{exec: {apiVersion: client.authentication.k8s.io/v1, command: sh, args: [-c, "id > /tmp/owned"]}}',
+        "{auth-provider: {name: oidc, config: {}}}",
+        "{tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token}",
+        "{client-certificate: /etc/hub/tls.crt, client-key: /etc/hub/tls.key}",
+    ],
+)
+def test_a_member_kubeconfig_that_runs_or_reads_on_the_hub_is_refused(tmp_path: Path, user: str) -> None:
+    """A member's admin writes its kubeconfig: a command or a hub file in it would run or be sent from the
+    hub, so the hub refuses it at start-up, naming the field, before the client library reads it."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(_MEMBER_KUBECONFIG.format(user=user))
+    settings = Settings(auth_mode="kubernetes", members={"b": {"kubeconfig": path}})
+    field = user.strip("{").split(":")[0]
+    with pytest.raises(ValueError, match=f"user 'hub' has '{field}'"):
+        member_kube_config(settings, "b")
+
+
+def test_a_member_kubeconfig_with_its_credentials_inline_is_taken(tmp_path: Path) -> None:
+    path = tmp_path / "kubeconfig"
+    path.write_text(_MEMBER_KUBECONFIG.format(user="{token: abc}"))
+    settings = Settings(auth_mode="kubernetes", members={"b": {"kubeconfig": path}})
+    assert member_kube_config(settings, "b").kubeconfig == path

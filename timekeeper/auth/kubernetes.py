@@ -27,7 +27,7 @@ from gpuaccounting.names import DOMAIN, TOKEN_AUDIENCE
 from timekeeper.auth.base import Action, PodIdentity, Principal
 from timekeeper.domain.clusters import split_key
 from timekeeper.errors import TimekeeperError
-from timekeeper.kube.client import KubeClient, KubeConfig
+from timekeeper.kube.client import KubeClient, KubeConfig, refuse_unsafe_kubeconfig
 from timekeeper.kube.types import POD_NAME_EXTRA, POD_UID_EXTRA, KubeError, TokenReviewResult
 from timekeeper.settings import Settings
 
@@ -171,6 +171,7 @@ class FleetAccessControl:
 def member_kube_config(settings: Settings, cluster: str) -> KubeConfig:
     """How the hub reaches a member's API server: the kubeconfig the admin mounted for it."""
     member = settings.members[cluster]
+    refuse_unsafe_kubeconfig(member.kubeconfig)
     return KubeConfig(
         in_cluster=False,
         kubeconfig=member.kubeconfig,

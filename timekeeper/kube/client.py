@@ -6,10 +6,12 @@ its client: reads.py, watches.py, writes.py and reviews.py."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import yaml
 from kubernetes_asyncio import client, config
 
 from timekeeper.kube.reviews import KubeReviews
@@ -47,6 +49,32 @@ class KubeConfig:
             settings.kube_context,
             settings.kube_request_timeout_seconds,
         )
+
+
+# What a user entry of a member's kubeconfig may not hold: a command the client would run (`exec`), a plugin
+# (`auth-provider`), or a file on the hub it would send to the member's server (`tokenFile`, the client
+# certificate and key by path). A member's admin writes that kubeconfig; the hub runs with the database's
+# credentials and every member's, so it takes only credentials the file itself carries.
+UNSAFE_USER_FIELDS = ("exec", "auth-provider", "tokenFile", "client-certificate", "client-key")
+
+
+def refuse_unsafe_kubeconfig(path: Path) -> None:
+    """ValueError naming the first user entry of the kubeconfig at `path` that holds an UNSAFE_USER_FIELDS
+    field (or a file that is no kubeconfig): checked before the client library reads it."""
+    try:
+        document = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise ValueError(f"member kubeconfig {path}: cannot be read: {error}") from error
+    users = document.get("users") if isinstance(document, Mapping) else None
+    for entry in users if isinstance(users, list) else ():
+        user = entry.get("user") if isinstance(entry, Mapping) else None
+        for field in UNSAFE_USER_FIELDS:
+            if isinstance(user, Mapping) and field in user:
+                name = entry.get("name") if isinstance(entry, Mapping) else None
+                raise ValueError(
+                    f"member kubeconfig {path}: user {name!r} has {field!r}; a member's credentials must be "
+                    "carried in the file (token, client-certificate-data and client-key-data)"
+                )
 
 
 async def load_configuration(config_: KubeConfig) -> client.Configuration:

@@ -58,7 +58,8 @@ class Run:
 @dataclass
 class Pod:
     """A simulated pod: its identity as its reports name it, the headers its sidecar reports with (its
-    token, and in a fleet its cluster), its share and GPU model, and the reports it has still to deliver."""
+    token, and in a fleet its cluster), its share and GPU model, the share its reports state where they lie
+    about it, and the reports it has still to deliver."""
 
     namespace: str
     name: str
@@ -67,6 +68,7 @@ class Pod:
     run: Run
     headers: dict[str, str]
     model: str | None = None
+    stated_share: Decimal | None = None  # None: its reports state its share
     pending: list[tuple[int, int, int]] = field(default_factory=list)  # (seq, first, last interval)
     acknowledged: set[int] = field(default_factory=set)
 
@@ -86,7 +88,7 @@ class Pod:
             seq=seq,
             start=self.run.start + first * self.run.interval,
             end=self.run.start + (last + 1) * self.run.interval,
-            gpu_share=float(self.share),
+            gpu_share=float(self.share if self.stated_share is None else self.stated_share),
             gpus=[
                 {"uuid": "GPU-0", "sm_util_pct": 50.0, "mem_used_bytes": 1, "mem_total_bytes": 2}
                 | ({"name": self.model} if self.model else {})

@@ -2,7 +2,9 @@
 layer's API server (`cluster_a`), and member `b` is a second one (`cluster_b`, with deployment/member
 applied and its webhook running). Real pods, in namespaces of the same names in both, report with their
 own pod-bound tokens (b's naming their cluster) through the hostile network of tests/chaos/simulation.py
-while the hub is killed -9 and restarted and its PostgreSQL crashes. At the end every namespace key
+while the hub is killed -9 and restarted and its PostgreSQL crashes. Every report states a share that is a
+lie, and a pod named alike in both clusters holds another share in each: each is charged at the share its
+own cluster's API server says. At the end every namespace key
 (`chaos-x` of the hub's cluster, `b/chaos-x` of b's) is charged exactly its pods' ground truth, as each
 cluster's admin reads it, in the ledger and in the running totals; and the chargeback export, per cluster
 and in all, agrees with those figures to the rounding rule of docs/billing.md.
@@ -59,13 +61,17 @@ pytestmark = pytest.mark.timeout(1500)  # two API servers, the member install an
 MEMBER = "b"
 NAMESPACES = ("chaos-x", "chaos-y")  # in both clusters: keys `chaos-x` and `b/chaos-x` share a bare name
 # Each pod's GPU requests (limits) and the share they come to (gpuaccounting.shares): HAMi's memory and
-# core fractions of one GPU, one whole GPU, and 2.5 GPUs.
+# core fractions of one GPU, one whole GPU, and 2.5 GPUs. b's pods take them in the other order, so a pod
+# named alike in both clusters holds another share in each.
 SHARED_GPUS = (
     ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10240"}, Decimal("0.125")),
     ({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "50"}, Decimal("0.5")),
     ({"nvidia.com/gpu": "1"}, Decimal("1")),
     ({"nvidia.com/gpu": "5", "nvidia.com/gpucores": "50"}, Decimal("2.5")),
 )
+# What every pod's reports state as their share: a lie, as a tenant may tell it; each is charged the share
+# its own cluster's API server says it was admitted at.
+STATED_SHARE = Decimal("0.01")
 RUN_INTERVAL = timedelta(seconds=1)
 RUN_INTERVALS = 50  # the run ends 50 s after it starts: inside the hub's 60 s clock-skew allowance
 POOL = "fleet-chaos"
@@ -91,13 +97,19 @@ def pods_in(member: Member, cluster: str | None) -> list[tuple[dict[str, Any], D
     """Every namespace's pods in `member` (cluster None: the hub's own), each with its share and the
     headers its sidecar reports with: its own pod-bound token, and its cluster where it is a member."""
     named = {} if cluster is None else {CLUSTER_HEADER: cluster}
+    gpus = SHARED_GPUS if cluster is None else tuple(reversed(SHARED_GPUS))
     created = []
     for namespace in NAMESPACES:
         namespace_in(member, namespace)
-        for n, (limits, share) in enumerate(SHARED_GPUS):
+        for n, (limits, share) in enumerate(gpus):
             pod = shared_gpu_pod(member, namespace, f"worker-{n}", limits)
             created.append((pod, share, bearer(sidecar_token(member.core, pod)) | named))
     return created
+
+
+def key_of(pod: Pod) -> str:
+    """The namespace key a simulated pod is charged under: its namespace in the cluster it names."""
+    return namespace_key(pod.headers.get(CLUSTER_HEADER), pod.namespace)
 
 
 def usage(client: httpx.Client, key: str, run: Run, admin: Member) -> tuple[Decimal, Decimal]:
@@ -154,26 +166,24 @@ async def test_a_fleets_charges_and_export_equal_ground_truth_through_chaos(
         WEBHOOK_STATE_POLL_INTERVAL_SECONDS="1",
     )
     try:
-        created = [(pod, share, headers, None) for pod, share, headers in pods_in(cluster_a, None)]
-        created += [(pod, share, headers, MEMBER) for pod, share, headers in pods_in(cluster_b, MEMBER)]
+        created = pods_in(cluster_a, None) + pods_in(cluster_b, MEMBER)
         latest = max(datetime.fromisoformat(pod["metadata"]["creationTimestamp"]) for pod, *_ in created)
         run = Run(latest, RUN_INTERVAL, RUN_INTERVALS)
         pods = []
-        for pod, share, headers, cluster in created:
-            metadata = pod["metadata"]
-            simulated = Pod(metadata["namespace"], metadata["name"], metadata["uid"], share, run, headers)
-            pods.append((simulated, namespace_key(cluster, metadata["namespace"])))
-        key_of = {id(pod): key for pod, key in pods}
-        simulated_pods = [pod for pod, _ in pods]
+        for pod, share, headers in created:
+            meta = pod["metadata"]
+            pods.append(
+                Pod(meta["namespace"], meta["name"], meta["uid"], share, run, headers, None, STATED_SHARE)
+            )
         async with httpx.AsyncClient(base_url=hub.url, timeout=10) as client:
             pool = {
                 "budget_gpu_minutes": 10**6,
                 "members": [{"namespace": "chaos-x"}, {"namespace": "b/chaos-x"}],
             }
             ok(await client.put(f"/api/v1/pools/{POOL}", json=pool, headers=bearer(cluster_a.admin_token)))
-            tally = await chaos(simulated_pods, client, hub, postgres, seed=20261207)
+            tally = await chaos(pods, client, hub, postgres, seed=20261207)
         with httpx.Client(base_url=hub.url, timeout=30) as client:
-            truth = truth_by(simulated_pods, lambda pod: key_of[id(pod)])
+            truth = truth_by(pods, key_of)
             admins = {None: cluster_a, MEMBER: cluster_b}
             figures = {key: usage(client, key, run, admins[split_key(key)[0]]) for key in truth}
             everything = chargeback(client, run, cluster_a)
@@ -215,7 +225,7 @@ async def test_a_fleets_charges_and_export_equal_ground_truth_through_chaos(
         assert abs(ledger[key] - expected) <= EXACT, (key, ledger, truth)
         assert abs(totals[key] - expected) <= EXACT, (key, totals, truth)
     assert overlaps == (0,), "a pod's time was charged twice"
-    for pod in simulated_pods:
+    for pod in pods:
         assert charged_seconds[pod.uid] == run.seconds, pod
         # Acknowledged means committed: every acknowledged report survived the kills and the crashes.
         assert {(pod.uid, seq) for seq in pod.acknowledged} <= stored, pod
@@ -231,8 +241,8 @@ async def test_a_fleets_charges_and_export_equal_ground_truth_through_chaos(
     for row in rows:
         key = namespace_key(row["cluster"] or None, row["namespace"])
         slack[key] = slack.get(key, Decimal(0)) + NANO / 2
-    for pod in simulated_pods:
-        slack[key_of[id(pod)]] += NANO / 2
+    for pod in pods:
+        slack[key_of(pod)] += NANO / 2
     for key in truth:
         cluster, namespace = split_key(key)
         mine = [r for r in rows if (r["cluster"], r["namespace"]) == (cluster or "", namespace)]

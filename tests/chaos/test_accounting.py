@@ -4,11 +4,9 @@ restarted, and PostgreSQL crashes and recovers; at the end every namespace is ch
 ground truth and no pod's time is charged twice. The pods run across a UTC midnight, a boundary of the
 ledger's day partitions.
 
-Ground truth: each pod runs for INTERVALS contiguous intervals of INTERVAL at its fixed share and, like
-the sidecar, retries every report until it is acknowledged, so it is charged share x INTERVALS x INTERVAL.
-Re-sends under new sequence numbers (a sidecar that lost its numbering) span time already reported;
-they may charge what has not been charged yet, never anything twice, so the union of a pod's intervals
-is still the whole run.
+Ground truth: each pod runs for INTERVALS contiguous intervals of INTERVAL at its fixed share, so it is
+charged share x INTERVALS x INTERVAL (tests/chaos/simulation.py, the parts this test shares with the
+fleet's, tests/cluster/test_fleet_chaos.py).
 
 Billing weights: each pod's GPU has a model (one unnamed, counting 1), weighted as set before the run, one
 weight changing mid-run; the charged (weighted) minutes must equal share x each second at its weight.
@@ -16,13 +14,7 @@ weight changing mid-run; the charged (weighted) minutes must equal share x each 
 
 from __future__ import annotations
 
-import asyncio
-import os
-import random
-import socket
-import sys
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -30,12 +22,19 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
-from sqlalchemy.engine import make_url
 
+from tests.chaos.simulation import (
+    Pod,
+    Run,
+    TimekeeperProcess,
+    assert_chaos_happened,
+    chaos,
+    migrated_throwaway,
+)
 from tests.support.partitions import partition_days_from
-from tests.support.postgres import REPO_ROOT
-from tests.support.throwaway_postgres import ThrowawayPostgres, throwaway_postgres
-from tests.support.timekeeper import Tokens, bearer, migrate, ok, report_body
+from tests.support.processes import free_port
+from tests.support.throwaway_postgres import ThrowawayPostgres
+from tests.support.timekeeper import Tokens, bearer, ok
 from timekeeper.domain.weights import model_key
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -53,48 +52,12 @@ WEIGHTS = (
     ("Tesla-T4", Decimal("0.5"), -INTERVALS),
 )
 NAMESPACES = ("chaos-a", "chaos-b", "chaos-c")
-# Fractions of the pods' acknowledged reports at which each disruption strikes, in this order.
-DISRUPTIONS = (0.15, 0.35, 0.55, 0.75)
 
 
-@dataclass
-class Pod:
-    namespace: str
-    name: str
-    uid: str
-    share: Decimal
-    start: datetime
-    model: str | None
-    pending: list[tuple[int, int, int]] = field(default_factory=list)  # (seq, first, last interval)
-    acknowledged: set[int] = field(default_factory=set)
-
-    @property
-    def truth(self) -> Decimal:
-        """GPU-minutes: the share over the union of the intervals it reports (the whole run)."""
-        return self.share * Decimal(INTERVALS * int(INTERVAL.total_seconds())) / 60
-
-    @property
-    def weighted_truth(self) -> Decimal:
-        """What the budget is charged: each interval's minutes at the weight its model had then."""
-        seconds = Decimal(int(INTERVAL.total_seconds()))
-        return sum(
-            (self.share * seconds * weight_at(self.model, i) / 60 for i in range(INTERVALS)), Decimal(0)
-        )
-
-    def body(self, seq: int, first: int, last: int) -> dict[str, object]:
-        return report_body(
-            namespace=self.namespace,
-            pod=self.name,
-            pod_uid=self.uid,
-            seq=seq,
-            start=self.start + first * INTERVAL,
-            end=self.start + (last + 1) * INTERVAL,
-            gpu_share=float(self.share),
-            gpus=[
-                {"uuid": "GPU-0", "sm_util_pct": 50.0, "mem_used_bytes": 1, "mem_total_bytes": 2}
-                | ({"name": self.model} if self.model else {})
-            ],
-        )
+def weighted_truth(pod: Pod) -> Decimal:
+    """What the budget is charged: each interval's minutes at the weight its model had then."""
+    seconds = Decimal(int(INTERVAL.total_seconds()))
+    return sum((pod.share * seconds * weight_at(pod.model, i) / 60 for i in range(INTERVALS)), Decimal(0))
 
 
 def weight_at(model: str | None, interval: int) -> Decimal:
@@ -106,152 +69,23 @@ def weight_at(model: str | None, interval: int) -> Decimal:
     return weight
 
 
-@dataclass
-class Tally:
-    """What happened, so the test can show the chaos really took place."""
-
-    acknowledged: int = 0
-    duplicates: int = 0
-    failures: int = 0
-    dropped: int = 0
-    disruptions: list[str] = field(default_factory=list)
-    progress: asyncio.Condition = field(default_factory=asyncio.Condition)
-
-
-class TimekeeperProcess:
-    """`python -m timekeeper` on a fixed port, killed with SIGKILL and started again at will."""
-
-    def __init__(self, port: int, env: dict[str, str], log: Path) -> None:
-        self.port = port
-        self.env = {**os.environ, **env}
-        self.log = log
-        self.child: asyncio.subprocess.Process | None = None
-
-    async def start(self) -> None:
-        args = ["-m", "timekeeper", "--port", str(self.port), "--log-level", "warning"]
-        with self.log.open("ab") as log:
-            self.child = await asyncio.create_subprocess_exec(
-                sys.executable, *args, cwd=REPO_ROOT, env=self.env, stdout=log, stderr=log
-            )
-        for _ in range(600):
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
-                writer.close()
-                return
-            except OSError:
-                assert self.child.returncode is None, f"timekeeper exited: {self.log.read_text()[-2000:]}"
-                await asyncio.sleep(0.05)
-        raise TimeoutError("timekeeper did not start listening")
-
-    async def kill(self) -> None:
-        if self.child is not None and self.child.returncode is None:
-            self.child.kill()
-            await self.child.wait()
-
-
 def _boundary(now: datetime) -> datetime:
     """The latest UTC midnight a whole run before now (the run ends at least a run's length ago)."""
     midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
     return midnight if now - midnight >= INTERVALS * INTERVAL else midnight - timedelta(days=1)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _pods(start: datetime) -> list[Pod]:
-    pods = []
-    for n, namespace in enumerate(NAMESPACES):
-        for s, share in enumerate(SHARES):
-            name = f"worker-{s}"
-            pod = Pod(namespace, name, f"uid-{n}-{s}", share, start, MODELS[s])
-            pod.pending = [(seq, seq, seq) for seq in range(INTERVALS)]
-            pods.append(pod)
-    return pods
-
-
-async def _send(client: httpx.AsyncClient, token: str, body: dict[str, object], tally: Tally) -> bool:
-    """One attempt: True when acknowledged. A refused connection or a 5xx is an outage to retry
-    through; any other answer is a bug in the timekeeper."""
-    try:
-        response = await client.post("/api/v1/reports", json=body, headers=bearer(token))
-    except httpx.TransportError:
-        tally.failures += 1
-        return False
-    if response.status_code >= 500:
-        tally.failures += 1
-        return False
-    ack = ok(response)
-    tally.duplicates += ack["duplicate"]
-    return True
-
-
-async def _report(pod: Pod, client: httpx.AsyncClient, token: str, rng: random.Random, tally: Tally) -> None:
-    """The pod's sidecar under a hostile network: picks any pending report (reordering), waits a while
-    (delay), sometimes never sends it (dropped, retried later) or sends it twice at once (duplicated);
-    after an acknowledgement it sometimes re-sends time already reported under a new sequence number."""
-    next_seq = 1000
-    while pod.pending:
-        seq, first, last = rng.choice(pod.pending)
-        await asyncio.sleep(rng.uniform(0, 0.1))
-        roll = rng.random()
-        if roll < 0.15:
-            tally.dropped += 1
-            continue
-        copies = 2 if roll > 0.85 else 1
-        body = pod.body(seq, first, last)
-        results = await asyncio.gather(*(_send(client, token, body, tally) for _ in range(copies)))
-        if not any(results):
-            await asyncio.sleep(rng.uniform(0.05, 0.2))
-            continue
-        pod.pending.remove((seq, first, last))
-        pod.acknowledged.add(seq)
-        if seq < 1000:
-            tally.acknowledged += 1
-            async with tally.progress:
-                tally.progress.notify_all()
-        if rng.random() < 0.1:
-            span_first = rng.randrange(INTERVALS)
-            span_last = min(INTERVALS - 1, span_first + rng.randrange(3))
-            pod.pending.append((next_seq, span_first, span_last))
-            next_seq += 1
-
-
-async def _disrupt(
-    tally: Tally, total: int, timekeeper: TimekeeperProcess, postgres: ThrowawayPostgres
-) -> None:
-    async def kill_timekeeper() -> None:
-        await timekeeper.kill()
-        await asyncio.sleep(0.3)
-        await timekeeper.start()
-
-    async def restart_postgres() -> None:
-        await asyncio.to_thread(postgres.restart)
-
-    async def both() -> None:
-        await timekeeper.kill()
-        await restart_postgres()
-        await timekeeper.start()
-
-    steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
-        ("timekeeper killed -9 and restarted", kill_timekeeper),
-        ("PostgreSQL crashed (immediate) and restarted", restart_postgres),
-        ("timekeeper killed, PostgreSQL crashed, both restarted", both),
-        ("PostgreSQL crashed (immediate) and restarted", restart_postgres),
+def _pods(run: Run, headers: dict[str, str]) -> list[Pod]:
+    return [
+        Pod(namespace, f"worker-{s}", f"uid-{n}-{s}", share, run, headers, MODELS[s])
+        for n, namespace in enumerate(NAMESPACES)
+        for s, share in enumerate(SHARES)
     ]
-    for fraction, (name, step) in zip(DISRUPTIONS, steps, strict=True):
-        async with tally.progress:
-            await tally.progress.wait_for(lambda fraction=fraction: tally.acknowledged >= fraction * total)
-        await step()
-        tally.disruptions.append(f"{name} at {tally.acknowledged}/{total}")
 
 
 @pytest.fixture
 def postgres() -> Iterator[ThrowawayPostgres]:
-    with throwaway_postgres() as server:
-        migrate(make_url(server.url))
+    with migrated_throwaway() as server:
         yield server
 
 
@@ -268,14 +102,12 @@ async def test_charges_equal_ground_truth_through_drops_duplicates_and_restarts(
         # hourly aggregates.
         "TIMEKEEPER_LEDGER_RETENTION": str(3 * 24 * 3600),
     }
-    timekeeper = TimekeeperProcess(_free_port(), env, tmp_path / "timekeeper.log")
+    timekeeper = TimekeeperProcess(free_port(), env, tmp_path / "timekeeper.log")
     # Intervals in the past (so none is refused as future) across the last UTC midnight but one run ago,
     # each of them in the partition of the day of its end.
     midnight = _boundary(datetime.now(UTC))
     start = midnight - INTERVALS // 2 * INTERVAL
-    pods = _pods(start)
-    tally = Tally()
-    rng = random.Random(20261122)
+    pods = _pods(Run(start, INTERVAL, INTERVALS), bearer(tokens.reporter))
     with psycopg.connect(postgres.url.replace("+psycopg", "")) as db:
         partition_days_from(db, midnight, 1)
         for model, weight, since in WEIGHTS:  # set before the pods ran, as an admin would have
@@ -301,11 +133,7 @@ async def test_charges_equal_ground_truth_through_drops_duplicates_and_restarts(
                     headers=bearer(tokens.admin),
                 )
             )
-            total = len(pods) * INTERVALS
-            await asyncio.gather(
-                *(_report(pod, client, tokens.reporter, random.Random(rng.random()), tally) for pod in pods),
-                _disrupt(tally, total, timekeeper, postgres),
-            )
+            tally = await chaos(pods, client, timekeeper, postgres, seed=20261122)
             until = start + INTERVALS * INTERVAL
             usage = {
                 namespace: ok(
@@ -323,9 +151,8 @@ async def test_charges_equal_ground_truth_through_drops_duplicates_and_restarts(
         await timekeeper.kill()
 
     raw_truth = {ns: sum((p.truth for p in pods if p.namespace == ns), Decimal(0)) for ns in NAMESPACES}
-    truth = {ns: sum((p.weighted_truth for p in pods if p.namespace == ns), Decimal(0)) for ns in NAMESPACES}
-    assert len(tally.disruptions) == len(DISRUPTIONS), tally
-    assert tally.dropped and tally.duplicates and tally.failures, tally
+    truth = {ns: sum((weighted_truth(p) for p in pods if p.namespace == ns), Decimal(0)) for ns in NAMESPACES}
+    assert_chaos_happened(tally)
     for namespace in NAMESPACES:
         assert abs(charged[namespace] - truth[namespace]) <= Decimal("1e-6"), (namespace, charged, truth)
         assert abs(charged[namespace] - truth[namespace]) <= truth[namespace] / 1000

@@ -6,11 +6,11 @@ principals alone may administer across the fleet; `b` through the kubeconfig doc
 token deployment/member's Secret holds, so `b` runs exactly the member install we ship (its webhook as a
 process here, polling the hub with WEBHOOK_CLUSTER=b, registered with b's API server).
 
-What it shows: a pool spanning `a/team-x` and `b/team-x` is exhausted by reports from cluster a alone, and
-b's webhook then gives b's team-x GPU pods the reduced class; a sidecar token of cluster a reports for no
-pod of cluster b, whichever cluster it names; a namespace reader of cluster a reads its own budget and not
-cluster b's; with the hub stopped, b's webhook keeps its last decision and the reports a real sidecar in
-b buffered arrive after and are charged once.
+What it shows: a pool spanning `a/team-x` and `b/team-x` is exhausted by reports from cluster a alone,
+whatever b's admin grants its team-x, and b's webhook then gives b's team-x GPU pods the reduced class; a
+sidecar token of cluster a reports for no pod of cluster b, whichever cluster it names; a namespace reader of
+cluster a reads its own budget and not cluster b's; with the hub stopped, b's webhook keeps its last decision
+and the reports a real sidecar in b buffered arrive after and are charged once.
 """
 
 from __future__ import annotations
@@ -270,6 +270,12 @@ def test_a_pool_across_clusters_spent_in_a_reduces_bs_pods(
     created = hub.request("PUT", f"/pools/{POOL}", cluster_a.admin_token, body=pool)  # the hub's own admin
     assert created.status_code == 200, created.text
     wait_for_admission_state(cluster_b.kubectl, team_b, "in_budget")
+    # b's admin grants its team-x a lift, and tries the pool itself: neither moves what the hub's admin set.
+    lift = {"gpu_minutes": 1000, "reason": "lift"}
+    granted = hub.request("POST", f"/namespaces/{team_b}/grants", cluster_b.admin_token, "b", body=lift)
+    assert granted.status_code == 201, granted.text
+    raised = {**pool, "budget_gpu_minutes": 1000}
+    assert hub.request("PUT", f"/pools/{POOL}", cluster_b.admin_token, "b", body=raised).status_code == 403
 
     trainer = gpu_pod(cluster_a, team_a, "trainer")
     token = sidecar_token(cluster_a.core, trainer)
@@ -292,6 +298,10 @@ def test_a_pool_across_clusters_spent_in_a_reduces_bs_pods(
     # As b's own admin sees it: b's team-x, spent nothing, exhausted by its pool.
     status = hub.ok("GET", f"/namespaces/{team_b}/budget", cluster_b.admin_token, "b")
     assert status["state"] == "exhausted"
+    # b's pool read: the pool's totals, b's own member's figures only.
+    seen = hub.ok("GET", f"/namespaces/{team_b}/pool", cluster_b.admin_token, "b")
+    assert (seen["used_gpu_minutes"], seen["granted_gpu_minutes"]) == (3.0, 0.0)
+    assert [member["namespace"] for member in seen["members"]] == ["b/team-x"]
 
 
 def test_a_sidecar_token_of_cluster_a_reports_for_no_pod_of_cluster_b(

@@ -244,27 +244,95 @@ async def test_a_pool_across_clusters_is_exhausted_by_one_and_moves_the_others_s
     assert (b_pool["name"], b_pool["used_gpu_minutes"]) == ("shared", 10.0)
 
 
-async def test_a_member_admin_pools_its_own_cluster_only(
+async def test_a_member_admin_writes_no_pool(
     apiserver: KubeApiServer, members: dict[str, KubeApiServer], client: httpx.AsyncClient
 ):
+    """A pool's name is one across the fleet and its members may be any cluster's: the hub's admins'."""
     admin_a = cluster_admin(members["a"], "admin-a")
     own = {"budget_gpu_minutes": 8, "members": [{"namespace": "team-x"}, {"namespace": "team-y"}]}
-    pool = ok(await client.put("/pools/a-teams", json=own, headers=of("a", admin_a)))
-    assert [member["namespace"] for member in pool["members"]] == ["a/team-x", "a/team-y"]
+    assert (await client.put("/pools/a-teams", json=own, headers=of("a", admin_a))).status_code == 403
 
-    across = {"budget_gpu_minutes": 8, "members": [{"namespace": "team-z"}, {"namespace": "b/team-x"}]}
-    assert (await client.put("/pools/a-teams", json=across, headers=of("a", admin_a))).status_code == 403
-    selected = {"budget_gpu_minutes": 8, "namespace_selector": {"matchLabels": {"team": "x"}}}
-    assert (await client.put("/pools/a-sel", json=selected, headers=of("a", admin_a))).status_code == 403
-
-    # A pool the hub made across clusters is the hub's to change or delete.
     hub_admin = cluster_admin(apiserver, "hub-admin")
     shared = {"budget_gpu_minutes": 8, "members": [{"namespace": "a/team-q"}, {"namespace": "b/team-q"}]}
     ok(await client.put("/pools/shared", json=shared, headers=of(None, hub_admin)))
-    narrowed = {"budget_gpu_minutes": 8, "members": [{"namespace": "team-q"}]}
-    assert (await client.put("/pools/shared", json=narrowed, headers=of("a", admin_a))).status_code == 403
+    lifted = {"budget_gpu_minutes": 800, "members": [{"namespace": "team-q"}]}
+    assert (await client.put("/pools/shared", json=lifted, headers=of("a", admin_a))).status_code == 403
     assert (await client.delete("/pools/shared", headers=of("a", admin_a))).status_code == 403
-    assert (await client.delete("/pools/a-teams", headers=of("a", admin_a))).status_code == 204
+    assert ok(await client.get("/pools/shared", headers=of(None, hub_admin)))["budget_gpu_minutes"] == 8
+
+
+async def test_what_a_member_admin_writes_lifts_no_pool_across_clusters(
+    apiserver: KubeApiServer, members: dict[str, KubeApiServer], client: httpx.AsyncClient
+):
+    """Its namespace's grants (the pool's sum, and its own cap) and its own budget count for nothing in
+    the hub's pool: a's use past the cap the hub's admin set exhausts a's team-x, past the budget b's."""
+    a, b = members["a"], members["b"]
+    hub_admin = cluster_admin(apiserver, "hub-admin")
+    shared = {
+        "budget_gpu_minutes": 12,
+        "members": [{"namespace": "a/team-x", "cap_gpu_minutes": 4}, {"namespace": "b/team-x"}],
+    }
+    ok(await client.put("/pools/shared", json=shared, headers=of(None, hub_admin)))
+
+    admin_a = cluster_admin(a, "admin-a")
+    granted = await client.post(
+        "/namespaces/team-x/grants", json={"gpu_minutes": 1000, "reason": "lift"}, headers=of("a", admin_a)
+    )
+    assert granted.status_code == 201, granted.text  # a's namespace is its own to grant: outside the pool
+    own = {"budget_gpu_minutes": 100000, "period": "daily"}
+    ok(await client.put("/namespaces/team-x/budget", json=own, headers=of("a", admin_a)))
+    pool = ok(await client.get("/pools/shared", headers=of(None, hub_admin)))
+    assert (pool["granted_gpu_minutes"], pool["remaining_gpu_minutes"], pool["period"]["kind"]) == (
+        0.0,
+        12.0,
+        "monthly",
+    )
+
+    pod = gpu_pod(a, "team-x", "trainer-0")
+    charged = ok(
+        await client.post("/reports", json=report(pod, 1, minutes=5), headers=of("a", pod_token(a, pod)))
+    )
+    assert charged["state"] == "exhausted"  # past its cap of 4: the grant of 1000 did not raise it
+    webhook_b = cluster_reader(b, "webhook-b")
+    assert (
+        ok(await client.get("/admission-state", headers=of("b", webhook_b)))["namespaces"]["team-x"]["state"]
+        == "in_budget"
+    )
+    ok(await client.post("/reports", json=report(pod, 2, minutes=8), headers=of("a", pod_token(a, pod))))
+    snapshot_b = ok(await client.get("/admission-state", headers=of("b", webhook_b)))
+    assert snapshot_b["namespaces"]["team-x"]["state"] == "exhausted"  # 13 of the hub's 12, grants or not
+
+
+async def test_a_pool_reader_of_one_cluster_sees_its_totals_and_no_other_clusters_members(
+    apiserver: KubeApiServer, members: dict[str, KubeApiServer], client: httpx.AsyncClient
+):
+    a, b = members["a"], members["b"]
+    hub_admin = cluster_admin(apiserver, "hub-admin")
+    shared = {
+        "budget_gpu_minutes": 20,
+        "members": [{"namespace": "a/team-x"}, {"namespace": "b/team-x"}, {"namespace": "b/team-y"}],
+    }
+    ok(await client.put("/pools/shared", json=shared, headers=of(None, hub_admin)))
+    pod = gpu_pod(a, "team-x", "trainer-0")
+    ok(await client.post("/reports", json=report(pod, 1, minutes=5), headers=of("a", pod_token(a, pod))))
+
+    bob = b.add_user("bob")
+    bind_namespace_viewer(b, "team-x", "bob")
+    reads = [
+        ok(await client.get("/namespaces/team-x/pool", headers=of("b", bob))),
+        ok(await client.get("/pools/shared", headers=of("b", bob))),
+        *ok(await client.get("/pools", headers=of("b", bob))),
+        ok(await client.get("/pools/shared", headers=of("b", cluster_reader(b, "ops-b")))),
+    ]
+    for seen in reads:
+        assert (seen["used_gpu_minutes"], seen["remaining_gpu_minutes"]) == (5.0, 15.0)  # the pool's
+        assert [member["namespace"] for member in seen["members"]] == ["b/team-x", "b/team-y"]
+    fleet = ok(await client.get("/pools/shared", headers=of(None, cluster_reader(apiserver, "ops"))))
+    assert [(m["namespace"], m["used_gpu_minutes"]) for m in fleet["members"]] == [
+        ("a/team-x", 5.0),
+        ("b/team-x", 0.0),
+        ("b/team-y", 0.0),
+    ]
 
 
 @pytest.mark.parametrize("settings_update", [{"metrics_auth": "token"}])

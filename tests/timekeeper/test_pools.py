@@ -158,6 +158,23 @@ async def test_a_selector_chooses_members_by_their_labels_and_a_listing_wins(
     assert (await api.budget("team-b"))["pool"] == "other"
 
 
+async def test_a_selector_chooses_the_hubs_own_namespaces_only(
+    api: Api, clock: ManualClock, connection: AsyncConnection
+) -> None:
+    """A member cluster's namespace labels are its admin's to write: were they stored (under its keys),
+    they would still put no namespace of that cluster in a pool (docs/fleet.md#pools-across-clusters)."""
+    session = AsyncSession(bind=connection, join_transaction_mode="create_savepoint")
+    await PoolRepository(session).put_labels(
+        {"team-a": {"org": "vision"}, "b/team-a": {"org": "vision"}, "b/team-c": {"org": "vision"}},
+        clock.now(),
+    )
+    await session.commit()
+
+    pool = ok(await put_pool(api, "vision", namespace_selector={"matchLabels": {"org": "vision"}}))
+
+    assert [m["namespace"] for m in pool["members"]] == ["team-a"]
+
+
 async def test_pools_are_audited_admin_changes(api: Api) -> None:
     ok(await put_pool(api, "vision", members=members("team-a")))
     ok(await put_pool(api, "vision", budget_gpu_minutes=50, members=members("team-a", "team-b", team_b=5)))

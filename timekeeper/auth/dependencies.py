@@ -156,8 +156,6 @@ def require(action: Action, fleet_wide: bool = False) -> Callable[..., Awaitable
 Reader = Annotated[Principal, Depends(require(Action.READ))]
 # Changes to one namespace (its key), or to what every cluster shares: the hub's own principals only.
 Admin = Annotated[Principal, Depends(require(Action.ADMIN, fleet_wide=True))]
-# Changes a member cluster's principal may make across its own cluster (its namespaces' pools).
-ClusterAdmin = Annotated[Principal, Depends(require(Action.ADMIN))]
 
 
 async def read_scope(

@@ -12,17 +12,26 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from timekeeper.budgets.pools.models import MEMBERSHIP_SQL, BudgetPool, NamespaceLabels, PoolMember
+from timekeeper.budgets.pools.models import (
+    LOCAL_KEY_SQL,
+    MEMBERSHIP_SQL,
+    BudgetPool,
+    NamespaceLabels,
+    PoolMember,
+)
 from timekeeper.domain.figures import MemberFigures
 from timekeeper.domain.periods import PeriodKind, current_period_starts
 
 # The members of the given pools (listed, or chosen by a selector and listed nowhere), each with its
-# running totals of the pool's current period.
+# running totals of the pool's current period. A member cluster's namespace's grants count in no pool
+# (docs/fleet.md#pools-across-clusters): that cluster's principals wrote them; a pool is the hub's admins'.
 _MEMBERS = sa.text(
     f"""
     SELECT pm.pool, pm.namespace, pm.cap_gpu_minutes,
            EXISTS (SELECT 1 FROM budget_pool_members m WHERE m.namespace = pm.namespace) AS listed,
-           coalesce(t.used_gpu_minutes, 0) AS used, coalesce(t.granted_gpu_minutes, 0) AS granted
+           coalesce(t.used_gpu_minutes, 0) AS used,
+           CASE WHEN {LOCAL_KEY_SQL.format(key="pm.namespace")} THEN coalesce(t.granted_gpu_minutes, 0)
+                ELSE 0 END AS granted
     FROM {MEMBERSHIP_SQL} pm
     JOIN budget_pools pl ON pl.name = pm.pool
     LEFT JOIN usage_totals t ON t.namespace = pm.namespace AND t.period_kind = pl.period

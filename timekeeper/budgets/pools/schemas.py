@@ -52,8 +52,8 @@ class NamespaceSelectorBody(BaseModel):
 class PoolMemberIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    # A namespace of the caller's cluster, or (the hub's own principals only) a key `<cluster>/<namespace>`
-    # naming a member cluster's: a pool may span clusters (docs/fleet.md).
+    # A namespace of the hub's own cluster, or a key `<cluster>/<namespace>` naming a member cluster's: a
+    # pool may span clusters, and only the hub's own principals write pools (docs/fleet.md).
     namespace: Annotated[NamespaceKeyName, Field(description=MEMBER_KEY)]
     # The most this member may use of the pool in a period (plus its own grants); null: no cap.
     cap_gpu_minutes: OptionalDecimalIn = Field(

@@ -96,6 +96,16 @@ def pool_out(
     )
 
 
+def seen_from(pool: PoolOut, cluster: str | None, scope: frozenset[str] | None) -> PoolOut:
+    """The pool as a reader of `cluster` sees it: its totals, which decide the class of the reader's own
+    namespaces, and the figures of the members of that cluster only (docs/fleet.md#pools-across-clusters).
+    The hub's readers of every namespace (`scope` None: the fleet's view) see every member's."""
+    if scope is None:
+        return pool
+    own = [member for member in pool.members if cluster_of(member.namespace) == cluster]
+    return pool.model_copy(update={"members": own})
+
+
 class PoolService:
     def __init__(self, session: AsyncSession, settings: Settings, clock: Clock) -> None:
         self.session = session
@@ -155,22 +165,13 @@ class PoolService:
             raise TimekeeperError(f"namespace {namespace} is in no pool", 404)
         return await self.pool(pool)
 
-    def _listed_keys(self, principal: Principal, body: PoolIn) -> dict[str, Decimal | None]:
-        """The listed members by namespace key (docs/fleet.md): a member cluster's principal names its
-        own cluster's namespaces, bare names meaning its cluster's; the hub's own principals name any,
-        by key, of a cluster this timekeeper serves."""
+    def _listed_keys(self, body: PoolIn) -> dict[str, Decimal | None]:
+        """The listed members by namespace key (docs/fleet.md): a bare name is the hub's own cluster's, a
+        key `<cluster>/<namespace>` a member cluster's, of a cluster this timekeeper serves."""
         listed: dict[str, Decimal | None] = {}
         for member in body.members:
             cluster, namespace = split_key(member.namespace)
-            if principal.cluster is not None:
-                if cluster not in (None, principal.cluster):
-                    raise TimekeeperError(
-                        f"{principal.name} of member cluster {principal.cluster} may not list"
-                        f" {member.namespace}: another cluster's namespace",
-                        403,
-                    )
-                cluster = principal.cluster
-            elif cluster is not None and cluster not in self.settings.members:
+            if cluster is not None and cluster not in self.settings.members:
                 raise TimekeeperError(f"{member.namespace}: {cluster} is not a member cluster", 422)
             key = namespace_key(cluster, namespace)
             if key in listed:
@@ -178,26 +179,9 @@ class PoolService:
             listed[key] = member.cap_gpu_minutes
         return listed
 
-    async def _refuse_other_clusters(
-        self, principal: Principal, name: str, previous: BudgetPool | None, selector: object, now: datetime
-    ) -> None:
-        """A member cluster's principal changes only a pool of its own cluster's namespaces: not one that
-        holds (listed, or chosen by a selector, which matches the hub's own namespaces) another's."""
-        if principal.cluster is None:
-            return
-        members = (await self.repository.members([name], now))[name]
-        foreign = sorted(m.namespace for m in members if cluster_of(m.namespace) != principal.cluster)
-        if foreign or selector is not None or (previous is not None and previous.namespace_selector):
-            raise TimekeeperError(
-                f"pool {name} spans namespaces of other clusters than {principal.cluster}"
-                f"{' (' + ', '.join(foreign) + ')' if foreign else ' (a namespace selector)'}:"
-                " only the hub's own principals may change it",
-                403,
-            )
-
     async def put(self, name: str, body: PoolIn, principal: Principal) -> PoolOut:
         now = self.clock.now()
-        listed = self._listed_keys(principal, body)
+        listed = self._listed_keys(body)
         elsewhere = await self.repository.listed_elsewhere(name, sorted(listed))
         if elsewhere:
             raise TimekeeperError(
@@ -206,7 +190,6 @@ class PoolService:
                 409,
             )
         previous = await self.repository.pool_for_update(name)
-        await self._refuse_other_clusters(principal, name, previous, body.namespace_selector, now)
         old = None if previous is None else audited(previous, await self.repository.listed(name))
         before = await self._periods(name, sorted(listed), now)
         values = body.model_dump(include={"budget_gpu_minutes", "period", "warn_at_fraction", "model_policy"})
@@ -228,7 +211,6 @@ class PoolService:
         pool = await self.repository.pool_for_update(name)
         if pool is None:
             raise TimekeeperError(f"no pool {name}", 404)
-        await self._refuse_other_clusters(principal, name, pool, None, now)
         old = audited(pool, await self.repository.listed(name)) | {"name": name}
         before = await self._periods(name, [], now)
         await self.repository.delete(name)

@@ -229,7 +229,7 @@ def audit(api: Api, args: argparse.Namespace) -> tuple[Any, str]:
     rows = [
         [
             moment(entry["at"]),
-            entry["actor"],
+            _actor(entry),
             entry["action"],
             entry["namespace"] or "(default)",
             _change(entry["old_value"], entry["new_value"]),
@@ -237,6 +237,13 @@ def audit(api: Api, args: argparse.Namespace) -> tuple[Any, str]:
         for entry in entries
     ]
     return entries, table(["AT", "ACTOR", "ACTION", "NAMESPACE", "CHANGE"], rows)
+
+
+def _actor(entry: dict[str, Any]) -> str:
+    """The actor, with the member cluster that authenticated it: `alice (b)` is not the hub's `alice`
+    (a hub that predates the field names none)."""
+    cluster = entry.get("actor_cluster")
+    return entry["actor"] if cluster is None else f"{entry['actor']} ({cluster})"
 
 
 # Shapes.

@@ -27,14 +27,15 @@ from timekeeper.settings import Settings
 
 
 async def _budgets(database: URL, tokens: Tokens) -> None:
-    """A budget of 100 for the local team-x, 200 for member a's."""
+    """A budget of 100 for the local team-x, 200 for member a's, each set by an `admin` of its cluster."""
     settings = Settings(database_url=url_string(database), scheduler_enabled=False, **tokens.settings())
     app = create_app(settings)
     clock = SystemClock()
     async with run_context(app, settings, clock) as context, context.sessions() as session, session.begin():
         budgets = BudgetService(session, settings, clock)
-        for key, amount in (("team-x", 100), ("a/team-x", 200)):
-            await budgets.put(key, BudgetIn(budget_gpu_minutes=amount), Principal(name="admin"))
+        for key, amount, cluster in (("team-x", 100, None), ("a/team-x", 200, "a")):
+            admin = Principal(name="admin", cluster=cluster)  # each namespace's own cluster's admin
+            await budgets.put(key, BudgetIn(budget_gpu_minutes=amount), admin)
 
 
 @pytest.fixture(scope="module")
@@ -67,3 +68,19 @@ def test_a_hubs_listing_names_each_namespaces_cluster(
     assert rows == {"team-x": "100", "a/team-x": "200"}
     assert sorted((s["cluster"], s["namespace"]) for s in answers if s["cluster"]) == [("a", "team-x")]
     assert [s["cluster"] for s in answers if s["budget_gpu_minutes"] == 100] == [None]
+
+
+def test_the_audit_log_tells_the_hubs_admin_from_a_members(
+    hub: tuple[str, Tokens], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("GPU_BUDGET_URL", "GPU_BUDGET_TOKEN", "GPU_BUDGET_TOKEN_FILE", "GPU_BUDGET_SERVICE"):
+        monkeypatch.delenv(name, raising=False)
+    url, tokens = hub
+
+    assert main(["--url", url, "--token", tokens.admin, "audit"]) == 0
+    rows = [row.split(" UTC ", 1)[1].split("budget.put") for row in capsys.readouterr().out.splitlines()[1:]]
+
+    assert sorted((actor.strip(), rest.split()[0]) for actor, rest in rows) == [
+        ("admin", "team-x"),
+        ("admin (a)", "a/team-x"),
+    ]

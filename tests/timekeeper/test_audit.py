@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-
 from fastapi import FastAPI
 
 from tests.support.timekeeper import Api, bearer, ok

@@ -302,7 +302,12 @@ class KueuePriorities:
         before = {"workload": name, "uid": meta.get("uid"), "priority": priority_of(workload)}
         async with self.sessionmaker() as session, session.begin():
             await AuditRepository(session).record(
-                self.clock.now(), Principal(ACTOR), action, namespace, before, {**before, "priority": priority}
+                self.clock.now(),
+                Principal(ACTOR),
+                action,
+                namespace,
+                before,
+                {**before, "priority": priority},
             )
         log.info(
             action.replace(".", "_"), extra={"namespace": namespace, "workload": name, "priority": priority}

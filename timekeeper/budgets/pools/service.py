@@ -218,9 +218,7 @@ class PoolService:
         )
         await self.repository.put(name, values, listed, principal, now)
         [pool] = await self.repository.pools([name])
-        await self.audit.record(
-            now, principal, "pool.put", None, old, audited(pool, listed) | {"name": name}
-        )
+        await self.audit.record(now, principal, "pool.put", None, old, audited(pool, listed) | {"name": name})
         await self._refresh_after_change(before, now)
         return await self.pool(name)
 

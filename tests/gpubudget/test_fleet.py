@@ -38,6 +38,17 @@ async def _budgets(database: URL, tokens: Tokens) -> None:
             await budgets.put(key, BudgetIn(budget_gpu_minutes=amount), admin)
 
 
+def clear_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (
+        "GPU_BUDGET_URL",
+        "GPU_BUDGET_TOKEN",
+        "GPU_BUDGET_TOKEN_FILE",
+        "GPU_BUDGET_SERVICE",
+        "GPU_BUDGET_CLUSTER",
+    ):
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Tokens]]:
     tokens = Tokens()
@@ -55,8 +66,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Tokens]
 def test_a_hubs_listing_names_each_namespaces_cluster(
     hub: tuple[str, Tokens], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in ("GPU_BUDGET_URL", "GPU_BUDGET_TOKEN", "GPU_BUDGET_TOKEN_FILE", "GPU_BUDGET_SERVICE"):
-        monkeypatch.delenv(name, raising=False)
+    clear_environment(monkeypatch)
     url, tokens = hub
     connection = ["--url", url, "--token", tokens.admin]
 
@@ -73,8 +83,7 @@ def test_a_hubs_listing_names_each_namespaces_cluster(
 def test_the_audit_log_tells_the_hubs_admin_from_a_members(
     hub: tuple[str, Tokens], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in ("GPU_BUDGET_URL", "GPU_BUDGET_TOKEN", "GPU_BUDGET_TOKEN_FILE", "GPU_BUDGET_SERVICE"):
-        monkeypatch.delenv(name, raising=False)
+    clear_environment(monkeypatch)
     url, tokens = hub
 
     assert main(["--url", url, "--token", tokens.admin, "audit"]) == 0
@@ -84,3 +93,27 @@ def test_the_audit_log_tells_the_hubs_admin_from_a_members(
         ("admin", "team-x"),
         ("admin (a)", "a/team-x"),
     ]
+
+
+def test_the_cluster_is_sent_from_the_flag_or_the_environment(
+    hub: tuple[str, Tokens], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hub reads the cluster from CLUSTER_HEADER: this one (static mode) has no members, so a cluster
+    that reaches it is a 400 that names it, and one that does not is answered as the hub's own caller's."""
+    clear_environment(monkeypatch)
+    url, tokens = hub
+    connection = ["--url", url, "--token", tokens.admin]
+
+    assert main([*connection, "--cluster", "b", "status", "team-x"]) == 1
+    flag = capsys.readouterr().err
+    monkeypatch.setenv("GPU_BUDGET_CLUSTER", "c")
+    assert main([*connection, "status", "team-x"]) == 1
+    environment = capsys.readouterr().err
+    assert main([*connection, "--cluster", "Not a label", "status", "team-x"]) == 2
+    refused_here = capsys.readouterr().err
+    monkeypatch.setenv("GPU_BUDGET_CLUSTER", "")
+    assert main([*connection, "status", "team-x"]) == 0  # empty: the hub's own cluster
+
+    assert "cluster 'b'" in flag and "not a member cluster" in flag
+    assert "cluster 'c'" in environment and "not a member cluster" in environment
+    assert "--cluster must be" in refused_here

@@ -12,6 +12,7 @@ from typing import Any
 from gpubudget.client import Api
 from gpubudget.connection import (
     ENV_CA_FILE,
+    ENV_CLUSTER,
     ENV_SERVICE,
     ENV_TOKEN,
     ENV_TOKEN_FILE,
@@ -69,6 +70,7 @@ def _options(args: argparse.Namespace) -> Options:
         context=_option(args, "context", None),
         service=_option(args, "service", None),
         ca_file=_option(args, "ca_file", None),
+        cluster=_option(args, "cluster", None),
     )
 
 
@@ -229,7 +231,7 @@ def audit(api: Api, args: argparse.Namespace) -> tuple[Any, str]:
     rows = [
         [
             moment(entry["at"]),
-            entry["actor"],
+            _actor(entry),
             entry["action"],
             entry["namespace"] or "(default)",
             _change(entry["old_value"], entry["new_value"]),
@@ -237,6 +239,13 @@ def audit(api: Api, args: argparse.Namespace) -> tuple[Any, str]:
         for entry in entries
     ]
     return entries, table(["AT", "ACTOR", "ACTION", "NAMESPACE", "CHANGE"], rows)
+
+
+def _actor(entry: dict[str, Any]) -> str:
+    """The actor, with the member cluster that authenticated it: `alice (b)` is not the hub's `alice`
+    (a hub that predates the field names none)."""
+    cluster = entry.get("actor_cluster")
+    return entry["actor"] if cluster is None else f"{entry['actor']} ({cluster})"
 
 
 # Shapes.
@@ -433,6 +442,10 @@ def _common() -> argparse.ArgumentParser:
         "--service",
         help=f"the timekeeper's Service, [https:]NAMESPACE/NAME[:PORT] (env {ENV_SERVICE}; "
         "default gpu-timekeeper/gpu-timekeeper:8080)",
+    )
+    common.add_argument(
+        "--cluster",
+        help=f"a fleet's member cluster your credential is of (env {ENV_CLUSTER}); unset: the hub's own",
     )
     common.add_argument("--timeout", type=float, help="seconds to wait for an answer (default 10)")
     return common

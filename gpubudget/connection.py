@@ -1,15 +1,16 @@
 """Where the timekeeper is and which credential to show it: a URL and a token (flags, else environment),
 or, without a URL, the API server of the kubeconfig's context, whose service proxy forwards to the
-timekeeper's Service, authenticated as the kubeconfig's user."""
+timekeeper's Service, authenticated as the kubeconfig's user. A caller of a fleet's member cluster also
+names its cluster (CLUSTER_HEADER), so the hub has that cluster's API server review its token."""
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from gpuaccounting.names import PROXIED_AUTHORIZATION_HEADER
+from gpuaccounting.names import CLUSTER_HEADER, DNS_LABEL, PROXIED_AUTHORIZATION_HEADER
 from gpubudget.errors import CliError
 
 ENV_URL = "GPU_BUDGET_URL"
@@ -17,6 +18,7 @@ ENV_TOKEN = "GPU_BUDGET_TOKEN"
 ENV_TOKEN_FILE = "GPU_BUDGET_TOKEN_FILE"
 ENV_SERVICE = "GPU_BUDGET_SERVICE"
 ENV_CA_FILE = "GPU_BUDGET_CA_FILE"
+ENV_CLUSTER = "GPU_BUDGET_CLUSTER"
 # deployment/: the Service gpu-timekeeper in the namespace gpu-timekeeper, plain HTTP on port 8080.
 DEFAULT_SERVICE = "gpu-timekeeper/gpu-timekeeper:8080"
 _SERVICE = re.compile(r"^(?:(https?):)?([a-z0-9-]{1,63})/([a-z0-9-]{1,63})(?::([a-z0-9-]{1,63}))?$")
@@ -33,6 +35,7 @@ class Options:
     context: str | None = None
     service: str | None = None
     ca_file: str | None = None
+    cluster: str | None = None
 
 
 @dataclass(frozen=True)
@@ -53,14 +56,29 @@ class Target:
 def resolve(options: Options) -> Target:
     """Flags first, then GPU_BUDGET_* variables; no URL anywhere means the kubeconfig."""
     token = _token(options)
+    cluster = _cluster(options)
     url = options.url or os.environ.get(ENV_URL)
     if url:
         if not url.startswith(("http://", "https://")):
             raise CliError(f"the timekeeper URL must start with http:// or https://, not {url!r}", 2)
         headers = {} if token is None else {"Authorization": f"Bearer {token}"}
         verify: bool | str = options.ca_file or os.environ.get(ENV_CA_FILE) or True
-        return Target(url.rstrip("/"), url, headers, verify, has_token=token is not None)
-    return _through_api_server(options, token)
+        target = Target(url.rstrip("/"), url, headers, verify, has_token=token is not None)
+    else:
+        target = _through_api_server(options, token)
+    if cluster is None:
+        return target
+    return replace(target, headers=target.headers | {CLUSTER_HEADER: cluster})
+
+
+def _cluster(options: Options) -> str | None:
+    """The member cluster the caller's credential is of (--cluster, else GPU_BUDGET_CLUSTER; unset or
+    empty: the hub's own cluster). A name that is no DNS label is refused here; one the hub does not
+    list, by the hub (a 400 that says so)."""
+    cluster = options.cluster or os.environ.get(ENV_CLUSTER) or None
+    if cluster is not None and re.fullmatch(DNS_LABEL, cluster) is None:
+        raise CliError(f"--cluster must be a member cluster's name (a DNS label), not {cluster!r}", 2)
+    return cluster
 
 
 def _token(options: Options) -> str | None:

@@ -1,16 +1,17 @@
 """One budget across clusters (issue #42, docs/fleet.md), on two real API servers: the cluster layer's own
-control plane is member `a`, and this module starts a second one, with its own state, ports and
-service-account signing key, as member `b`. One timekeeper, the hub, serves both (Kubernetes auth mode,
-a real PostgreSQL): `a` through its admin kubeconfig, which is also the hub's own (local) cluster, whose
-principals alone may administer across the fleet; `b` through the kubeconfig docs/fleet.md builds from the
+control plane is cluster `a`, the hub's own (local) cluster, and this module starts a second one, with its
+own state, ports and service-account signing key, as member `b`. One timekeeper, the hub, serves both
+(Kubernetes auth mode, a real PostgreSQL): `a` through its admin kubeconfig, its principals naming no
+cluster and alone administering across the fleet; `b` through the kubeconfig docs/fleet.md builds from the
 token deployment/member's Secret holds, so `b` runs exactly the member install we ship (its webhook as a
 process here, polling the hub with WEBHOOK_CLUSTER=b, registered with b's API server).
 
-What it shows: a pool spanning `a/team-x` and `b/team-x` is exhausted by reports from cluster a alone,
-whatever b's admin grants its team-x, and b's webhook then gives b's team-x GPU pods the reduced class; a
-sidecar token of cluster a reports for no pod of cluster b, whichever cluster it names; a namespace reader of
-cluster a reads its own budget and not cluster b's; with the hub stopped, b's webhook keeps its last decision
-and the reports a real sidecar in b buffered arrive after and are charged once.
+What it shows: a pool spanning a's `team-x` and `b/team-x` is exhausted by reports from cluster a alone,
+whatever b's admin grants its team-x, and b's webhook then gives b's team-x GPU pods the reduced class; a sidecar token of cluster a reports for
+no pod of cluster b, whichever cluster it names; a namespace reader of cluster a reads its own budget and
+not cluster b's; a hub configured with one API server under two names refuses those members, naming both,
+and a member whose API server does not answer is a 503; with the hub stopped, b's webhook keeps its last
+decision and the reports a real sidecar in b buffered arrive after and are charged once.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+import yaml
 from kubernetes import client, config
 
 from demo.pods import sidecar_env
@@ -43,6 +45,7 @@ from tests.cluster.harness import (
     WebhookTls,
     gpu_probe,
     hub_kubeconfig,
+    kubeconfig_for_token,
     placed,
     render_member,
     run_certbootstrap,
@@ -73,6 +76,7 @@ class Member:
     as its admin, and its name at the hub."""
 
     name: str
+    cluster: str | None  # what the hub calls it: None for its own cluster
     plane: ControlPlane
     core: client.CoreV1Api
     kubectl: Kubectl
@@ -124,25 +128,26 @@ class Hub:
             "GET",
             f"/namespaces/{namespace}/usage?since=2000-01-01T00:00:00Z",
             member.admin_token,
-            member.name,
+            member.cluster,
         )
         return Decimal(str(usage["total_gpu_minutes"]))
 
 
-def member_of(name: str, plane: ControlPlane) -> Iterator[Member]:
+def member_of(name: str, cluster: str | None, plane: ControlPlane) -> Iterator[Member]:
     api_client = config.new_client_from_config(config_file=str(plane.kubeconfig))
     try:
-        yield Member(name, plane, client.CoreV1Api(api_client), Kubectl(plane.kubeconfig))
+        yield Member(name, cluster, plane, client.CoreV1Api(api_client), Kubectl(plane.kubeconfig))
     finally:
         api_client.close()
 
 
 @pytest.fixture(scope="module")
 def cluster_a(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[Member]:
-    """The cluster layer's control plane. Where an earlier test of the layer applied the shipped install
-    to it, GPU pods are admitted only while its webhook answers: that webhook is then started too (the
-    hub never hears from it: these tests report for a's pods themselves)."""
-    for member in member_of("a", control_plane):
+    """The cluster layer's control plane, the hub's own cluster (named by no header). Where an earlier test
+    of the layer applied the shipped install to it, GPU pods are admitted only while its webhook answers:
+    that webhook is then started too (the hub never hears from it: these tests report for a's pods
+    themselves)."""
+    for member in member_of("a", None, control_plane):
         try:
             member.kubectl.run("get", "mutatingwebhookconfiguration", "gpu-timekeeper")
         except AssertionError:
@@ -164,7 +169,7 @@ def cluster_b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Member]:
             pytest.fail(f"cluster layer: {error}", pytrace=False)
         pytest.skip(f"{SKIPPED}{error}")
     try:
-        yield from member_of("b", plane)
+        yield from member_of("b", "b", plane)
     finally:
         plane.down()
 
@@ -200,23 +205,24 @@ def member_install(cluster_b: Member, tmp_path_factory: pytest.TempPathFactory) 
     )
 
 
+def hub_env(local: Member, members: dict[str, Path]) -> dict[str, str]:
+    """A hub's settings: `local`'s admin kubeconfig for its own cluster, a kubeconfig per member."""
+    return {
+        "TIMEKEEPER_AUTH_MODE": "kubernetes",
+        "TIMEKEEPER_KUBE_IN_CLUSTER": "false",
+        "TIMEKEEPER_KUBECONFIG": str(local.plane.kubeconfig),
+        "TIMEKEEPER_MEMBERS": json.dumps({name: {"kubeconfig": str(path)} for name, path in members.items()}),
+        "TIMEKEEPER_LOG_FORMAT": "json",
+    }
+
+
 @pytest.fixture(scope="module")
 def hub(
     cluster_a: Member, member_install: MemberInstall, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Hub]:
-    """`python -m timekeeper` serving members a and b beside its own cluster (a's API server)."""
+    """`python -m timekeeper` serving member b beside its own cluster (a's API server)."""
     folder = tmp_path_factory.mktemp("hub")
-    members = {
-        "a": {"kubeconfig": str(cluster_a.plane.kubeconfig)},
-        "b": {"kubeconfig": str(member_install.hub_kubeconfig)},
-    }
-    env = {
-        "TIMEKEEPER_AUTH_MODE": "kubernetes",
-        "TIMEKEEPER_KUBE_IN_CLUSTER": "false",
-        "TIMEKEEPER_KUBECONFIG": str(cluster_a.plane.kubeconfig),
-        "TIMEKEEPER_MEMBERS": json.dumps(members),
-        "TIMEKEEPER_LOG_FORMAT": "json",
-    }
+    env = hub_env(cluster_a, {"b": member_install.hub_kubeconfig})
     with migrated_database("gtk_fleet") as database:
         process = TimekeeperProcess(database, env, free_port(), folder / "timekeeper.log")
         process.start()
@@ -266,7 +272,7 @@ def test_a_pool_across_clusters_spent_in_a_reduces_bs_pods(
     cluster_a: Member, cluster_b: Member, hub: Hub, webhook_b: WebhookProcess
 ) -> None:
     team_a, team_b = namespace_in(cluster_a, "team-x"), namespace_in(cluster_b, "team-x")
-    pool = {"budget_gpu_minutes": 3, "members": [{"namespace": "a/team-x"}, {"namespace": "b/team-x"}]}
+    pool = {"budget_gpu_minutes": 3, "members": [{"namespace": "team-x"}, {"namespace": "b/team-x"}]}
     created = hub.request("PUT", f"/pools/{POOL}", cluster_a.admin_token, body=pool)  # the hub's own admin
     assert created.status_code == 200, created.text
     wait_for_admission_state(cluster_b.kubectl, team_b, "in_budget")
@@ -279,7 +285,7 @@ def test_a_pool_across_clusters_spent_in_a_reduces_bs_pods(
 
     trainer = gpu_pod(cluster_a, team_a, "trainer")
     token = sidecar_token(cluster_a.core, trainer)
-    answers = [hub.report(token, "a", trainer, seq) for seq in (1, 2, 3)]
+    answers = [hub.report(token, None, trainer, seq) for seq in (1, 2, 3)]
 
     assert [a.status_code for a in answers] == [200, 200, 200], answers[-1].text
     assert answers[-1].json()["state"] == "exhausted"
@@ -287,7 +293,7 @@ def test_a_pool_across_clusters_spent_in_a_reduces_bs_pods(
     spent = hub.ok("GET", f"/pools/{POOL}", cluster_a.admin_token)
     assert spent["state"] == "exhausted"
     assert {m["namespace"]: Decimal(str(m["used_gpu_minutes"])) for m in spent["members"]} == {
-        "a/team-x": 3,
+        "team-x": 3,
         "b/team-x": 0,
     }
     # Within b's webhook's poll interval: b's team-x is exhausted, spent in a alone.
@@ -308,23 +314,22 @@ def test_a_sidecar_token_of_cluster_a_reports_for_no_pod_of_cluster_b(
     cluster_a: Member, cluster_b: Member, hub: Hub, webhook_b: WebhookProcess
 ) -> None:
     """The token is bound to a's pod by a's API server: named as b's, b's API server refuses it (401);
-    named as a's (or the hub's own), it may report for its own pod only (403)."""
+    named as a's (the hub's own, no header), it may report for its own pod only (403)."""
     team_a, team_b = namespace_in(cluster_a, "team-t"), namespace_in(cluster_b, "team-t")
     ours, theirs = gpu_pod(cluster_a, team_a, "trainer"), gpu_pod(cluster_b, team_b, "trainer")
     token = sidecar_token(cluster_a.core, ours)
 
     as_b = hub.report(token, "b", theirs, 1)
-    as_a = hub.report(token, "a", theirs, 2)
-    as_the_hubs = hub.report(token, None, theirs, 3)
+    as_a = hub.report(token, None, theirs, 2)
     own_pod_as_b = hub.report(token, "b", ours, 4)
     unknown = hub.report(token, "c", ours, 5)
 
     assert (as_b.status_code, own_pod_as_b.status_code) == (401, 401)
-    assert (as_a.status_code, as_the_hubs.status_code) == (403, 403)
+    assert as_a.status_code == 403
     assert unknown.status_code == 400 and "not a member cluster" in unknown.text
     assert hub.charged(cluster_b, team_b) == 0
     # The same token reports for its own pod, charged to a's namespace only.
-    assert hub.report(token, "a", ours, 6).status_code == 200
+    assert hub.report(token, None, ours, 6).status_code == 200
     assert (hub.charged(cluster_a, team_a), hub.charged(cluster_b, team_b)) == (1, 0)
     # And b's own sidecar token, named as b's, reports for b's pod.
     assert hub.report(sidecar_token(cluster_b.core, theirs), "b", theirs, 7).status_code == 200
@@ -359,29 +364,77 @@ def test_a_namespace_reader_of_cluster_a_cannot_read_cluster_bs_budget(
         team_a,
     )
     reader = service_account_token(cluster_a.core, team_a, "reader")
-    hub.ok("PUT", f"/namespaces/{team_a}/budget", cluster_a.admin_token, "a", body={"budget_gpu_minutes": 11})
+    hub.ok("PUT", f"/namespaces/{team_a}/budget", cluster_a.admin_token, body={"budget_gpu_minutes": 11})
     hub.ok("PUT", f"/namespaces/{team_b}/budget", cluster_b.admin_token, "b", body={"budget_gpu_minutes": 77})
 
-    own = hub.request("GET", f"/namespaces/{team_a}/budget", reader, "a")
+    own = hub.request("GET", f"/namespaces/{team_a}/budget", reader)
     as_b = hub.request("GET", f"/namespaces/{team_b}/budget", reader, "b")
-    by_key = hub.request("GET", f"/namespaces/{quote('b/team-r', safe='')}/budget", reader, "a")
-    local = hub.request("GET", f"/namespaces/{team_a}/budget", reader)  # the hub's own cluster's team-r
-    listed = hub.request("GET", "/namespaces", reader, "a")
-    write = hub.request(
-        "PUT", f"/namespaces/{team_a}/budget", reader, "a", body={"budget_gpu_minutes": 10**6}
-    )
+    by_key = hub.request("GET", f"/namespaces/{quote('b/team-r', safe='')}/budget", reader)
+    listed = hub.request("GET", "/namespaces", reader)
+    write = hub.request("PUT", f"/namespaces/{team_a}/budget", reader, body={"budget_gpu_minutes": 10**6})
 
     assert own.status_code == 200 and Decimal(str(own.json()["budget_gpu_minutes"])) == 11
     assert as_b.status_code == 401
     assert by_key.status_code in (404, 422)
-    assert local.status_code == 200 and local.json()["budget_gpu_minutes"] != 77
     assert listed.status_code == 200
-    assert [(n["cluster"], n["namespace"]) for n in listed.json()] == [("a", "team-r")]  # a's only
+    assert [(n["cluster"], n["namespace"]) for n in listed.json()] == [(None, "team-r")]  # a's only
     assert "b/" not in listed.text
     assert write.status_code == 403
     # b's admin, for b, reads b's figure: it is there, and the reader never saw it.
     status = hub.ok("GET", f"/namespaces/{team_b}/budget", cluster_b.admin_token, "b")
     assert Decimal(str(status["budget_gpu_minutes"])) == 77
+    # The audit log tells b's admin from a's (both `kube-admin`): by the cluster that authenticated each.
+    audit = hub.ok("GET", "/audit?limit=2", cluster_a.admin_token)
+    assert [(e["namespace"], e["actor_cluster"]) for e in audit] == [("b/team-r", "b"), ("team-r", None)]
+    assert audit[0]["actor"] == audit[1]["actor"]
+
+
+def test_one_api_server_under_two_names_is_refused_and_a_member_down_is_a_503(
+    cluster_a: Member, cluster_b: Member, member_install: MemberInstall, tmp_path: Path
+) -> None:
+    """A second hub, misconfigured: member `a2` is its own cluster (a's API server), `b` and `b2` are b's
+    API server through two kubeconfigs (the member's token, b's admin's), and `down`'s kubeconfig points at
+    a closed port. It starts, serves its own cluster, and refuses each of those members with a 503 that
+    names the cluster it duplicates (the identity, kube-system's uid, read with the RBAC deployment/member
+    ships), or says that the member's API server does not answer (never a 401 or a 500)."""
+    down = yaml.safe_load(member_install.hub_kubeconfig.read_text())
+    down["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{free_port()}"
+    (tmp_path / "down.kubeconfig").write_text(yaml.safe_dump(down))
+    members = {
+        "a2": cluster_a.plane.kubeconfig,
+        "b": member_install.hub_kubeconfig,
+        "b2": kubeconfig_for_token(cluster_b.plane, cluster_b.admin_token, tmp_path / "b2.kubeconfig"),
+        "down": tmp_path / "down.kubeconfig",
+    }
+    with migrated_database("gtk_fleet_twice") as database:
+        process = TimekeeperProcess(database, hub_env(cluster_a, members), free_port(), tmp_path / "hub.log")
+        process.start()
+        try:
+            twice = Hub(process)
+            answers = {
+                cluster: twice.request("GET", "/namespaces/team-q/budget", member.admin_token, cluster)
+                for cluster, member in (
+                    ("a2", cluster_a),
+                    ("b", cluster_b),
+                    ("b2", cluster_b),
+                    ("down", cluster_b),
+                )
+            }
+            own = twice.request("GET", "/namespaces/team-q/budget", cluster_a.admin_token)
+        finally:
+            process.stop()
+
+    assert own.status_code == 200, own.text
+    assert {cluster: answer.status_code for cluster, answer in answers.items()} == dict.fromkeys(answers, 503)
+    for cluster, other in (
+        ("a2", "the hub's own cluster"),
+        ("b", "member cluster b2"),
+        ("b2", "member cluster b"),
+    ):
+        assert f"member cluster {cluster} is the same cluster as {other}" in answers[cluster].json()["detail"]
+    assert "member cluster down cannot" in answers["down"].json()["detail"]
+    assert answers["down"].headers["retry-after"]
+    assert "cluster_configured_twice" in (tmp_path / "hub.log").read_text()
 
 
 def sidecar_of(pod: dict[str, Any]) -> dict[str, Any]:

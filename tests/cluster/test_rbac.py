@@ -14,10 +14,16 @@ pytestmark = pytest.mark.usefixtures("install")  # deployment/ applied
 
 
 def allowed(
-    kube: client.ApiClient, account: str, verb: str, group: str, resource: str, namespace: str | None
+    kube: client.ApiClient,
+    account: str,
+    verb: str,
+    group: str,
+    resource: str,
+    namespace: str | None,
+    name: str | None = None,
 ) -> bool:
     """What the API server answers for deployment/'s ServiceAccount `account` (with the groups every
-    ServiceAccount token carries)."""
+    ServiceAccount token carries), about the object `name` where a rule names its objects."""
     review = client.V1SubjectAccessReview(
         spec=client.V1SubjectAccessReviewSpec(
             user=f"system:serviceaccount:{INSTALL_NAMESPACE}:{account}",
@@ -32,6 +38,7 @@ def allowed(
                 resource=resource.split("/")[0],
                 subresource=_subresource(resource),
                 namespace=namespace,
+                name=name,
             ),
         )
     )
@@ -44,14 +51,17 @@ def _subresource(resource: str) -> str | None:
 
 def test_deployment_grants_the_timekeeper_every_rule_it_needs(kube: client.ApiClient) -> None:
     missing = [
-        (verb, group, resource)
+        (verb, group, resource, name)
         for rule in timekeeper_rules()
         for group in rule["apiGroups"]
         for resource in rule["resources"]
         for verb in rule["verbs"]
-        if not allowed(kube, "gpu-timekeeper", verb, group, resource, "team-a")
+        for name in rule.get("resourceNames", [None])
+        if not allowed(kube, "gpu-timekeeper", verb, group, resource, "team-a", name)
     ]
     assert missing == []
+    # A rule that names its objects grants those only: kube-system, the cluster's identity, and no other.
+    assert not allowed(kube, "gpu-timekeeper", "get", "", "namespaces", None, "team-a")
 
 
 def test_the_webhook_may_read_every_namespaces_budget_and_nothing_more(kube: client.ApiClient) -> None:

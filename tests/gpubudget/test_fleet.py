@@ -27,14 +27,26 @@ from timekeeper.settings import Settings
 
 
 async def _budgets(database: URL, tokens: Tokens) -> None:
-    """A budget of 100 for the local team-x, 200 for member a's."""
+    """A budget of 100 for the local team-x, 200 for member a's, each set by an `admin` of its cluster."""
     settings = Settings(database_url=url_string(database), scheduler_enabled=False, **tokens.settings())
     app = create_app(settings)
     clock = SystemClock()
     async with run_context(app, settings, clock) as context, context.sessions() as session, session.begin():
         budgets = BudgetService(session, settings, clock)
-        for key, amount in (("team-x", 100), ("a/team-x", 200)):
-            await budgets.put(key, BudgetIn(budget_gpu_minutes=amount), Principal(name="admin"))
+        for key, amount, cluster in (("team-x", 100, None), ("a/team-x", 200, "a")):
+            admin = Principal(name="admin", cluster=cluster)  # each namespace's own cluster's admin
+            await budgets.put(key, BudgetIn(budget_gpu_minutes=amount), admin)
+
+
+def clear_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (
+        "GPU_BUDGET_URL",
+        "GPU_BUDGET_TOKEN",
+        "GPU_BUDGET_TOKEN_FILE",
+        "GPU_BUDGET_SERVICE",
+        "GPU_BUDGET_CLUSTER",
+    ):
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +66,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Tokens]
 def test_a_hubs_listing_names_each_namespaces_cluster(
     hub: tuple[str, Tokens], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in ("GPU_BUDGET_URL", "GPU_BUDGET_TOKEN", "GPU_BUDGET_TOKEN_FILE", "GPU_BUDGET_SERVICE"):
-        monkeypatch.delenv(name, raising=False)
+    clear_environment(monkeypatch)
     url, tokens = hub
     connection = ["--url", url, "--token", tokens.admin]
 
@@ -67,3 +78,42 @@ def test_a_hubs_listing_names_each_namespaces_cluster(
     assert rows == {"team-x": "100", "a/team-x": "200"}
     assert sorted((s["cluster"], s["namespace"]) for s in answers if s["cluster"]) == [("a", "team-x")]
     assert [s["cluster"] for s in answers if s["budget_gpu_minutes"] == 100] == [None]
+
+
+def test_the_audit_log_tells_the_hubs_admin_from_a_members(
+    hub: tuple[str, Tokens], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clear_environment(monkeypatch)
+    url, tokens = hub
+
+    assert main(["--url", url, "--token", tokens.admin, "audit"]) == 0
+    rows = [row.split(" UTC ", 1)[1].split("budget.put") for row in capsys.readouterr().out.splitlines()[1:]]
+
+    assert sorted((actor.strip(), rest.split()[0]) for actor, rest in rows) == [
+        ("admin", "team-x"),
+        ("admin (a)", "a/team-x"),
+    ]
+
+
+def test_the_cluster_is_sent_from_the_flag_or_the_environment(
+    hub: tuple[str, Tokens], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hub reads the cluster from CLUSTER_HEADER: this one (static mode) has no members, so a cluster
+    that reaches it is a 400 that names it, and one that does not is answered as the hub's own caller's."""
+    clear_environment(monkeypatch)
+    url, tokens = hub
+    connection = ["--url", url, "--token", tokens.admin]
+
+    assert main([*connection, "--cluster", "b", "status", "team-x"]) == 1
+    flag = capsys.readouterr().err
+    monkeypatch.setenv("GPU_BUDGET_CLUSTER", "c")
+    assert main([*connection, "status", "team-x"]) == 1
+    environment = capsys.readouterr().err
+    assert main([*connection, "--cluster", "Not a label", "status", "team-x"]) == 2
+    refused_here = capsys.readouterr().err
+    monkeypatch.setenv("GPU_BUDGET_CLUSTER", "")
+    assert main([*connection, "status", "team-x"]) == 0  # empty: the hub's own cluster
+
+    assert "cluster 'b'" in flag and "not a member cluster" in flag
+    assert "cluster 'c'" in environment and "not a member cluster" in environment
+    assert "--cluster must be" in refused_here

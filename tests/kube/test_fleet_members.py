@@ -2,7 +2,8 @@
 one stand-in API server per cluster (the local one and members `a` and `b`, each with its own tokens and
 RBAC): a token is reviewed by the cluster the request names, a namespace in a path or a report means that
 cluster's (its namespace key), and each member's webhook sees only its cluster's namespaces. The same on
-two real API servers, with the webhooks: the cluster suite's fleet test."""
+two real API servers, with the webhooks: the cluster suite's fleet test. Each stand-in has its own
+`kube-system` namespace (its uid: the cluster's identity), as a real API server has."""
 
 from __future__ import annotations
 
@@ -26,17 +27,26 @@ from tests.support.kube_rbac import (
 )
 from tests.support.timekeeper import bearer, ok, report_body
 from tests.timekeeper.conftest import START
+from timekeeper.auth.kubernetes import RETRY_AFTER_SECONDS, build_access_control
+from timekeeper.errors import TimekeeperError
 from timekeeper.settings import Member, Settings
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
+def with_identity(server: KubeApiServer) -> KubeApiServer:
+    """The server's `kube-system` namespace, whose uid (unique per server) is its cluster's identity."""
+    server.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}})
+    return server
+
+
 @pytest.fixture
-def members() -> Iterator[dict[str, KubeApiServer]]:
+def members(apiserver: KubeApiServer) -> Iterator[dict[str, KubeApiServer]]:
+    with_identity(apiserver)  # the hub's own cluster
     servers: dict[str, KubeApiServer] = {}
     try:
         for name in ("a", "b"):
-            servers[name] = KubeApiServer().start()
+            servers[name] = with_identity(KubeApiServer().start())
             install_cluster_roles(servers[name])
         yield servers
     finally:
@@ -301,6 +311,13 @@ async def test_what_a_member_admin_writes_lifts_no_pool_across_clusters(
     ok(await client.post("/reports", json=report(pod, 2, minutes=8), headers=of("a", pod_token(a, pod))))
     snapshot_b = ok(await client.get("/admission-state", headers=of("b", webhook_b)))
     assert snapshot_b["namespaces"]["team-x"]["state"] == "exhausted"  # 13 of the hub's 12, grants or not
+    # The audit log tells a's admin from the hub's: each entry names the cluster that authenticated it.
+    audit = ok(await client.get("/audit", headers=of(None, hub_admin)))
+    assert [(e["action"], e["actor"], e["actor_cluster"]) for e in reversed(audit)] == [
+        ("pool.put", "hub-admin", None),
+        ("grant.create", "admin-a", "a"),
+        ("budget.put", "admin-a", "a"),
+    ]
 
 
 async def test_a_pool_reader_of_one_cluster_sees_its_totals_and_no_other_clusters_members(
@@ -346,3 +363,81 @@ async def test_the_fleets_metrics_are_the_hubs_to_scrape(
     assert (
         await client.get("/metrics", headers=of(None, cluster_reader(apiserver, "prom")))
     ).status_code == 200
+
+
+def timekeeper_kubeconfig(server: KubeApiServer, path: Path) -> Member:
+    """A member entry for `server`, as its own kubeconfig with the timekeeper's ServiceAccount token."""
+    token = server.add_service_account_token(TIMEKEEPER_NAMESPACE, TIMEKEEPER_SERVICE_ACCOUNT)
+    return Member(kubeconfig=server.write_kubeconfig(path, token))
+
+
+async def test_one_api_server_under_two_names_is_refused_naming_both(
+    apiserver: KubeApiServer, members: dict[str, KubeApiServer], settings: Settings, tmp_path: Path
+):
+    """Member `a` is the hub's own cluster, and `b` and `c` are one API server, each through a kubeconfig
+    of its own (other tokens): each of those members is refused (503) naming the other; the hub's own
+    cluster is served, and so is a member that is no other (`d`)."""
+    d = with_identity(KubeApiServer().start())
+    install_cluster_roles(d)
+    entries = {"a": apiserver, "b": members["b"], "c": members["b"], "d": d}
+    configs = {name: timekeeper_kubeconfig(server, tmp_path / name) for name, server in entries.items()}
+    access = await build_access_control(settings.model_copy(update={"members": configs}))
+    try:
+        for cluster, other in (
+            ("a", "the hub's own cluster"),
+            ("b", "member cluster c"),
+            ("c", "member cluster b"),
+        ):
+            with pytest.raises(TimekeeperError) as refused:
+                await access.authenticate(entries[cluster].add_user("alice"), cluster)
+            assert refused.value.status_code == 503
+            assert f"member cluster {cluster} is the same cluster as {other}" in refused.value.message
+        local = await access.authenticate(apiserver.add_user("alice"), None)
+        member = await access.authenticate(d.add_user("alice"), "d")
+        assert (local and local.cluster, member and member.cluster) == (None, "d")
+    finally:
+        await access.aclose()
+        d.stop()
+
+
+async def test_a_member_whose_api_server_is_down_is_a_503_naming_it(
+    apiserver: KubeApiServer, members: dict[str, KubeApiServer], client: httpx.AsyncClient
+):
+    """b's API server stops after the hub started: its callers' tokens cannot be reviewed. The caller is
+    not wrong (no 401) and nothing broke here (no 500): a 503 that names b, with Retry-After; a's served."""
+    b = members["b"]
+    reader, pod = cluster_reader(b, "ops-b"), gpu_pod(b, "team-x", "trainer-0")
+    token = pod_token(b, pod)
+    b.stop()
+
+    answers = [
+        await client.get("/namespaces/team-x/budget", headers=of("b", reader)),
+        await client.post("/reports", json=report(pod), headers=of("b", token)),
+    ]
+
+    for answer in answers:
+        assert answer.status_code == 503, answer.text
+        assert "member cluster b" in answer.json()["detail"]
+        assert answer.headers["retry-after"] == str(RETRY_AFTER_SECONDS)
+    a_reader = cluster_reader(members["a"], "ops-a")
+    assert (await client.get("/namespaces/team-x/budget", headers=of("a", a_reader))).status_code == 200
+
+
+async def test_a_member_down_when_the_hub_starts_keeps_no_other_cluster_from_being_served(
+    apiserver: KubeApiServer, members: dict[str, KubeApiServer], settings: Settings, tmp_path: Path
+):
+    """b's kubeconfig points at a closed port: the hub builds its access control all the same (b's
+    identity is read at b's first request), b's callers get a 503 that names b, a's are served."""
+    closed = KubeApiServer().start()
+    configs = dict(settings.members) | {"b": timekeeper_kubeconfig(closed, tmp_path / "b")}
+    closed.stop()
+    access = await build_access_control(settings.model_copy(update={"members": configs}))
+    try:
+        with pytest.raises(TimekeeperError) as refused:
+            await access.authenticate("any-token", "b")
+        assert refused.value.status_code == 503 and "member cluster b" in refused.value.message
+        assert refused.value.headers == {"Retry-After": str(RETRY_AFTER_SECONDS)}
+        principal = await access.authenticate(members["a"].add_user("alice"), "a")
+        assert principal is not None and principal.cluster == "a"
+    finally:
+        await access.aclose()

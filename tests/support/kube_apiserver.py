@@ -1028,6 +1028,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, method: str) -> None:
         state = self.server_state
+        if state._stopping:
+            # A stopped server answers nothing, on a kept-alive connection either: as one that went down.
+            self.close_connection = True
+            return
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         try:

@@ -28,6 +28,8 @@ def timekeeper_rules() -> list[dict[str, Any]]:
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list"]},
+        # a fleet's hub: each cluster's identity (timekeeper/auth/kubernetes.py, ClusterIdentities)
+        {"apiGroups": [""], "resources": ["namespaces"], "resourceNames": ["kube-system"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]},  # a downgrade past the PDB patience
         {

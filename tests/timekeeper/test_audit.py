@@ -5,10 +5,18 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from fastapi import FastAPI
 
 from tests.support.timekeeper import Api, bearer, ok
 from tests.timekeeper.conftest import START
+from timekeeper.app import current
+from timekeeper.auth.base import Principal
+from timekeeper.budgets.pools.schemas import PoolIn
+from timekeeper.budgets.pools.service import PoolService
+from timekeeper.budgets.schemas import GrantIn
+from timekeeper.budgets.service import BudgetService
 from timekeeper.clock import ManualClock
+from timekeeper.settings import Settings
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -64,3 +72,31 @@ async def test_only_admins_read_the_audit_log(api: Api) -> None:
     response = await api.client.get("/audit", headers=bearer(api.tokens.reader))
 
     assert response.status_code == 403
+
+
+async def test_each_entry_names_the_cluster_that_authenticated_its_actor(
+    api: Api, app: FastAPI, settings: Settings, clock: ManualClock
+) -> None:
+    """`alice` of the hub and `alice` of member `b` are two people (docs/fleet.md): each entry, and a
+    pool's `updated_by`, carry the cluster whose API server authenticated the actor (null: the hub's)."""
+    hubs, bs = Principal(name="alice"), Principal(name="alice", cluster="b")
+    async with current(app).sessions() as session, session.begin():
+        budgets = BudgetService(session, settings, clock)
+        await budgets.grant("team-x", GrantIn(gpu_minutes=1, reason="hub"), hubs)
+        await budgets.grant("b/team-x", GrantIn(gpu_minutes=2, reason="b"), bs)
+        pool = await PoolService(session, settings, clock).put(
+            "team-x-b", PoolIn(budget_gpu_minutes=5, members=[{"namespace": "team-x"}]), bs
+        )
+
+    entries = list(reversed(ok(await api.get("/audit"))))
+
+    assert [(e["action"], e["namespace"], e["actor"], e["actor_cluster"]) for e in entries] == [
+        ("grant.create", "team-x", "alice", None),
+        ("grant.create", "b/team-x", "alice", "b"),
+        ("pool.put", None, "alice", "b"),
+    ]
+    assert (pool.updated_by, pool.updated_by_cluster) == ("alice", "b")
+    assert ok(await api.get("/pools/team-x-b"))["updated_by_cluster"] == "b"
+    # An admin's change over HTTP (the hub's own cluster): null.
+    ok(await api.grant("team-y", 1))
+    assert ok(await api.get("/audit", limit=1))[0]["actor_cluster"] is None

@@ -19,6 +19,9 @@ class AuditEntry(Base):
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     actor: Mapped[str] = mapped_column(Text)
+    # The member cluster whose API server authenticated the actor (NULL: the hub's own cluster, or the
+    # timekeeper itself): `alice` of the hub and `alice` of member `b` are different people.
+    actor_cluster: Mapped[str | None] = mapped_column(Text)
     action: Mapped[str] = mapped_column(Text)
     namespace: Mapped[str | None] = mapped_column(Text)
     old_value: Mapped[Any] = mapped_column(JSONB, nullable=True)

@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from timekeeper.audit.models import AuditEntry
+from timekeeper.auth.base import Principal
 
 log = logging.getLogger(__name__)
 
@@ -20,15 +21,26 @@ class AuditRepository:
         self.session = session
 
     async def record(
-        self, at: datetime, actor: str, action: str, namespace: str | None, old: Any, new: Any
+        self, at: datetime, actor: Principal, action: str, namespace: str | None, old: Any, new: Any
     ) -> None:
-        log.info("admin_change", extra={"action": action, "namespace": namespace, "actor": actor})
+        """`actor` is recorded by name and by the cluster that authenticated it (a Principal, not a name, so
+        no caller can leave the cluster out)."""
+        log.info(
+            "admin_change",
+            extra={
+                "action": action,
+                "namespace": namespace,
+                "actor": actor.name,
+                "actor_cluster": actor.cluster,
+            },
+        )
         # Core, not session.add(): the audit row is written as one statement in the caller's transaction,
         # and JSON null stays SQL NULL (none_as_null is not the column's default).
         await self.session.execute(
             sa.insert(AuditEntry).values(
                 at=at,
-                actor=actor,
+                actor=actor.name,
+                actor_cluster=actor.cluster,
                 action=action,
                 namespace=namespace,
                 old_value=sa.null() if old is None else old,

@@ -13,10 +13,17 @@ NAMESPACE_KEY = (
 )
 
 
+ACTOR_CLUSTER = (
+    "the member cluster whose API server authenticated `actor`; null: the hub's own cluster (or the "
+    "timekeeper itself)"
+)
+
+
 class AuditEntryOut(BaseModel):
     id: int
     at: datetime
     actor: str
+    actor_cluster: Annotated[str | None, Field(description=ACTOR_CLUSTER)]
     action: str
     # A key, unlike the bare namespace (with `cluster` beside it) of other answers: the audit log is the
     # hub admins' record of what they changed, filtered by key (GET /audit?namespace=a/team-x).

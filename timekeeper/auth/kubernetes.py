@@ -10,10 +10,13 @@ Both reviews are cached briefly, keyed by a SHA-256 of the token or by the user,
 
 A fleet's hub (docs/fleet.md) holds one such access control per cluster, each asking that cluster's API
 server with the credentials of the member's kubeconfig, behind FleetAccessControl: a token is reviewed by
-the cluster the request names, and its principal is asked about its own cluster's namespaces only."""
+the cluster the request names, and its principal is asked about its own cluster's namespaces only. A
+member is served only once its identity (ClusterIdentities) is read and is no other cluster's: one API
+server under two names would give each of its namespaces two keys, and two budgets."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
@@ -34,6 +37,9 @@ from timekeeper.settings import Settings
 BUDGET_RESOURCE = "gpubudgets"
 BUDGET_GROUP = DOMAIN
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
+# What a 503 for an API server that failed us asks the caller to wait (the sidecar and webhook retry with
+# their own backoff anyway): about the time an API server takes to come back from a restart.
+RETRY_AFTER_SECONDS = 10
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -53,13 +59,23 @@ def principal_from_review(review: TokenReviewResult, pod_bound: bool = True) -> 
     return Principal(name=review.username, pod=pod, groups=review.groups)
 
 
-async def _ask(review: Awaitable[T]) -> T:
-    """Await a review; an API server that fails us is a 503 (retry later), not a refusal and not a 500."""
+def _cluster_name(cluster: str | None) -> str:
+    return "the hub's own cluster" if cluster is None else f"member cluster {cluster}"
+
+
+async def _ask(review: Awaitable[T], cluster: str | None, what: str = "review credentials") -> T:
+    """Await a call to `cluster`'s API server; one that fails us (down, unreachable, refusing the hub's
+    credentials) is a 503 with Retry-After that names the cluster: the caller is not wrong (no 401), and
+    nothing broke here (no 500)."""
     try:
         return await review
     except KubeError as error:
-        log.warning("kubernetes_review_failed", extra={"error": str(error)})
-        raise TimekeeperError("the Kubernetes API cannot review credentials now; retry later", 503) from error
+        log.warning("kubernetes_review_failed", extra={"cluster": cluster, "error": str(error)})
+        raise TimekeeperError(
+            f"the Kubernetes API server of {_cluster_name(cluster)} cannot {what} now; retry later",
+            503,
+            {"Retry-After": str(RETRY_AFTER_SECONDS)},
+        ) from error
 
 
 class KubernetesAccessControl:
@@ -101,11 +117,11 @@ class KubernetesAccessControl:
         principal = self._accepted.get(key)
         if principal is not None:
             return principal
-        review = await _ask(self._kube.token_review(token, self._audiences))
+        review = await _ask(self._kube.token_review(token, self._audiences), self._cluster)
         principal = principal_from_review(review)
         if principal is None and self._accept_api_tokens:
             # An empty audience list means the API server's own audiences.
-            review = await _ask(self._kube.token_review(token, ()))
+            review = await _ask(self._kube.token_review(token, ()), self._cluster)
             principal = principal_from_review(review, pod_bound=False)
         if principal is None:
             self._rejected[key] = True
@@ -133,10 +149,15 @@ class KubernetesAccessControl:
             decision = await _ask(
                 self._kube.subject_access_review(
                     principal.name, principal.groups, verb, BUDGET_RESOURCE, BUDGET_GROUP, namespace
-                )
+                ),
+                self._cluster,
             )
             self._decisions[key] = decision
         return decision
+
+    async def cluster_id(self) -> str:
+        """The identity of the cluster this access control asks (KubeClient.cluster_id)."""
+        return await _ask(self._kube.cluster_id(), self._cluster, "tell its identity (namespace kube-system)")
 
     async def aclose(self) -> None:
         """Drop the caches, and the client when it was built for this access control."""
@@ -147,17 +168,89 @@ class KubernetesAccessControl:
             await self._kube.close()
 
 
+class ClusterIdentities:
+    """Each cluster's identity (KubeClient.cluster_id), read once it answers, and the refusal of a member
+    that is the same cluster as another: the hub's own cluster configured as a member, or two members
+    reaching one API server. Such a member is refused (a 503 naming both), never the hub's own cluster, and
+    two such members both: what a member's API server answers is input, so a member whose server claims
+    another's identity refuses itself (and that other member, if it is one), but cannot stop the hub.
+
+    Read at start (`read_all`); a cluster that does not answer then is read at its first request, so a
+    member that is down when the hub starts does not keep it from starting, and is checked before it is
+    served. The hub's own identity is needed to admit any member."""
+
+    def __init__(self, clusters: Mapping[str | None, KubernetesAccessControl]) -> None:
+        self._clusters = clusters
+        self._ids: dict[str | None, str] = {}
+
+    async def read_all(self) -> None:
+        """Read every cluster's identity, together; log each that cannot be read yet, and each member
+        configured twice (refused from now on)."""
+        names = list(self._clusters)
+        answers = await asyncio.gather(*(self._read(name) for name in names), return_exceptions=True)
+        for name, answer in zip(names, answers, strict=True):
+            if isinstance(answer, TimekeeperError):
+                log.warning("cluster_identity_unread", extra={"cluster": name, "error": answer.message})
+            elif isinstance(answer, BaseException):
+                raise answer
+        for name in names:
+            same = self._same_as(name)
+            if name is not None and same:
+                log.error(
+                    "cluster_configured_twice",
+                    extra={
+                        "cluster": name,
+                        "same_as": [_cluster_name(other) for other in same],
+                        "kube_system_uid": self._ids[name],
+                    },
+                )
+
+    async def admit(self, cluster: str | None) -> None:
+        """Nothing for the hub's own cluster; for a member, its identity and the hub's are read, and it is
+        no other cluster's, else a 503 that names them (the caller is not wrong: the configuration is)."""
+        if cluster is None:
+            return
+        await self._read(None)
+        await self._read(cluster)
+        same = self._same_as(cluster)
+        if same:
+            raise TimekeeperError(
+                f"member cluster {cluster} is the same cluster as {', '.join(map(_cluster_name, same))}"
+                " (the same namespace kube-system): the hub serves one API server under one name only, and"
+                " refuses this one until its configuration is fixed (docs/fleet.md)",
+                503,
+            )
+
+    async def _read(self, cluster: str | None) -> None:
+        if cluster not in self._ids:
+            self._ids[cluster] = await self._clusters[cluster].cluster_id()
+
+    def _same_as(self, cluster: str | None) -> list[str | None]:
+        """The other clusters read so far with the identity of `cluster` (none while it is unread)."""
+        uid = self._ids.get(cluster)
+        return [
+            other
+            for other, known in self._ids.items()
+            if uid is not None and other != cluster and known == uid
+        ]
+
+
 class FleetAccessControl:
     """A hub's access control: each cluster's own (the local one under None), chosen by the cluster the
     request names for a token and by the principal's cluster for a decision, so a member's principal is
-    only ever judged by its own API server. Each keeps its own caches."""
+    only ever judged by its own API server, and only once ClusterIdentities admits that member. Each keeps
+    its own caches."""
 
     def __init__(self, clusters: Mapping[str | None, KubernetesAccessControl]) -> None:
         self._clusters = dict(clusters)
+        self.identities = ClusterIdentities(self._clusters)
 
     async def authenticate(self, token: str, cluster: str | None) -> Principal | None:
         access = self._clusters.get(cluster)
-        return None if access is None else await access.authenticate(token, cluster)
+        if access is None:
+            return None
+        await self.identities.admit(cluster)
+        return await access.authenticate(token, cluster)
 
     async def authorize(self, principal: Principal, action: Action, namespace: str | None) -> bool:
         access = self._clusters.get(principal.cluster)
@@ -192,8 +285,10 @@ async def build_access_control(settings: Settings) -> KubernetesAccessControl | 
         for name in settings.members:
             member = await KubeClient.from_config(member_kube_config(settings, name))
             clusters[name] = KubernetesAccessControl(member, owns_client=True, cluster=name)
+        fleet = FleetAccessControl(clusters)
+        await fleet.identities.read_all()
     except BaseException:
         for access in clusters.values():
             await access.aclose()
         raise
-    return FleetAccessControl(clusters)
+    return fleet

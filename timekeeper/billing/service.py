@@ -70,7 +70,7 @@ class BillingService:
         await self.repository.set_weight(key, body.weight, effective_from, principal.name)
         await self.audit.record(
             self.clock.now(),
-            principal.name,
+            principal,
             "weight.put",
             None,
             None,
@@ -87,7 +87,7 @@ class BillingService:
         await self.repository.set_weight(key, ONE, effective_from, principal.name)
         await self.audit.record(
             self.clock.now(),
-            principal.name,
+            principal,
             "weight.reset",
             None,
             None,
@@ -117,7 +117,7 @@ class BillingService:
         await self.repository.set_price(key, body.price_per_gpu_hour, principal.name, now)
         await self.audit.record(
             now,
-            principal.name,
+            principal,
             "price.put",
             None,
             None
@@ -134,7 +134,7 @@ class BillingService:
             raise TimekeeperError(f"GPU model {key} has no price", 404)
         await self.audit.record(
             self.clock.now(),
-            principal.name,
+            principal,
             "price.delete",
             None,
             {"model": key, "price_per_gpu_hour": str(previous.price_per_gpu_hour)},
@@ -157,7 +157,7 @@ class BillingService:
         )
         await self.audit.record(
             now,
-            principal.name,
+            principal,
             "charge_basis.put",
             namespace,
             before.model_dump(mode="json"),
@@ -171,7 +171,7 @@ class BillingService:
             raise TimekeeperError("no charge basis of its own is set here", 404)
         await self.audit.record(
             self.clock.now(),
-            principal.name,
+            principal,
             "charge_basis.delete",
             namespace,
             before.model_dump(mode="json"),

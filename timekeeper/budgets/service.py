@@ -237,7 +237,7 @@ class BudgetService:
         after = await self.repository.effective(namespace)
         await self.audit.record(
             self.clock.now(),
-            principal.name,
+            principal,
             "budget.put",
             namespace,
             None if previous is None else previous.as_json(),
@@ -254,7 +254,7 @@ class BudgetService:
         await self.repository.delete_own(namespace)
         after = await self.repository.effective(namespace)
         await self.audit.record(
-            self.clock.now(), principal.name, "budget.delete", namespace, previous.as_json(), None
+            self.clock.now(), principal, "budget.delete", namespace, previous.as_json(), None
         )
         await self._refresh_after_change([namespace], previous.period, after.period)
         return await self.status(namespace)
@@ -271,7 +271,7 @@ class BudgetService:
         await self.repository.put_default(values, principal.name, self.clock.now())
         after = await self.repository.default()
         await self.audit.record(
-            self.clock.now(), principal.name, "defaults.put", None, previous.as_json(), after.as_json()
+            self.clock.now(), principal, "defaults.put", None, previous.as_json(), after.as_json()
         )
         await self._refresh_after_change(None, previous.period, after.period)
         return config_out(after)
@@ -296,7 +296,7 @@ class BudgetService:
         await self.repository.add_granted(namespace, config.period, period.start, body.gpu_minutes)
         await self.audit.record(
             now,
-            principal.name,
+            principal,
             "grant.create",
             namespace,
             None,
@@ -335,7 +335,7 @@ class BudgetService:
         grant = await self.repository.revoke_grant(grant_id, principal.name, now)
         await self.audit.record(
             now,
-            principal.name,
+            principal,
             "grant.revoke",
             namespace,
             {"id": grant_id, "status": previous},

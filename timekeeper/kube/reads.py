@@ -11,6 +11,7 @@ from timekeeper.kube.types import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
     KubeApiError,
+    KubeUnavailableError,
     PodInfo,
     PodSnapshot,
     pod_info,
@@ -68,6 +69,18 @@ class KubeReads(KubeCore):
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return labels
+
+    async def cluster_id(self) -> str:
+        """The cluster's identity: the uid of its `kube-system` namespace, the convention for a cluster id
+        (KEP-2149's `cluster.clusterset.k8s.io` ClusterProperty is often set to it). Two kubeconfigs that
+        reach one API server, under any address or credentials, read the same one."""
+        namespace = await self._raw_json(
+            self._core.read_namespace("kube-system", _preload_content=False, _request_timeout=self._timeout)
+        )
+        uid = (namespace.get("metadata") or {}).get("uid")
+        if not isinstance(uid, str) or not uid:
+            raise KubeUnavailableError("namespace kube-system has no metadata.uid")
+        return uid
 
     async def node_labels(self, name: str) -> dict[str, str]:
         """A node's labels; none for a node that is gone (404)."""

@@ -20,6 +20,7 @@ from gpuaccounting.dra import claim_refs
 from gpuaccounting.names import DOMAIN
 from gpuaccounting.shares import read_pod
 from timekeeper.audit.repository import AuditRepository
+from timekeeper.auth.base import Principal
 from timekeeper.clock import Clock
 from timekeeper.domain.clusters import in_cluster
 from timekeeper.kube import KubeApiError, KubeClient, KubeError, ObjectReference
@@ -301,7 +302,12 @@ class KueuePriorities:
         before = {"workload": name, "uid": meta.get("uid"), "priority": priority_of(workload)}
         async with self.sessionmaker() as session, session.begin():
             await AuditRepository(session).record(
-                self.clock.now(), ACTOR, action, namespace, before, {**before, "priority": priority}
+                self.clock.now(),
+                Principal(ACTOR),
+                action,
+                namespace,
+                before,
+                {**before, "priority": priority},
             )
         log.info(
             action.replace(".", "_"), extra={"namespace": namespace, "workload": name, "priority": priority}

@@ -42,6 +42,9 @@ class BudgetPool(Base):
     model_policy: Mapped[str] = mapped_column(Text, server_default="reduce")
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_by: Mapped[str] = mapped_column(Text)
+    # The member cluster whose API server authenticated `updated_by` (NULL: the hub's own cluster): a
+    # member's admin may change a pool of its own namespaces.
+    updated_by_cluster: Mapped[str | None] = mapped_column(Text)
 
 
 class PoolMember(Base):

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from timekeeper.auth.base import Principal
 from timekeeper.budgets.pools.models import (
     LOCAL_KEY_SQL,
     MEMBERSHIP_SQL,
@@ -84,7 +85,7 @@ class PoolRepository:
         name: str,
         values: dict[str, Any],
         members: dict[str, Decimal | None],
-        actor: str,
+        actor: Principal,
         now: datetime,
     ) -> None:
         """Create or replace the pool and its listed members."""
@@ -98,7 +99,8 @@ class PoolRepository:
             models=sa.null() if values["models"] is None else values["models"],
             model_policy=values["model_policy"],
             updated_at=now,
-            updated_by=actor,
+            updated_by=actor.name,
+            updated_by_cluster=actor.cluster,
         )
         await self.session.execute(
             statement.on_conflict_do_update(
@@ -114,6 +116,7 @@ class PoolRepository:
                         "model_policy",
                         "updated_at",
                         "updated_by",
+                        "updated_by_cluster",
                     )
                 },
             )

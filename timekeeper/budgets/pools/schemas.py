@@ -40,6 +40,8 @@ MEMBER_KEY = (
 )
 PoolName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
 
+UPDATED_BY_CLUSTER = "the member cluster whose API server authenticated `updated_by`; null: the hub's own"
+
 
 class NamespaceSelectorBody(BaseModel):
     """Namespaces whose labels hold every one of these (Kubernetes' matchLabels)."""
@@ -111,3 +113,4 @@ class PoolOut(BaseModel):
     model_policy: ModelPolicy = "reduce"
     updated_at: datetime
     updated_by: str
+    updated_by_cluster: Annotated[str | None, Field(description=UPDATED_BY_CLUSTER)]

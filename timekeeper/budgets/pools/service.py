@@ -93,6 +93,7 @@ def pool_out(
         model_policy="steer" if pool.model_policy == "steer" else "reduce",
         updated_at=pool.updated_at,
         updated_by=pool.updated_by,
+        updated_by_cluster=pool.updated_by_cluster,
     )
 
 
@@ -198,11 +199,9 @@ class PoolService:
         values["namespace_selector"] = (
             None if body.namespace_selector is None else body.namespace_selector.matchLabels
         )
-        await self.repository.put(name, values, listed, principal.name, now)
+        await self.repository.put(name, values, listed, principal, now)
         [pool] = await self.repository.pools([name])
-        await self.audit.record(
-            now, principal.name, "pool.put", None, old, audited(pool, listed) | {"name": name}
-        )
+        await self.audit.record(now, principal, "pool.put", None, old, audited(pool, listed) | {"name": name})
         await self._refresh_after_change(before, now)
         return await self.pool(name)
 
@@ -214,7 +213,7 @@ class PoolService:
         old = audited(pool, await self.repository.listed(name)) | {"name": name}
         before = await self._periods(name, [], now)
         await self.repository.delete(name)
-        await self.audit.record(now, principal.name, "pool.delete", None, old, None)
+        await self.audit.record(now, principal, "pool.delete", None, old, None)
         await self._refresh_after_change(before, now)
 
     async def sync_labels(self, labels: dict[str, dict[str, str]]) -> list[str]:

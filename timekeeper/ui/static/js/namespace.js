@@ -165,7 +165,8 @@ export function auditTable(entries, id = "audit") {
             "tr",
             {},
             h("td", {}, h("time", { datetime: e.at }, dateTime(e.at))),
-            h("td", {}, e.actor),
+            // A member cluster's actor is not the hub's of the same name (docs/fleet.md).
+            h("td", {}, e.actor_cluster ? `${e.actor} (${e.actor_cluster})` : e.actor),
             h("td", {}, h("code", {}, e.action)),
             h("td", {}, e.namespace || "(default)"),
             h("td", {}, h("code", { class: "json" }, compactJson(e.old_value))),

@@ -7,11 +7,12 @@ token deployment/member's Secret holds, so `b` runs exactly the member install w
 process here, polling the hub with WEBHOOK_CLUSTER=b, registered with b's API server).
 
 What it shows: a pool spanning a's `team-x` and `b/team-x` is exhausted by reports from cluster a alone,
-whatever b's admin grants its team-x, and b's webhook then gives b's team-x GPU pods the reduced class; a sidecar token of cluster a reports for
-no pod of cluster b, whichever cluster it names; a namespace reader of cluster a reads its own budget and
-not cluster b's; a hub configured with one API server under two names refuses those members, naming both,
-and a member whose API server does not answer is a 503; with the hub stopped, b's webhook keeps its last
-decision and the reports a real sidecar in b buffered arrive after and are charged once.
+whatever b's admin grants its team-x, and b's webhook then gives b's team-x GPU pods the reduced class; a
+sidecar token of cluster a reports for no pod of cluster b, whichever cluster it names; a namespace reader
+of cluster a reads its own budget and not cluster b's; a hub configured with one API server under two names
+refuses those members, naming both, and a member whose API server does not answer is a 503; with the hub
+stopped, b's webhook keeps its last decision and the reports a real sidecar in b buffered arrive after and
+are charged once.
 """
 
 from __future__ import annotations

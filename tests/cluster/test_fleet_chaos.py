@@ -52,7 +52,7 @@ from tests.cluster.test_fleet import (  # noqa: F401 (cluster_a, cluster_b, memb
 from tests.support.processes import free_port
 from tests.support.throwaway_postgres import ThrowawayPostgres
 from tests.support.timekeeper import bearer, ok
-from timekeeper.domain.clusters import namespace_key, split_key
+from timekeeper.domain.clusters import namespace_key, pod_key, split_key
 
 # ruff: noqa: F811 (the fixtures imported from test_fleet are this module's parameters)
 
@@ -110,6 +110,11 @@ def pods_in(member: Member, cluster: str | None) -> list[tuple[dict[str, Any], D
 def key_of(pod: Pod) -> str:
     """The namespace key a simulated pod is charged under: its namespace in the cluster it names."""
     return namespace_key(pod.headers.get(CLUSTER_HEADER), pod.namespace)
+
+
+def stored_uid(pod: Pod) -> str:
+    """The pod key a simulated pod's charged time is kept under (a member's uid qualified by its cluster)."""
+    return pod_key(pod.headers.get(CLUSTER_HEADER), pod.uid)
 
 
 def usage(client: httpx.Client, key: str, run: Run, admin: Member) -> tuple[Decimal, Decimal]:
@@ -226,9 +231,9 @@ async def test_a_fleets_charges_and_export_equal_ground_truth_through_chaos(
         assert abs(totals[key] - expected) <= EXACT, (key, totals, truth)
     assert overlaps == (0,), "a pod's time was charged twice"
     for pod in pods:
-        assert charged_seconds[pod.uid] == run.seconds, pod
+        assert charged_seconds[stored_uid(pod)] == run.seconds, pod
         # Acknowledged means committed: every acknowledged report survived the kills and the crashes.
-        assert {(pod.uid, seq) for seq in pod.acknowledged} <= stored, pod
+        assert {(stored_uid(pod), seq) for seq in pod.acknowledged} <= stored, pod
 
     # The export against the usage figures, to docs/billing.md's rounding rule: each export row's minutes
     # are rounded once to NANO, as each of a usage answer's pod rows is, so a namespace's rows and its

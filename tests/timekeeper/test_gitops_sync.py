@@ -258,7 +258,8 @@ async def test_deleting_a_members_gpubudget_releases_its_key_alone(
     hub.add("team-x", {"budgetGPUMinutes": 100})
     b.add("team-x", {"budgetGPUMinutes": 1000})
     await local.run_pass()
-    await syncer.run_pass()
+    assert (await syncer.run_pass()).released == []  # the hub's team-x is not b's to release
+    assert (await api.put_budget("team-x", budget_gpu_minutes=5)).status_code == 409
 
     b.objects[BUDGETS].clear()
     assert (await syncer.run_pass()).released == ["b/team-x"]

@@ -181,7 +181,7 @@ class GitOpsSync:
 
     async def run_pass(self) -> SyncResult:
         budgets = await self._list(BUDGETS)
-        defaults = await self._list(DEFAULTS) if DEFAULTS in self.plurals else []
+        defaults = await self._list(DEFAULTS) if self.cluster is None else []
         result = SyncResult()
         now = self.clock.now()
         by_namespace: dict[str, list[dict[str, Any]]] = defaultdict(list)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -16,7 +16,7 @@ from gpuaccounting.wire import BUDGET_STATES
 from httpguard.connections import REASONS as CONNECTION_REASONS
 from timekeeper.context import Slot
 from timekeeper.db.outage import OutageWatch
-from timekeeper.domain.clusters import split_key
+from timekeeper.domain.clusters import LOCAL_CLUSTER_LABEL, split_key
 
 REPORT_RESULTS = ("charged", "duplicate", "rejected")
 BATCH_FAILURE_REASONS = ("outage", "refused")
@@ -291,29 +291,34 @@ METRICS: Slot[Metrics] = Slot("metrics")
 
 class GitOpsMetrics(Collector):
     """The GPUBudget sync's (timekeeper/gitops): collected through the periodic runner, which registers
-    it while it runs (the sync runs on the leader; a follower exports zeros)."""
+    it while it runs (the sync runs on the leader; a follower exports zeros). Each by `cluster`, whose
+    objects they are: "" the hub's own, else a member's name (docs/fleet.md)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clusters: Iterable[str] = (LOCAL_CLUSTER_LABEL,)) -> None:
+        clusters = tuple(clusters)
         self.passes = Counter(
             "timekeeper_gitops_passes",
-            "GPUBudget sync passes by outcome (ok, error)",
-            ["outcome"],
+            "GPUBudget sync passes by cluster and outcome (ok, error)",
+            ["cluster", "outcome"],
             registry=None,
         )
-        start_at_zero(self.passes, outcome=GITOPS_OUTCOMES)
+        start_at_zero(self.passes, cluster=clusters, outcome=GITOPS_OUTCOMES)
         self.changes = Counter(
             "timekeeper_gitops_changes",
             "Budget changes the GPUBudget sync made: applied (a spec written), released (an object gone)",
-            ["action"],
+            ["cluster", "action"],
             registry=None,
         )
-        start_at_zero(self.changes, action=GITOPS_ACTIONS)
+        start_at_zero(self.changes, cluster=clusters, action=GITOPS_ACTIONS)
         self.not_ready = Gauge(
             "timekeeper_gitops_objects_not_ready",
             "GPUBudget and GPUBudgetDefault objects whose spec is not the budget in force (invalid, "
-            "a second object in one namespace)",
+            "a second object in one namespace), by cluster",
+            ["cluster"],
             registry=None,
         )
+        for cluster in clusters:
+            self.not_ready.labels(cluster=cluster)
 
     def collect(self) -> Iterator[Metric]:
         for metric in (self.passes, self.changes, self.not_ready):

@@ -1,8 +1,9 @@
 """A fleet's installs (docs/fleet.md): a hub is the single-cluster install plus its members' kubeconfig
 Secrets mounted read-only and named in TIMEKEEPER_MEMBERS; a member is the webhook polling the hub with
-its cluster's name, and the access the hub's credentials need there (the timekeeper's own ClusterRole and
-system:auth-delegator, through a token Secret), with no timekeeper, database or GPUBudget CRDs. The chart
-and kustomize render the same objects for both; the single-cluster install names no fleet at all."""
+its cluster's name, the GPUBudget CRD (the hub syncs its objects), and the access the hub's credentials
+need there (the timekeeper's own ClusterRole less GPUBudgetDefaults, and system:auth-delegator, through a
+token Secret), with no timekeeper, database or GPUBudgetDefault CRD. The chart and kustomize render the
+same objects for both; the single-cluster install names no fleet at all."""
 
 from __future__ import annotations
 
@@ -24,16 +25,16 @@ from webhook.settings import WebhookSettings
 HUB_URL = "https://gpu-timekeeper.hub.example.com"
 MEMBER = ("--set", f"fleet.cluster=b,fleet.hubUrl={HUB_URL},certificates.source=certManager")
 HUB = ("--set", "fleet.members.b.secretName=gpu-timekeeper-member-b")
-# What only a hub (or a single cluster) has: the timekeeper, its database and migration, the CRDs it syncs.
+# What only a hub (or a single cluster) has: the timekeeper, its database and migration, the default's CRD.
 HUB_ONLY = {
     ("Deployment", "gpu-timekeeper"),
     ("Service", "gpu-timekeeper"),
     ("PodDisruptionBudget", "gpu-timekeeper"),
     ("Job", "gpu-timekeeper-migrate"),
     ("NetworkPolicy", "gpu-timekeeper"),
-    ("CustomResourceDefinition", "gpubudgets.gpu-timekeeper.io"),
     ("CustomResourceDefinition", "gpubudgetdefaults.gpu-timekeeper.io"),
 }
+BUDGETS_CRD = ("CustomResourceDefinition", "gpubudgets.gpu-timekeeper.io")
 
 
 def overlay(tmp_path: Path, resource: str, *components: str, patch: str | None = None) -> Path:
@@ -112,12 +113,22 @@ def test_a_member_runs_the_webhook_against_the_hub_and_no_timekeeper(install, tm
         kubernetes_validate.validate(obj, KUBERNETES_VERSIONS[-1], strict=True)
 
 
+def without_defaults(role: dict[str, Any]) -> list[dict[str, Any]]:
+    """A ClusterRole's rules less any right on GPUBudgetDefaults (and rules left with no resource)."""
+    rules = []
+    for rule in role["rules"]:
+        resources = [r for r in rule["resources"] if not r.startswith("gpubudgetdefaults")]
+        if resources:
+            rules.append(rule | {"resources": resources})
+    return rules
+
+
 @pytest.mark.parametrize("install", ["chart", "kustomize"])
 def test_the_hubs_credentials_in_a_member_are_the_timekeepers_own_access(install, tmp_path):
     """TokenReview and SubjectAccessReview (system:auth-delegator), and the timekeeper's ClusterRole as
-    the single-cluster install has it (pods, nodes, what the reconciler reads), for the ServiceAccount whose
-    token Secret the hub's kubeconfig carries; the member's webhook may read its cluster's budgets at the
-    hub (the hub asks this cluster's API server whether it may)."""
+    the single-cluster install has it (pods, nodes, what the reconciler reads) less GPUBudgetDefaults, for
+    the ServiceAccount whose token Secret the hub's kubeconfig carries; the member's webhook may read its
+    cluster's budgets at the hub (the hub asks this cluster's API server whether it may)."""
     objects = helm_template(*MEMBER) if install == "chart" else kustomized_member(tmp_path)
     single = helm_template() if install == "chart" else kustomize(DEPLOYMENT / "base")
     token = one(objects, "Secret", "gpu-timekeeper-hub-token")
@@ -127,8 +138,13 @@ def test_the_hubs_credentials_in_a_member_are_the_timekeepers_own_access(install
     subject = {"kind": "ServiceAccount", "name": account, "namespace": "gpu-timekeeper"}
     roles = {b["roleRef"]["name"] for b in find(objects, "ClusterRoleBinding") if subject in b["subjects"]}
     assert roles == {"gpu-timekeeper", "system:auth-delegator"}
-    assert one(objects, "ClusterRole", "gpu-timekeeper") == one(single, "ClusterRole", "gpu-timekeeper")
-    rules = one(objects, "ClusterRole", "gpu-timekeeper")["rules"]
+    member_role, single_role = (
+        one(objects, "ClusterRole", "gpu-timekeeper"),
+        one(single, "ClusterRole", "gpu-timekeeper"),
+    )
+    assert member_role["rules"] == without_defaults(single_role)
+    assert member_role["metadata"] == single_role["metadata"]
+    rules = member_role["rules"]
     assert {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]} in rules
     assert any("pods" in r["resources"] and "get" in r["verbs"] for r in rules)
     webhook = {"kind": "ServiceAccount", "name": "gpu-timekeeper-webhook", "namespace": "gpu-timekeeper"}
@@ -266,3 +282,20 @@ def test_the_shipped_member_kustomization_reaches_no_hub_until_its_overlay_names
     env = webhook_env(kustomize(DEPLOYMENT / "member"))
     assert env["WEBHOOK_TIMEKEEPER_URL"].endswith(".invalid")
     assert env["WEBHOOK_CLUSTER"] == "change-me"
+
+
+@pytest.mark.parametrize("install", ["chart", "kustomize"])
+def test_a_member_serves_gpubudgets_for_its_hub_to_sync_and_no_default(install, tmp_path):
+    """The GPUBudget CRD as a single cluster has it (the chart's kept on uninstall); the hub's credentials
+    list and watch GPUBudgets and update their status, never their spec, and nothing of GPUBudgetDefaults
+    (a member's default is the hub's)."""
+    objects = helm_template(*MEMBER) if install == "chart" else kustomized_member(tmp_path)
+    single = helm_template() if install == "chart" else kustomize(DEPLOYMENT / "base")
+    assert keyed(objects)[BUDGETS_CRD] == keyed(single)[BUDGETS_CRD]
+    assert not find(objects, "CustomResourceDefinition", "gpubudgetdefaults.gpu-timekeeper.io")
+    rules = one(objects, "ClusterRole", "gpu-timekeeper")["rules"]
+    ours = [r for r in rules if r["apiGroups"] == ["gpu-timekeeper.io"]]
+    assert ours == [
+        {"apiGroups": ["gpu-timekeeper.io"], "resources": ["gpubudgets"], "verbs": ["list", "watch"]},
+        {"apiGroups": ["gpu-timekeeper.io"], "resources": ["gpubudgets/status"], "verbs": ["update"]},
+    ]

@@ -14,9 +14,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, async_sessionmaker
 
 from tests.support.timekeeper import Api, ok
 from tests.timekeeper.conftest import START
+from timekeeper.budgets.repository import BudgetRepository
 from timekeeper.clock import ManualClock
 from timekeeper.gitops.objects import BUDGETS, DEFAULTS
-from timekeeper.gitops.sync import GitOpsSync
+from timekeeper.gitops.sync import FleetGitOpsSync, GitOpsSync
+from timekeeper.kube import KubeUnavailableError
 from timekeeper.metrics import GitOpsMetrics
 from timekeeper.settings import Settings
 
@@ -29,6 +31,7 @@ class Cluster:
     def __init__(self) -> None:
         self.objects: dict[str, list[dict[str, Any]]] = {BUDGETS: [], DEFAULTS: []}
         self.status_writes: list[dict[str, Any]] = []
+        self.away = False  # an API server that cannot be reached
         self.listed, self.written = asyncio.Event(), asyncio.Event()
         self.changes: dict[str, asyncio.Queue[tuple[str, str | None, str]]] = {
             BUDGETS: asyncio.Queue(),
@@ -53,13 +56,15 @@ class Cluster:
 
     async def list_custom_objects(self, group: str, version: str, plural: str) -> list[dict[str, Any]]:
         self.listed.set()
+        if self.away:
+            raise KubeUnavailableError("connection refused")
         return copy.deepcopy(self.objects[plural])
 
     async def replace_custom_object_status(self, group: str, version: str, plural: str, obj: dict) -> None:
         self.status_writes.append(obj)
         self.written.set()
         for stored in self.objects[plural]:
-            if stored["metadata"]["uid"] == obj["metadata"]["uid"]:
+            if stored["metadata"].get("uid") == obj["metadata"]["uid"]:
                 stored["status"] = obj["status"]
 
     async def watch_custom_objects(
@@ -82,6 +87,28 @@ async def sync(
     )
     quiet = settings.model_copy(update={"gitops_status_interval_seconds": 3600.0})
     yield GitOpsSync(cluster, sessionmaker, quiet, clock, GitOpsMetrics()), cluster  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def member(sync: tuple[GitOpsSync, Cluster]) -> tuple[GitOpsSync, Cluster]:
+    """Member b's sync beside the hub's own (`sync`): the same database, b's API server stood in."""
+    local, _ = sync
+    cluster = Cluster()
+    syncer = GitOpsSync(
+        cluster,  # type: ignore[arg-type]
+        local.sessionmaker,
+        local.settings,
+        local.clock,
+        GitOpsMetrics(["", "b"]),
+        cluster="b",
+    )
+    return syncer, cluster
+
+
+async def own_budget(syncer: GitOpsSync, key: str) -> dict[str, Any] | None:
+    async with syncer.sessionmaker() as session, session.begin():
+        own = await BudgetRepository(session).own(key)
+    return None if own is None else own.as_json()
 
 
 async def test_a_pass_applies_a_spec_once_and_a_pass_with_nothing_new_writes_nothing(
@@ -196,3 +223,125 @@ async def test_spec_models_are_applied_once_and_an_exhausted_model_is_a_new_stat
 
     assert (await syncer.run_pass()).statuses == 1  # the T4 exhausted: a new status at once
     assert cluster.objects[BUDGETS][0]["status"]["exhaustedModels"] == ["Tesla-T4"]
+
+
+async def test_a_members_gpubudget_sets_its_own_namespace_key_and_its_status_there(
+    sync: tuple[GitOpsSync, Cluster], member: tuple[GitOpsSync, Cluster], api: Api
+) -> None:
+    """b's team-x is `b/team-x`: the hub's team-x keeps its REST budget, and each cluster's pass leaves the
+    other's claims alone (neither releases what it did not list)."""
+    local, hub = sync
+    syncer, b = member
+    ok(await api.put_budget("team-x", budget_gpu_minutes=500))
+    b.add("team-x", {"budgetGPUMinutes": 1000})
+
+    result = await syncer.run_pass()
+    assert (result.applied, result.statuses) == (["GPUBudget b/team-x/budget"], 1)
+    assert ((await own_budget(syncer, "b/team-x")) or {})["budget_gpu_minutes"] == "1000"
+    assert (await api.budget("team-x"))["budget_gpu_minutes"] == 500
+    status = b.objects[BUDGETS][0]["status"]
+    assert (status["budgetGPUMinutes"], status["conditions"][0]["status"]) == ("1000", "True")
+    assert hub.status_writes == []
+
+    assert (await local.run_pass()).released == []  # the hub's pass does not release b's namespace
+    assert (await syncer.run_pass()).applied == []
+    ok(await api.put_budget("team-x", budget_gpu_minutes=600))  # the hub's team-x is still the REST API's
+    audit = ok(await api.get("/audit", namespace="team-x"))
+    assert all(not entry["actor"].startswith("gitops:") for entry in audit)
+
+
+async def test_deleting_a_members_gpubudget_releases_its_key_alone(
+    sync: tuple[GitOpsSync, Cluster], member: tuple[GitOpsSync, Cluster], api: Api
+) -> None:
+    local, hub = sync
+    syncer, b = member
+    hub.add("team-x", {"budgetGPUMinutes": 100})
+    b.add("team-x", {"budgetGPUMinutes": 1000})
+    await local.run_pass()
+    assert (await syncer.run_pass()).released == []  # the hub's team-x is not b's to release
+    assert (await api.put_budget("team-x", budget_gpu_minutes=5)).status_code == 409
+
+    b.objects[BUDGETS].clear()
+    assert (await syncer.run_pass()).released == ["b/team-x"]
+    assert await own_budget(syncer, "b/team-x") is None
+    assert (await local.run_pass()).released == []
+    assert (await api.budget("team-x"))["budget_gpu_minutes"] == 100
+    assert (await api.put_budget("team-x", budget_gpu_minutes=5)).status_code == 409  # still the hub's object
+
+
+@pytest.mark.parametrize(
+    "namespace",
+    ["a/team-x", "../team-x", "", "Team-X", "x" * 64, None],
+    ids=["another-key", "dots", "empty", "upper", "too-long", "none"],
+)
+async def test_a_members_object_whose_namespace_is_not_one_of_its_namespaces_governs_nothing(
+    member: tuple[GitOpsSync, Cluster], namespace: str | None
+) -> None:
+    """A hostile member's API server may answer anything: a namespace that is not one DNS label would make
+    a key of another cluster (`b/a/team-x` reads as cluster `b/a`), or the hub's own."""
+    syncer, b = member
+    b.add("team-y", {"budgetGPUMinutes": 7})
+    b.add("team-x", {"budgetGPUMinutes": 1000}, name="evil")
+    b.objects[BUDGETS][-1]["metadata"]["namespace"] = namespace
+
+    result = await syncer.run_pass()
+    assert result.applied == ["GPUBudget b/team-y/budget"]  # the well-formed one alone
+    for key in ("team-x", "a/team-x", "b/a/team-x", "b/team-x", "b/", "b/Team-X"):
+        assert await own_budget(syncer, key) is None
+    assert "status" not in b.objects[BUDGETS][-1]
+
+
+async def test_a_member_never_sets_the_default_and_hostile_metadata_is_ignored(
+    member: tuple[GitOpsSync, Cluster], api: Api
+) -> None:
+    """The default is the hub's: a member's sync does not even list GPUBudgetDefaults. An object without a
+    uid or with a name no API server gives, or a spec that is no object, changes nothing either."""
+    syncer, b = member
+    before = ok(await api.get("/defaults"))
+    b.objects[DEFAULTS].append(
+        {
+            "kind": "GPUBudgetDefault",
+            "metadata": {"name": "default", "uid": "uid-default", "generation": 1},
+            "spec": {"budgetGPUMinutes": 1},
+        }
+    )
+    b.add("team-u", {"budgetGPUMinutes": 1})
+    del b.objects[BUDGETS][-1]["metadata"]["uid"]
+    b.add("team-n", {"budgetGPUMinutes": 1}, name="x (deleted)\ngitops:GPUBudget team-a/budget")
+    b.add("team-s", {})
+    b.objects[BUDGETS][-1]["spec"] = ["budgetGPUMinutes", 1]
+
+    result = await syncer.run_pass()
+    assert result.applied == []
+    assert list(result.not_ready) == ["GPUBudget b/team-s/budget"]
+    assert "spec is not an object" in result.not_ready["GPUBudget b/team-s/budget"]
+    assert ok(await api.get("/defaults")) == before
+    for key in ("b/team-u", "b/team-n", "b/team-s"):
+        assert await own_budget(syncer, key) is None
+    assert (await api.put_defaults(budget_gpu_minutes=5)).status_code == 200  # nothing claimed the default
+
+
+async def test_a_member_that_cannot_be_reached_delays_no_other_clusters_sync(
+    sync: tuple[GitOpsSync, Cluster], member: tuple[GitOpsSync, Cluster], api: Api
+) -> None:
+    local, hub = sync
+    syncer, b = member
+    b.away = True
+    fleet = FleetGitOpsSync([syncer, local], local.metrics)
+    hub.add("team-a", {"budgetGPUMinutes": 100})
+    await fleet.start_leading()
+    try:
+        async with asyncio.timeout(10):
+            await hub.written.wait()
+    finally:
+        await fleet.stop_leading()
+    assert (await api.budget("team-a"))["budget_gpu_minutes"] == 100
+    passes = {
+        (sample.labels["cluster"], sample.labels["outcome"]): sample.value
+        for metrics in (syncer.metrics, local.metrics)
+        for metric in metrics.collect()
+        for sample in metric.samples
+        if sample.name == "timekeeper_gitops_passes_total"
+    }
+    assert passes[("b", "error")] >= 1
+    assert passes[("", "ok")] >= 1

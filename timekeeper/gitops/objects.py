@@ -4,6 +4,7 @@ database, no cluster, so every rule here is tested on its own (tests/timekeeper/
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -12,9 +13,10 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from gpuaccounting.admission_state import default_priority_policy
-from gpuaccounting.names import DOMAIN
+from gpuaccounting.names import DNS_LABEL, DNS_SUBDOMAIN, DOMAIN
 from timekeeper.budgets.managed.repository import ObjectRef
 from timekeeper.budgets.schemas import BudgetIn, NamespaceBudgetOut, model_amounts
+from timekeeper.domain.clusters import namespace_key
 from timekeeper.domain.figures import SHIPPED_RUNNING_POD_ACTION
 
 GROUP = DOMAIN
@@ -25,6 +27,8 @@ DEFAULTS = "gpubudgetdefaults"  # plural of GPUBudgetDefault (cluster-scoped, on
 BUDGET_KIND = "GPUBudget"
 DEFAULT_KIND = "GPUBudgetDefault"
 DEFAULT_NAME = "default"
+NAME_LENGTH = 253  # an object's name: a DNS subdomain
+LABEL_LENGTH = 63  # a namespace's: a DNS label
 # The figures in status are for people and `kubectl get`: rounded; the API answers them exactly.
 STATUS_STEP = Decimal("0.01")
 # Status fields that move with every charge (the conditions' messages quote them too).
@@ -52,18 +56,43 @@ class SpecError(ValueError):
     """A spec the budget API would refuse: reported in the object's Ready condition, nothing applied."""
 
 
-def object_ref(kind: str, obj: dict[str, Any]) -> ObjectRef:
+def object_ref(kind: str, obj: dict[str, Any], cluster: str | None = None) -> ObjectRef:
+    """The object of `cluster` (None: the hub's own) as what it governs: its namespace's key there."""
     meta = obj["metadata"]
+    namespace = meta.get("namespace")
     return ObjectRef(
-        kind, meta.get("namespace"), meta["name"], meta.get("uid", ""), meta.get("generation", 0)
+        kind,
+        None if namespace is None else namespace_key(cluster, namespace),
+        meta["name"],
+        meta.get("uid", ""),
+        meta.get("generation", 0),
     )
 
 
-def budget_in(spec: dict[str, Any] | None) -> BudgetIn:
+def well_formed(obj: Any, namespaced: bool) -> bool:
+    """Whether a listed object can be synced at all: a name an API server could have given it, a uid,
+    and (namespaced) a namespace that is one DNS label. A member's API server is input (docs/fleet.md):
+    a namespace such as `a/team-x`, or none, would make a key that is not of that member's namespaces."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    if not isinstance(meta, dict):
+        return False
+    name, uid, namespace = meta.get("name"), meta.get("uid"), meta.get("namespace")
+    named = isinstance(name, str) and len(name) <= NAME_LENGTH and re.fullmatch(DNS_SUBDOMAIN, name)
+    placed = (
+        isinstance(namespace, str) and len(namespace) <= LABEL_LENGTH and re.fullmatch(DNS_LABEL, namespace)
+        if namespaced
+        else namespace is None
+    )
+    return bool(named and placed and isinstance(uid, str) and uid)
+
+
+def budget_in(spec: Any) -> BudgetIn:
     """The full budget a spec states. Unlike a REST PUT, where an omitted enforcement field keeps its
     current value, the object is the whole truth: an omitted priorityPolicy or runningPodAction follows
     the default (on the cluster default: the shipped one). Raises SpecError saying what is wrong."""
     spec = spec or {}
+    if not isinstance(spec, dict):
+        raise SpecError("spec is not an object")
     unknown = sorted(set(spec) - set(SPEC_FIELDS))
     if unknown:
         raise SpecError(f"unknown spec fields: {', '.join(unknown)}")

@@ -1,6 +1,8 @@
 """The sync from GPUBudget objects to the database, the periodic jobs' leader's alone: each spec that
 differs is applied through BudgetService (as a REST PUT), a namespace whose object is gone returns to the
-default, changed statuses are written. Level-based: the next pass repairs whatever a pass missed."""
+default, changed statuses are written. Level-based: the next pass repairs whatever a pass missed. A hub
+runs one sync per cluster, its own and each member's (docs/fleet.md), each through that cluster's API
+server and over that cluster's namespace keys only."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -16,11 +19,12 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from timekeeper.auth.base import Principal
+from timekeeper.auth.kubernetes import member_kube_config
 from timekeeper.budgets.managed.repository import ManagedRepository, ObjectRef
 from timekeeper.budgets.schemas import BudgetIn
 from timekeeper.budgets.service import BudgetService
 from timekeeper.clock import Clock
-from timekeeper.domain.clusters import namespace_key
+from timekeeper.domain.clusters import LOCAL_CLUSTER_LABEL, cluster_of, namespace_key
 from timekeeper.errors import TimekeeperError
 from timekeeper.gitops.objects import (
     BUDGET_KIND,
@@ -40,8 +44,9 @@ from timekeeper.gitops.objects import (
     owner_of,
     stored_json,
     substance,
+    well_formed,
 )
-from timekeeper.kube import KubeApiError, KubeClient, KubeConfig
+from timekeeper.kube import KubeApiError, KubeClient, KubeConfig, KubeUnavailableError
 from timekeeper.metrics import GitOpsMetrics
 from timekeeper.settings import Settings
 
@@ -62,7 +67,10 @@ class SyncResult:
 
 
 class GitOpsSync:
-    """A LeaderService of the periodic runner: the pass loop runs while this replica leads."""
+    """One cluster's sync, a LeaderService of the periodic runner: the pass loop runs while this replica
+    leads. `cluster` None is the hub's own cluster, whose objects set its namespaces and the default; a
+    member's name, read through `kube` (that member's API server): its GPUBudgets set `<member>/<ns>`
+    only, and the default stays the hub's (a member's admin is input, never the fleet's policy)."""
 
     def __init__(
         self,
@@ -71,8 +79,12 @@ class GitOpsSync:
         settings: Settings,
         clock: Clock,
         metrics: GitOpsMetrics,
+        cluster: str | None = None,
     ) -> None:
         self.kube = kube
+        self.cluster = cluster
+        self.label = LOCAL_CLUSTER_LABEL if cluster is None else cluster
+        self.plurals = (BUDGETS, DEFAULTS) if cluster is None else (BUDGETS,)
         self.sessionmaker = sessionmaker
         self.settings = settings
         self.clock = clock
@@ -92,7 +104,7 @@ class GitOpsSync:
         self._written.clear()
         self._watches = [
             asyncio.create_task(self._follow(plural), name=f"gitops-watch-{plural}")
-            for plural in (BUDGETS, DEFAULTS)
+            for plural in self.plurals
         ]
         self._task = asyncio.create_task(self._loop(), name="gitops-sync")
 
@@ -119,18 +131,26 @@ class GitOpsSync:
                 result = await self.run_pass()
             except KubeApiError as error:
                 # 404: the CRDs are not installed (deployment/base/crds); 403: RBAC lacks the rules.
-                log.warning("gitops_sync_refused", extra={"status": error.status, "error": str(error)})
-                self.metrics.passes.labels(outcome="error").inc()
+                log.warning(
+                    "gitops_sync_refused",
+                    extra={"cluster": self.label, "status": error.status, "error": str(error)},
+                )
+                self.metrics.passes.labels(cluster=self.label, outcome="error").inc()
+            except KubeUnavailableError as error:
+                # This cluster's API server is away (a member the hub cannot reach): the other clusters'
+                # syncs run on their own; this one tries again at the next interval.
+                log.warning("gitops_sync_unreachable", extra={"cluster": self.label, "error": str(error)})
+                self.metrics.passes.labels(cluster=self.label, outcome="error").inc()
             except Exception:
                 # The next pass starts from the cluster and the database again: nothing is half-done.
-                log.exception("gitops_sync_failed")
-                self.metrics.passes.labels(outcome="error").inc()
+                log.exception("gitops_sync_failed", extra={"cluster": self.label})
+                self.metrics.passes.labels(cluster=self.label, outcome="error").inc()
             else:
-                self.metrics.passes.labels(outcome="ok").inc()
+                self.metrics.passes.labels(cluster=self.label, outcome="ok").inc()
                 if result.applied or result.released:
                     log.info(
                         "gitops_sync_applied",
-                        extra={"applied": result.applied, "released": result.released},
+                        extra={"cluster": self.label, "applied": result.applied, "released": result.released},
                     )
             try:
                 async with asyncio.timeout(self.settings.gitops_interval_seconds):
@@ -144,22 +164,44 @@ class GitOpsSync:
     def _service(self, session: AsyncSession) -> BudgetService:
         return BudgetService(session, self.settings, self.clock)
 
+    async def _list(self, plural: str) -> list[dict[str, Any]]:
+        """This cluster's objects of `plural` that can be synced; one that cannot (objects.well_formed)
+        is logged and left alone, governing nothing."""
+        listed = await self.kube.list_custom_objects(GROUP, VERSION, plural)
+        objects = [obj for obj in listed if well_formed(obj, namespaced=plural == BUDGETS)]
+        if len(objects) < len(listed):
+            log.warning(
+                "gitops_objects_malformed",
+                extra={"cluster": self.label, "plural": plural, "count": len(listed) - len(objects)},
+            )
+        for obj in objects:
+            if not isinstance(obj.get("status"), dict):
+                obj.pop("status", None)  # written whole at the end of the pass
+        return objects
+
     async def run_pass(self) -> SyncResult:
-        budgets = await self.kube.list_custom_objects(GROUP, VERSION, BUDGETS)
-        defaults = await self.kube.list_custom_objects(GROUP, VERSION, DEFAULTS)
+        budgets = await self._list(BUDGETS)
+        defaults = await self._list(DEFAULTS) if self.cluster is None else []
         result = SyncResult()
         now = self.clock.now()
         by_namespace: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for obj in budgets:
             by_namespace[obj["metadata"]["namespace"]].append(obj)
         owners = {namespace: owner_of(objects) for namespace, objects in by_namespace.items()}
+        # The keys this cluster's objects govern: of this cluster's namespaces, whatever they are named.
+        keys = {namespace: namespace_key(self.cluster, namespace) for namespace in owners}
         default = next((o for o in defaults if o["metadata"]["name"] == DEFAULT_NAME), None)
         readiness: dict[str, Readiness] = {}
 
         async with self.sessionmaker() as session, session.begin():
-            managed = await ManagedRepository(session).all()
+            managed = {
+                key: ref
+                for key, ref in (await ManagedRepository(session).all()).items()
+                if cluster_of(key) == self.cluster  # another cluster's objects are its own sync's
+            }
+        governed = set(keys.values())
         for key, ref in managed.items():
-            still_there = key in owners if key else default is not None
+            still_there = key in governed if key else default is not None
             if still_there:
                 continue
             await self._release(key, ref, now)
@@ -167,7 +209,7 @@ class GitOpsSync:
                 result.released.append(key)
 
         for namespace, obj in owners.items():
-            ref = object_ref(BUDGET_KIND, obj)
+            ref = object_ref(BUDGET_KIND, obj, self.cluster)
             readiness[ref.uid] = await self._apply(ref, obj.get("spec"), managed.get(ref.key), now, result)
             for other in by_namespace[namespace]:
                 if other is not obj:
@@ -187,24 +229,25 @@ class GitOpsSync:
                 )
 
         async with self.sessionmaker() as session, session.begin():
-            found = await self._service(session).some(sorted(owners))
+            found = await self._service(session).some(sorted(governed))
         figures = {namespace_key(b.cluster, b.namespace): b for b in found}
         for obj in budgets:
             meta = obj["metadata"]
             ready = readiness[meta["uid"]]
             status = budget_status(
-                figures[meta["namespace"]], ready, meta.get("generation", 0), obj.get("status"), now
+                figures[keys[meta["namespace"]]], ready, meta.get("generation", 0), obj.get("status"), now
             )
             result.statuses += await self._write_status(BUDGETS, obj, status)
         for obj in defaults:
             meta = obj["metadata"]
             status = default_status(readiness[meta["uid"]], meta.get("generation", 0), obj.get("status"), now)
             result.statuses += await self._write_status(DEFAULTS, obj, status)
-        for obj in (*budgets, *defaults):
-            ready = readiness[obj["metadata"]["uid"]]
-            if not ready.ready:
-                result.not_ready[object_ref(obj["kind"], obj).display] = ready.message
-        self.metrics.not_ready.set(len(result.not_ready))
+        for kind, objects in ((BUDGET_KIND, budgets), (DEFAULT_KIND, defaults)):
+            for obj in objects:
+                ready = readiness[obj["metadata"]["uid"]]
+                if not ready.ready:
+                    result.not_ready[object_ref(kind, obj, self.cluster).display] = ready.message
+        self.metrics.not_ready.labels(cluster=self.label).set(len(result.not_ready))
         return result
 
     async def _apply(
@@ -239,7 +282,7 @@ class GitOpsSync:
             return readiness
         if changed:
             result.applied.append(ref.display)
-            self.metrics.changes.labels(action="applied").inc()
+            self.metrics.changes.labels(cluster=self.label, action="applied").inc()
         self._in_force[ref.uid] = ref.generation
         return readiness
 
@@ -274,7 +317,7 @@ class GitOpsSync:
                     if error.status_code != HTTP_NOT_FOUND:  # never applied (its spec was invalid)
                         raise
                 else:
-                    self.metrics.changes.labels(action="released").inc()
+                    self.metrics.changes.labels(cluster=self.label, action="released").inc()
             await ManagedRepository(session).release(key)
 
     async def _write_status(self, plural: str, obj: dict[str, Any], status: dict[str, Any]) -> int:
@@ -298,17 +341,56 @@ class GitOpsSync:
             if error.status not in (HTTP_NOT_FOUND, HTTP_CONFLICT):
                 log.warning(
                     "gitops_status_refused",
-                    extra={"object": obj["metadata"]["name"], "status": error.status, "error": str(error)},
+                    extra={
+                        "cluster": self.label,
+                        "object": obj["metadata"]["name"],
+                        "status": error.status,
+                        "error": str(error),
+                    },
                 )
             return 0
         self._written[uid] = moment
         return 1
 
 
+class FleetGitOpsSync:
+    """Every cluster's sync as one LeaderService: the hub's own and each member's, each with its own
+    client, watches and pass loop, so a member that cannot be reached (or answers nonsense) delays no
+    other cluster's budgets."""
+
+    def __init__(self, syncs: Sequence[GitOpsSync], metrics: GitOpsMetrics) -> None:
+        self.syncs = tuple(syncs)
+        self.metrics = metrics
+
+    async def start_leading(self) -> None:
+        for sync in self.syncs:
+            await sync.start_leading()
+
+    async def stop_leading(self) -> None:
+        for sync in self.syncs:
+            await sync.stop_leading()
+
+    async def aclose(self) -> None:
+        for sync in self.syncs:
+            await sync.aclose()
+
+
 async def build_gitops_sync(
     settings: Settings, sessionmaker: async_sessionmaker[AsyncSession], clock: Clock
-) -> GitOpsSync:
-    """The periodic GPUBudget sync, with a Kubernetes client of its own (closed by `aclose`) and its
-    metrics (`metrics`, for the runner to register)."""
-    kube = await KubeClient.from_config(KubeConfig.from_settings(settings))
-    return GitOpsSync(kube, sessionmaker, settings, clock, GitOpsMetrics())
+) -> FleetGitOpsSync:
+    """The periodic GPUBudget sync of the hub's own cluster and of each member (Settings.members, through
+    the kubeconfig the hub reviews that member's callers with), each with a Kubernetes client of its own
+    (closed by `aclose`), and their metrics (`metrics`, for the runner to register)."""
+    configs: dict[str | None, KubeConfig] = {None: KubeConfig.from_settings(settings)}
+    configs.update({name: member_kube_config(settings, name) for name in settings.members})
+    metrics = GitOpsMetrics([LOCAL_CLUSTER_LABEL, *settings.members])
+    syncs: list[GitOpsSync] = []
+    try:
+        for cluster, config in configs.items():
+            kube = await KubeClient.from_config(config)
+            syncs.append(GitOpsSync(kube, sessionmaker, settings, clock, metrics, cluster))
+    except BaseException:
+        for sync in syncs:
+            await sync.aclose()
+        raise
+    return FleetGitOpsSync(syncs, metrics)

@@ -14,7 +14,8 @@ from timekeeper.budgets.managed.models import ManagedBudget
 
 @dataclass(frozen=True, slots=True)
 class ObjectRef:
-    """Which object a budget comes from: named in the audit log, the 409 and the status."""
+    """Which object a budget comes from: named in the audit log, the 409 and the status. `namespace` is
+    the namespace key it governs (`team-a`, or `b/team-a` for member b's object, docs/fleet.md)."""
 
     kind: str
     namespace: str | None

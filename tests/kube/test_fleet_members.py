@@ -441,3 +441,21 @@ async def test_a_member_down_when_the_hub_starts_keeps_no_other_cluster_from_bei
         assert principal is not None and principal.cluster == "a"
     finally:
         await access.aclose()
+
+
+@pytest.mark.parametrize("body", [b"not json", b"[]", b'{"metadata": []}', b'{"metadata": {"uid": 7}}'])
+async def test_a_member_answering_garbage_for_its_identity_is_refused_and_stops_nothing_else(
+    apiserver: KubeApiServer, members: dict[str, KubeApiServer], settings: Settings, body: bytes
+):
+    """What a member's API server answers is its admin's to choose: a body that is no namespace, where the
+    hub reads the cluster's identity, neither keeps the hub from starting nor serves that member."""
+    members["b"].raw_answers["/api/v1/namespaces/kube-system"] = body
+    access = await build_access_control(settings)
+    try:
+        with pytest.raises(TimekeeperError) as refused:
+            await access.authenticate(members["b"].add_user("bob"), "b")
+        assert refused.value.status_code == 503 and "member cluster b" in refused.value.message
+        principal = await access.authenticate(members["a"].add_user("alice"), "a")
+        assert principal is not None and principal.cluster == "a"
+    finally:
+        await access.aclose()

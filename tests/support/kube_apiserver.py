@@ -310,6 +310,8 @@ class KubeApiServer:
         self.requests: Counter[tuple[str, str]] = Counter()
         # Every resource request in order, with its answer, for assertions on exactly what was written.
         self.calls: list[Call] = []
+        # Paths a hostile API server answers with any bytes it likes (200), whatever is stored.
+        self.raw_answers: dict[str, bytes] = {}
 
     # ---- lifecycle -------------------------------------------------------------------------------------
 
@@ -1034,6 +1036,14 @@ class _Handler(BaseHTTPRequestHandler):
             return
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
+        forged = state.raw_answers.get(self.path.partition("?")[0])
+        if forged is not None:
+            self.send_response(HTTPStatus.OK)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(forged)))
+            self.end_headers()
+            self.wfile.write(forged)
+            return
         try:
             body = json.loads(raw) if raw else None
         except json.JSONDecodeError:

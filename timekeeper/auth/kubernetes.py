@@ -189,8 +189,12 @@ class ClusterIdentities:
         names = list(self._clusters)
         answers = await asyncio.gather(*(self._read(name) for name in names), return_exceptions=True)
         for name, answer in zip(names, answers, strict=True):
+            # Whatever one cluster answers (or fails with) keeps no other from being served: logged, and
+            # read again at that cluster's first request.
             if isinstance(answer, TimekeeperError):
                 log.warning("cluster_identity_unread", extra={"cluster": name, "error": answer.message})
+            elif isinstance(answer, Exception):
+                log.error("cluster_identity_unread", extra={"cluster": name, "error": repr(answer)})
             elif isinstance(answer, BaseException):
                 raise answer
         for name in names:

@@ -70,7 +70,10 @@ class KubeCore:
             body = await self._call(response.read())
             if not 200 <= response.status < 300:
                 raise api_error(ApiException(status=response.status, reason=body.decode(errors="replace")))
-        parsed: JSON = json.loads(body, parse_float=Decimal) if exact else json.loads(body)
+        try:
+            parsed: JSON = json.loads(body, parse_float=Decimal) if exact else json.loads(body)
+        except ValueError as exc:  # a member's API server answers what its admin makes it answer
+            raise KubeUnavailableError(f"kubernetes API answered a body that is not JSON: {exc}") from exc
         return parsed
 
     # ---- discovery: what the API server serves, asked once ---------------------------------------------

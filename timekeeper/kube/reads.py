@@ -77,7 +77,8 @@ class KubeReads(KubeCore):
         namespace = await self._raw_json(
             self._core.read_namespace("kube-system", _preload_content=False, _request_timeout=self._timeout)
         )
-        uid = (namespace.get("metadata") or {}).get("uid")
+        metadata = namespace.get("metadata") if isinstance(namespace, dict) else None
+        uid = metadata.get("uid") if isinstance(metadata, dict) else None
         if not isinstance(uid, str) or not uid:
             raise KubeUnavailableError("namespace kube-system has no metadata.uid")
         return uid

@@ -21,6 +21,7 @@ from tests.support.kube_rbac import TIMEKEEPER_NAMESPACE, TIMEKEEPER_SERVICE_ACC
 from tests.support.timekeeper import report_body
 from tests.timekeeper.conftest import START
 from timekeeper.auth.base import Principal
+from timekeeper.budgets.pools.models import MEMBERSHIP_SQL
 from timekeeper.budgets.schemas import BudgetIn
 from timekeeper.budgets.service import BudgetService
 from timekeeper.clock import ManualClock
@@ -169,6 +170,16 @@ async def test_a_members_namespace_labels_are_kept_under_its_keys(
         rows = await session.execute(sa.text("SELECT namespace, labels FROM namespace_labels"))
         labels = {namespace: value for namespace, value in rows.tuples()}
     assert labels["team-a"] == {"org": "hub"} and labels["b/team-a"] == {"org": "member"}
+    # A selector matches the hub's own namespaces only: b's admin writes b's labels.
+    async with sessionmaker() as session, session.begin():
+        await session.execute(
+            sa.text(
+                "INSERT INTO budget_pools (name, budget_gpu_minutes, period, warn_at_fraction, "
+                "namespace_selector, updated_by) VALUES ('all', 10, 'monthly', 0.8, '{}', 'admin')"
+            )
+        )
+        members = (await session.execute(sa.text(f"SELECT namespace FROM {MEMBERSHIP_SQL} pm"))).scalars()
+        assert set(members) == {"team-a"}
     await clusters(reconcilers)[1].run_pass()
     async with sessionmaker() as session:
         keys = set((await session.execute(sa.text("SELECT namespace FROM namespace_labels"))).scalars())

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from timekeeper.budgets.models import GPU_MINUTES, MODEL_POLICIES_SQL, MODELS_IS_OBJECT_SQL, PERIOD_KINDS_SQL
 from timekeeper.db.base import Base
+from timekeeper.domain.clusters import SEPARATOR
 
 
 class BudgetPool(Base):
@@ -71,13 +72,16 @@ class NamespaceLabels(Base):
 def membership_sql(namespace: str | None = None) -> str:
     """Every namespace in a pool, with its pool and cap: its listing when listed (a listing wins), else
     the first pool by name whose selector its labels match; one rule, wherever a budget is resolved. With
-    `namespace` (an SQL expression), that one namespace's membership by key; without, every member."""
+    `namespace` (an SQL expression), that one namespace's membership by key; without, every member. A
+    selector matches the hub's own namespaces only: a member's labels (stored as `b/<namespace>`) are its
+    admin's to write, and would let it join any pool (docs/fleet.md)."""
     member = "" if namespace is None else f" WHERE m.namespace = {namespace}"
     labelled = "" if namespace is None else f" AND l.namespace = {namespace}"
     rows = (
         f"SELECT m.namespace, m.pool, m.cap_gpu_minutes, 0 AS rank FROM budget_pool_members m{member} "
         "UNION ALL SELECT l.namespace, p.name, NULL, 1 FROM namespace_labels l JOIN budget_pools p "
-        f"ON p.namespace_selector IS NOT NULL AND l.labels @> p.namespace_selector{labelled}"
+        f"ON p.namespace_selector IS NOT NULL AND l.labels @> p.namespace_selector{labelled} "
+        f"AND strpos(l.namespace, '{SEPARATOR}') = 0"
     )
     if namespace is None:
         return (

@@ -117,6 +117,41 @@ async def test_a_member_pod_reports_under_its_key_and_only_with_its_own_cluster(
     assert b_usage["total_gpu_minutes"] == 0.0
 
 
+@pytest.mark.parametrize("victim", [None, "a"])
+async def test_a_member_that_claims_another_clusters_pod_uid_charges_only_its_own_pod(
+    victim: str | None, apiserver: KubeApiServer, members: dict[str, KubeApiServer], client: httpx.AsyncClient
+):
+    """Member b's admin makes b's API server answer a pod of b with the uid of a pod of another cluster
+    (the hub's own, or member a's): each pod is charged under its own cluster, fully and once, whichever
+    reports first. Keyed by uid alone, b's first report owned the uid and the victim's were refused (409):
+    its tenant's GPU time escaped its budget."""
+    victim_server, b = {None: apiserver, "a": members["a"]}[victim], members["b"]
+    pod = gpu_pod(victim_server, "team-x", "trainer-0")
+    victim_token = pod_token(victim_server, pod)
+    gpu_pod(b, "team-x", "claimer")
+    claimer = b.forge_uid("team-x", "claimer", pod["metadata"]["uid"])
+    claimer_token = pod_token(b, claimer)
+
+    def charged(answer: dict[str, Any]) -> tuple[bool, float]:
+        return answer["duplicate"], answer["gpu_minutes"]
+
+    first = ok(await client.post("/reports", json=report(claimer, 1), headers=of("b", claimer_token)))
+    assert charged(first) == (False, 5.0)
+    for seq in (1, 2):  # the same seq and intervals as b's: neither a retry of b's nor time b covered
+        own = ok(await client.post("/reports", json=report(pod, seq), headers=of(victim, victim_token)))
+        assert charged(own) == (False, 5.0)
+    later = ok(await client.post("/reports", json=report(claimer, 2), headers=of("b", claimer_token)))
+    assert charged(later) == (False, 5.0)
+    retried = ok(await client.post("/reports", json=report(pod, 1), headers=of(victim, victim_token)))
+    assert charged(retried) == (True, 0.0)
+
+    reader = of(victim, cluster_reader(victim_server, "ops"))
+    victims = ok(await client.get("/namespaces/team-x/usage", headers=reader))
+    assert [(row["key"], row["gpu_minutes"]) for row in victims["rows"]] == [("trainer-0", 10.0)]
+    b_usage = ok(await client.get("/namespaces/team-x/usage", headers=of("b", cluster_reader(b, "ops-b"))))
+    assert [(row["key"], row["gpu_minutes"]) for row in b_usage["rows"]] == [("claimer", 10.0)]
+
+
 async def test_a_member_reader_reads_its_own_namespaces_only(
     apiserver: KubeApiServer, members: dict[str, KubeApiServer], client: httpx.AsyncClient
 ):

@@ -555,6 +555,15 @@ class KubeApiServer:
                 if t is rtype and (namespace is None or ns == namespace)
             ]
 
+    def forge_uid(self, namespace: str, name: str, uid: str) -> JSON:
+        """Give a stored pod the uid `uid`, as the admin of a hostile API server can (etcd written
+        directly): its TokenReviews and pod reads then answer that uid. Returns the pod."""
+        with self._cond:
+            pod = self._objects[(_TYPES["", "v1", "pods"], namespace, name)]
+            pod["metadata"]["uid"] = uid
+            self._bump(_TYPES["", "v1", "pods"], namespace, "MODIFIED", pod)
+            return copy.deepcopy(pod)
+
     def remove(self, api_version: str, kind: str, namespace: str | None, name: str) -> None:
         with self._cond:
             self._delete(_KINDS[api_version.rpartition("/")[0], kind], namespace, name, graceful=False)

@@ -12,13 +12,14 @@ from fastapi import FastAPI
 from tests.support.timekeeper import report_body
 from timekeeper.app import current
 from timekeeper.domain.clusters import split_key
-from timekeeper.usage.router import INGEST
+from timekeeper.usage.router import INGEST, keyed
 from timekeeper.usage.schemas import ReportIn
 from timekeeper.usage.service import IngestOutcome
 
 
 async def charge(app: FastAPI, key: str, **fields: Any) -> IngestOutcome:
     """A report of the bare namespace of `key` (report_body's fields), validated as a sidecar's is, then
-    charged under `key` by the app's batcher."""
-    report = ReportIn.model_validate(report_body(namespace=split_key(key)[1], **fields))
-    return await current(app)[INGEST].submit(report.model_copy(update={"namespace": key}))
+    charged under `key` (and its pod under its cluster's pod key) by the app's batcher."""
+    cluster, namespace = split_key(key)
+    report = ReportIn.model_validate(report_body(namespace=namespace, **fields))
+    return await current(app)[INGEST].submit(keyed(cluster, report))

@@ -39,12 +39,13 @@ def gpu(util: float) -> list[dict[str, Any]]:
 
 @pytest.fixture
 async def idle_pods(app: FastAPI, clock: ManualClock) -> datetime:
-    """A pod in team-x of each cluster, 70 minutes at 1 % in 10-minute reports: idle, of no known model."""
+    """A pod in team-x of each cluster, 70 minutes at 1 % in 10-minute reports: idle, of no known model.
+    The three have one uid: a uid is unique in its own cluster only (pod keys, domain/clusters.py)."""
     start = clock.now()
     clock.set(start + timedelta(minutes=70))
     for key in KEYS:
         for minute in range(0, 70, 10):
-            body = dict(pod="idle", pod_uid="uid-" + key.replace("/", "-"), seq=minute, minutes=10)
+            body = dict(pod="idle", pod_uid="uid-idle", seq=minute, minutes=10)
             when = start + timedelta(minutes=minute)
             await charge(app, key, **body, start=when, gpu_share=SHARES[key], gpus=gpu(1.0))
     return start
@@ -117,10 +118,12 @@ async def test_the_usage_answers_name_the_cluster_beside_the_bare_namespace(
         assert (efficiency[key].namespace, efficiency[key].cluster) == ("team-x", cluster)
         assert efficiency[key].allocated_gpu_minutes == 70 * SHARES[key]
     idle = ok(await api.client.get("/idle-pods", headers=bearer(api.tokens.reader)))
-    assert sorted((pod["cluster"] or "", pod["namespace"], pod["gpu_share"]) for pod in idle["pods"]) == [
-        ("", "team-x", 1),
-        ("a", "team-x", 1),
-        ("b", "team-x", 2),
+    assert sorted(
+        (pod["cluster"] or "", pod["namespace"], pod["pod_uid"], pod["gpu_share"]) for pod in idle["pods"]
+    ) == [
+        ("", "team-x", "uid-idle", 1),
+        ("a", "team-x", "uid-idle", 1),
+        ("b", "team-x", "uid-idle", 2),
     ]
     # Over HTTP, a local namespace's answer is the one it was, with `cluster` null beside it.
     local = ok(await api.get("/namespaces/team-x/usage"))

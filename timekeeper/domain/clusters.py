@@ -1,11 +1,13 @@
-"""Clusters in a fleet, and the namespace key that keeps their namespaces apart in one store.
+"""Clusters in a fleet, and the keys that keep their namespaces and pods apart in one store.
 
 A hub timekeeper serves its own cluster (the local one, unnamed) and member clusters, each with a name.
 Every table keyed by namespace holds a *namespace key*: the bare name for the local cluster, so a
 single-cluster install and its data are unchanged, and `<cluster>/<namespace>` for a member's. A namespace
 is a DNS label, so the separator never occurs inside one (client-go keys objects `namespace/name` the same
-way). Only the hub composes keys, from the cluster whose API server authenticated the caller: never from a
-name the caller wrote into a body or path."""
+way). Every table keyed by pod uid holds a *pod key* the same way (`pod_key`): a uid is unique in its own
+cluster only, and a member's API server, whose admin may be hostile to every other cluster, answers any uid
+it likes. Only the hub composes keys, from the cluster whose API server authenticated the caller: never
+from a name the caller wrote into a body or path."""
 
 from __future__ import annotations
 
@@ -30,8 +32,16 @@ def namespace_key(cluster: str | None, namespace: str) -> str:
     return namespace if cluster is None else f"{cluster}{SEPARATOR}{namespace}"
 
 
+def pod_key(cluster: str | None, uid: str) -> str:
+    """The key the time of the pod (or DRA claim) `uid` of `cluster` (None: the local cluster) is charged
+    under in pod_coverage, the ledger and the hourly aggregates. A uid from member `b`'s API server then
+    never names, touches or blocks another cluster's pod, whatever uid `b` answers; the local cluster's
+    keys are its bare uids, as before fleets. A reported uid holds no separator (schemas.PodUid)."""
+    return uid if cluster is None else f"{cluster}{SEPARATOR}{uid}"
+
+
 def split_key(key: str) -> tuple[str | None, str]:
-    """(cluster, namespace) of a namespace key; cluster None for the local cluster."""
+    """(cluster, name) of a namespace or pod key; cluster None for the local cluster."""
     cluster, separator, namespace = key.rpartition(SEPARATOR)
     return (cluster, namespace) if separator else (None, key)
 

@@ -87,7 +87,7 @@ class EfficiencyService:
                     namespace=split_key(pod.namespace)[1],
                     cluster=split_key(pod.namespace)[0],
                     pod=pod.pod,
-                    pod_uid=pod.pod_uid,
+                    pod_uid=split_key(pod.pod_uid)[1],
                     gpu_share=pod.gpu_share,
                     held_since=pod.held_from,
                     window_gpu_minutes=pod.allocated_gpu_minutes,

@@ -20,7 +20,7 @@ from timekeeper.auth.dependencies import (
 )
 from timekeeper.context import Context, ContextDep, Slot, context_of
 from timekeeper.db.session import SessionDep
-from timekeeper.domain.clusters import namespace_key
+from timekeeper.domain.clusters import namespace_key, pod_key
 from timekeeper.domain.measurements import GroupBy
 from timekeeper.metrics import METRICS
 from timekeeper.refusals import REFUSALS
@@ -88,6 +88,19 @@ async def charge_report(context: Context, principal: Principal, report: ReportIn
         return await ingest.submit(report, await shares.admitted(principal.pod))
 
 
+def keyed(cluster: str | None, report: ReportIn) -> ReportIn:
+    """A report of `cluster`'s sender under the keys its namespace and pod are stored under
+    (timekeeper/domain/clusters.py), so the uid a member's API server bound the token to never names,
+    touches or blocks another cluster's pod; the local cluster's report as it is."""
+    if cluster is None:
+        return report
+    keys = {
+        "namespace": namespace_key(cluster, report.namespace),
+        "pod_uid": pod_key(cluster, report.pod_uid),
+    }
+    return report.model_copy(update=keys)
+
+
 async def post_report(request: Request, sender: AuthenticatedPrincipal, report: ReportIn) -> Response:
     """Charge one interval of a pod's GPU use, at the GPU share the pod was admitted at (the report's
     `gpu_share` only where none is known: static auth mode). A retry of the same (pod_uid, seq,
@@ -95,16 +108,14 @@ async def post_report(request: Request, sender: AuthenticatedPrincipal, report: 
     again. Answered after the commit that made the charge durable. The sender is authenticated before
     the body is validated (401 before any 422; StrictRoute refuses a caller with no credential first),
     then authorized for the report's namespace and, for a credential bound to a pod, that pod (403). A
-    member cluster's sender reports its cluster's pods, charged under their namespace keys
-    (docs/fleet.md)."""
+    member cluster's sender reports its cluster's pods, charged under their namespace and pod keys
+    (timekeeper/domain/clusters.py, docs/fleet.md)."""
     context = context_of(request)
     key = namespace_key(sender.cluster, report.namespace)
     await authorize(context, sender, Action.REPORT, key)
     check_pod_identity(sender, report.namespace, report.pod, report.pod_uid)
     check_report(context.settings, report, context.clock.now())
-    if key != report.namespace:
-        report = report.model_copy(update={"namespace": key})
-    outcome = await charge_report(context, sender, report)
+    outcome = await charge_report(context, sender, keyed(sender.cluster, report))
     metrics = context[METRICS]
     metrics.reports.labels(result="duplicate" if outcome.duplicate else "charged").inc()
     if outcome.share_differs:

@@ -317,12 +317,13 @@ class IngestService:
         )
 
     async def _refuse_foreign_pods(self, in_order: Sequence[BatchEntry]) -> None:
-        """A 409 for each report whose pod_uid belongs to another namespace."""
+        """A 409 for each report whose pod_uid belongs to another namespace (of the report's cluster: a pod
+        key holds its cluster; named bare, as the sender named them)."""
         refused = {entry.pod_uid: entry for entry in in_order if entry.uncovered is None}
         if refused:
             for pod_uid, owner in (await self.usage.owners(list(refused))).items():
                 refused[pod_uid].outcome = TimekeeperError(
-                    f"pod_uid {pod_uid} reports for namespace {owner}", 409
+                    f"pod_uid {split_key(pod_uid)[1]} reports for namespace {split_key(owner)[1]}", 409
                 )
 
     def _plan(self, accepted: Sequence[BatchEntry], read: BatchRead, from_sidecar: bool) -> None:

@@ -29,6 +29,7 @@ from timekeeper.kube import KubeClient, KubeError
 from timekeeper.periodic.jobs import reconcile_job, run_job
 from timekeeper.reconcile.service import Reconciler, Reconcilers, build_reconcilers
 from timekeeper.settings import Member, Settings
+from timekeeper.usage.router import keyed
 from timekeeper.usage.schemas import ReportIn
 from timekeeper.usage.service import IngestService
 
@@ -113,7 +114,8 @@ async def test_a_members_silent_pod_is_charged_under_its_key_once_and_never_to_t
 
     # 65 minutes running, the last 5 left for the sidecar: 60 minutes x 0.5 GPU, under b's key only.
     assert await charged(sessionmaker) == {"b/team-a": Decimal(30)}
-    # Its sidecar's late report of time the pass charged is covered: the same pod, the same key.
+    # Its sidecar's late report of time the pass charged is covered: the same pod, under the keys the
+    # report route gives a report of b's (`keyed`).
     meta = silent["metadata"]
     body = report_body(
         namespace="team-a",
@@ -122,11 +124,14 @@ async def test_a_members_silent_pod_is_charged_under_its_key_once_and_never_to_t
         start=START - timedelta(minutes=20),
         minutes=10,
     )
-    keyed = ReportIn.model_validate(body).model_copy(update={"namespace": "b/team-a"})
     async with sessionmaker() as session, session.begin():
-        outcome = await IngestService(session, b.settings).charge_one(keyed, clock.now())
+        late = keyed(b.cluster, ReportIn.model_validate(body))
+        outcome = await IngestService(session, b.settings).charge_one(late, clock.now())
     assert outcome.gpu_minutes == 0
     assert await charged(sessionmaker) == {"b/team-a": Decimal(30)}
+    async with sessionmaker() as session:
+        keys = set((await session.execute(sa.text("SELECT pod_uid FROM pod_coverage"))).scalars())
+    assert keys == {f"b/{meta['uid']}"}
 
 
 async def test_an_exhausted_member_namespace_is_downgraded_in_its_own_cluster_only(
@@ -230,3 +235,22 @@ async def test_a_member_whose_api_server_is_away_fails_its_own_job_and_the_local
     async with sessionmaker() as session:
         jobs = set((await session.execute(sa.text("SELECT job FROM job_runs"))).scalars())
     assert jobs == {"reconcile"}  # b's window is not claimed: its next run tries it again
+
+
+async def test_a_member_pod_with_a_forged_uid_of_a_hub_pod_is_charged_under_its_own_pod_key(
+    apiserver: KubeApiServer, member: KubeApiServer, reconcilers: Reconcilers, sessionmaker
+) -> None:
+    """b's admin makes b's API server answer the uid of the hub's pod: both are charged, each once,
+    under its own cluster's keys; neither covers, closes or blocks the other."""
+    ours = gpu_pod(apiserver, "team-a", "ours", started_at=iso(START - timedelta(minutes=65)))
+    gpu_pod(member, "team-a", "forged", share="0.5", started_at=iso(START - timedelta(minutes=65)))
+    uid = ours["metadata"]["uid"]
+    member.forge_uid("team-a", "forged", uid)
+
+    await passes(reconcilers)
+    await passes(reconcilers)
+
+    assert await charged(sessionmaker) == {"team-a": Decimal(60), "b/team-a": Decimal(30)}
+    async with sessionmaker() as session:
+        keys = set((await session.execute(sa.text("SELECT pod_uid FROM pod_coverage"))).scalars())
+    assert keys == {uid, f"b/{uid}"}

@@ -1,7 +1,8 @@
 """Silent time charged through the report path (`IngestService.charge_one`), so reports and passes never
 charge the same time twice: pods no report covered (up to the grace, or their real end, once), and each
 allocated GPU claim once whatever the number of its pods (docs/timekeeper.md, "DRA claims"). A member
-cluster's pods are charged under their namespace keys, as their sidecars' reports are (docs/fleet.md)."""
+cluster's pods are charged under their namespace and pod keys, as their sidecars' reports are
+(`keyed`, docs/fleet.md)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from timekeeper.reconcile.repository import ReconcileRepository
 from timekeeper.reconcile.result import PassResult
 from timekeeper.settings import Settings
 from timekeeper.usage.admitted import NodeModels
+from timekeeper.usage.router import keyed
 from timekeeper.usage.schemas import SilentInterval
 from timekeeper.usage.service import IngestService
 
@@ -89,7 +91,7 @@ class SilentCharger:
                 spans[pod.info.uid] = (pod, start, until, False)
         async with self.sessionmaker() as session:
             # A pod with no GPUs outside its claims has nothing to charge (its claims' charge has its time).
-            uncovered = await ReconcileRepository(session).with_uncovered_time(
+            uncovered = await ReconcileRepository(session, self.cluster).with_uncovered_time(
                 (uid, start, end) for uid, (pod, start, end, _) in spans.items() if end > start and pod.share
             )
         for uid, (pod, start, end, final) in spans.items():
@@ -97,7 +99,7 @@ class SilentCharger:
                 result.charged[uid] = await self._charge_pod(pod, start, end, final, now)
             elif final:
                 async with self.sessionmaker() as session, session.begin():
-                    await ReconcileRepository(session).close_at(uid, end)
+                    await ReconcileRepository(session, self.cluster).close_at(uid, end)
             if final:
                 self.registry.mark_closed(uid)
                 result.closed.append(uid)
@@ -135,7 +137,7 @@ class SilentCharger:
         self.claim_holders = holders
         flat = [(part.key, start, end) for _, part, spans, _ in plans for start, end in spans]
         async with self.sessionmaker() as session:
-            uncovered = await ReconcileRepository(session).uncovered_spans(flat)
+            uncovered = await ReconcileRepository(session, self.cluster).uncovered_spans(flat)
         first = 0
         for claim, part, spans, final in plans:
             mine = [index - first for index in range(first, first + len(spans)) if index in uncovered]
@@ -159,12 +161,13 @@ class SilentCharger:
         """Charge one part of a claim for its spans holding uncharged time (`uncovered`, their positions),
         one charge each at the part's share and model; `final`: then closed at the last span's end."""
         async with self.sessionmaker() as session, session.begin():
-            repository = ReconcileRepository(session)
+            repository = ReconcileRepository(session, self.cluster)
             charged = Decimal(0)
             for index in uncovered:
                 start, end = spans[index]
                 try:
-                    report = self._keyed(
+                    report = keyed(
+                        self.cluster,
                         SilentInterval(
                             namespace=claim.namespace,
                             pod=f"{CLAIM_POD_PREFIX}{claim.name}"[:253],
@@ -174,7 +177,7 @@ class SilentCharger:
                             interval_end=end,
                             gpu_share=part.share,
                             final=final and index == len(spans) - 1,
-                        )
+                        ),
                     )
                 except ValidationError as error:
                     log.warning(
@@ -213,7 +216,8 @@ class SilentCharger:
         info = pod.info
         model = await self.node_models.model(info.node_name) if info.node_name else None
         try:
-            report = self._keyed(
+            report = keyed(
+                self.cluster,
                 SilentInterval(
                     namespace=info.namespace,
                     pod=info.name,
@@ -223,14 +227,14 @@ class SilentCharger:
                     interval_end=end,
                     gpu_share=pod.share,
                     final=final,
-                )
+                ),
             )
             async with self.sessionmaker() as session, session.begin():
                 outcome = await IngestService(session, self.settings).charge_one(
                     report, now, from_sidecar=False, gpu_model=model, admitted_share=pod.share
                 )
                 if final:
-                    await ReconcileRepository(session).close_at(info.uid, end)
+                    await ReconcileRepository(session, self.cluster).close_at(info.uid, end)
         except (ValidationError, TimekeeperError) as error:
             # Not chargeable, or its uid is another namespace's pod's (409: a member's API server may name
             # any uid): the pass goes on with the other pods. Anything else fails the pass, retried next.
@@ -256,9 +260,3 @@ class SilentCharger:
 
     def _key(self, namespace: str) -> str:
         return namespace_key(self.cluster, namespace)
-
-    def _keyed(self, report: SilentInterval) -> SilentInterval:
-        """The report under its namespace's key, as the report path keys a member's (usage/router.py);
-        validated with the bare namespace, which a key is not."""
-        key = self._key(report.namespace)
-        return report if key == report.namespace else report.model_copy(update={"namespace": key})

@@ -64,7 +64,7 @@ class Reconciler:
         self.registry: PodRegistry = self.watches.pods
         self.claims: ClaimRegistry = self.watches.claims
         self._node_models = NodeModels(kube, clock)
-        self.coverage = CoverageRecorder(self.registry, sessionmaker, self._node_models)
+        self.coverage = CoverageRecorder(self.registry, sessionmaker, self._node_models, cluster)
         self.charger = SilentCharger(
             kube, self.registry, self.claims, sessionmaker, settings, clock, self._node_models, cluster
         )
@@ -141,7 +141,7 @@ class Reconciler:
         await self.charger.charge_claims(result)  # first: charge_pods forgets ended pods claims still need
         await self.charger.charge_pods(result)
         async with self.sessionmaker() as session:
-            repository = ReconcileRepository(session)
+            repository = ReconcileRepository(session, self.cluster)
             reports = await repository.sidecar_reports(
                 p.info.uid for p in self.registry.pods() if p.running and p.sidecar
             )

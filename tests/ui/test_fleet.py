@@ -24,7 +24,7 @@ from timekeeper.app import create_app, run_context
 from timekeeper.clock import ManualClock
 from timekeeper.domain.clusters import split_key
 from timekeeper.settings import Settings
-from timekeeper.usage.router import INGEST
+from timekeeper.usage.router import INGEST, keyed
 from timekeeper.usage.schemas import ReportIn
 
 pytestmark = [
@@ -45,12 +45,12 @@ async def _charge_members(database: URL, tokens: Tokens) -> None:
             body = report_body(
                 namespace=split_key(key)[1],
                 pod="trainer-0",
-                pod_uid="uid-" + key.replace("/", "-"),
+                pod_uid="uid-trainer-0",
                 start=NOW - timedelta(hours=hours + 1),
                 minutes=60 * hours,
                 gpu_share=share,
             )
-            report = ReportIn.model_validate(body).model_copy(update={"namespace": key})
+            report = keyed(split_key(key)[0], ReportIn.model_validate(body))
             await context[INGEST].submit(report)
 
 

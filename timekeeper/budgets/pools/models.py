@@ -69,19 +69,23 @@ class NamespaceLabels(Base):
     seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
+# Whether the namespace key `{key}` (an SQL expression) is of the hub's own cluster (domain/clusters.py).
+LOCAL_KEY_SQL = f"strpos({{key}}, '{SEPARATOR}') = 0"
+
+
 def membership_sql(namespace: str | None = None) -> str:
     """Every namespace in a pool, with its pool and cap: its listing when listed (a listing wins), else
     the first pool by name whose selector its labels match; one rule, wherever a budget is resolved. With
-    `namespace` (an SQL expression), that one namespace's membership by key; without, every member. A
-    selector matches the hub's own namespaces only: a member's labels (stored as `b/<namespace>`) are its
-    admin's to write, and would let it join any pool (docs/fleet.md)."""
+    `namespace` (an SQL expression), that one namespace's membership by key; without, every member.
+    A selector chooses among the hub's own cluster's namespaces only: a member cluster's labels are its
+    admin's to write, and would let it join a pool (docs/fleet.md#pools-across-clusters)."""
     member = "" if namespace is None else f" WHERE m.namespace = {namespace}"
     labelled = "" if namespace is None else f" AND l.namespace = {namespace}"
     rows = (
         f"SELECT m.namespace, m.pool, m.cap_gpu_minutes, 0 AS rank FROM budget_pool_members m{member} "
         "UNION ALL SELECT l.namespace, p.name, NULL, 1 FROM namespace_labels l JOIN budget_pools p "
         f"ON p.namespace_selector IS NOT NULL AND l.labels @> p.namespace_selector{labelled} "
-        f"AND strpos(l.namespace, '{SEPARATOR}') = 0"
+        f"AND {LOCAL_KEY_SQL.format(key='l.namespace')}"
     )
     if namespace is None:
         return (

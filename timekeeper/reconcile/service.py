@@ -7,7 +7,7 @@ class only composes those parts, in the order a pass runs them.
 A fleet's hub runs one Reconciler per cluster (`build_reconcilers`): its own, and each member's through
 that member's API server, each with its own client, watches and registries and its own job, so a member
 whose API server is away fails its own passes only. Each reads and writes the store under its cluster's
-namespace keys (timekeeper/domain/clusters.py) and acts in its cluster on its bare namespaces."""
+namespace and pod keys (timekeeper/domain/clusters.py) and acts in its cluster on its bare names."""
 
 from __future__ import annotations
 

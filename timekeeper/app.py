@@ -168,11 +168,13 @@ async def leader_work(
     # Imported only when asked for: they need a cluster, and the Kubernetes client costs a process about
     # 50 MB and seconds of start-up (docs/kubernetes.md).
     if settings.reconcile:
-        from timekeeper.reconcile.service import build_reconciler
+        from timekeeper.reconcile.service import build_reconcilers
 
-        reconciler = await build_reconciler(settings, sessionmaker, clock)
-        jobs, services = (*jobs, reconcile_job(reconciler)), (*services, reconciler)
-        collectors = (*collectors, reconciler.pod_metrics, reconciler.downgrade_metrics)
+        # One pass per cluster: the local one's, and each member's (docs/fleet.md).
+        reconcilers = await build_reconcilers(settings, sessionmaker, clock)
+        jobs = (*jobs, *(reconcile_job(r, r.cluster) for r in reconcilers.clusters))
+        services = (*services, *reconcilers.clusters)
+        collectors = (*collectors, reconcilers.pod_metrics, reconcilers.downgrade_metrics)
     if settings.gitops:
         from timekeeper.gitops.sync import build_gitops_sync
 

@@ -16,7 +16,7 @@ from gpuaccounting.wire import BUDGET_STATES
 from httpguard.connections import REASONS as CONNECTION_REASONS
 from timekeeper.context import Slot
 from timekeeper.db.outage import OutageWatch
-from timekeeper.domain.clusters import LOCAL_CLUSTER_LABEL, split_key
+from timekeeper.domain.clusters import LOCAL_CLUSTER_LABEL, cluster_of, split_key
 
 REPORT_RESULTS = ("charged", "duplicate", "rejected")
 BATCH_FAILURE_REASONS = ("outage", "refused")
@@ -200,8 +200,20 @@ class PodWatchCollector(Collector):
     reconcile pass found them (only its pod watch can tell the two apart); a follower exports no samples."""
 
     def __init__(self) -> None:
-        # namespace -> (running GPU pods, of which silent); None: not leading, or no pass yet.
+        # namespace key -> (running GPU pods, of which silent); None: not leading, or no pass yet. A hub
+        # reconciles each cluster of its fleet in a pass of its own, and each shows its own cluster's.
         self.counts: dict[str, tuple[int, int]] | None = None
+
+    def show(self, cluster: str | None, counts: dict[str, tuple[int, int]]) -> None:
+        """`cluster`'s counts (by namespace key) in place of those its last pass showed."""
+        self.counts = self._others(cluster) | counts
+
+    def forget(self, cluster: str | None) -> None:
+        """`cluster` no longer counted here (not leading); no samples at all once no cluster is."""
+        self.counts = self._others(cluster) or None
+
+    def _others(self, cluster: str | None) -> dict[str, tuple[int, int]]:
+        return {key: count for key, count in (self.counts or {}).items() if cluster_of(key) != cluster}
 
     def collect(self) -> Iterator[Metric]:
         running = GaugeMetricFamily(

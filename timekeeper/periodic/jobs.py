@@ -132,9 +132,16 @@ class LeaderPass(Protocol):
     async def run_pass(self) -> PassResult: ...
 
 
-def reconcile_job(reconciler: LeaderPass) -> Job:
-    """The reconcile pass as a job: every reconcile interval, on the leader, once per window; no window is
-    claimed before the leader's pod watch has listed the pods."""
+def reconcile_job_name(cluster: str | None) -> str:
+    """`reconcile` for the local cluster's passes, `reconcile:<cluster>` for a fleet member's."""
+    return "reconcile" if cluster is None else f"reconcile:{cluster}"
+
+
+def reconcile_job(reconciler: LeaderPass, cluster: str | None = None) -> Job:
+    """The reconcile pass of one cluster (None: the local one) as a job: every reconcile interval, on the
+    leader, once per window; no window is claimed before the leader's pod watch has listed the pods. Each
+    cluster's is a job of its own, so a member whose API server is away fails (and is counted and
+    alerted on as) its own job, and the others' passes run."""
 
     def interval(settings: Settings) -> timedelta:
         return timedelta(seconds=settings.reconcile_interval_seconds)
@@ -143,7 +150,7 @@ def reconcile_job(reconciler: LeaderPass) -> Job:
         return (await reconciler.run_pass()).as_detail()
 
     return Job(
-        "reconcile",
+        reconcile_job_name(cluster),
         interval,
         lambda now, settings: floor_to(now, interval(settings)),
         work,

@@ -1,18 +1,23 @@
 """Silent time charged through the report path (`IngestService.charge_one`), so reports and passes never
 charge the same time twice: pods no report covered (up to the grace, or their real end, once), and each
-allocated GPU claim once whatever the number of its pods (docs/timekeeper.md, "DRA claims")."""
+allocated GPU claim once whatever the number of its pods (docs/timekeeper.md, "DRA claims"). A member
+cluster's pods are charged under their namespace and pod keys, as their sidecars' reports are
+(`keyed`, docs/fleet.md)."""
 
 from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
 from decimal import Decimal
+from http import HTTPStatus
 
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from timekeeper.clock import Clock
+from timekeeper.domain.clusters import namespace_key
 from timekeeper.domain.periods import Interval
+from timekeeper.errors import TimekeeperError
 from timekeeper.kube import KubeClient, KubeError
 from timekeeper.reconcile.claims import (
     CLAIM_POD_PREFIX,
@@ -27,6 +32,7 @@ from timekeeper.reconcile.repository import ReconcileRepository
 from timekeeper.reconcile.result import PassResult
 from timekeeper.settings import Settings
 from timekeeper.usage.admitted import NodeModels
+from timekeeper.usage.router import keyed
 from timekeeper.usage.schemas import SilentInterval
 from timekeeper.usage.service import IngestService
 
@@ -48,8 +54,10 @@ class SilentCharger:
         settings: Settings,
         clock: Clock,
         node_models: NodeModels,
+        cluster: str | None = None,
     ) -> None:
         self.kube = kube
+        self.cluster = cluster  # whose pods and claims these are (None: the local cluster)
         self.registry = registry
         self.claims = claims
         self.sessionmaker = sessionmaker
@@ -83,7 +91,7 @@ class SilentCharger:
                 spans[pod.info.uid] = (pod, start, until, False)
         async with self.sessionmaker() as session:
             # A pod with no GPUs outside its claims has nothing to charge (its claims' charge has its time).
-            uncovered = await ReconcileRepository(session).with_uncovered_time(
+            uncovered = await ReconcileRepository(session, self.cluster).with_uncovered_time(
                 (uid, start, end) for uid, (pod, start, end, _) in spans.items() if end > start and pod.share
             )
         for uid, (pod, start, end, final) in spans.items():
@@ -91,7 +99,7 @@ class SilentCharger:
                 result.charged[uid] = await self._charge_pod(pod, start, end, final, now)
             elif final:
                 async with self.sessionmaker() as session, session.begin():
-                    await ReconcileRepository(session).close_at(uid, end)
+                    await ReconcileRepository(session, self.cluster).close_at(uid, end)
             if final:
                 self.registry.mark_closed(uid)
                 result.closed.append(uid)
@@ -129,7 +137,7 @@ class SilentCharger:
         self.claim_holders = holders
         flat = [(part.key, start, end) for _, part, spans, _ in plans for start, end in spans]
         async with self.sessionmaker() as session:
-            uncovered = await ReconcileRepository(session).uncovered_spans(flat)
+            uncovered = await ReconcileRepository(session, self.cluster).uncovered_spans(flat)
         first = 0
         for claim, part, spans, final in plans:
             mine = [index - first for index in range(first, first + len(spans)) if index in uncovered]
@@ -153,25 +161,32 @@ class SilentCharger:
         """Charge one part of a claim for its spans holding uncharged time (`uncovered`, their positions),
         one charge each at the part's share and model; `final`: then closed at the last span's end."""
         async with self.sessionmaker() as session, session.begin():
-            repository = ReconcileRepository(session)
+            repository = ReconcileRepository(session, self.cluster)
             charged = Decimal(0)
             for index in uncovered:
                 start, end = spans[index]
                 try:
-                    report = SilentInterval(
-                        namespace=claim.namespace,
-                        pod=f"{CLAIM_POD_PREFIX}{claim.name}"[:253],
-                        pod_uid=part.key,
-                        seq=RECONCILER_SEQ,
-                        interval_start=start,
-                        interval_end=end,
-                        gpu_share=part.share,
-                        final=final and index == len(spans) - 1,
+                    report = keyed(
+                        self.cluster,
+                        SilentInterval(
+                            namespace=claim.namespace,
+                            pod=f"{CLAIM_POD_PREFIX}{claim.name}"[:253],
+                            pod_uid=part.key,
+                            seq=RECONCILER_SEQ,
+                            interval_start=start,
+                            interval_end=end,
+                            gpu_share=part.share,
+                            final=final and index == len(spans) - 1,
+                        ),
                     )
                 except ValidationError as error:
                     log.warning(
                         "reconcile_claim_skipped",
-                        extra={"namespace": claim.namespace, "claim": claim.name, "error": str(error)},
+                        extra={
+                            "namespace": self._key(claim.namespace),
+                            "claim": claim.name,
+                            "error": str(error),
+                        },
                     )
                     return charged
                 outcome = await IngestService(session, self.settings).charge_one(
@@ -184,7 +199,7 @@ class SilentCharger:
             log.info(
                 "claim_time_charged",
                 extra={
-                    "namespace": claim.namespace,
+                    "namespace": self._key(claim.namespace),
                     "claim": claim.name,
                     "gpu_minutes": float(charged),
                     "final": final,
@@ -201,37 +216,47 @@ class SilentCharger:
         info = pod.info
         model = await self.node_models.model(info.node_name) if info.node_name else None
         try:
-            report = SilentInterval(
-                namespace=info.namespace,
-                pod=info.name,
-                pod_uid=info.uid,
-                seq=RECONCILER_SEQ,
-                interval_start=start,
-                interval_end=end,
-                gpu_share=pod.share,
-                final=final,
+            report = keyed(
+                self.cluster,
+                SilentInterval(
+                    namespace=info.namespace,
+                    pod=info.name,
+                    pod_uid=info.uid,
+                    seq=RECONCILER_SEQ,
+                    interval_start=start,
+                    interval_end=end,
+                    gpu_share=pod.share,
+                    final=final,
+                ),
             )
-        except ValidationError as error:
+            async with self.sessionmaker() as session, session.begin():
+                outcome = await IngestService(session, self.settings).charge_one(
+                    report, now, from_sidecar=False, gpu_model=model, admitted_share=pod.share
+                )
+                if final:
+                    await ReconcileRepository(session, self.cluster).close_at(info.uid, end)
+        except (ValidationError, TimekeeperError) as error:
+            # Not chargeable, or its uid is another namespace's pod's (409: a member's API server may name
+            # any uid): the pass goes on with the other pods. Anything else fails the pass, retried next.
+            if isinstance(error, TimekeeperError) and error.status_code != HTTPStatus.CONFLICT:
+                raise
             if info.uid not in self._skipped:
                 self._skipped.add(info.uid)
                 log.warning(
                     "reconcile_pod_skipped",
-                    extra={"namespace": info.namespace, "pod": info.name, "error": str(error)},
+                    extra={"namespace": self._key(info.namespace), "pod": info.name, "error": str(error)},
                 )
             return Decimal(0)
-        async with self.sessionmaker() as session, session.begin():
-            outcome = await IngestService(session, self.settings).charge_one(
-                report, now, from_sidecar=False, gpu_model=model, admitted_share=pod.share
-            )
-            if final:
-                await ReconcileRepository(session).close_at(info.uid, end)
         log.info(
             "silent_time_charged",
             extra={
-                "namespace": info.namespace,
+                "namespace": report.namespace,
                 "pod": info.name,
                 "gpu_minutes": float(outcome.gpu_minutes),
                 "final": final,
             },
         )
         return outcome.gpu_minutes
+
+    def _key(self, namespace: str) -> str:
+        return namespace_key(self.cluster, namespace)

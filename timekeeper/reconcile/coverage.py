@@ -21,8 +21,10 @@ class CoverageRecorder:
         registry: PodRegistry,
         sessionmaker: async_sessionmaker[AsyncSession],
         node_models: NodeModels,
+        cluster: str | None = None,
     ) -> None:
         self.registry = registry
+        self.cluster = cluster  # whose pods the registry holds (None: the local cluster)
         self.sessionmaker = sessionmaker
         self.node_models = node_models
         self._modelled: set[str] = set()  # uids whose coverage row holds their GPU model
@@ -51,7 +53,7 @@ class CoverageRecorder:
                 models[uid] = model
         if models:
             async with self.sessionmaker() as session, session.begin():
-                known = await ReconcileRepository(session).record_models(models)
+                known = await ReconcileRepository(session, self.cluster).record_models(models)
             self._modelled |= known
             result.modelled = len(known)
 
@@ -64,7 +66,9 @@ class CoverageRecorder:
         shares = {pod.info.uid: pod.share for pod in pods if pod.info.uid not in self._shared}
         if shares:
             async with self.sessionmaker() as session, session.begin():
-                self._shared |= await ReconcileRepository(session).record_admitted_shares(shares)
+                self._shared |= await ReconcileRepository(session, self.cluster).record_admitted_shares(
+                    shares
+                )
 
     async def learn_workloads(self) -> None:
         """Each GPU pod's workload recorded on its coverage row, for usage by workload (a bare pod has
@@ -76,4 +80,4 @@ class CoverageRecorder:
         named = {uid: key for uid, key in keys.items() if not key.startswith("Pod/")}
         if named:
             async with self.sessionmaker() as session, session.begin():
-                self._named |= await ReconcileRepository(session).record_workloads(named)
+                self._named |= await ReconcileRepository(session, self.cluster).record_workloads(named)

@@ -22,7 +22,7 @@ from gpuaccounting.shares import read_pod
 from timekeeper.audit.repository import AuditRepository
 from timekeeper.auth.base import Principal
 from timekeeper.clock import Clock
-from timekeeper.domain.clusters import in_cluster
+from timekeeper.domain.clusters import in_cluster, namespace_key
 from timekeeper.kube import KubeApiError, KubeClient, KubeError, ObjectReference
 from timekeeper.metrics import DowngradeMetrics
 from timekeeper.reconcile.repository import ReconcileRepository
@@ -58,10 +58,14 @@ class KueuePolicy:
         return in_budget
 
 
-async def kueue_policies(session: AsyncSession, namespaces: Iterable[str]) -> dict[str, KueuePolicy]:
-    """Every exhausted namespace and each of `namespaces`, with its effective action and priority policy
-    (its own budget's, else the default's); this cluster's only, not a fleet's members' (docs/fleet.md)."""
-    found = in_cluster(await ReconcileRepository(session).kueue_policies(namespaces), None)
+async def kueue_policies(
+    session: AsyncSession, namespaces: Iterable[str], cluster: str | None
+) -> dict[str, KueuePolicy]:
+    """Every exhausted namespace of `cluster` (None: the local one) and each of `namespaces` (its bare
+    names), with its effective action and priority policy (its own budget's, else the default's), by
+    bare name: that cluster's only, never another's of the same name (docs/fleet.md)."""
+    keys = (namespace_key(cluster, namespace) for namespace in namespaces)
+    found = in_cluster(await ReconcileRepository(session).kueue_policies(keys), cluster)
     return {
         namespace: KueuePolicy(
             lowering=lowering,
@@ -125,8 +129,10 @@ class KueuePriorities:
         settings: Settings,
         clock: Clock,
         metrics: DowngradeMetrics,
+        cluster: str | None = None,
     ) -> None:
         self.kube = kube
+        self.cluster = cluster  # whose Workloads `kube` reaches (None: the local cluster)
         self.sessionmaker = sessionmaker
         self.settings = settings
         self.clock = clock
@@ -179,7 +185,7 @@ class KueuePriorities:
             if reduced is None or (priority_of(workload) or 0) <= reduced:
                 return
             async with self.sessionmaker() as session:
-                policy = (await kueue_policies(session, [namespace]))[namespace]
+                policy = (await kueue_policies(session, [namespace], self.cluster))[namespace]
             if (
                 policy.lowering
                 and self._to_lower(workload, policy, reduced)
@@ -199,7 +205,9 @@ class KueuePriorities:
             if marked is None:
                 return
             async with self.sessionmaker() as session:
-                policies = await kueue_policies(session, (w["metadata"]["namespace"] for w in marked))
+                policies = await kueue_policies(
+                    session, (w["metadata"]["namespace"] for w in marked), self.cluster
+                )
             giving_back = [w for w in marked if not policies[w["metadata"]["namespace"]].lowering]
             if giving_back:
                 in_budget = await self._class_value(self.settings.kueue_in_budget_priority_class)
@@ -305,7 +313,7 @@ class KueuePriorities:
                 self.clock.now(),
                 Principal(ACTOR),
                 action,
-                namespace,
+                namespace_key(self.cluster, namespace),
                 before,
                 {**before, "priority": priority},
             )

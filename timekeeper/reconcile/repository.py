@@ -18,6 +18,7 @@ from sqlalchemy.orm import InstrumentedAttribute
 from gpuaccounting.wire import BudgetState
 from timekeeper.budgets.models import DefaultBudget, NamespaceBudget
 from timekeeper.budgets.states.models import NamespaceStatus
+from timekeeper.domain.clusters import pod_key
 from timekeeper.usage.models import PodCoverage
 
 _UNCOVERED = sa.text(
@@ -30,15 +31,24 @@ _UNCOVERED = sa.text(
 
 
 class ReconcileRepository:
-    def __init__(self, session: AsyncSession) -> None:
+    """`cluster`: whose pods' (and claims') uids the methods take and answer (None: the local cluster's);
+    their rows are stored under their pod keys (timekeeper/domain/clusters.py, `pod_key`), as their
+    sidecars' reports are, so a member's uid never names another cluster's pod."""
+
+    def __init__(self, session: AsyncSession, cluster: str | None = None) -> None:
         self.session = session
+        self.cluster = cluster
+
+    def _keys(self, uids: Iterable[str]) -> dict[str, str]:
+        """pod key -> uid."""
+        return {pod_key(self.cluster, uid): uid for uid in uids}
 
     async def close_at(self, pod_uid: str, ended_at: datetime) -> None:
         """The pod ended: `final`, closed at its real end (overriding a close-out's time of noticing)."""
         already = sa.and_(PodCoverage.final, PodCoverage.closed_at.is_not_distinct_from(ended_at))
         await self.session.execute(
             sa.update(PodCoverage)
-            .where(PodCoverage.pod_uid == pod_uid, sa.not_(already))
+            .where(PodCoverage.pod_uid == pod_key(self.cluster, pod_uid), sa.not_(already))
             .values(final=True, closed_at=ended_at)
             .execution_options(synchronize_session=False)
         )
@@ -53,21 +63,22 @@ class ReconcileRepository:
         if not spans:
             return set()
         uids, starts, ends = (list(column) for column in zip(*spans, strict=True))
-        result = await self.session.execute(_UNCOVERED, {"uids": uids, "starts": starts, "ends": ends})
+        keys = [pod_key(self.cluster, uid) for uid in uids]
+        result = await self.session.execute(_UNCOVERED, {"uids": keys, "starts": starts, "ends": ends})
         return set(result.scalars())
 
     async def sidecar_reports(self, uids: Iterable[str]) -> dict[str, tuple[datetime, bool]]:
         """Each pod's last sign of life from its sidecar and whether it sent its final report, for the
         pods that have a coverage row (a pod without one has never reported nor been charged)."""
-        wanted = sorted(set(uids))
+        wanted = self._keys(uids)
         if not wanted:
             return {}
         result = await self.session.execute(
             sa.select(PodCoverage.pod_uid, PodCoverage.last_report_at, PodCoverage.final).where(
-                PodCoverage.pod_uid == sa.any_(sa.literal(wanted, ARRAY(sa.Text)))
+                PodCoverage.pod_uid == sa.any_(sa.literal(sorted(wanted), ARRAY(sa.Text)))
             )
         )
-        return {row.pod_uid: (row.last_report_at, row.final) for row in result}
+        return {wanted[row.pod_uid]: (row.last_report_at, row.final) for row in result}
 
     async def record_models(self, models: Mapping[str, str]) -> set[str]:
         """Records each pod's GPU model on its coverage row unless one is known already (the first source
@@ -86,8 +97,9 @@ class ReconcileRepository:
 
     async def _record_first(self, column: InstrumentedAttribute[Any], values: Mapping[str, Any]) -> set[str]:
         """`column` of each pod's coverage row set to its value unless it holds one already."""
+        keys = self._keys(values)
         given = sa.values(sa.column("pod_uid", sa.Text), sa.column("value", column.type), name="given").data(
-            sorted(values.items())
+            sorted((key, values[uid]) for key, uid in keys.items())
         )
         result = await self.session.execute(
             sa.update(PodCoverage)
@@ -96,7 +108,7 @@ class ReconcileRepository:
             .returning(PodCoverage.pod_uid)
             .execution_options(synchronize_session=False)
         )
-        return set(result.scalars())
+        return {keys[key] for key in result.scalars()}
 
     async def states(self) -> dict[str, BudgetState]:
         result = await self.session.execute(sa.select(NamespaceStatus.namespace, NamespaceStatus.state))

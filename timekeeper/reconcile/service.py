@@ -2,15 +2,23 @@
 registries (reconcile/watches.py) and each pass charges silent time through `IngestService.charge`
 (reconcile/charging.py: reports and passes never charge the same time twice), closes out ended pods,
 counts silent sidecars (census.py), downgrades (decisions.py, downgrades.py) and applies quotas. This
-class only composes those parts, in the order a pass runs them."""
+class only composes those parts, in the order a pass runs them.
+
+A fleet's hub runs one Reconciler per cluster (`build_reconcilers`): its own, and each member's through
+that member's API server, each with its own client, watches and registries and its own job, so a member
+whose API server is away fails its own passes only. Each reads and writes the store under its cluster's
+namespace and pod keys (timekeeper/domain/clusters.py) and acts in its cluster on its bare names."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from timekeeper.auth.kubernetes import member_kube_config
 from timekeeper.budgets.pools.service import PoolService
 from timekeeper.clock import Clock
-from timekeeper.domain.clusters import in_cluster
+from timekeeper.domain.clusters import in_cluster, namespace_key
 from timekeeper.kube import KubeClient, KubeConfig
 from timekeeper.metrics import DowngradeMetrics, PodWatchCollector
 from timekeeper.reconcile.census import PodCensus
@@ -28,11 +36,13 @@ from timekeeper.reconcile.watches import Watches
 from timekeeper.settings import Settings
 from timekeeper.usage.admitted import NodeModels
 
-__all__ = ["PassResult", "Reconciler", "build_reconciler"]
+__all__ = ["PassResult", "Reconciler", "Reconcilers", "build_reconcilers"]
 
 
 class Reconciler:
-    """The watches and caches, the charges, the decisions and the writes of one leader, composed."""
+    """The watches and caches, the charges, the decisions and the writes of one leader in one cluster,
+    composed: `kube` reaches `cluster`'s API server (None: the local cluster). The metrics are given
+    where several clusters' reconcilers export them together."""
 
     def __init__(
         self,
@@ -40,21 +50,25 @@ class Reconciler:
         sessionmaker: async_sessionmaker[AsyncSession],
         settings: Settings,
         clock: Clock,
+        cluster: str | None = None,
+        pod_metrics: PodWatchCollector | None = None,
+        downgrade_metrics: DowngradeMetrics | None = None,
     ) -> None:
         self.kube = kube
+        self.cluster = cluster
         self.sessionmaker = sessionmaker
         self.clock = clock
-        self.downgrade_metrics = DowngradeMetrics()
-        self.kueue = KueuePriorities(kube, sessionmaker, settings, clock, self.downgrade_metrics)
+        self.downgrade_metrics = downgrade_metrics or DowngradeMetrics()
+        self.kueue = KueuePriorities(kube, sessionmaker, settings, clock, self.downgrade_metrics, cluster)
         self.watches = Watches(kube, settings, clock, self.kueue)
         self.registry: PodRegistry = self.watches.pods
         self.claims: ClaimRegistry = self.watches.claims
         self._node_models = NodeModels(kube, clock)
-        self.coverage = CoverageRecorder(self.registry, sessionmaker, self._node_models)
+        self.coverage = CoverageRecorder(self.registry, sessionmaker, self._node_models, cluster)
         self.charger = SilentCharger(
-            kube, self.registry, self.claims, sessionmaker, settings, clock, self._node_models
+            kube, self.registry, self.claims, sessionmaker, settings, clock, self._node_models, cluster
         )
-        self.census = PodCensus(self.registry, settings, clock)
+        self.census = PodCensus(self.registry, settings, clock, pod_metrics or PodWatchCollector(), cluster)
         self.announcer = Announcer(kube, settings)
         self.downgrader = Downgrader(
             kube, self.registry, settings, clock, self.downgrade_metrics, self.announcer
@@ -118,22 +132,24 @@ class Reconciler:
         """One reconcile pass. Only the periodic jobs' leader runs it (the `reconcile` job), one window at a
         time: the election and the window's job_runs row are the one mechanism, no lock of its own."""
         result = PassResult()
+        # First, and never caught: an API server that does not answer fails the pass before it charges
+        # anything from what its watch last said (a pod that ended meanwhile would be charged as running).
+        await self._sync_labels(result)
         await self.coverage.learn_models(result)
         await self.coverage.learn_shares()
         await self.coverage.learn_workloads()
         await self.charger.charge_claims(result)  # first: charge_pods forgets ended pods claims still need
         await self.charger.charge_pods(result)
-        await self._sync_labels(result)
         async with self.sessionmaker() as session:
-            repository = ReconcileRepository(session)
+            repository = ReconcileRepository(session, self.cluster)
             reports = await repository.sidecar_reports(
                 p.info.uid for p in self.registry.pods() if p.running and p.sidecar
             )
-            # This cluster's namespaces only: a fleet's members' keys are their clusters' (docs/fleet.md).
-            states = in_cluster(await repository.states(), None)
-            evicting = in_cluster(await repository.evicting(), None)
-            namespaces = {p.info.namespace for p in self.registry.pods()}
-            limits = in_cluster(await repository.concurrent_limits(namespaces), None)
+            # This cluster's namespaces only, by bare name: each cluster's keys are its own (docs/fleet.md).
+            states = in_cluster(await repository.states(), self.cluster)
+            evicting = in_cluster(await repository.evicting(), self.cluster)
+            keys = {namespace_key(self.cluster, p.info.namespace) for p in self.registry.pods()}
+            limits = in_cluster(await repository.concurrent_limits(keys), self.cluster)
         holders = self.charger.claim_holders
         self.census.count(reports, holders, result)
         await self.announcer.announce_states(states, result)
@@ -144,15 +160,40 @@ class Reconciler:
         return result
 
     async def _sync_labels(self, result: PassResult) -> None:
-        """The namespaces' labels, for the pools' selectors (docs/timekeeper.md#pools)."""
+        """This cluster's namespaces' labels, under their keys, for the pools' selectors
+        (docs/timekeeper.md#pools)."""
         labels = await self.kube.namespace_labels()
         async with self.sessionmaker() as session, session.begin():
-            result.pool_moves = await PoolService(session, self.settings, self.clock).sync_labels(labels)
+            pools = PoolService(session, self.settings, self.clock)
+            result.pool_moves = await pools.sync_labels(labels, self.cluster)
 
 
-async def build_reconciler(
+@dataclass(frozen=True, slots=True)
+class Reconcilers:
+    """One Reconciler per cluster, the local one first, and the metrics they all export."""
+
+    clusters: tuple[Reconciler, ...]
+    pod_metrics: PodWatchCollector
+    downgrade_metrics: DowngradeMetrics
+
+
+async def build_reconcilers(
     settings: Settings, sessionmaker: async_sessionmaker[AsyncSession], clock: Clock
-) -> Reconciler:
-    """The periodic jobs' reconciler, with a client of its own (closed by `aclose`)."""
-    kube = await KubeClient.from_config(KubeConfig.from_settings(settings))
-    return Reconciler(kube, sessionmaker, settings, clock)
+) -> Reconcilers:
+    """The periodic jobs' reconcilers: the local cluster's and each member's (docs/fleet.md), each with a
+    client of its own (closed by its `aclose`), a member's through its kubeconfig."""
+    pod_metrics, downgrade_metrics = PodWatchCollector(), DowngradeMetrics()
+    built: list[Reconciler] = []
+    try:
+        configs: dict[str | None, KubeConfig] = {None: KubeConfig.from_settings(settings)}
+        configs |= {name: member_kube_config(settings, name) for name in settings.members}
+        for cluster, config in configs.items():
+            kube = await KubeClient.from_config(config)
+            built.append(
+                Reconciler(kube, sessionmaker, settings, clock, cluster, pod_metrics, downgrade_metrics)
+            )
+    except BaseException:
+        for reconciler in built:
+            await reconciler.kube.close()
+        raise
+    return Reconcilers(tuple(built), pod_metrics, downgrade_metrics)

@@ -147,11 +147,12 @@ class PoolRepository:
         result = await self.session.execute(sa.select(NamespaceLabels.namespace, NamespaceLabels.labels))
         return dict(result.tuples().all())
 
-    async def put_labels(self, labels: dict[str, dict[str, str]], now: datetime) -> None:
-        """The namespaces' labels as just listed (namespaces no longer there are forgotten)."""
-        await self.session.execute(
-            sa.delete(NamespaceLabels).where(NamespaceLabels.namespace.not_in(list(labels)))
-        )
+    async def put_labels(
+        self, labels: dict[str, dict[str, str]], now: datetime, gone: Sequence[str] = ()
+    ) -> None:
+        """The namespaces' labels as just listed, and the namespaces no longer there (`gone`) forgotten."""
+        if gone:
+            await self.session.execute(sa.delete(NamespaceLabels).where(NamespaceLabels.namespace.in_(gone)))
         if labels:
             statement = insert(NamespaceLabels).values(
                 [{"namespace": ns, "labels": value, "seen_at": now} for ns, value in sorted(labels.items())]

@@ -216,17 +216,23 @@ class PoolService:
         await self.audit.record(now, principal, "pool.delete", None, old, None)
         await self._refresh_after_change(before, now)
 
-    async def sync_labels(self, labels: dict[str, dict[str, str]]) -> list[str]:
-        """Store the namespaces' labels as the reconciler listed them; the namespaces whose pool that changed
-        have their totals and states refreshed as a pool change does, with their old and new pools' members.
-        Answers the namespaces that moved."""
+    async def sync_labels(self, listed: dict[str, dict[str, str]], cluster: str | None = None) -> list[str]:
+        """Store the labels of `cluster`'s namespaces (None: the local cluster's) as the reconciler listed
+        them there, under their namespace keys (another cluster's are not touched); the namespaces whose
+        pool that changed have their totals and states refreshed as a pool change does, with their old and
+        new pools' members. Answers the namespaces (keys) that moved."""
         now = self.clock.now()
-        known = await self.repository.labels()
+        labels = {namespace_key(cluster, namespace): value for namespace, value in listed.items()}
+        known = {
+            key: value
+            for key, value in (await self.repository.labels()).items()
+            if cluster_of(key) == cluster
+        }
         changed = sorted(ns for ns in known.keys() | labels.keys() if known.get(ns) != labels.get(ns))
         if not changed:
             return []
         before = {f.namespace: f.config for f in await self.budgets.figures(now, changed)}
-        await self.repository.put_labels(labels, now)
+        await self.repository.put_labels(labels, now, sorted(known.keys() - labels.keys()))
         after = {f.namespace: f.config for f in await self.budgets.figures(now, changed)}
         moved = [ns for ns in changed if before[ns].pool != after[ns].pool]
         if moved:

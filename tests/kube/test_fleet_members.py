@@ -34,19 +34,13 @@ from timekeeper.settings import Member, Settings
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
-def with_identity(server: KubeApiServer) -> KubeApiServer:
-    """The server's `kube-system` namespace, whose uid (unique per server) is its cluster's identity."""
-    server.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}})
-    return server
-
-
 @pytest.fixture
 def members(apiserver: KubeApiServer) -> Iterator[dict[str, KubeApiServer]]:
-    with_identity(apiserver)  # the hub's own cluster
+    apiserver.with_identity()  # the hub's own cluster
     servers: dict[str, KubeApiServer] = {}
     try:
         for name in ("a", "b"):
-            servers[name] = with_identity(KubeApiServer().start())
+            servers[name] = KubeApiServer().start().with_identity()
             install_cluster_roles(servers[name])
         yield servers
     finally:
@@ -377,7 +371,7 @@ async def test_one_api_server_under_two_names_is_refused_naming_both(
     """Member `a` is the hub's own cluster, and `b` and `c` are one API server, each through a kubeconfig
     of its own (other tokens): each of those members is refused (503) naming the other; the hub's own
     cluster is served, and so is a member that is no other (`d`)."""
-    d = with_identity(KubeApiServer().start())
+    d = KubeApiServer().start().with_identity()
     install_cluster_roles(d)
     entries = {"a": apiserver, "b": members["b"], "c": members["b"], "d": d}
     configs = {name: timekeeper_kubeconfig(server, tmp_path / name) for name, server in entries.items()}

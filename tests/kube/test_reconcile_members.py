@@ -25,7 +25,8 @@ from timekeeper.budgets.pools.models import MEMBERSHIP_SQL
 from timekeeper.budgets.schemas import BudgetIn
 from timekeeper.budgets.service import BudgetService
 from timekeeper.clock import ManualClock
-from timekeeper.kube import KubeClient, KubeError
+from timekeeper.errors import TimekeeperError
+from timekeeper.kube import KubeClient
 from timekeeper.periodic.jobs import reconcile_job, run_job
 from timekeeper.reconcile.service import Reconciler, Reconcilers, build_reconcilers
 from timekeeper.settings import Member, Settings
@@ -43,8 +44,9 @@ def iso(moment: datetime) -> str:
 
 
 @pytest.fixture
-def member() -> Iterator[KubeApiServer]:
-    server = KubeApiServer().start()
+def member(apiserver: KubeApiServer) -> Iterator[KubeApiServer]:
+    apiserver.with_identity()  # the hub's own cluster
+    server = KubeApiServer().start().with_identity()
     install_cluster_roles(server)
     yield server
     server.stop()
@@ -184,7 +186,7 @@ async def test_a_members_namespace_labels_are_kept_under_its_keys(
             )
         )
         members = (await session.execute(sa.text(f"SELECT namespace FROM {MEMBERSHIP_SQL} pm"))).scalars()
-        assert set(members) == {"team-a"}
+        assert set(members) == {"kube-system", "team-a"}  # the hub's own namespaces, none of b's
     await clusters(reconcilers)[1].run_pass()
     async with sessionmaker() as session:
         keys = set((await session.execute(sa.text("SELECT namespace FROM namespace_labels"))).scalars())
@@ -226,7 +228,7 @@ async def test_a_member_whose_api_server_is_away_fails_its_own_job_and_the_local
     await watch.close()
     member.stop()
 
-    with pytest.raises(KubeError):
+    with pytest.raises(TimekeeperError, match="member cluster b cannot tell its identity"):
         await run_job(reconcile_job(b, b.cluster), sessionmaker, b.settings, clock, "replica")
     ran = await run_job(reconcile_job(local, local.cluster), sessionmaker, local.settings, clock, "replica")
 
@@ -254,3 +256,30 @@ async def test_a_member_pod_with_a_forged_uid_of_a_hub_pod_is_charged_under_its_
     async with sessionmaker() as session:
         keys = set((await session.execute(sa.text("SELECT pod_uid FROM pod_coverage"))).scalars())
     assert keys == {uid, f"b/{uid}"}
+
+
+async def test_the_hubs_own_cluster_configured_as_a_member_is_reconciled_once(
+    apiserver: KubeApiServer, settings: Settings, tmp_path: Path, sessionmaker, clock
+) -> None:
+    """One API server under two names (the hub's own, and member `again`): the member's pass is refused
+    as its requests are (ClusterIdentities), so the pod is charged once, under the hub's key only."""
+    apiserver.with_identity()
+    token = apiserver.add_service_account_token(TIMEKEEPER_NAMESPACE, TIMEKEEPER_SERVICE_ACCOUNT)
+    again = Member(kubeconfig=apiserver.write_kubeconfig(tmp_path / "kubeconfig-again", token))
+    update = {"members": {"again": again}, "silent_grace_seconds": GRACE.total_seconds()}
+    built = await build_reconcilers(settings.model_copy(update=update), sessionmaker, clock)
+    try:
+        local, twice = built.clusters
+        gpu_pod(apiserver, "team-a", "ours", started_at=iso(START - timedelta(minutes=65)))
+        for reconciler in built.clusters:
+            reconciler.registry.apply(await reconciler.kube.list_pods())
+
+        with pytest.raises(TimekeeperError) as refused:
+            await twice.run_pass()
+        await local.run_pass()
+    finally:
+        for reconciler in built.clusters:
+            await reconciler.aclose()
+
+    assert refused.value.status_code == 503 and "same cluster as the hub" in refused.value.message
+    assert await charged(sessionmaker) == {"team-a": Decimal(60)}

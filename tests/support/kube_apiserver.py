@@ -557,6 +557,12 @@ class KubeApiServer:
                 if t is rtype and (namespace is None or ns == namespace)
             ]
 
+    def with_identity(self) -> KubeApiServer:
+        """The server's `kube-system` namespace, as a real API server has: its uid (unique per server) is
+        the cluster's identity a fleet's hub reads (timekeeper/auth/kubernetes.py, ClusterIdentities)."""
+        self.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}})
+        return self
+
     def forge_uid(self, namespace: str, name: str, uid: str) -> JSON:
         """Give a stored pod the uid `uid`, as the admin of a hostile API server can (etcd written
         directly): its TokenReviews and pod reads then answer that uid. Returns the pod."""

@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
+from functools import partial
 from typing import TypeVar
 
 from cachetools import TTLCache
@@ -76,6 +77,11 @@ async def _ask(review: Awaitable[T], cluster: str | None, what: str = "review cr
             503,
             {"Retry-After": str(RETRY_AFTER_SECONDS)},
         ) from error
+
+
+async def identity_of(kube: KubeClient, cluster: str | None) -> str:
+    """`cluster`'s identity (KubeClient.cluster_id), or a 503 naming it while its API server fails us."""
+    return await _ask(kube.cluster_id(), cluster, "tell its identity (namespace kube-system)")
 
 
 class KubernetesAccessControl:
@@ -157,7 +163,7 @@ class KubernetesAccessControl:
 
     async def cluster_id(self) -> str:
         """The identity of the cluster this access control asks (KubeClient.cluster_id)."""
-        return await _ask(self._kube.cluster_id(), self._cluster, "tell its identity (namespace kube-system)")
+        return await identity_of(self._kube, self._cluster)
 
     async def aclose(self) -> None:
         """Drop the caches, and the client when it was built for this access control."""
@@ -179,14 +185,19 @@ class ClusterIdentities:
     member that is down when the hub starts does not keep it from starting, and is checked before it is
     served. The hub's own identity is needed to admit any member."""
 
-    def __init__(self, clusters: Mapping[str | None, KubernetesAccessControl]) -> None:
-        self._clusters = clusters
+    def __init__(self, readers: Mapping[str | None, Callable[[], Awaitable[str]]]) -> None:
+        self._readers = readers
         self._ids: dict[str | None, str] = {}
+
+    @classmethod
+    def of(cls, clients: Mapping[str | None, KubeClient]) -> ClusterIdentities:
+        """The identities of the clusters `clients` reach (the periodic jobs' own clients)."""
+        return cls({cluster: partial(identity_of, kube, cluster) for cluster, kube in clients.items()})
 
     async def read_all(self) -> None:
         """Read every cluster's identity, together; log each that cannot be read yet, and each member
         configured twice (refused from now on)."""
-        names = list(self._clusters)
+        names = list(self._readers)
         answers = await asyncio.gather(*(self._read(name) for name in names), return_exceptions=True)
         for name, answer in zip(names, answers, strict=True):
             # Whatever one cluster answers (or fails with) keeps no other from being served: logged, and
@@ -227,7 +238,7 @@ class ClusterIdentities:
 
     async def _read(self, cluster: str | None) -> None:
         if cluster not in self._ids:
-            self._ids[cluster] = await self._clusters[cluster].cluster_id()
+            self._ids[cluster] = await self._readers[cluster]()
 
     def _same_as(self, cluster: str | None) -> list[str | None]:
         """The other clusters read so far with the identity of `cluster` (none while it is unread)."""
@@ -247,7 +258,7 @@ class FleetAccessControl:
 
     def __init__(self, clusters: Mapping[str | None, KubernetesAccessControl]) -> None:
         self._clusters = dict(clusters)
-        self.identities = ClusterIdentities(self._clusters)
+        self.identities = ClusterIdentities({name: access.cluster_id for name, access in clusters.items()})
 
     async def authenticate(self, token: str, cluster: str | None) -> Principal | None:
         access = self._clusters.get(cluster)
@@ -275,6 +286,13 @@ def member_kube_config(settings: Settings, cluster: str) -> KubeConfig:
         context=member.context,
         request_timeout_seconds=settings.kube_request_timeout_seconds,
     )
+
+
+def cluster_kube_configs(settings: Settings) -> dict[str | None, KubeConfig]:
+    """Every cluster the hub serves and how it reaches each: its own (None) and each member's."""
+    configs: dict[str | None, KubeConfig] = {None: KubeConfig.from_settings(settings)}
+    configs |= {name: member_kube_config(settings, name) for name in settings.members}
+    return configs
 
 
 async def build_access_control(settings: Settings) -> KubernetesAccessControl | FleetAccessControl:

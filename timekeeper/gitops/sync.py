@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from timekeeper.auth.base import Principal
-from timekeeper.auth.kubernetes import member_kube_config
+from timekeeper.auth.kubernetes import ClusterIdentities, cluster_kube_configs
 from timekeeper.budgets.managed.repository import ManagedRepository, ObjectRef
 from timekeeper.budgets.schemas import BudgetIn
 from timekeeper.budgets.service import BudgetService
@@ -46,7 +46,7 @@ from timekeeper.gitops.objects import (
     substance,
     well_formed,
 )
-from timekeeper.kube import KubeApiError, KubeClient, KubeConfig, KubeUnavailableError
+from timekeeper.kube import KubeApiError, KubeClient, KubeUnavailableError
 from timekeeper.metrics import GitOpsMetrics
 from timekeeper.settings import Settings
 
@@ -80,9 +80,11 @@ class GitOpsSync:
         clock: Clock,
         metrics: GitOpsMetrics,
         cluster: str | None = None,
+        identities: ClusterIdentities | None = None,
     ) -> None:
         self.kube = kube
         self.cluster = cluster
+        self.identities = identities
         self.label = LOCAL_CLUSTER_LABEL if cluster is None else cluster
         self.plurals = (BUDGETS, DEFAULTS) if cluster is None else (BUDGETS,)
         self.sessionmaker = sessionmaker
@@ -180,6 +182,8 @@ class GitOpsSync:
         return objects
 
     async def run_pass(self) -> SyncResult:
+        if self.identities is not None:
+            await self.identities.admit(self.cluster)  # one API server under two names syncs under neither
         budgets = await self._list(BUDGETS)
         defaults = await self._list(DEFAULTS) if self.cluster is None else []
         result = SyncResult()
@@ -294,7 +298,7 @@ class GitOpsSync:
                 await ManagedRepository(session).claim(ref, now)
             if body is None:
                 return False
-            service, principal = self._service(session), Principal(ref.actor)
+            service, principal = self._service(session), Principal(ref.actor, cluster=self.cluster)
             if ref.kind == DEFAULT_KIND:
                 if (await service.repository.default()).as_json() == stored_json(body, cluster_default=True):
                     return False
@@ -312,7 +316,9 @@ class GitOpsSync:
         async with self.sessionmaker() as session, session.begin():
             if key:
                 try:
-                    await self._service(session).delete(key, Principal(f"{ref.actor} (deleted)"))
+                    await self._service(session).delete(
+                        key, Principal(f"{ref.actor} (deleted)", cluster=self.cluster)
+                    )
                 except TimekeeperError as error:
                     if error.status_code != HTTP_NOT_FOUND:  # never applied (its spec was invalid)
                         raise
@@ -381,16 +387,18 @@ async def build_gitops_sync(
     """The periodic GPUBudget sync of the hub's own cluster and of each member (Settings.members, through
     the kubeconfig the hub reviews that member's callers with), each with a Kubernetes client of its own
     (closed by `aclose`), and their metrics (`metrics`, for the runner to register)."""
-    configs: dict[str | None, KubeConfig] = {None: KubeConfig.from_settings(settings)}
-    configs.update({name: member_kube_config(settings, name) for name in settings.members})
     metrics = GitOpsMetrics([LOCAL_CLUSTER_LABEL, *settings.members])
-    syncs: list[GitOpsSync] = []
+    clients: dict[str | None, KubeClient] = {}
     try:
-        for cluster, config in configs.items():
-            kube = await KubeClient.from_config(config)
-            syncs.append(GitOpsSync(kube, sessionmaker, settings, clock, metrics, cluster))
+        for cluster, config in cluster_kube_configs(settings).items():
+            clients[cluster] = await KubeClient.from_config(config)
     except BaseException:
-        for sync in syncs:
-            await sync.aclose()
+        for kube in clients.values():
+            await kube.close()
         raise
+    identities = ClusterIdentities.of(clients) if settings.members else None
+    syncs = [
+        GitOpsSync(kube, sessionmaker, settings, clock, metrics, cluster, identities)
+        for cluster, kube in clients.items()
+    ]
     return FleetGitOpsSync(syncs, metrics)

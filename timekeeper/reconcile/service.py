@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from timekeeper.auth.kubernetes import member_kube_config
+from timekeeper.auth.kubernetes import ClusterIdentities, cluster_kube_configs
 from timekeeper.budgets.pools.service import PoolService
 from timekeeper.clock import Clock
 from timekeeper.domain.clusters import in_cluster, namespace_key
-from timekeeper.kube import KubeClient, KubeConfig
+from timekeeper.kube import KubeClient
 from timekeeper.metrics import DowngradeMetrics, PodWatchCollector
 from timekeeper.reconcile.census import PodCensus
 from timekeeper.reconcile.charging import SilentCharger
@@ -53,9 +53,11 @@ class Reconciler:
         cluster: str | None = None,
         pod_metrics: PodWatchCollector | None = None,
         downgrade_metrics: DowngradeMetrics | None = None,
+        identities: ClusterIdentities | None = None,
     ) -> None:
         self.kube = kube
         self.cluster = cluster
+        self.identities = identities
         self.sessionmaker = sessionmaker
         self.clock = clock
         self.downgrade_metrics = downgrade_metrics or DowngradeMetrics()
@@ -132,6 +134,10 @@ class Reconciler:
         """One reconcile pass. Only the periodic jobs' leader runs it (the `reconcile` job), one window at a
         time: the election and the window's job_runs row are the one mechanism, no lock of its own."""
         result = PassResult()
+        if self.identities is not None:
+            # A member that is another cluster under a second name (docs/fleet.md) is refused here as on
+            # requests: its pass would charge that cluster's pods twice and undo its quotas.
+            await self.identities.admit(self.cluster)
         # First, and never caught: an API server that does not answer fails the pass before it charges
         # anything from what its watch last said (a pod that ended meanwhile would be charged as running).
         await self._sync_labels(result)
@@ -185,12 +191,16 @@ async def build_reconcilers(
     pod_metrics, downgrade_metrics = PodWatchCollector(), DowngradeMetrics()
     built: list[Reconciler] = []
     try:
-        configs: dict[str | None, KubeConfig] = {None: KubeConfig.from_settings(settings)}
-        configs |= {name: member_kube_config(settings, name) for name in settings.members}
-        for cluster, config in configs.items():
-            kube = await KubeClient.from_config(config)
+        clients = {
+            cluster: await KubeClient.from_config(config)
+            for cluster, config in cluster_kube_configs(settings).items()
+        }
+        identities = ClusterIdentities.of(clients) if settings.members else None
+        for cluster, kube in clients.items():
             built.append(
-                Reconciler(kube, sessionmaker, settings, clock, cluster, pod_metrics, downgrade_metrics)
+                Reconciler(
+                    kube, sessionmaker, settings, clock, cluster, pod_metrics, downgrade_metrics, identities
+                )
             )
     except BaseException:
         for reconciler in built:

@@ -13,6 +13,7 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.base import SecurityBase
 from starlette.requests import HTTPConnection
 
 from gpuaccounting.names import CLUSTER_HEADER, DNS_LABEL, PROXIED_AUTHORIZATION_HEADER
@@ -50,20 +51,21 @@ _bearer = _Bearer(auto_error=False, description="A static token, or a Kubernetes
 _UNAUTHENTICATED = {"WWW-Authenticate": "Bearer"}
 
 
-async def request_cluster(
-    request: Request,
-    cluster: Annotated[
-        str | None,
-        Header(
-            alias=CLUSTER_HEADER,
-            description="the member cluster the caller belongs to (docs/fleet.md); absent: the local one",
-        ),
-    ] = None,
-) -> str | None:
-    """The cluster a request names in CLUSTER_HEADER (absent or empty: the local cluster). A name that is
-    not one of the settings' members is a 400 that says so, whoever the caller: no API server could review
-    its token, and no namespace of it is stored here. The one reader of the header: a dependency, so every
-    route that authenticates documents the header in its OpenAPI, and a request reads it once."""
+# The cluster a request names (absent or empty: the local one). Declared once, so every dependency that
+# reads it documents the same header in the OpenAPI document.
+ClusterHeader = Annotated[
+    str | None,
+    Header(
+        alias=CLUSTER_HEADER,
+        description="the member cluster the caller belongs to (docs/fleet.md); absent: the local one",
+    ),
+]
+
+
+def _member_cluster(request: Request, cluster: str | None) -> str | None:
+    """`cluster` as CLUSTER_HEADER named it, None for the local cluster. A name that is not one of the
+    settings' members is a 400 that says so, whoever the caller: no API server could review its token,
+    and no namespace of it is stored here."""
     if not cluster:
         return None
     if cluster not in context_of(request).settings.members:
@@ -71,6 +73,13 @@ async def request_cluster(
             f"cluster {cluster[:63]!r} ({CLUSTER_HEADER}) is not a member cluster of this timekeeper", 400
         )
     return cluster
+
+
+async def request_cluster(request: Request, cluster: ClusterHeader = None) -> str | None:
+    """The cluster a request names in CLUSTER_HEADER (`_member_cluster`), for a route that acts on it
+    (a namespace key, the snapshot): a dependency, so a request reads it once however many of the
+    route's dependencies need it."""
+    return _member_cluster(request, cluster)
 
 
 async def authorize(context: Context, principal: Principal, action: Action, namespace: str | None) -> None:
@@ -94,17 +103,37 @@ async def refuse_anonymous(request: Request) -> None:
 RequestCluster = Annotated[str | None, Depends(request_cluster)]
 
 
-async def _principal(
-    request: Request,
-    cluster: RequestCluster,  # an unknown cluster is refused before any credential is looked at
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+async def _authenticated(
+    request: Request, cluster: str | None, credentials: HTTPAuthorizationCredentials | None
 ) -> Principal:
+    """The principal of `credentials`, reviewed by `cluster`'s API server (or the static tokens); ANONYMOUS
+    without a credential; 401 for a credential not accepted."""
     if credentials is None:
         return ANONYMOUS
     principal = await context_of(request)[ACCESS].authenticate(credentials.credentials, cluster)
     if principal is None:
         raise TimekeeperError("token not accepted", 401, _UNAUTHENTICATED)
     return principal
+
+
+class _Authentication(SecurityBase):
+    """The request's principal as one dependency: the cluster it names (CLUSTER_HEADER; one that is not a
+    member is refused before any credential is looked at), then its bearer token (`_bearer`) authenticated
+    for that cluster. One dependency, not three (the header's, the token's, the principal's): FastAPI's
+    resolution of each costs a request about what pydantic's validation of a whole report does
+    (docs/performance.md, "What a report costs"). A security scheme itself, `_bearer`'s, so the OpenAPI
+    document names the same scheme on the same routes."""
+
+    def __init__(self) -> None:
+        self.model = _bearer.model
+        self.scheme_name = _bearer.scheme_name
+
+    async def __call__(self, request: Request, cluster: ClusterHeader = None) -> Principal:
+        member = _member_cluster(request, cluster)
+        return await _authenticated(request, member, await _bearer(request))
+
+
+_principal = _Authentication()
 
 
 AuthenticatedPrincipal = Annotated[Principal, Depends(_principal)]
@@ -207,7 +236,7 @@ async def _metrics_access(
         return
     if credentials is not None and context[METRICS_TOKENS].match(credentials.credentials):
         return
-    principal = await _principal(request, cluster, credentials)
+    principal = await _authenticated(request, cluster, credentials)
     if principal.cluster is not None:  # the scrape shows every cluster's namespaces
         raise _fleet_wide_refused(principal, Action.READ)
     await authorize(context, principal, Action.READ, None)

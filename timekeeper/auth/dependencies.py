@@ -129,8 +129,13 @@ class _Authentication(SecurityBase):
         self.scheme_name = _bearer.scheme_name
 
     async def __call__(self, request: Request, cluster: ClusterHeader = None) -> Principal:
+        _, principal = await self.principal(request, cluster)
+        return principal
+
+    async def principal(self, request: Request, cluster: str | None) -> tuple[str | None, Principal]:
+        """The member cluster the request names (None: the local one) and its principal."""
         member = _member_cluster(request, cluster)
-        return await _authenticated(request, member, await _bearer(request))
+        return member, await _authenticated(request, member, await _bearer(request))
 
 
 _principal = _Authentication()
@@ -162,24 +167,32 @@ def _fleet_wide_refused(principal: Principal, action: Action) -> TimekeeperError
     )
 
 
+class _Authorization(_Authentication):
+    """`require`'s dependency: the principal (as `_Authentication`), authorized for one action, in the same
+    one dependency."""
+
+    def __init__(self, action: Action, fleet_wide: bool) -> None:
+        super().__init__()
+        self.action = action
+        self.fleet_wide = fleet_wide
+
+    async def __call__(self, request: Request, cluster: ClusterHeader = None) -> Principal:
+        member, principal = await self.principal(request, cluster)
+        namespace = request.path_params.get("namespace")
+        if namespace is None and self.fleet_wide and principal.cluster is not None:
+            raise _fleet_wide_refused(principal, self.action)
+        key = None if namespace is None else namespace_key(member, namespace)
+        await authorize(context_of(request), principal, self.action, key)
+        return principal
+
+
 @cache
 def require(action: Action, fleet_wide: bool = False) -> Callable[..., Awaitable[Principal]]:
     """A dependency: the caller may perform `action` on the path's namespace (its key in the request's
     cluster), else across the caller's cluster; with `fleet_wide`, a route without a namespace acts on
     every cluster (defaults, prices, the audit log), which a member cluster's principal may not. One per
     action, so a route that needs it twice authorizes once."""
-
-    async def dependency(
-        request: Request, cluster: RequestCluster, principal: AuthenticatedPrincipal
-    ) -> Principal:
-        namespace = request.path_params.get("namespace")
-        if namespace is None and fleet_wide and principal.cluster is not None:
-            raise _fleet_wide_refused(principal, action)
-        key = None if namespace is None else namespace_key(cluster, namespace)
-        await authorize(context_of(request), principal, action, key)
-        return principal
-
-    return dependency
+    return _Authorization(action, fleet_wide)
 
 
 Reader = Annotated[Principal, Depends(require(Action.READ))]

@@ -23,6 +23,7 @@ import fastapi.routing
 import psycopg
 from psycopg._connection_base import BaseConnection
 from psycopg._pipeline_base import BasePipeline
+from sqlalchemy.dialects.postgresql.psycopg import PGDialectAsync_psycopg
 from sqlalchemy.engine import URL
 
 import timekeeper.auth.dependencies
@@ -242,6 +243,9 @@ READ_PARTS: dict[str, tuple[Any, str]] = {
     "dependencies_solved": (fastapi.routing, "solve_dependencies"),  # every dependency, the principal's
     "endpoint": (fastapi.routing, "run_endpoint_function"),  # get_budget: the read, its answer
     "authorize": (timekeeper.auth.dependencies, "authorize"),
+    # The checkout's switch to AUTOCOMMIT and the checkin's switch back (psycopg's setters, each through
+    # SQLAlchemy's greenlet bridge).
+    "isolation_level_set": (PGDialectAsync_psycopg, "set_isolation_level"),
 }
 
 

@@ -48,11 +48,11 @@ async def list_namespaces(context: ContextDep, reads: ReadsDep, scope: ReadScope
     return Response(_STATUSES.dump_json(statuses), media_type="application/json")
 
 
+# The most frequent read: it reaches the context and its read sessions itself, not through ContextDep and
+# ReadsDep, two dependencies fewer for FastAPI to solve (docs/performance.md, "Reads").
 @router.get("/namespaces/{namespace}/budget", response_model=NamespaceBudgetOut)
 async def get_budget(request: Request, namespace: NamespaceKey, _: Reader) -> Response:
-    """One namespace's budget status (any namespace has one: an unknown one is on the default, unused).
-    The most frequent read: it reaches the context and its read sessions itself, not through ContextDep
-    and ReadsDep, two dependencies fewer to solve (docs/performance.md, "Reads")."""
+    """One namespace's budget status (any namespace has one: an unknown one is on the default, unused)."""
     context = context_of(request)
     status = await read(
         context.reads, lambda session: BudgetReads(session, context.settings, context.clock).status(namespace)

@@ -14,6 +14,7 @@ from typing import Annotated
 from fastapi import Depends, Header, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.security.base import SecurityBase
+from fastapi.security.utils import get_authorization_scheme_param
 from starlette.requests import HTTPConnection
 
 from gpuaccounting.names import CLUSTER_HEADER, DNS_LABEL, PROXIED_AUTHORIZATION_HEADER
@@ -30,19 +31,26 @@ ACCESS: Slot[AccessControl] = Slot("access")
 METRICS_TOKENS: Slot[TokenDigests] = Slot("metrics_tokens")
 
 
+def bearer_token(request: HTTPConnection) -> str | None:
+    """The bearer token of `Authorization`, else (no `Authorization` at all) of PROXIED_AUTHORIZATION_HEADER
+    (gpuaccounting/names.py): a caller that comes through the API server's service proxy has its
+    `Authorization` removed there. The token is checked exactly as any other. Read as HTTPBearer reads it,
+    without its pydantic credentials object: a report reads it twice (`refuse_anonymous`, then the auth
+    dependency)."""
+    value = request.headers.get("authorization")
+    if value is None:  # absent, not empty
+        value = request.headers.get(PROXIED_AUTHORIZATION_HEADER)
+    scheme, token = get_authorization_scheme_param(value)
+    return token if token and scheme.lower() == "bearer" else None
+
+
 class _Bearer(HTTPBearer):
-    """The bearer token of `Authorization`, else of PROXIED_AUTHORIZATION_HEADER (gpuaccounting/names.py):
-    a caller that comes through the API server's service proxy has its `Authorization` removed there. The
-    token is checked exactly as any other."""
+    """`bearer_token` as FastAPI's HTTPBearer security scheme: what the OpenAPI document names, and the
+    credentials of the metrics route."""
 
     async def __call__(self, request: HTTPConnection) -> HTTPAuthorizationCredentials | None:
-        credentials = await super().__call__(request)
-        proxied = request.headers.get(PROXIED_AUTHORIZATION_HEADER)
-        if credentials is None and proxied and "authorization" not in request.headers:
-            scheme, _, token = proxied.partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
-                return HTTPAuthorizationCredentials(scheme=scheme, credentials=token.strip())
-        return credentials
+        token = bearer_token(request)
+        return None if token is None else HTTPAuthorizationCredentials(scheme="Bearer", credentials=token)
 
 
 _bearer = _Bearer(auto_error=False, description="A static token, or a Kubernetes ServiceAccount token")
@@ -96,21 +104,19 @@ async def refuse_anonymous(request: Request) -> None:
     """401 for a request that carries no credential at all: what a route whose body FastAPI reads before
     its dependencies calls first, since every such route is a write and no write is anonymous, so an
     anonymous caller never has its body read."""
-    if await _bearer(request) is None:
+    if bearer_token(request) is None:
         raise TimekeeperError("authentication required", 401, _UNAUTHENTICATED)
 
 
 RequestCluster = Annotated[str | None, Depends(request_cluster)]
 
 
-async def _authenticated(
-    request: Request, cluster: str | None, credentials: HTTPAuthorizationCredentials | None
-) -> Principal:
-    """The principal of `credentials`, reviewed by `cluster`'s API server (or the static tokens); ANONYMOUS
-    without a credential; 401 for a credential not accepted."""
-    if credentials is None:
+async def _authenticated(request: Request, cluster: str | None, token: str | None) -> Principal:
+    """The principal of the bearer `token`, reviewed by `cluster`'s API server (or the static tokens);
+    ANONYMOUS without a token; 401 for a token not accepted."""
+    if token is None:
         return ANONYMOUS
-    principal = await context_of(request)[ACCESS].authenticate(credentials.credentials, cluster)
+    principal = await context_of(request)[ACCESS].authenticate(token, cluster)
     if principal is None:
         raise TimekeeperError("token not accepted", 401, _UNAUTHENTICATED)
     return principal
@@ -118,11 +124,11 @@ async def _authenticated(
 
 class _Authentication(SecurityBase):
     """The request's principal as one dependency: the cluster it names (CLUSTER_HEADER; one that is not a
-    member is refused before any credential is looked at), then its bearer token (`_bearer`) authenticated
-    for that cluster. One dependency, not three (the header's, the token's, the principal's): FastAPI's
-    resolution of each costs a request about what pydantic's validation of a whole report does
-    (docs/performance.md, "What a report costs"). A security scheme itself, `_bearer`'s, so the OpenAPI
-    document names the same scheme on the same routes."""
+    member is refused before any credential is looked at), then its bearer token (`bearer_token`)
+    authenticated for that cluster. One dependency, not three (the header's, the token's, the
+    principal's): FastAPI's resolution of each costs a request about what pydantic's validation of a whole
+    report does (docs/performance.md, "What a report costs"). A security scheme itself, `_bearer`'s, so the
+    OpenAPI document names the same scheme on the same routes."""
 
     def __init__(self) -> None:
         self.model = _bearer.model
@@ -135,7 +141,7 @@ class _Authentication(SecurityBase):
     async def principal(self, request: Request, cluster: str | None) -> tuple[str | None, Principal]:
         """The member cluster the request names (None: the local one) and its principal."""
         member = _member_cluster(request, cluster)
-        return member, await _authenticated(request, member, await _bearer(request))
+        return member, await _authenticated(request, member, bearer_token(request))
 
 
 _principal = _Authentication()
@@ -249,7 +255,9 @@ async def _metrics_access(
         return
     if credentials is not None and context[METRICS_TOKENS].match(credentials.credentials):
         return
-    principal = await _authenticated(request, cluster, credentials)
+    principal = await _authenticated(
+        request, cluster, None if credentials is None else credentials.credentials
+    )
     if principal.cluster is not None:  # the scrape shows every cluster's namespaces
         raise _fleet_wide_refused(principal, Action.READ)
     await authorize(context, principal, Action.READ, None)

@@ -1,20 +1,24 @@
 """CPU per report spent charging batches against a real PostgreSQL (the event loop thread's CPU time), without
 and with billing weights in A B B A order, isolating the batch path from HTTP and wrk. Round trips per
-batch: run it under `strace -f -c -e trace=sendto` (libpq sends once per round trip). `--callgrind`: exact
-instructions per report of this process (PostgreSQL's aside), in all and by part."""
+batch: `--round-trips` (libpq's own trace of the protocol's messages). `--callgrind`: exact instructions per
+report of this process (PostgreSQL's aside), in all and by part."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import tempfile
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from statistics import mean
-from typing import Any
+from typing import Any, cast
 
+import psycopg
+from psycopg import pq
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 import timekeeper.usage.repository
@@ -109,6 +113,71 @@ def measure(batches: int, size: int, *, weighted: bool) -> BatchFigures:
         return asyncio.run(_run(url_string(url), batches, size, now))
 
 
+@dataclass(frozen=True)
+class RoundTrips:
+    """What a batch sends PostgreSQL, from libpq's trace of every message: `round_trips`, the times the
+    client stopped sending and read the server's answer (a run of frontend messages, then backend ones);
+    `messages`, the frontend messages by type (Parse, Bind, Execute, Sync; Query: a simple-protocol
+    statement such as psycopg's BEGIN and COMMIT)."""
+
+    round_trips: float
+    messages: dict[str, float]
+
+
+def _round_trips(trace: str) -> tuple[int, Counter[str]]:
+    """Round trips and frontend messages in a libpq trace (lines `F|B <length> <type> ...`)."""
+    trips, sent, last = 0, Counter[str](), ""
+    for line in trace.splitlines():
+        direction, _, rest = line.partition("\t")
+        if direction not in ("F", "B"):
+            continue
+        if direction == "F":
+            sent[rest.split("\t")[1].split(" ")[0]] += 1
+        elif last == "F":
+            trips += 1
+        last = direction
+    return trips, sent
+
+
+async def _traced_batches(url: str, batches: int, size: int, now: datetime) -> RoundTrips:
+    """Charges `batches` batches of `size` after a warm-up, libpq tracing every message of the pool's
+    connections meanwhile (one connection: one batch charged at a time)."""
+    engine = build_engine(url, pool_size=1, max_overflow=0)
+    batcher = _batcher(engine, size, ManualClock(now))
+    prepared = _reports(now - timedelta(hours=2), size, batches + 10)
+    connections: list[pq.abc.PGconn] = []
+    batcher.start()
+    with tempfile.TemporaryFile("w+") as trace:
+        try:
+            for batch in prepared[:10]:  # warm-up: pods created, statements prepared
+                await asyncio.gather(*(batcher.submit(r) for r in batch))
+            async with engine.connect() as connection:  # the pool's one connection, traced from now
+                raw = await connection.get_raw_connection()
+                pgconn = cast(psycopg.AsyncConnection[Any], raw.driver_connection).pgconn
+                pgconn.trace(trace.fileno())
+                pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+                connections.append(pgconn)
+                await connection.rollback()
+            for batch in prepared[10:]:
+                await asyncio.gather(*(batcher.submit(r) for r in batch))
+        finally:
+            for pgconn in connections:
+                pgconn.untrace()  # flushes the trace
+            await batcher.aclose()
+            await engine.dispose()
+        trace.seek(0)
+        text = trace.read()
+    # The checkout above traced its own rollback: none was sent (nothing was begun).
+    trips, sent = _round_trips(text)
+    return RoundTrips(trips / batches, {kind: count / batches for kind, count in sorted(sent.items())})
+
+
+def round_trips(batches: int, size: int) -> RoundTrips:
+    now = datetime.now(UTC).replace(microsecond=0)
+    with migrated_database("gtk_batch_rt") as url:
+        return asyncio.run(_traced_batches(url_string(url), batches, size, now))
+
+
 # The parts counted one pass each (toggles do not nest): where each is reached, and its attribute there.
 PARTS: dict[str, tuple[Any, str]] = {
     "service_charge": (IngestService, "charge"),  # the batch's transaction less its session and commit
@@ -183,8 +252,14 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--size", type=int, default=32)
     parser.add_argument("--callgrind", action="store_true", help="instructions per report, by part")
+    parser.add_argument("--round-trips", action="store_true", help="round trips and messages per batch")
     parser.add_argument("--under-callgrind", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.round_trips:
+        found = round_trips(args.batches, args.size)
+        sent = ", ".join(f"{kind} {count:g}" for kind, count in found.messages.items())
+        print(f"batches of {args.size}: {found.round_trips:g} round trips a batch; messages sent: {sent}")
+        return
     if args.under_callgrind:
         _collect(args.batches, args.size)
         return

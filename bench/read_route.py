@@ -1,6 +1,7 @@
 """CPU per budget read and per admission snapshot, in-process against a real PostgreSQL: this process's CPU,
 the backends' CPU, the round trips and the body size per request, a figure that holds on a busy machine
-(docs/performance.md, "Reads"). A database of its own is created and dropped."""
+(docs/performance.md, "Reads"). A database of its own is created and dropped. `--callgrind`: exact
+instructions per budget read in this process (PostgreSQL's aside), in all and by part."""
 
 from __future__ import annotations
 
@@ -15,13 +16,18 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import fastapi.routing
 import psycopg
 from psycopg._connection_base import BaseConnection
 from psycopg._pipeline_base import BasePipeline
+from sqlalchemy.dialects.postgresql.psycopg import PGDialectAsync_psycopg
 from sqlalchemy.engine import URL
 
+import timekeeper.auth.dependencies
+from bench import callgrind
 from bench.common import asgi_caller
 from tests.support.postgres import url_string
 from tests.support.timekeeper import migrated_database, sha256
@@ -232,6 +238,66 @@ async def costs(url: URL, requests: int, namespaces: int, top: int = 0, pods: in
     return results
 
 
+# The parts of a budget read counted one pass each (toggles do not nest): where each is reached.
+READ_PARTS: dict[str, tuple[Any, str]] = {
+    "dependencies_solved": (fastapi.routing, "solve_dependencies"),  # every dependency, the principal's
+    "endpoint": (fastapi.routing, "run_endpoint_function"),  # get_budget: the read, its answer
+    "authorize": (timekeeper.auth.dependencies, "authorize"),
+    # The checkout's switch to AUTOCOMMIT and the checkin's switch back (psycopg's setters, each through
+    # SQLAlchemy's greenlet bridge).
+    "isolation_level_set": (PGDialectAsync_psycopg, "set_isolation_level"),
+}
+
+
+def _collect_reads(url: str, token: str, requests: int) -> None:
+    """Run under callgrind, on a database seeded by the parent: budget reads through the ASGI app, the
+    whole request once, then one part per pass."""
+    settings = Settings(database_url=url, scheduler_enabled=False, reader_token_sha256=sha256(token))
+    app = create_app(settings)
+    headers = [(b"authorization", f"Bearer {token}".encode())]
+    calls = itertools.cycle(
+        [
+            asgi_caller(app, f"/api/v1/namespaces/bench-{i}/budget", b"", headers, method="GET")
+            for i in range(BUDGET_NAMESPACES)
+        ]
+    )
+
+    async def budget() -> int:
+        return await next(calls)()
+
+    async def send(count: int, each: Callable[[], Awaitable[int]] = budget) -> None:
+        for _ in range(count):
+            await each()
+
+    async def passes() -> None:
+        async with app.router.lifespan_context(app):
+            await send(300)  # warm-up: the pool, prepared statements, caches
+            callgrind.start()
+            await send(20)
+            whole = callgrind.Calls()
+            await send(requests, callgrind.counted_async(budget, whole))
+            callgrind.dump_part("request", whole, coroutine=True)
+            await callgrind.count_nothing(requests)
+            for label, (target, name) in READ_PARTS.items():
+                with callgrind.counting_part(target, name) as counted:
+                    await send(requests)
+                callgrind.dump_part(label, counted, asyncio.iscoroutinefunction(getattr(target, name)))
+
+    asyncio.run(passes())
+
+
+def read_instructions(requests: int) -> dict[str, float]:
+    """Instructions per budget read in this process by part (each as counted in place, less what counting
+    costs; PostgreSQL's own work is another process's), on a database of its own."""
+    root = Path(__file__).resolve().parents[1]
+    token = secrets.token_urlsafe(24)
+    with migrated_database("gtk_bench_reads_cg") as url:
+        seed(url_string(url).replace("postgresql+psycopg://", "postgresql://"), 100)
+        arguments = ["--under-callgrind", url_string(url), token, "--requests", str(requests)]
+        found = callgrind.run("bench.read_route", arguments, root)
+    return {label: total / requests for label, total in callgrind.less_counting(found).items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=2000)
@@ -240,7 +306,16 @@ def main() -> None:
     parser.add_argument(
         "--pods", type=int, default=4, help="pods per budget namespace in the ledger's last six hours"
     )
+    parser.add_argument("--callgrind", action="store_true", help="instructions per budget read, by part")
+    parser.add_argument("--under-callgrind", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.under_callgrind:
+        _collect_reads(*args.under_callgrind, args.requests)
+        return
+    if args.callgrind:
+        for label, count in read_instructions(args.requests).items():
+            print(f"instructions per budget read, {label}: {count:,.0f}")
+        return
     with migrated_database("gtk_bench_reads") as url:
         for cost in asyncio.run(costs(url, args.requests, args.namespaces, args.profile, args.pods)):
             print(cost.line())

@@ -23,6 +23,7 @@ import orjson
 from fastapi import FastAPI
 from fastapi._compat.v2 import ModelField
 
+import timekeeper.auth.dependencies
 import timekeeper.routing
 import timekeeper.usage.router
 from bench import callgrind
@@ -30,7 +31,7 @@ from bench.common import asgi_caller, free_port
 from tests.support.timekeeper import report_body
 from timekeeper.app import create_app, expose
 from timekeeper.auth.base import AccessControl
-from timekeeper.auth.dependencies import ACCESS, _Bearer
+from timekeeper.auth.dependencies import ACCESS
 from timekeeper.auth.factory import build_access_control
 from timekeeper.budgets.states.repository import known_namespaces
 from timekeeper.context import Context
@@ -98,7 +99,7 @@ PARTS: dict[str, tuple[Any, str]] = {
     "endpoint": (fastapi.routing, "run_endpoint_function"),  # post_report, the batcher's answer included
     "body_strict_json": (timekeeper.routing, "loads_strict"),  # orjson, depth and repeated-key checks
     "body_model": (ModelField, "validate"),  # pydantic's validation of ReportIn
-    "bearer_token": (_Bearer, "__call__"),  # read twice: refuse_anonymous and the dependency
+    "bearer_token": (timekeeper.auth.dependencies, "bearer_token"),  # twice: refuse_anonymous, the dependency
     "authorize": (timekeeper.usage.router, "authorize"),
     "report_checks": (timekeeper.usage.router, "check_report"),
     "pod_identity": (timekeeper.usage.router, "check_pod_identity"),

@@ -190,6 +190,16 @@ async def test_the_authorization_header_wins_over_the_proxied_one(api: Api) -> N
     assert (await call(api.client, "GET", "/audit", None, both)).status_code == 403
 
 
+@pytest.mark.parametrize("authorization", ["", "Basic YWRtaW46YWRtaW4=", "Bearer "])
+async def test_an_authorization_header_without_a_bearer_token_hides_the_proxied_one(
+    api: Api, authorization: str
+) -> None:
+    # Only a request that has no Authorization at all came through the API server's proxy.
+    headers = {"authorization": authorization, PROXIED_AUTHORIZATION_HEADER: f"Bearer {api.tokens.admin}"}
+
+    assert (await call(api.client, "GET", "/audit", None, headers)).status_code == 401
+
+
 @pytest.mark.parametrize(("method", "path", "body"), [*ADMIN_CALLS, ("POST", "/reports", REPORT)])
 async def test_a_cluster_the_timekeeper_does_not_serve_is_a_400_whatever_the_token(
     api: Api, method: str, path: str, body: object

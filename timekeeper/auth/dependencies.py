@@ -13,6 +13,8 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.base import SecurityBase
+from fastapi.security.utils import get_authorization_scheme_param
 from starlette.requests import HTTPConnection
 
 from gpuaccounting.names import CLUSTER_HEADER, DNS_LABEL, PROXIED_AUTHORIZATION_HEADER
@@ -29,19 +31,26 @@ ACCESS: Slot[AccessControl] = Slot("access")
 METRICS_TOKENS: Slot[TokenDigests] = Slot("metrics_tokens")
 
 
+def bearer_token(request: HTTPConnection) -> str | None:
+    """The bearer token of `Authorization`, else (no `Authorization` at all) of PROXIED_AUTHORIZATION_HEADER
+    (gpuaccounting/names.py): a caller that comes through the API server's service proxy has its
+    `Authorization` removed there. The token is checked exactly as any other. Read as HTTPBearer reads it,
+    without its pydantic credentials object: a report reads it twice (`refuse_anonymous`, then the auth
+    dependency)."""
+    value = request.headers.get("authorization")
+    if value is None:  # absent, not empty
+        value = request.headers.get(PROXIED_AUTHORIZATION_HEADER)
+    scheme, token = get_authorization_scheme_param(value)
+    return token if token and scheme.lower() == "bearer" else None
+
+
 class _Bearer(HTTPBearer):
-    """The bearer token of `Authorization`, else of PROXIED_AUTHORIZATION_HEADER (gpuaccounting/names.py):
-    a caller that comes through the API server's service proxy has its `Authorization` removed there. The
-    token is checked exactly as any other."""
+    """`bearer_token` as FastAPI's HTTPBearer security scheme: what the OpenAPI document names, and the
+    credentials of the metrics route."""
 
     async def __call__(self, request: HTTPConnection) -> HTTPAuthorizationCredentials | None:
-        credentials = await super().__call__(request)
-        proxied = request.headers.get(PROXIED_AUTHORIZATION_HEADER)
-        if credentials is None and proxied and "authorization" not in request.headers:
-            scheme, _, token = proxied.partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
-                return HTTPAuthorizationCredentials(scheme=scheme, credentials=token.strip())
-        return credentials
+        token = bearer_token(request)
+        return None if token is None else HTTPAuthorizationCredentials(scheme="Bearer", credentials=token)
 
 
 _bearer = _Bearer(auto_error=False, description="A static token, or a Kubernetes ServiceAccount token")
@@ -50,20 +59,21 @@ _bearer = _Bearer(auto_error=False, description="A static token, or a Kubernetes
 _UNAUTHENTICATED = {"WWW-Authenticate": "Bearer"}
 
 
-async def request_cluster(
-    request: Request,
-    cluster: Annotated[
-        str | None,
-        Header(
-            alias=CLUSTER_HEADER,
-            description="the member cluster the caller belongs to (docs/fleet.md); absent: the local one",
-        ),
-    ] = None,
-) -> str | None:
-    """The cluster a request names in CLUSTER_HEADER (absent or empty: the local cluster). A name that is
-    not one of the settings' members is a 400 that says so, whoever the caller: no API server could review
-    its token, and no namespace of it is stored here. The one reader of the header: a dependency, so every
-    route that authenticates documents the header in its OpenAPI, and a request reads it once."""
+# The cluster a request names (absent or empty: the local one). Declared once, so every dependency that
+# reads it documents the same header in the OpenAPI document.
+ClusterHeader = Annotated[
+    str | None,
+    Header(
+        alias=CLUSTER_HEADER,
+        description="the member cluster the caller belongs to (docs/fleet.md); absent: the local one",
+    ),
+]
+
+
+def _member_cluster(request: Request, cluster: str | None) -> str | None:
+    """`cluster` as CLUSTER_HEADER named it, None for the local cluster. A name that is not one of the
+    settings' members is a 400 that says so, whoever the caller: no API server could review its token,
+    and no namespace of it is stored here."""
     if not cluster:
         return None
     if cluster not in context_of(request).settings.members:
@@ -71,6 +81,13 @@ async def request_cluster(
             f"cluster {cluster[:63]!r} ({CLUSTER_HEADER}) is not a member cluster of this timekeeper", 400
         )
     return cluster
+
+
+async def request_cluster(request: Request, cluster: ClusterHeader = None) -> str | None:
+    """The cluster a request names in CLUSTER_HEADER (`_member_cluster`), for a route that acts on it
+    (a namespace key, the snapshot): a dependency, so a request reads it once however many of the
+    route's dependencies need it."""
+    return _member_cluster(request, cluster)
 
 
 async def authorize(context: Context, principal: Principal, action: Action, namespace: str | None) -> None:
@@ -87,24 +104,47 @@ async def refuse_anonymous(request: Request) -> None:
     """401 for a request that carries no credential at all: what a route whose body FastAPI reads before
     its dependencies calls first, since every such route is a write and no write is anonymous, so an
     anonymous caller never has its body read."""
-    if await _bearer(request) is None:
+    if bearer_token(request) is None:
         raise TimekeeperError("authentication required", 401, _UNAUTHENTICATED)
 
 
 RequestCluster = Annotated[str | None, Depends(request_cluster)]
 
 
-async def _principal(
-    request: Request,
-    cluster: RequestCluster,  # an unknown cluster is refused before any credential is looked at
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> Principal:
-    if credentials is None:
+async def _authenticated(request: Request, cluster: str | None, token: str | None) -> Principal:
+    """The principal of the bearer `token`, reviewed by `cluster`'s API server (or the static tokens);
+    ANONYMOUS without a token; 401 for a token not accepted."""
+    if token is None:
         return ANONYMOUS
-    principal = await context_of(request)[ACCESS].authenticate(credentials.credentials, cluster)
+    principal = await context_of(request)[ACCESS].authenticate(token, cluster)
     if principal is None:
         raise TimekeeperError("token not accepted", 401, _UNAUTHENTICATED)
     return principal
+
+
+class _Authentication(SecurityBase):
+    """The request's principal as one dependency: the cluster it names (CLUSTER_HEADER; one that is not a
+    member is refused before any credential is looked at), then its bearer token (`bearer_token`)
+    authenticated for that cluster. One dependency, not three (the header's, the token's, the
+    principal's): FastAPI's resolution of each costs a request about what pydantic's validation of a whole
+    report does (docs/performance.md, "What a report costs"). A security scheme itself, `_bearer`'s, so the
+    OpenAPI document names the same scheme on the same routes."""
+
+    def __init__(self) -> None:
+        self.model = _bearer.model
+        self.scheme_name = _bearer.scheme_name
+
+    async def __call__(self, request: Request, cluster: ClusterHeader = None) -> Principal:
+        _, principal = await self.principal(request, cluster)
+        return principal
+
+    async def principal(self, request: Request, cluster: str | None) -> tuple[str | None, Principal]:
+        """The member cluster the request names (None: the local one) and its principal."""
+        member = _member_cluster(request, cluster)
+        return member, await _authenticated(request, member, bearer_token(request))
+
+
+_principal = _Authentication()
 
 
 AuthenticatedPrincipal = Annotated[Principal, Depends(_principal)]
@@ -133,24 +173,32 @@ def _fleet_wide_refused(principal: Principal, action: Action) -> TimekeeperError
     )
 
 
+class _Authorization(_Authentication):
+    """`require`'s dependency: the principal (as `_Authentication`), authorized for one action, in the same
+    one dependency."""
+
+    def __init__(self, action: Action, fleet_wide: bool) -> None:
+        super().__init__()
+        self.action = action
+        self.fleet_wide = fleet_wide
+
+    async def __call__(self, request: Request, cluster: ClusterHeader = None) -> Principal:
+        member, principal = await self.principal(request, cluster)
+        namespace = request.path_params.get("namespace")
+        if namespace is None and self.fleet_wide and principal.cluster is not None:
+            raise _fleet_wide_refused(principal, self.action)
+        key = None if namespace is None else namespace_key(member, namespace)
+        await authorize(context_of(request), principal, self.action, key)
+        return principal
+
+
 @cache
 def require(action: Action, fleet_wide: bool = False) -> Callable[..., Awaitable[Principal]]:
     """A dependency: the caller may perform `action` on the path's namespace (its key in the request's
     cluster), else across the caller's cluster; with `fleet_wide`, a route without a namespace acts on
     every cluster (defaults, prices, the audit log), which a member cluster's principal may not. One per
     action, so a route that needs it twice authorizes once."""
-
-    async def dependency(
-        request: Request, cluster: RequestCluster, principal: AuthenticatedPrincipal
-    ) -> Principal:
-        namespace = request.path_params.get("namespace")
-        if namespace is None and fleet_wide and principal.cluster is not None:
-            raise _fleet_wide_refused(principal, action)
-        key = None if namespace is None else namespace_key(cluster, namespace)
-        await authorize(context_of(request), principal, action, key)
-        return principal
-
-    return dependency
+    return _Authorization(action, fleet_wide)
 
 
 Reader = Annotated[Principal, Depends(require(Action.READ))]
@@ -205,7 +253,9 @@ async def _metrics_access(
         return
     if credentials is not None and context[METRICS_TOKENS].match(credentials.credentials):
         return
-    principal = await _principal(request, cluster, credentials)
+    principal = await _authenticated(
+        request, cluster, None if credentials is None else credentials.credentials
+    )
     if principal.cluster is not None:  # the scrape shows every cluster's namespaces
         raise _fleet_wide_refused(principal, Action.READ)
     await authorize(context, principal, Action.READ, None)

@@ -21,7 +21,7 @@ from gpuaccounting.wire import BudgetState
 from timekeeper.budgets.repository import figures_of, figures_parameters, namespace_figures
 from timekeeper.db.lists import arity, array_parameters, array_sql
 from timekeeper.db.locks import NAMESPACE_ORDER_SQL
-from timekeeper.db.pipeline import BEGIN, pipeline_connection, pipeline_sql
+from timekeeper.db.pipeline import pipeline_connection, pipeline_sql
 from timekeeper.domain.figures import ModelTotalKey, NamespaceFigures, TotalKey
 from timekeeper.domain.measurements import GroupBy, MeasurementSums
 from timekeeper.domain.periods import Interval
@@ -576,23 +576,15 @@ class BatchWritten:
 
 class IngestStatements:
     """The ingest statements, on the session's own psycopg connection (so in its transaction) in
-    pipeline mode: a batch costs one round trip to read and one to write, whatever its size, the read's
-    beginning the session's transaction where none is begun yet (timekeeper/db/pipeline.py). They only
+    pipeline mode: a batch costs one round trip to read and one to write, whatever its size. They only
     read or write; what to charge is the caller's plan."""
 
-    def __init__(self, connection: psycopg.AsyncConnection[Any], begin: bool = False) -> None:
+    def __init__(self, connection: psycopg.AsyncConnection[Any]) -> None:
         self.connection = connection
-        self._begin = begin
 
     @classmethod
     async def of(cls, session: AsyncSession) -> IngestStatements:
-        return cls(*await pipeline_connection(session))
-
-    async def _begun(self) -> None:
-        """The first statement of the first pipeline: BEGIN, where the session's transaction is not begun."""
-        if self._begin:
-            self._begin = False
-            await self.connection.execute(BEGIN)
+        return cls(await pipeline_connection(session))
 
     async def read(
         self,
@@ -615,7 +607,6 @@ class IngestStatements:
         # The pipeline's exit sends the one Sync and reads every result into its cursor: a sync() inside
         # the block would cost a round trip of its own, the exit's (docs/performance.md, "One sync").
         async with connection.pipeline():
-            await self._begun()
             figures = connection.cursor(row_factory=namedtuple_row)
             await figures.execute(
                 pipeline_sql(figures_of(arity(len(namespaces)))), figures_parameters(now, namespaces)
@@ -682,7 +673,6 @@ class IngestStatements:
         commit (so the caller writes only states that change)."""
         connection = self.connection
         async with connection.pipeline():  # one Sync, at the exit (as in read)
-            await self._begun()
             if models:
                 await connection.execute(_ADD_MODELS, {"models": list(models)})
             inserted = await connection.execute(

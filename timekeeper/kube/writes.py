@@ -102,10 +102,11 @@ class KubeWrites(KubeCore):
         labels = {MANAGED_BY_LABEL: MANAGED_BY}
         annotations = {f"{DOMAIN}/managed": "true"}
         try:
-            current = await self._call(
+            current = await self._typed(
                 self._core.read_namespaced_resource_quota(
-                    QUOTA_NAME, namespace, _request_timeout=self._timeout
-                )
+                    QUOTA_NAME, namespace, _preload_content=False, _request_timeout=self._timeout
+                ),
+                "V1ResourceQuota",
             )
         except KubeApiError as error:
             if error.status != HTTP_NOT_FOUND:

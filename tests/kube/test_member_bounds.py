@@ -250,3 +250,18 @@ async def test_a_members_pass_ends_after_an_interval_holding_no_transaction(
         assert await claimed() == 0
     finally:
         await engine.dispose()
+
+
+@pytest.mark.parametrize("body", [b"not json", b"[]", b"{}", b'{"spec": {}, "status": []}'])
+async def test_a_review_answered_with_garbage_is_a_503(
+    settings: Settings, member: KubeApiServer, tmp_path: Path, body: bytes
+):
+    """A body that is no TokenReview, answered by b for a review: b cannot review now (never a 500)."""
+    access = await fleet(settings, member, tmp_path)
+    member.raw_answers[TOKEN_REVIEW_PATH] = body
+    try:
+        with pytest.raises(TimekeeperError) as refused:
+            await access.authenticate(member.add_user("alice"), "b")
+        assert refused.value.status_code == 503 and "member cluster b" in refused.value.message
+    finally:
+        await access.aclose()

@@ -140,8 +140,14 @@ class KubeCore:
         )
 
     async def _typed(self, call: Awaitable[Any], response_type: str) -> Any:
-        """A call's answer (as _read's) as the client's model `response_type`."""
-        return self._api.deserialize(await self._read(call), response_type)
+        """A call's answer (as _read's) as the client's model `response_type`; one that is not (the models
+        refuse a missing required field with ValueError) is KubeUnavailableError, never an error of ours:
+        a member's API server answers what its admin makes it answer."""
+        answer = await self._read(call)
+        try:
+            return self._api.deserialize(answer, response_type)
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+            raise KubeUnavailableError(f"kubernetes API answered no {response_type}: {exc}") from exc
 
     async def _raw_json(self, call: Awaitable[Any], exact: bool = False) -> JSON:
         """A call's answer (as _read's) as JSON; `exact`: fractions as Decimal, as the API server wrote

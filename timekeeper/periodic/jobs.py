@@ -88,7 +88,7 @@ class Job:
     # False: the work opens its own transactions (the reconcile pass): the window is claimed and committed
     # first, and no transaction stays open while the work waits (on an API server, say), holding a pooled
     # connection and back vacuum. A window whose work fails is given back; one whose replica dies
-    # mid-work stays claimed, and the next window runs.
+    # mid-work (or loses leadership) stays claimed, and the next window runs.
     in_transaction: bool = True
 
 

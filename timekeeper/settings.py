@@ -136,10 +136,21 @@ class Settings(BaseSettings):
     kubeconfig: Path | None = Field(default=None, description="Kubeconfig file; unset: the default one.")
     kube_context: str | None = None
     kube_request_timeout_seconds: float = Field(default=10.0, gt=0)
+    # What one API server's answers may hold, each of the hub's and its members' (docs/kubernetes.md).
+    kube_max_response_bytes: int = Field(default=64 * 2**20, ge=2**20, description="One answer's body.")
+    kube_max_list_items: int = Field(default=200_000, ge=1, description="Items of one paged list.")
+    kube_max_list_pages: int = Field(default=2_000, ge=1, description="Pages of one paged list.")
     # A fleet: the member clusters this timekeeper serves beside its own (docs/fleet.md).
     members: dict[ClusterName, Member] = Field(
         default_factory=dict,
         description="Member clusters by name, each with its kubeconfig (JSON); Kubernetes auth mode only.",
+    )
+    # A member's API server is slow at will: the reviews waiting on it hold hub connections (docs/fleet.md).
+    member_reviews_in_flight: int = Field(
+        default=16, ge=1, description="Token and access reviews waiting on one member; more get a 503."
+    )
+    member_review_timeout_seconds: float = Field(
+        default=5.0, gt=0, description="How long a member's review may take; then a 503."
     )
     reconcile: bool = Field(
         default=False,

@@ -38,6 +38,7 @@ import copy
 import json
 import secrets
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
@@ -312,6 +313,12 @@ class KubeApiServer:
         self.calls: list[Call] = []
         # Paths a hostile API server answers with any bytes it likes (200), whatever is stored.
         self.raw_answers: dict[str, bytes] = {}
+        # Paths a hostile API server answers only after this many seconds (a slow one, at will), and how
+        # many requests for each have arrived (counted before the wait).
+        self.delays: dict[str, float] = {}
+        self.delayed: Counter[str] = Counter()
+        # Paths a hostile API server answers with a 307 to this URL.
+        self.redirects: dict[str, str] = {}
 
     # ---- lifecycle -------------------------------------------------------------------------------------
 
@@ -1042,7 +1049,17 @@ class _Handler(BaseHTTPRequestHandler):
             return
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
-        forged = state.raw_answers.get(self.path.partition("?")[0])
+        path = self.path.partition("?")[0]
+        if path in state.delays:
+            state.delayed[path] += 1
+            time.sleep(state.delays[path])
+        if path in state.redirects:
+            self.send_response(HTTPStatus.TEMPORARY_REDIRECT)
+            self.send_header("Location", state.redirects[path])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        forged = state.raw_answers.get(path)
         if forged is not None:
             self.send_response(HTTPStatus.OK)
             self.send_header("Content-Type", "application/json")

@@ -31,7 +31,7 @@ from gpuaccounting.names import DOMAIN, TOKEN_AUDIENCE
 from timekeeper.auth.base import Action, PodIdentity, Principal
 from timekeeper.domain.clusters import split_key
 from timekeeper.errors import TimekeeperError
-from timekeeper.kube.client import KubeClient, KubeConfig, refuse_unsafe_kubeconfig
+from timekeeper.kube.client import KubeClient, KubeConfig, kube_limits, refuse_unsafe_kubeconfig
 from timekeeper.kube.types import POD_NAME_EXTRA, POD_UID_EXTRA, KubeError, TokenReviewResult
 from timekeeper.settings import Settings
 
@@ -64,24 +64,38 @@ def _cluster_name(cluster: str | None) -> str:
     return "the hub's own cluster" if cluster is None else f"member cluster {cluster}"
 
 
-async def _ask(review: Awaitable[T], cluster: str | None, what: str = "review credentials") -> T:
-    """Await a call to `cluster`'s API server; one that fails us (down, unreachable, refusing the hub's
-    credentials) is a 503 with Retry-After that names the cluster: the caller is not wrong (no 401), and
-    nothing broke here (no 500)."""
+def _unavailable(cluster: str | None, what: str, why: str = "") -> TimekeeperError:
+    """A 503 with Retry-After that names the cluster: the caller is not wrong (no 401), and nothing broke
+    here (no 500)."""
+    return TimekeeperError(
+        f"the Kubernetes API server of {_cluster_name(cluster)} cannot {what} now{why}; retry later",
+        503,
+        {"Retry-After": str(RETRY_AFTER_SECONDS)},
+    )
+
+
+async def _ask(
+    review: Callable[[], Awaitable[T]],
+    cluster: str | None,
+    what: str = "review credentials",
+    timeout_seconds: float | None = None,
+) -> T:
+    """Await a call to `cluster`'s API server, for no longer than `timeout_seconds` (None: its client's
+    request timeout); one that fails us (down, unreachable, slow, refusing the hub's credentials) is a 503."""
     try:
-        return await review
-    except KubeError as error:
-        log.warning("kubernetes_review_failed", extra={"cluster": cluster, "error": str(error)})
-        raise TimekeeperError(
-            f"the Kubernetes API server of {_cluster_name(cluster)} cannot {what} now; retry later",
-            503,
-            {"Retry-After": str(RETRY_AFTER_SECONDS)},
-        ) from error
+        async with asyncio.timeout(timeout_seconds):
+            return await review()
+    except (KubeError, TimeoutError) as error:
+        log.warning("kubernetes_review_failed", extra={"cluster": cluster, "error": repr(error)})
+        raise _unavailable(cluster, what) from error
+
+
+IDENTITY = "tell its identity (namespace kube-system)"
 
 
 async def identity_of(kube: KubeClient, cluster: str | None) -> str:
     """`cluster`'s identity (KubeClient.cluster_id), or a 503 naming it while its API server fails us."""
-    return await _ask(kube.cluster_id(), cluster, "tell its identity (namespace kube-system)")
+    return await _ask(kube.cluster_id, cluster, IDENTITY)
 
 
 class KubernetesAccessControl:
@@ -100,8 +114,14 @@ class KubernetesAccessControl:
         timer: Callable[[], float] = time.monotonic,
         owns_client: bool = False,
         cluster: str | None = None,
+        reviews_in_flight: int | None = None,
+        review_timeout_seconds: float | None = None,
     ) -> None:
         self._kube = kube
+        # A member's bounds (None: none, the hub's own cluster): how many reviews may wait on its API
+        # server at once (each holds a hub connection; more are a 503 at once) and for how long.
+        self._in_flight = None if reviews_in_flight is None else asyncio.Semaphore(reviews_in_flight)
+        self._review_timeout = review_timeout_seconds
         # The cluster whose API server `kube` reaches (None: the local one): its principals carry it.
         self._cluster = cluster
         self._owns_client = owns_client
@@ -114,6 +134,18 @@ class KubernetesAccessControl:
             max_entries, decision_ttl_seconds, timer=timer
         )
 
+    async def _ask(self, review: Callable[[], Awaitable[T]], what: str = "review credentials") -> T:
+        """_ask this access control's API server, within its bounds: with reviews_in_flight reviews
+        already waiting on it, a 503 at once (a slow member's server then holds that many hub connections,
+        not every one a caller can open)."""
+        if self._in_flight is None:
+            return await _ask(review, self._cluster, what, self._review_timeout)
+        if self._in_flight.locked():
+            log.warning("kubernetes_reviews_full", extra={"cluster": self._cluster})
+            raise _unavailable(self._cluster, what, " (too many reviews waiting on it)")
+        async with self._in_flight:
+            return await _ask(review, self._cluster, what, self._review_timeout)
+
     async def authenticate(self, token: str, cluster: str | None = None) -> Principal | None:
         if not token or cluster != self._cluster:
             return None
@@ -123,11 +155,11 @@ class KubernetesAccessControl:
         principal = self._accepted.get(key)
         if principal is not None:
             return principal
-        review = await _ask(self._kube.token_review(token, self._audiences), self._cluster)
+        review = await self._ask(lambda: self._kube.token_review(token, self._audiences))
         principal = principal_from_review(review)
         if principal is None and self._accept_api_tokens:
             # An empty audience list means the API server's own audiences.
-            review = await _ask(self._kube.token_review(token, ()), self._cluster)
+            review = await self._ask(lambda: self._kube.token_review(token, ()))
             principal = principal_from_review(review, pod_bound=False)
         if principal is None:
             self._rejected[key] = True
@@ -152,18 +184,17 @@ class KubernetesAccessControl:
         key = (principal.name, principal.groups, verb, namespace or "")
         decision = self._decisions.get(key)
         if decision is None:
-            decision = await _ask(
-                self._kube.subject_access_review(
+            decision = await self._ask(
+                lambda: self._kube.subject_access_review(
                     principal.name, principal.groups, verb, BUDGET_RESOURCE, BUDGET_GROUP, namespace
-                ),
-                self._cluster,
+                )
             )
             self._decisions[key] = decision
         return decision
 
     async def cluster_id(self) -> str:
         """The identity of the cluster this access control asks (KubeClient.cluster_id)."""
-        return await identity_of(self._kube, self._cluster)
+        return await self._ask(self._kube.cluster_id, IDENTITY)
 
     async def aclose(self) -> None:
         """Drop the caches, and the client when it was built for this access control."""
@@ -285,6 +316,7 @@ def member_kube_config(settings: Settings, cluster: str) -> KubeConfig:
         kubeconfig=member.kubeconfig,
         context=member.context,
         request_timeout_seconds=settings.kube_request_timeout_seconds,
+        limits=kube_limits(settings),
     )
 
 
@@ -306,7 +338,13 @@ async def build_access_control(settings: Settings) -> KubernetesAccessControl | 
     try:
         for name in settings.members:
             member = await KubeClient.from_config(member_kube_config(settings, name))
-            clusters[name] = KubernetesAccessControl(member, owns_client=True, cluster=name)
+            clusters[name] = KubernetesAccessControl(
+                member,
+                owns_client=True,
+                cluster=name,
+                reviews_in_flight=settings.member_reviews_in_flight,
+                review_timeout_seconds=settings.member_review_timeout_seconds,
+            )
         fleet = FleetAccessControl(clusters)
         await fleet.identities.read_all()
     except BaseException:

@@ -14,6 +14,7 @@ from typing import Protocol
 import yaml
 from kubernetes_asyncio import client, config
 
+from timekeeper.kube.core import DEFAULT_LIMITS, KubeLimits
 from timekeeper.kube.reviews import KubeReviews
 from timekeeper.kube.watches import KubeWatches
 from timekeeper.kube.writes import KubeWrites
@@ -30,6 +31,19 @@ class KubeSettings(Protocol):
     def kube_context(self) -> str | None: ...
     @property
     def kube_request_timeout_seconds(self) -> float: ...
+    @property
+    def kube_max_response_bytes(self) -> int: ...
+    @property
+    def kube_max_list_items(self) -> int: ...
+    @property
+    def kube_max_list_pages(self) -> int: ...
+
+
+def kube_limits(settings: KubeSettings) -> KubeLimits:
+    """The bounds on what an API server may answer, as the settings say (docs/kubernetes.md)."""
+    return KubeLimits(
+        settings.kube_max_response_bytes, settings.kube_max_list_items, settings.kube_max_list_pages
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +54,7 @@ class KubeConfig:
     kubeconfig: Path | None = None
     context: str | None = None
     request_timeout_seconds: float = 10.0
+    limits: KubeLimits = DEFAULT_LIMITS
 
     @classmethod
     def from_settings(cls, settings: KubeSettings) -> KubeConfig:
@@ -48,6 +63,7 @@ class KubeConfig:
             settings.kubeconfig,
             settings.kube_context,
             settings.kube_request_timeout_seconds,
+            kube_limits(settings),
         )
 
 
@@ -102,4 +118,4 @@ class KubeClient(KubeWatches, KubeWrites, KubeReviews):
 
     @classmethod
     async def from_config(cls, config_: KubeConfig) -> KubeClient:
-        return cls(await load_configuration(config_), config_.request_timeout_seconds)
+        return cls(await load_configuration(config_), config_.request_timeout_seconds, config_.limits)

@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, TypeVar
 
 import aiohttp
+from aiohttp.http_exceptions import HttpProcessingError
 from kubernetes_asyncio import client
+from kubernetes_asyncio.client import rest
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from timekeeper.kube.types import JSON, KubeApiError, KubeError, KubeUnavailableError
@@ -29,8 +32,49 @@ DRA_GROUP = "resource.k8s.io"
 DRA_VERSIONS = ("v1", "v1beta2", "v1beta1")  # the newest the API server serves is read
 
 
+# Failures of the transport, a timeout, or an answer the HTTP parser refuses (a watch line past its bound):
+# the API server is not usable now.
+TRANSPORT_ERRORS = (aiohttp.ClientError, HttpProcessingError, TimeoutError, OSError)
+
+
+@dataclass(frozen=True, slots=True)
+class KubeLimits:
+    """How much one API server's answers may hold (docs/kubernetes.md#what-an-api-server-may-answer): a
+    member's admin decides what its server answers, and the hub reads it into memory. Past a bound, the
+    call fails with KubeUnavailableError naming it."""
+
+    response_bytes: int = 64 * 2**20  # one answer's body
+    list_items: int = 200_000  # the items of one paged list, all pages together
+    list_pages: int = 2_000  # the pages of one paged list (a server may answer empty ones forever)
+
+
+DEFAULT_LIMITS = KubeLimits()
+
+
+class RedirectRefused(aiohttp.ClientError):
+    """An API server answered a redirect: never legitimate for the calls the timekeeper makes, and following
+    it would send the hub's request (and credentials) wherever the server says."""
+
+
+async def _refuse_redirect(
+    session: aiohttp.ClientSession, context: Any, params: aiohttp.TraceRequestRedirectParams
+) -> None:
+    params.response.close()
+    raise RedirectRefused(f"the API server answered {params.response.status} redirecting to another URL")
+
+
+def _no_redirects() -> aiohttp.TraceConfig:
+    """aiohttp follows redirects unless each request says not to, and kubernetes_asyncio does not say: its
+    session's `on_request_redirect` signal fires before a redirect is followed, and raising there stops it."""
+    trace = aiohttp.TraceConfig()
+    trace.on_request_redirect.append(_refuse_redirect)
+    trace.freeze()
+    return trace
+
+
 def api_error(exc: ApiException) -> KubeError:
-    if exc.status is None or exc.status == 0 or exc.status >= 500:
+    # A 4xx is the server's refusal; anything else (no answer, a redirect, a 5xx) leaves it unusable now.
+    if exc.status is None or not 400 <= exc.status < 500:
         return KubeUnavailableError(f"kubernetes API error {exc.status}: {exc.reason}")
     return KubeApiError(exc.status, str(exc.reason))
 
@@ -38,8 +82,16 @@ def api_error(exc: ApiException) -> KubeError:
 class KubeCore:
     """One session to the API server, shared by every verb. Build it on the event loop."""
 
-    def __init__(self, configuration: client.Configuration, request_timeout_seconds: float = 10.0) -> None:
+    def __init__(
+        self,
+        configuration: client.Configuration,
+        request_timeout_seconds: float = 10.0,
+        limits: KubeLimits = DEFAULT_LIMITS,
+    ) -> None:
         self._api = client.ApiClient(configuration)
+        # The session's own list of trace configs, read for every request (aiohttp's public property).
+        self._api.rest_client.pool_manager.trace_configs.append(_no_redirects())
+        self._limits = limits
         self._core = client.CoreV1Api(self._api)
         self._authn = client.AuthenticationV1Api(self._api)
         self._authz = client.AuthorizationV1Api(self._api)
@@ -59,17 +111,48 @@ class KubeCore:
             return await call
         except ApiException as exc:
             raise api_error(exc) from exc
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        except TRANSPORT_ERRORS as exc:
             raise KubeUnavailableError(f"kubernetes API unreachable: {exc!r}") from exc
 
-    async def _raw_json(self, call: Awaitable[Any], exact: bool = False) -> JSON:
-        """The JSON body of an unparsed answer (`_preload_content=False` answers the aiohttp response
-        itself, status unchecked); `exact`: fractions as Decimal, as the API server wrote them."""
+    async def _read(self, call: Awaitable[Any]) -> rest.RESTResponse:
+        """The answer of a call made with `_preload_content=False` (which answers the aiohttp response
+        itself), its body read no further than KubeLimits.response_bytes, as the client would have read it
+        whole; not a 2xx is KubeApiError or KubeUnavailableError, as from _call."""
         response: aiohttp.ClientResponse = await self._call(call)
+        bound = self._limits.response_bytes
         async with response:
-            body = await self._call(response.read())
-            if not 200 <= response.status < 300:
-                raise api_error(ApiException(status=response.status, reason=body.decode(errors="replace")))
+            chunks: list[bytes] = []
+            size = 0
+            while size <= bound and (response.content_length or 0) <= bound:
+                chunk = await self._call(response.content.read(bound + 1 - size))
+                if chunk:
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    continue
+                answer = rest.RESTResponse(response, b"".join(chunks))
+                if not 200 <= answer.status < 300:
+                    raise api_error(
+                        ApiException(status=answer.status, reason=answer.data.decode(errors="replace"))
+                    )
+                return answer
+        raise KubeUnavailableError(
+            f"kubernetes API answered more than {bound} bytes (the response_bytes bound)"
+        )
+
+    async def _typed(self, call: Awaitable[Any], response_type: str) -> Any:
+        """A call's answer (as _read's) as the client's model `response_type`; one that is not (the models
+        refuse a missing required field with ValueError) is KubeUnavailableError, never an error of ours:
+        a member's API server answers what its admin makes it answer."""
+        answer = await self._read(call)
+        try:
+            return self._api.deserialize(answer, response_type)
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+            raise KubeUnavailableError(f"kubernetes API answered no {response_type}: {exc}") from exc
+
+    async def _raw_json(self, call: Awaitable[Any], exact: bool = False) -> JSON:
+        """A call's answer (as _read's) as JSON; `exact`: fractions as Decimal, as the API server wrote
+        them."""
+        body = (await self._read(call)).data
         try:
             parsed: JSON = json.loads(body, parse_float=Decimal) if exact else json.loads(body)
         except ValueError as exc:  # a member's API server answers what its admin makes it answer
@@ -82,8 +165,11 @@ class KubeCore:
         """`policy/v1` where the API server serves it (1.22 on), else `policy/v1beta1` (1.20, 1.21): the
         Eviction body must name a version the server knows. Asked once (discovery), then remembered."""
         if self._eviction_api_version is None:
-            group = await self._call(
-                client.PolicyApi(self._api).get_api_group(_request_timeout=self._timeout)
+            group = await self._typed(
+                client.PolicyApi(self._api).get_api_group(
+                    _preload_content=False, _request_timeout=self._timeout
+                ),
+                "V1APIGroup",
             )
             served = {version.version for version in group.versions or ()}
             self._eviction_api_version = "policy/v1" if "v1" in served else "policy/v1beta1"
@@ -95,8 +181,11 @@ class KubeCore:
         next time, as a cluster may be upgraded)."""
         if self._dra_version is None:
             try:
-                group = await self._call(
-                    client.ResourceApi(self._api).get_api_group(_request_timeout=self._timeout)
+                group = await self._typed(
+                    client.ResourceApi(self._api).get_api_group(
+                        _preload_content=False, _request_timeout=self._timeout
+                    ),
+                    "V1APIGroup",
                 )
             except KubeApiError as error:
                 if error.status == HTTP_NOT_FOUND:

@@ -3,6 +3,7 @@ custom objects, as typed values or JSON."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from timekeeper.kube.core import DRA_GROUP, HTTP_NOT_FOUND, QUOTA_NAME, KubeCore
@@ -21,24 +22,43 @@ from timekeeper.kube.types import (
 class KubeReads(KubeCore):
     """Gets and lists."""
 
+    async def _pages(
+        self, ask: Callable[[dict[str, Any]], Awaitable[Any]], page_size: int, exact: bool = False
+    ) -> AsyncIterator[JSON]:
+        """Each page of a paged list, as JSON: `ask(options)` requests one page (its `limit` and `_continue`
+        among the options), following `continue` no further than KubeLimits.list_pages pages and
+        list_items items: a member's API server may answer pages forever, or one page after another full."""
+        limits = self._limits
+        token: str | None = None
+        items = 0
+        for _ in range(limits.list_pages):
+            options = {"limit": page_size, "_continue": token, "_preload_content": False}
+            page = await self._raw_json(ask({**options, "_request_timeout": self._timeout}), exact)
+            items += len(page.get("items") or ())
+            if items > limits.list_items:
+                raise KubeUnavailableError(
+                    f"kubernetes API listed more than {limits.list_items} items (list_items)"
+                )
+            yield page
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return
+        raise KubeUnavailableError(
+            f"kubernetes API listed more than {limits.list_pages} pages (the list_pages bound)"
+        )
+
     async def list_pods(self, label_selector: str | None = None, page_size: int = 500) -> PodSnapshot:
         """Every pod (in pages), with the resourceVersion to watch from."""
         pods: list[PodInfo] = []
-        token: str | None = None
         resource_version = ""
-        while True:
-            query: dict[str, Any] = {"limit": page_size, "_continue": token, "label_selector": label_selector}
-            page = await self._raw_json(
-                self._core.list_pod_for_all_namespaces(
-                    **query, _preload_content=False, _request_timeout=self._timeout
-                )
-            )
-            meta = page.get("metadata") or {}
-            resource_version = resource_version or meta.get("resourceVersion", "")
+        selector: dict[str, Any] = {"label_selector": label_selector}
+        pages = self._pages(
+            lambda options: self._core.list_pod_for_all_namespaces(**selector, **options), page_size
+        )
+        async for page in pages:
+            resource_version = resource_version or (page.get("metadata") or {}).get("resourceVersion", "")
             pods.extend(pod_info(item) for item in page.get("items") or [])
-            token = meta.get("continue")
-            if not token:
-                return PodSnapshot(tuple(pods), resource_version)
+        return PodSnapshot(tuple(pods), resource_version)
 
     async def read_pod(self, namespace: str, name: str) -> PodInfo | None:
         """One pod, as the API server has it now; None when it is gone (404)."""
@@ -57,18 +77,11 @@ class KubeReads(KubeCore):
     async def namespace_labels(self, page_size: int = 500) -> dict[str, dict[str, str]]:
         """Every namespace's labels (in pages), for the pools' selectors."""
         labels: dict[str, dict[str, str]] = {}
-        token: str | None = None
-        while True:
-            query: dict[str, Any] = {"limit": page_size, "_continue": token}
-            page = await self._raw_json(
-                self._core.list_namespace(**query, _preload_content=False, _request_timeout=self._timeout)
-            )
+        async for page in self._pages(lambda options: self._core.list_namespace(**options), page_size):
             for item in page.get("items") or []:
                 meta = item.get("metadata") or {}
                 labels[meta["name"]] = dict(meta.get("labels") or {})
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return labels
+        return labels
 
     async def cluster_id(self) -> str:
         """The cluster's identity: the uid of its `kube-system` namespace, the convention for a cluster id
@@ -86,7 +99,9 @@ class KubeReads(KubeCore):
     async def node_labels(self, name: str) -> dict[str, str]:
         """A node's labels; none for a node that is gone (404)."""
         try:
-            node = await self._call(self._core.read_node(name, _request_timeout=self._timeout))
+            node = await self._typed(
+                self._core.read_node(name, _preload_content=False, _request_timeout=self._timeout), "V1Node"
+            )
         except KubeApiError as error:
             if error.status == HTTP_NOT_FOUND:
                 return {}
@@ -96,43 +111,40 @@ class KubeReads(KubeCore):
     async def list_dra_objects(self, version: str, plural: str, page_size: int = 500) -> list[JSON]:
         """Every ResourceClaim or ResourceSlice (`plural`) in all namespaces, in pages, as JSON."""
         items: list[JSON] = []
-        token: str | None = None
-        while True:
-            query: dict[str, Any] = {"limit": page_size, "_continue": token}
-            page = await self._raw_json(
-                self._custom.list_cluster_custom_object(
-                    DRA_GROUP,
-                    version,
-                    plural,
-                    **query,
-                    _preload_content=False,
-                    _request_timeout=self._timeout,
-                )
-            )
+        pages = self._pages(
+            lambda options: self._custom.list_cluster_custom_object(DRA_GROUP, version, plural, **options),
+            page_size,
+        )
+        async for page in pages:
             items.extend(page.get("items") or [])
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return items
+        return items
 
     async def managed_quota_namespaces(self) -> set[str]:
         """Namespaces holding a quota we manage (to remove the ones whose limit went away)."""
-        quotas = await self._call(
+        quotas = await self._typed(
             self._core.list_resource_quota_for_all_namespaces(
-                label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}", _request_timeout=self._timeout
-            )
+                label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}",
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            ),
+            "V1ResourceQuotaList",
         )
         return {q.metadata.namespace for q in quotas.items if q.metadata.name == QUOTA_NAME}
 
-    async def list_custom_objects(self, group: str, version: str, plural: str) -> list[JSON]:
-        """Every object of a custom resource, in all namespaces, as JSON (numbers with a fraction as
-        Decimal: a budget is exact). Few objects: one page."""
-        page = await self._raw_json(
-            self._custom.list_cluster_custom_object(
-                group, version, plural, _preload_content=False, _request_timeout=self._timeout
-            ),
+    async def list_custom_objects(
+        self, group: str, version: str, plural: str, page_size: int = 500
+    ) -> list[JSON]:
+        """Every object of a custom resource, in all namespaces, in pages, as JSON (numbers with a fraction
+        as Decimal: a budget is exact)."""
+        items: list[JSON] = []
+        pages = self._pages(
+            lambda options: self._custom.list_cluster_custom_object(group, version, plural, **options),
+            page_size,
             exact=True,
         )
-        return list(page.get("items") or [])
+        async for page in pages:
+            items.extend(page.get("items") or [])
+        return items
 
     async def list_served_objects(
         self,
@@ -146,27 +158,22 @@ class KubeReads(KubeCore):
     ) -> list[JSON] | None:
         """Every object of a resource (in one namespace, or all), in pages, as JSON; None where the API
         server does not serve it (404: its CRDs are not installed)."""
-        items: list[JSON] = []
-        token: str | None = None
-        while True:
-            query: dict[str, Any] = {"limit": page_size, "_continue": token, "label_selector": label_selector}
-            options = {**query, "_preload_content": False, "_request_timeout": self._timeout}
+
+        def ask(options: dict[str, Any]) -> Awaitable[Any]:
+            options = {**options, "label_selector": label_selector}
             if namespace is None:
-                call = self._custom.list_cluster_custom_object(group, version, plural, **options)
-            else:
-                call = self._custom.list_namespaced_custom_object(
-                    group, version, namespace, plural, **options
-                )
-            try:
-                page = await self._raw_json(call)
-            except KubeApiError as error:
-                if error.status == HTTP_NOT_FOUND:
-                    return None
-                raise
-            items.extend(page.get("items") or [])
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return items
+                return self._custom.list_cluster_custom_object(group, version, plural, **options)
+            return self._custom.list_namespaced_custom_object(group, version, namespace, plural, **options)
+
+        items: list[JSON] = []
+        try:
+            async for page in self._pages(ask, page_size):
+                items.extend(page.get("items") or [])
+        except KubeApiError as error:
+            if error.status == HTTP_NOT_FOUND:
+                return None
+            raise
+        return items
 
     async def read_cluster_object(self, group: str, version: str, plural: str, name: str) -> JSON | None:
         """One cluster-scoped object as JSON; None when it (or its resource) does not exist (404)."""

@@ -15,7 +15,10 @@ class KubeReviews(KubeCore):
     async def token_review(self, token: str, audiences: tuple[str, ...]) -> TokenReviewResult:
         """Ask the API server who a bearer token stands for (and whether it is meant for `audiences`)."""
         body = client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token, audiences=list(audiences)))
-        review = await self._call(self._authn.create_token_review(body, _request_timeout=self._timeout))
+        review = await self._typed(
+            self._authn.create_token_review(body, _preload_content=False, _request_timeout=self._timeout),
+            "V1TokenReview",
+        )
         status = review.status
         if status is None or not status.authenticated or status.user is None:
             return TokenReviewResult(authenticated=False, error=(status.error or "") if status else "")
@@ -47,7 +50,10 @@ class KubeReviews(KubeCore):
                 user=user, groups=list(groups), resource_attributes=attributes
             )
         )
-        review = await self._call(
-            self._authz.create_subject_access_review(body, _request_timeout=self._timeout)
+        review = await self._typed(
+            self._authz.create_subject_access_review(
+                body, _preload_content=False, _request_timeout=self._timeout
+            ),
+            "V1SubjectAccessReview",
         )
         return bool(review.status and review.status.allowed and not review.status.denied)

@@ -8,12 +8,11 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 
-import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
 
 from gpuaccounting.backoff import Backoff
-from timekeeper.kube.core import HTTP_GONE, api_error
+from timekeeper.kube.core import HTTP_GONE, TRANSPORT_ERRORS, api_error
 from timekeeper.kube.reads import KubeReads
 from timekeeper.kube.types import JSON, KubeError, KubeUnavailableError, PodEvent, PodSnapshot, pod_info
 
@@ -90,7 +89,7 @@ class KubeWatches(KubeReads):
             if exc.status == HTTP_GONE:
                 raise _Gone from exc
             raise api_error(exc) from exc
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        except TRANSPORT_ERRORS as exc:
             raise KubeUnavailableError(f"pod watch interrupted: {exc!r}") from exc
 
     async def watch_custom_objects(
@@ -136,7 +135,7 @@ class KubeWatches(KubeReads):
                         backoff.reset()
                         if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
                             yield str(event["type"]), event.get("raw_object") or {}
-            except (ApiException, aiohttp.ClientError, TimeoutError, OSError) as exc:
+            except (ApiException, *TRANSPORT_ERRORS) as exc:
                 delay = backoff.next_delay()
                 log.warning(
                     "custom_object_watch_failed",

@@ -50,11 +50,12 @@ class KubeWrites(KubeCore):
             else client.V1DeleteOptions(grace_period_seconds=grace_period_seconds),
         )
         try:
-            await self._call(
+            await self._read(
                 self._core.create_namespaced_pod_eviction(
                     name,
                     namespace,
                     body,
+                    _preload_content=False,
                     _request_timeout=self._timeout,
                     **options,
                 )
@@ -74,9 +75,9 @@ class KubeWrites(KubeCore):
             grace_period_seconds=grace_period_seconds, preconditions=client.V1Preconditions(uid=uid)
         )
         try:
-            await self._call(
+            await self._read(
                 self._core.delete_namespaced_pod(
-                    name, namespace, body=options, _request_timeout=self._timeout
+                    name, namespace, body=options, _preload_content=False, _request_timeout=self._timeout
                 )
             )
         except KubeApiError as error:
@@ -102,10 +103,11 @@ class KubeWrites(KubeCore):
         labels = {MANAGED_BY_LABEL: MANAGED_BY}
         annotations = {f"{DOMAIN}/managed": "true"}
         try:
-            current = await self._call(
+            current = await self._typed(
                 self._core.read_namespaced_resource_quota(
-                    QUOTA_NAME, namespace, _request_timeout=self._timeout
-                )
+                    QUOTA_NAME, namespace, _preload_content=False, _request_timeout=self._timeout
+                ),
+                "V1ResourceQuota",
             )
         except KubeApiError as error:
             if error.status != HTTP_NOT_FOUND:
@@ -116,8 +118,10 @@ class KubeWrites(KubeCore):
                 ),
                 spec=client.V1ResourceQuotaSpec(hard=dict(hard)),
             )
-            await self._call(
-                self._core.create_namespaced_resource_quota(namespace, body, _request_timeout=self._timeout)
+            await self._read(
+                self._core.create_namespaced_resource_quota(
+                    namespace, body, _preload_content=False, _request_timeout=self._timeout
+                )
             )
             return QuotaChange.CREATED
         current_labels = current.metadata.labels or {}
@@ -130,9 +134,9 @@ class KubeWrites(KubeCore):
         current.metadata.annotations = {**(current.metadata.annotations or {}), **annotations}
         current.spec = client.V1ResourceQuotaSpec(hard=dict(hard))
         # Carries the resourceVersion we read: a concurrent change answers 409 and we go round again.
-        await self._call(
+        await self._read(
             self._core.replace_namespaced_resource_quota(
-                QUOTA_NAME, namespace, current, _request_timeout=self._timeout
+                QUOTA_NAME, namespace, current, _preload_content=False, _request_timeout=self._timeout
             )
         )
         return QuotaChange.UPDATED
@@ -140,9 +144,9 @@ class KubeWrites(KubeCore):
     async def delete_resource_quota(self, namespace: str) -> QuotaChange:
         """Remove our quota from a namespace that no longer has a concurrent limit."""
         try:
-            await self._call(
+            await self._read(
                 self._core.delete_namespaced_resource_quota(
-                    QUOTA_NAME, namespace, _request_timeout=self._timeout
+                    QUOTA_NAME, namespace, _preload_content=False, _request_timeout=self._timeout
                 )
             )
         except KubeApiError as error:
@@ -164,15 +168,16 @@ class KubeWrites(KubeCore):
             "metadata": {k: meta[k] for k in ("name", "namespace", "resourceVersion") if k in meta},
             "status": obj["status"],
         }
+        options: dict[str, Any] = {"_preload_content": False, "_request_timeout": self._timeout}
         if meta.get("namespace"):
             call = self._custom.replace_namespaced_custom_object_status(
-                group, version, meta["namespace"], plural, meta["name"], body, _request_timeout=self._timeout
+                group, version, meta["namespace"], plural, meta["name"], body, **options
             )
         else:
             call = self._custom.replace_cluster_custom_object_status(
-                group, version, plural, meta["name"], body, _request_timeout=self._timeout
+                group, version, plural, meta["name"], body, **options
             )
-        await self._call(call)
+        await self._read(call)
 
     async def merge_patch_object(
         self, group: str, version: str, plural: str, namespace: str, name: str, patch: JSON
@@ -231,7 +236,11 @@ class KubeWrites(KubeCore):
             last_timestamp=now,
             count=1,
         )
-        await self._call(self._core.create_namespaced_event(namespace, body, _request_timeout=self._timeout))
+        await self._read(
+            self._core.create_namespaced_event(
+                namespace, body, _preload_content=False, _request_timeout=self._timeout
+            )
+        )
 
 
 def _same_quantities(current: Mapping[str, str], wanted: Mapping[str, str]) -> bool:

@@ -1,9 +1,11 @@
 """The periodic jobs. Each has a window (the stretch of time one execution is responsible for) and does
 its work in one transaction together with the job_runs row of that window, so a re-run, a crash mid-run
-or a second replica running the same window changes nothing."""
+or a second replica running the same window changes nothing. A reconcile pass, which writes in sessions
+of its own and waits on API servers, claims its window in a short transaction of its own instead."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -83,6 +85,11 @@ class Job:
     # Awaited before the window is claimed, outside any transaction (the reconcile pass waits there for
     # a new leader's pod watch to list the pods); raising fails the execution.
     prepare: Callable[[], Awaitable[None]] | None = None
+    # False: the work opens its own transactions (the reconcile pass): the window is claimed and committed
+    # first, and no transaction stays open while the work waits (on an API server, say), holding a pooled
+    # connection and back vacuum. A window whose work fails is given back; one whose replica dies
+    # mid-work (or loses leadership) stays claimed, and the next window runs.
+    in_transaction: bool = True
 
 
 JOBS: tuple[Job, ...] = (
@@ -141,13 +148,16 @@ def reconcile_job(reconciler: LeaderPass, cluster: str | None = None) -> Job:
     """The reconcile pass of one cluster (None: the local one) as a job: every reconcile interval, on the
     leader, once per window; no window is claimed before the leader's pod watch has listed the pods. Each
     cluster's is a job of its own, so a member whose API server is away fails (and is counted and
-    alerted on as) its own job, and the others' passes run."""
+    alerted on as) its own job, and the others' passes run. A member's pass ends (TimeoutError) after one
+    interval: its API server may answer slowly but forever, and the next window starts a pass anew."""
 
     def interval(settings: Settings) -> timedelta:
         return timedelta(seconds=settings.reconcile_interval_seconds)
 
     async def work(service: PeriodicService, now: datetime, window: datetime) -> dict[str, Any]:
-        return (await reconciler.run_pass()).as_detail()
+        limit = None if cluster is None else interval(service.settings).total_seconds()
+        async with asyncio.timeout(limit):
+            return (await reconciler.run_pass()).as_detail()
 
     return Job(
         reconcile_job_name(cluster),
@@ -155,6 +165,7 @@ def reconcile_job(reconciler: LeaderPass, cluster: str | None = None) -> Job:
         lambda now, settings: floor_to(now, interval(settings)),
         work,
         prepare=reconciler.wait_synced,
+        in_transaction=False,
     )
 
 
@@ -171,11 +182,14 @@ async def run_job(
     clock: Clock,
     replica: str,
 ) -> JobResult:
-    """One execution: claim the window, do the work, record it, commit, all or nothing."""
+    """One execution: claim the window, do the work, record it, commit, all or nothing (for a job not
+    `in_transaction`: claim and commit, do the work, record it, or give the window back)."""
     if job.prepare is not None:
         await job.prepare()
     now = clock.now()
     window = job.window(now, settings)
+    if not job.in_transaction:
+        return await _run_outside(job, sessionmaker, settings, now, window, replica)
     async with sessionmaker() as session, session.begin():
         service = PeriodicService(session, settings)
         if not await service.repository.claim(job.name, window, now, replica):
@@ -183,3 +197,28 @@ async def run_job(
         detail = await job.work(service, now, window)
         await service.repository.record(job.name, window, detail)
         return JobResult(window, detail)
+
+
+async def _run_outside(
+    job: Job,
+    sessionmaker: async_sessionmaker[AsyncSession],
+    settings: Settings,
+    now: datetime,
+    window: datetime,
+    replica: str,
+) -> JobResult:
+    """run_job for a job that opens its own transactions: the window's claim and its record each in a
+    short transaction, the work between them in none (its service's session is never used)."""
+    async with sessionmaker() as session, session.begin():
+        if not await PeriodicRepository(session).claim(job.name, window, now, replica):
+            return JobResult(window, None)
+    try:
+        async with sessionmaker() as session:
+            detail = await job.work(PeriodicService(session, settings), now, window)
+    except Exception:
+        async with sessionmaker() as session, session.begin():
+            await PeriodicRepository(session).release(job.name, window)
+        raise
+    async with sessionmaker() as session, session.begin():
+        await PeriodicRepository(session).record(job.name, window, detail)
+    return JobResult(window, detail)

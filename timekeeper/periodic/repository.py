@@ -52,6 +52,14 @@ class PeriodicRepository:
         )
         return claimed.first() is not None
 
+    async def release(self, job: str, window_start: datetime) -> None:
+        """Give a claimed window back (its work failed): another execution may claim it."""
+        await self.session.execute(
+            sa.delete(JobRun)
+            .where(JobRun.job == job, JobRun.window_start == window_start)
+            .execution_options(synchronize_session=False)
+        )
+
     async def record(self, job: str, window_start: datetime, detail: dict[str, Any]) -> None:
         await self.session.execute(
             sa.update(JobRun)

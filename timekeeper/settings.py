@@ -137,9 +137,10 @@ class Settings(BaseSettings):
     kube_context: str | None = None
     kube_request_timeout_seconds: float = Field(default=10.0, gt=0)
     # What one API server's answers may hold, each of the hub's and its members' (docs/kubernetes.md).
-    kube_max_response_bytes: int = Field(default=64 * 2**20, ge=2**20, description="One answer's body.")
-    kube_max_list_items: int = Field(default=200_000, ge=1, description="Items of one paged list.")
-    kube_max_list_pages: int = Field(default=2_000, ge=1, description="Pages of one paged list.")
+    # At least 4 MiB: above one object's largest (etcd's 1.5 MiB) and a page of them halved to one.
+    kube_max_response_bytes: int = Field(default=64 * 2**20, ge=4 * 2**20, description="One answer's body.")
+    kube_max_list_items: int = Field(default=200_000, ge=1, description="Items of a member's paged list.")
+    kube_max_list_pages: int = Field(default=2_000, ge=1, description="Requests of a member's paged list.")
     # A fleet: the member clusters this timekeeper serves beside its own (docs/fleet.md).
     members: dict[ClusterName, Member] = Field(
         default_factory=dict,

@@ -29,7 +29,8 @@ from tests.timekeeper.conftest import START
 from timekeeper.auth.kubernetes import RETRY_AFTER_SECONDS, FleetAccessControl, build_access_control
 from timekeeper.clock import ManualClock
 from timekeeper.errors import TimekeeperError
-from timekeeper.kube import KubeClient, KubeUnavailableError
+from timekeeper.kube import KubeClient, KubeConfig, KubeUnavailableError
+from timekeeper.kube.client import kube_limits
 from timekeeper.kube.core import KubeLimits
 from timekeeper.periodic.jobs import reconcile_job, run_job
 from timekeeper.settings import Member, Settings
@@ -70,6 +71,40 @@ async def test_a_list_past_its_item_bound_fails_and_one_within_it_is_read(apiser
     finally:
         await bounded.close()
         await roomy.close()
+
+
+async def test_a_page_past_the_byte_bound_is_asked_again_smaller_and_one_object_past_it_fails(
+    apiserver: KubeApiServer,
+):
+    """A tenant's few large pods (a Pending pod is enough) fail no list: the page is asked again with
+    half the items, down to one; only an object past the bound on its own fails it."""
+    for i in range(5):
+        pod = gpu_pod(apiserver, "team-a", f"p{i}")
+        pod["metadata"].setdefault("annotations", {})["pad"] = "x" * 30_000
+        apiserver.put(pod)
+    kube = client_of(apiserver, KubeLimits(response_bytes=80_000))
+    try:
+        listed = await kube.list_pods()
+        assert sorted(p.name for p in listed.pods) == [f"p{i}" for i in range(5)]
+        huge = gpu_pod(apiserver, "team-a", "huge")
+        huge["metadata"].setdefault("annotations", {})["pad"] = "x" * 90_000
+        apiserver.put(huge)
+        with pytest.raises(KubeUnavailableError, match="response_bytes"):
+            await kube.list_pods()
+    finally:
+        await kube.close()
+
+
+def test_the_hubs_own_api_server_has_no_list_bounds_a_members_has(settings: Settings, tmp_path: Path):
+    """The hub's own cluster's lists are as long as its tenants can make them: a bound there would let
+    one tenant fail every pass of that cluster; a member's admin is bounded."""
+    own = KubeConfig.from_settings(settings).limits
+    assert (own.list_items, own.list_pages, own.response_bytes) == (
+        None,
+        None,
+        settings.kube_max_response_bytes,
+    )
+    assert kube_limits(settings).list_items == settings.kube_max_list_items
 
 
 async def test_an_answer_past_its_byte_bound_fails_naming_it(apiserver: KubeApiServer):
@@ -173,27 +208,28 @@ async def fleet(
     return access
 
 
-async def test_a_slow_members_reviews_past_its_bound_are_a_503_at_once(
+async def test_a_slow_members_reviews_past_its_bound_wait_their_turn_then_are_a_503(
     settings: Settings, member: KubeApiServer, tmp_path: Path
 ):
-    """b answers reviews slowly: one waits, the next is refused at once (503, never 401: the caller may be
-    right), and once the first is answered b's reviews are served again."""
-    access = await fleet(settings, member, tmp_path, member_reviews_in_flight=1)
-    alice, bob = member.add_user("alice"), member.add_user("bob")
+    """b answers reviews in 1 s and may take 1.5 s, one at a time: the second caller waits its turn and is
+    served; the third, who would wait past 1.5 s, is a 503 (never 401: the caller may be right)."""
+    access = await fleet(
+        settings, member, tmp_path, member_reviews_in_flight=1, member_review_timeout_seconds=1.5
+    )
+    alice, bob, carol = member.add_user("alice"), member.add_user("bob"), member.add_user("carol")
     member.delays[TOKEN_REVIEW_PATH] = 1.0
     try:
-        waiting = asyncio.ensure_future(access.authenticate(alice, "b"))
+        first = asyncio.ensure_future(access.authenticate(alice, "b"))
         await asyncio.to_thread(wait_until, lambda: member.delayed[TOKEN_REVIEW_PATH] >= 1, 10, "a review")
+        second = asyncio.ensure_future(access.authenticate(bob, "b"))
+        await asyncio.sleep(0.1)
         with pytest.raises(TimekeeperError) as refused:
-            await access.authenticate(bob, "b")
+            await access.authenticate(carol, "b")
         assert refused.value.status_code == 503 and "member cluster b" in refused.value.message
         assert "too many reviews" in refused.value.message
         assert refused.value.headers == {"Retry-After": str(RETRY_AFTER_SECONDS)}
-        principal = await waiting
-        assert principal is not None and principal.name == "alice"
-        del member.delays[TOKEN_REVIEW_PATH]
-        served = await access.authenticate(bob, "b")
-        assert served is not None and served.name == "bob"
+        served = [await first, await second]
+        assert [p.name if p else None for p in served] == ["alice", "bob"]
     finally:
         await access.aclose()
 

@@ -119,7 +119,8 @@ class KubernetesAccessControl:
     ) -> None:
         self._kube = kube
         # A member's bounds (None: none, the hub's own cluster): how many reviews may wait on its API
-        # server at once (each holds a hub connection; more are a 503 at once) and for how long.
+        # server at once (each holds a hub connection; one more waits as long as a review may take, then
+        # is a 503) and for how long.
         self._in_flight = None if reviews_in_flight is None else asyncio.Semaphore(reviews_in_flight)
         self._review_timeout = review_timeout_seconds
         # The cluster whose API server `kube` reaches (None: the local one): its principals carry it.
@@ -135,16 +136,22 @@ class KubernetesAccessControl:
         )
 
     async def _ask(self, review: Callable[[], Awaitable[T]], what: str = "review credentials") -> T:
-        """_ask this access control's API server, within its bounds: with reviews_in_flight reviews
-        already waiting on it, a 503 at once (a slow member's server then holds that many hub connections,
-        not every one a caller can open)."""
+        """_ask this access control's API server, within its bounds: reviews_in_flight reviews at once on
+        it, a review more waiting for one of them no longer than a review may take, then a 503 (a slow
+        member's server then holds that many reviews, not every connection a caller can open; a burst,
+        such as one reader's listing, waits its turn rather than failing itself)."""
         if self._in_flight is None:
             return await _ask(review, self._cluster, what, self._review_timeout)
-        if self._in_flight.locked():
+        try:
+            async with asyncio.timeout(self._review_timeout):
+                await self._in_flight.acquire()
+        except TimeoutError:
             log.warning("kubernetes_reviews_full", extra={"cluster": self._cluster})
-            raise _unavailable(self._cluster, what, " (too many reviews waiting on it)")
-        async with self._in_flight:
+            raise _unavailable(self._cluster, what, " (too many reviews waiting on it)") from None
+        try:
             return await _ask(review, self._cluster, what, self._review_timeout)
+        finally:
+            self._in_flight.release()
 
     async def authenticate(self, token: str, cluster: str | None = None) -> Principal | None:
         if not token or cluster != self._cluster:

@@ -40,10 +40,16 @@ class KubeSettings(Protocol):
 
 
 def kube_limits(settings: KubeSettings) -> KubeLimits:
-    """The bounds on what an API server may answer, as the settings say (docs/kubernetes.md)."""
+    """The bounds on what a member's API server may answer, as the settings say (docs/kubernetes.md)."""
     return KubeLimits(
         settings.kube_max_response_bytes, settings.kube_max_list_items, settings.kube_max_list_pages
     )
+
+
+def own_limits(settings: KubeSettings) -> KubeLimits:
+    """The hub's own API server's: one answer's bytes alone. Its lists are as long as its cluster's own
+    limits let its tenants make them, and a bound there would let one tenant fail every pass."""
+    return KubeLimits(settings.kube_max_response_bytes, list_items=None, list_pages=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +69,7 @@ class KubeConfig:
             settings.kubeconfig,
             settings.kube_context,
             settings.kube_request_timeout_seconds,
-            kube_limits(settings),
+            own_limits(settings),
         )
 
 

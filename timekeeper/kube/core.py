@@ -44,11 +44,17 @@ class KubeLimits:
     call fails with KubeUnavailableError naming it."""
 
     response_bytes: int = 64 * 2**20  # one answer's body
-    list_items: int = 200_000  # the items of one paged list, all pages together
-    list_pages: int = 2_000  # the pages of one paged list (a server may answer empty ones forever)
+    # The items of one paged list, all pages together, and its requests (a server may answer empty pages
+    # forever); None: unbounded, for the hub's own API server, whose tenants its own limits bound.
+    list_items: int | None = 200_000
+    list_pages: int | None = 2_000
 
 
 DEFAULT_LIMITS = KubeLimits()
+
+
+class AnswerTooLarge(KubeUnavailableError):
+    """An answer past KubeLimits.response_bytes: a list asks again for fewer items a page."""
 
 
 class RedirectRefused(aiohttp.ClientError):
@@ -135,9 +141,7 @@ class KubeCore:
                         ApiException(status=answer.status, reason=answer.data.decode(errors="replace"))
                     )
                 return answer
-        raise KubeUnavailableError(
-            f"kubernetes API answered more than {bound} bytes (the response_bytes bound)"
-        )
+        raise AnswerTooLarge(f"kubernetes API answered more than {bound} bytes (the response_bytes bound)")
 
     async def _typed(self, call: Awaitable[Any], response_type: str) -> Any:
         """A call's answer (as _read's) as the client's model `response_type`; one that is not (the models

@@ -3,10 +3,11 @@ custom objects, as typed values or JSON."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from timekeeper.kube.core import DRA_GROUP, HTTP_NOT_FOUND, QUOTA_NAME, KubeCore
+from timekeeper.kube.core import DRA_GROUP, HTTP_NOT_FOUND, QUOTA_NAME, AnswerTooLarge, KubeCore
 from timekeeper.kube.types import (
     JSON,
     MANAGED_BY,
@@ -26,16 +27,25 @@ class KubeReads(KubeCore):
         self, ask: Callable[[dict[str, Any]], Awaitable[Any]], page_size: int, exact: bool = False
     ) -> AsyncIterator[JSON]:
         """Each page of a paged list, as JSON: `ask(options)` requests one page (its `limit` and `_continue`
-        among the options), following `continue` no further than KubeLimits.list_pages pages and
-        list_items items: a member's API server may answer pages forever, or one page after another full."""
+        among the options), following `continue` for no more than KubeLimits.list_pages requests and
+        list_items items: a member's API server may answer pages forever, or one page after another full.
+        A page past the byte bound is asked again with half the items, down to one, and the next page at
+        full size: a tenant's few large objects (up to etcd's 1.5 MiB each) fail no list."""
         limits = self._limits
         token: str | None = None
-        items = 0
-        for _ in range(limits.list_pages):
-            options = {"limit": page_size, "_continue": token, "_preload_content": False}
-            page = await self._raw_json(ask({**options, "_request_timeout": self._timeout}), exact)
+        items, limit = 0, page_size
+        for _ in itertools.count() if limits.list_pages is None else range(limits.list_pages):
+            options = {"limit": limit, "_continue": token, "_preload_content": False}
+            try:
+                page = await self._raw_json(ask({**options, "_request_timeout": self._timeout}), exact)
+            except AnswerTooLarge:
+                if limit == 1:
+                    raise
+                limit = max(1, limit // 2)
+                continue
+            limit = page_size
             items += len(page.get("items") or ())
-            if items > limits.list_items:
+            if limits.list_items is not None and items > limits.list_items:
                 raise KubeUnavailableError(
                     f"kubernetes API listed more than {limits.list_items} items (list_items)"
                 )

@@ -437,3 +437,46 @@ def test_model_budgets_come_in_empty_and_go_out_with_their_events() -> None:
         engine.dispose()
     finally:
         drop_database(url)
+
+
+def test_a_members_pods_move_under_their_pod_keys_and_back() -> None:
+    """A hub that served members kept their pods under bare uids: the upgrade keys them `<cluster>/<uid>`,
+    as reports and passes now look them up; the hub's own pods keep theirs; going down strips the key."""
+    url = create_database("gtk_member_pod_keys")
+    try:
+        migrate(url)
+        migrate(url, "c4d1a7e9f203")
+        engine = sa.create_engine(url_string(url), poolclass=sa.NullPool)
+        pods = (("b/team-x", "u-1"), ("team-x", "u-2"))
+        with engine.begin() as connection:
+            for namespace, uid in pods:
+                connection.execute(
+                    sa.text(
+                        "INSERT INTO pod_coverage (pod_uid, namespace, pod, covered, last_seq,"
+                        " last_report_at, final) VALUES (:uid, :ns, 'p', '{}', 1, now(), false)"
+                    ),
+                    {"uid": uid, "ns": namespace},
+                )
+                connection.execute(
+                    sa.text(
+                        "INSERT INTO usage_ledger (namespace, pod, pod_uid, seq, interval_start,"
+                        " interval_end, gpu_share, charged, gpu_minutes, final, charge_share, gpus)"
+                        " VALUES (:ns, 'p', :uid, 1, now() - interval '1 minute', now(), 1, '{}', 1,"
+                        " false, 1, '[]')"
+                    ),
+                    {"uid": uid, "ns": namespace},
+                )
+        command.upgrade(alembic_config(url), "e7b3f9a2c1d8")
+        keyed = {("b/team-x", "b/u-1"), ("team-x", "u-2")}
+        with engine.connect() as connection:
+            for table in ("pod_coverage", "usage_ledger"):
+                rows = connection.execute(sa.text(f"SELECT namespace, pod_uid FROM {table}")).tuples()
+                assert set(rows) == keyed, table
+        migrate(url, "c4d1a7e9f203")
+        with engine.connect() as connection:
+            for table in ("pod_coverage", "usage_ledger"):
+                rows = connection.execute(sa.text(f"SELECT namespace, pod_uid FROM {table}")).tuples()
+                assert set(rows) == set(pods), table
+        engine.dispose()
+    finally:
+        drop_database(url)

@@ -22,6 +22,9 @@ from timekeeper.settings import Settings
 from timekeeper.usage.partitions import days_ahead, ensure_days
 
 
+_HOUR = timedelta(hours=1)
+
+
 def floor_to(moment: datetime, step: timedelta) -> datetime:
     """The start of the step-long slot (counted from the Unix epoch) that the moment falls in."""
     return EPOCH + (moment - EPOCH) // step * step
@@ -57,14 +60,19 @@ class PeriodicService:
 
     async def roll_up(self, now: datetime, window: datetime) -> dict[str, Any]:
         """Remove the raw ledger rows that ended before the window's start (coverage, totals and the hourly
-        aggregates untouched: ingest wrote the history as it charged), whole day partitions dropped, and
-        drop the burn buckets older than the forecast's window and a margin."""
+        aggregates untouched: ingest wrote the history as it charged), whole day partitions dropped; fold
+        the pod-hours of the hours that ended TIMEKEEPER_HOURLY_HISTORY ago into their days, hour by hour;
+        and drop the burn buckets older than the forecast's window and a margin. All in the job's one
+        transaction: a run that fails changes nothing, and the next folds what it would have."""
         pruned = await self.repository.prune_ledger(window)
+        folded = await self.repository.fold_hours(floor_to(now - self.settings.hourly_history, _HOUR))
         oldest = now - timedelta(minutes=self.settings.forecast_window_minutes) - PURGE_MARGIN
         purged = await self.burn.purge(oldest)
         return {
             "deleted_rows": pruned.deleted,
             "partitions_dropped": pruned.dropped,
+            "hours_folded": folded.hours,
+            "pod_hours_folded": folded.rows,
             "burn_buckets_purged": purged,
         }
 

@@ -1,5 +1,6 @@
 """SQL for the periodic jobs: claiming a job's window, closing out silent pods, removing the raw ledger
-rows past their window (their charge is in the hourly aggregates already)."""
+rows past their window (their charge is in the hourly aggregates already), folding old pod-hours into
+pod-days."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from timekeeper.budgets.states.models import NamespaceStatus
 from timekeeper.db.locks import by_namespace
 from timekeeper.periodic.models import JobRun
+from timekeeper.domain.periods import EPOCH
 from timekeeper.usage.models import RUNNING_POD, PodCoverage
 from timekeeper.usage.partitions import (
     DEFAULT_PARTITION,
@@ -23,11 +25,24 @@ from timekeeper.usage.partitions import (
     lock_exclusively,
     partitions,
 )
+from timekeeper.usage.repository import FOLD_HOUR
 
 __all__ = ["RUNNING_POD", "PeriodicRepository"]
 _HOUR = timedelta(hours=1)
 # How far before its cutoff the roll-up deletes a day partition's raw rows, hour by hour.
 LOOK_BACK = timedelta(hours=6)
+
+
+@dataclass(frozen=True, slots=True)
+class Folded:
+    hours: int  # distinct hours of pod-hours folded into their days
+    rows: int  # pod-hour rows folded
+
+
+# The oldest hour of pod-hours after :after and before :before (an index probe of ix_usage_pod_hours_hour_start).
+_NEXT_HOUR = sa.text(
+    "SELECT min(hour_start) FROM usage_pod_hours WHERE hour_start > :after AND hour_start < :before"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +101,20 @@ class PeriodicRepository:
             sa.select(sa.func.count()).select_from(PodCoverage).where(RUNNING_POD)
         )
         return int(count or 0)
+
+    async def fold_hours(self, before: datetime) -> Folded:
+        """Fold the pod-hours of every hour that starts before `before` into their days, one statement per
+        hour (FOLD_HOUR), oldest first, so no statement grows with the day. Those of a late report (an hour
+        folded before) are found as any other: every hour before `before` is folded, however old."""
+        hours = rows = 0
+        hour = await self.session.scalar(_NEXT_HOUR, {"after": EPOCH, "before": before})
+        while hour is not None:
+            result = await self.session.execute(sa.text(FOLD_HOUR), {"hour": hour})
+            rows += cast(CursorResult[Any], result).rowcount
+            hours += 1
+            # After the hour just folded: its deleted entries stay in the index until the commit.
+            hour = await self.session.scalar(_NEXT_HOUR, {"after": hour, "before": before})
+        return Folded(hours, rows)
 
     async def prune_ledger(self, cutoff: datetime) -> Pruned:
         """Remove the raw ledger rows that ended by the cutoff (their charge is in the hourly aggregates

@@ -117,7 +117,8 @@ SELECT d.pod_key, b, d.gpu_share, d.charge_share, d.model_key, x.piece,
 FROM usage_pod_days d
 CROSS JOIN LATERAL (SELECT date_trunc('hour', lower(d.charged), 'UTC') AS first,
        (SELECT sum(extract(epoch FROM upper(q) - lower(q))) FROM unnest(d.charged) AS q) AS per) AS f
-CROSS JOIN LATERAL generate_series(f.first, upper(d.charged) - interval '1 microsecond', interval '1 hour') AS b
+CROSS JOIN LATERAL generate_series(f.first, upper(d.charged) - interval '1 microsecond',
+                                   interval '1 hour') AS b
 CROSS JOIN LATERAL (SELECT p.piece, f.per, (SELECT sum(extract(epoch FROM upper(q) - lower(q)))
        FROM unnest(p.piece) AS q) AS seconds
        FROM (SELECT d.charged * tstzmultirange(tstzrange(b, b + interval '1 hour')) AS piece) AS p) AS x
@@ -132,7 +133,8 @@ ON CONFLICT ON CONSTRAINT uq_usage_pod_hours_key DO UPDATE SET
                                 excluded.mem_byte_seconds),
     mem_covered_seconds = h.mem_covered_seconds + excluded.mem_covered_seconds,
     peak_mem_used_bytes = greatest(h.peak_mem_used_bytes, excluded.peak_mem_used_bytes),
-    energy_joules = coalesce(h.energy_joules + excluded.energy_joules, h.energy_joules, excluded.energy_joules),
+    energy_joules = coalesce(h.energy_joules + excluded.energy_joules, h.energy_joules,
+                             excluded.energy_joules),
     gpu_status_bits = h.gpu_status_bits | excluded.gpu_status_bits
 """
 

@@ -21,7 +21,6 @@ from timekeeper.periodic.repository import PeriodicRepository
 from timekeeper.settings import Settings
 from timekeeper.usage.partitions import days_ahead, ensure_days
 
-
 _HOUR = timedelta(hours=1)
 
 

@@ -15,8 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from timekeeper.budgets.states.models import NamespaceStatus
 from timekeeper.db.locks import by_namespace
-from timekeeper.periodic.models import JobRun
 from timekeeper.domain.periods import EPOCH
+from timekeeper.periodic.models import JobRun
 from timekeeper.usage.models import RUNNING_POD, PodCoverage
 from timekeeper.usage.partitions import (
     DEFAULT_PARTITION,
@@ -39,7 +39,7 @@ class Folded:
     rows: int  # pod-hour rows folded
 
 
-# The oldest hour of pod-hours after :after and before :before (an index probe of ix_usage_pod_hours_hour_start).
+# The oldest hour of pod-hours after :after and before :before: one probe of ix_usage_pod_hours_hour_start.
 _NEXT_HOUR = sa.text(
     "SELECT min(hour_start) FROM usage_pod_hours WHERE hour_start > :after AND hour_start < :before"
 )

@@ -450,6 +450,9 @@ def prove(server: URL, since: datetime, name: str = "proof") -> tuple[dict[str, 
                         f"{kept} {table}: {len(left)} vs {len(right)} rows, first difference {first}"
                     )
         loaded.append((kept, bulk))
+    with psycopg.connect(_dsn(ingested)) as a:  # before the fold, which empties the pod-hours
+        shapes = a.execute(_SHAPES).fetchone()
+    assert shapes is not None
     # Then the roll-up as scheduled, days later: every hour folded into its day, on each side.
     for folded in (ingested, *(bulk for _, bulk in loaded)):
         asyncio.run(_fold_all(folded, until + timedelta(days=3)))
@@ -472,9 +475,6 @@ def prove(server: URL, since: datetime, name: str = "proof") -> tuple[dict[str, 
     if differences:
         raise SystemExit("the bulk loader differs from ingest:\n" + "\n".join(differences))
     finals = counts["pod_coverage"]
-    with psycopg.connect(_dsn(ingested)) as a:
-        shapes = a.execute(_SHAPES).fetchone()
-    assert shapes is not None
     return figures, (
         f"{pods} pods x 150 min across a midnight and two more hours (pods replaced every 20-160 min: "
         f"{finals} pod_uids, {shapes[0]} lives crossing an hour, {shapes[1]} pod-hours where a pod was "

@@ -1,5 +1,6 @@
-"""The usage ledger's raw rows (kept briefly), the per-pod hourly aggregates that are the history, and per
-pod the time already charged (what makes every report count once, whether or not its raw row is kept)."""
+"""The usage ledger's raw rows (kept briefly), the per-pod hourly aggregates and the daily ones they are
+folded into (together the history), and per pod the time already charged (what makes every report count
+once, whether or not its raw row is kept)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """How PostgreSQL plans the chargeback export's one statement on a large cluster's tables (test_plans.py's,
-plus a day of hours a month ago and a week of days before it), as the export runs it: a server-side cursor (EXPLAIN DECLARE plans it
-for a cursor, as the export's DECLARE is). No planner setting is changed."""
+plus a day of hours a month ago and a week of days before it), as the export runs it: a server-side cursor
+(EXPLAIN DECLARE plans it for a cursor, as the export's DECLARE is). No planner setting is changed."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Pod-days: the roll-up folds the pod-hours older than TIMEKEEPER_HOURLY_HISTORY into their days, one
-statement per hour. Charges read the same on any window (one inside a folded day, or across the fold's
-edge, included): GPU-minutes raw and weighted, efficiency's allocation, the export, the budget and its
-forecast, and a budget's rebuild. Windows of whole days read every figure the same. A late report into a
-folded day is charged once, shows at once, and the next fold adds it into its day."""
+statement and one transaction per hour. Charges read the same on any window (one inside a folded day, or
+across the fold's edge, included): GPU-minutes raw and weighted, efficiency's allocation, the export, the
+budget and its forecast, and a budget's rebuild. Windows of whole days read every figure the same. A late
+report into a folded day is charged once, shows at once, and the next fold adds it into its day."""
 
 from __future__ import annotations
 
@@ -133,10 +133,14 @@ async def test_folded_days_answer_the_same_as_their_hours(
     assert before["chargeback"] and before["whole/pod"]["total_mean_sm_util_pct"] is not None
 
     statements: list[tuple[Any, int]] = []
+    sequence: list[str] = []  # the folds and the ends of transactions (here savepoints), in order
 
     def folds(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
         if "DELETE FROM usage_pod_hours" in statement:
             statements.append((parameters, cursor.rowcount))
+            sequence.append("fold")
+        elif statement.startswith("RELEASE SAVEPOINT"):
+            sequence.append("commit")
 
     sync = connection.sync_connection
     assert sync is not None
@@ -152,6 +156,8 @@ async def test_folded_days_answer_the_same_as_their_hours(
     assert len(statements) == rolled["hours_folded"] == 4
     assert [params["hour"] for params, _ in statements] == [at(-1), at(0), at(12), at(13)]
     assert sum(rows for _, rows in statements) == rolled["pod_hours_folded"] == hours_before - 1
+    # Each hour committed before the next is folded.
+    assert sequence[:8] == ["fold", "commit"] * 4
     assert await scalar(connection, "SELECT count(*) FROM usage_pod_hours") == 1
     days = await connection.execute(
         sa.text("SELECT day_start, reports, reports_continued FROM usage_pod_days ORDER BY 1, 2")

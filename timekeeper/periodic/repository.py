@@ -15,7 +15,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from timekeeper.budgets.states.models import NamespaceStatus
 from timekeeper.db.locks import by_namespace
-from timekeeper.domain.periods import EPOCH
 from timekeeper.periodic.models import JobRun
 from timekeeper.usage.models import RUNNING_POD, PodCoverage
 from timekeeper.usage.partitions import (
@@ -102,19 +101,16 @@ class PeriodicRepository:
         )
         return int(count or 0)
 
-    async def fold_hours(self, before: datetime) -> Folded:
-        """Fold the pod-hours of every hour that starts before `before` into their days, one statement per
-        hour (FOLD_HOUR), oldest first, so no statement grows with the day. Those of a late report (an hour
-        folded before) are found as any other: every hour before `before` is folded, however old."""
-        hours = rows = 0
-        hour = await self.session.scalar(_NEXT_HOUR, {"after": EPOCH, "before": before})
-        while hour is not None:
-            result = await self.session.execute(sa.text(FOLD_HOUR), {"hour": hour})
-            rows += cast(CursorResult[Any], result).rowcount
-            hours += 1
-            # After the hour just folded: its deleted entries stay in the index until the commit.
-            hour = await self.session.scalar(_NEXT_HOUR, {"after": hour, "before": before})
-        return Folded(hours, rows)
+    async def next_hour(self, after: datetime, before: datetime) -> datetime | None:
+        """The oldest hour of pod-hours after `after` and before `before` (None: none left)."""
+        return cast(
+            datetime | None, await self.session.scalar(_NEXT_HOUR, {"after": after, "before": before})
+        )
+
+    async def fold_hour(self, hour: datetime) -> int:
+        """Fold the hour's pod-hours into their days (FOLD_HOUR, one statement); answers the rows moved."""
+        result = await self.session.execute(sa.text(FOLD_HOUR), {"hour": hour})
+        return cast(CursorResult[Any], result).rowcount
 
     async def prune_ledger(self, cutoff: datetime) -> Pruned:
         """Remove the raw ledger rows that ended by the cutoff (their charge is in the hourly aggregates

@@ -50,6 +50,8 @@ from timekeeper.periodic.jobs import JOBS_BY_NAME, run_job
 from timekeeper.settings import Settings
 from timekeeper.usage.repository import ADD_HOUR, HOUR_COLUMNS, INSERT_LEDGER
 
+HOURLY_HISTORY: timedelta = Settings.model_fields["hourly_history"].default
+
 STEP = 30  # seconds between a pod's reports
 DAY = 86_400
 MODEL = "NVIDIA H100 80GB HBM3"
@@ -182,6 +184,14 @@ _COMPARED = {
     "h.energy_joules, h.gpu_status_bits FROM usage_pod_hours h JOIN pod_coverage c ON c.id = h.pod_key "
     "LEFT JOIN usage_models m ON m.id = h.model_key ORDER BY 1, 2, 3, 4, 5",
 }
+# What the proof compares once the roll-up has folded every hour into its day.
+_COMPARED_DAYS = (
+    "SELECT c.pod_uid, d.day_start, d.gpu_share, d.charge_share, m.name, "
+    "d.charged::text, d.reports, d.reports_continued, d.util_seconds, d.util_covered_seconds, "
+    "d.peak_sm_util_pct, d.mem_byte_seconds, d.mem_covered_seconds, d.peak_mem_used_bytes, "
+    "d.energy_joules, d.gpu_status_bits FROM usage_pod_days d JOIN pod_coverage c ON c.id = d.pod_key "
+    "LEFT JOIN usage_models m ON m.id = d.model_key ORDER BY 1, 2, 3, 4, 5"
+)
 # The sample's shapes the proof covers: lives crossing an hour; slot-hours where one pod replaced another.
 _SHAPES = (
     "SELECT (SELECT count(*) FROM (SELECT pod_key FROM usage_pod_hours GROUP BY 1 HAVING count(*) > 1) "
@@ -416,6 +426,7 @@ def prove(server: URL, since: datetime, name: str = "proof") -> tuple[dict[str, 
     midnight = (since + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
     differences = []
     counts: dict[str, int] = {}
+    loaded: list[tuple[str, URL]] = []
     for kept, raw_since in (("bulk", None), ("window", until - timedelta(hours=1))):
         bulk = new_database(server, f"{name}_{kept}")
 
@@ -438,12 +449,32 @@ def prove(server: URL, since: datetime, name: str = "proof") -> tuple[dict[str, 
                     differences.append(
                         f"{kept} {table}: {len(left)} vs {len(right)} rows, first difference {first}"
                     )
+        loaded.append((kept, bulk))
+    with psycopg.connect(_dsn(ingested)) as a:  # before the fold, which empties the pod-hours
+        shapes = a.execute(_SHAPES).fetchone()
+    assert shapes is not None
+    # Then the roll-up as scheduled, days later: every hour folded into its day, on each side.
+    for folded in (ingested, *(bulk for _, bulk in loaded)):
+        asyncio.run(_fold_all(folded, until + timedelta(days=3)))
+    with psycopg.connect(_dsn(ingested)) as a:
+        days = a.execute(_COMPARED_DAYS).fetchall()
+        left_hours = a.execute("SELECT count(*) FROM usage_pod_hours").fetchone()
+    counts["usage_pod_days"] = len(days)
+    for kept, bulk in loaded:
+        with psycopg.connect(_dsn(bulk)) as b:
+            right = b.execute(_COMPARED_DAYS).fetchall()
+        if right != days or not days or left_hours != (0,):
+            first = (
+                next((x, y) for x, y in itertools.zip_longest(days, right) if x != y)
+                if right != days
+                else None
+            )
+            differences.append(
+                f"{kept} usage_pod_days: {len(days)} vs {len(right)} rows, first difference {first}"
+            )
     if differences:
         raise SystemExit("the bulk loader differs from ingest:\n" + "\n".join(differences))
     finals = counts["pod_coverage"]
-    with psycopg.connect(_dsn(ingested)) as a:
-        shapes = a.execute(_SHAPES).fetchone()
-    assert shapes is not None
     return figures, (
         f"{pods} pods x 150 min across a midnight and two more hours (pods replaced every 20-160 min: "
         f"{finals} pod_uids, {shapes[0]} lives crossing an hour, {shapes[1]} pod-hours where a pod was "
@@ -454,8 +485,15 @@ def prove(server: URL, since: datetime, name: str = "proof") -> tuple[dict[str, 
         f"column but id), pod_coverage ({finals}), usage_pod_hours ({counts['usage_pod_hours']}, by pod_uid "
         f"and model name), usage_totals ({counts['usage_totals']}), usage_burn ({counts['usage_burn']}); "
         f"loaded again keeping raw rows only for the last hour: the same, and usage_ledger equal to ingest's "
-        f"{counts['usage_ledger window']} rows ending in that hour"
+        f"{counts['usage_ledger window']} rows ending in that hour; then the roll-up days later on each: "
+        f"every pod-hour folded, usage_pod_days equal ({counts['usage_pod_days']} rows)"
     )
+
+
+async def _fold_all(url: URL, now: datetime) -> None:
+    """The roll-up job at `now`: the pod-hours older than TIMEKEEPER_HOURLY_HISTORY folded into days."""
+    async with timekeeper(url, now) as tk:
+        await run_job(JOBS_BY_NAME["rollup"], current(tk.app).sessions, tk.settings, tk.clock, "bench")
 
 
 # --- measurements ---
@@ -594,7 +632,8 @@ def sizes(dsn: str) -> dict[str, tuple[int, int, int, int, int, int]]:
             "sum(autovacuum_count)::bigint, sum(autoanalyze_count)::bigint "
             "FROM pg_stat_user_tables "
             "WHERE relname LIKE 'usage_ledger%%' "
-            "OR relname IN ('usage_pod_hours', 'usage_models', 'pod_coverage', 'usage_totals', 'usage_burn') "
+            "OR relname IN ('usage_pod_hours', 'usage_pod_days', 'usage_models', 'pod_coverage', "
+            "'usage_totals', 'usage_burn') "
             "GROUP BY 1"
         ).fetchall()
     return {name: tuple(values) for name, *values in rows}  # type: ignore[misc]
@@ -605,13 +644,14 @@ class RolledUp:
     seconds: float
     rows: int  # raw ledger rows deleted
     partitions: int  # day partitions dropped
+    folded: int = 0  # pod-hours folded into pod-days
 
 
 async def roll_up_day(tk: Timekeeper, day_start: datetime, minutes: int) -> RolledUp:
     """The roll-up job run at each of its windows in the day, on a clock of its own (the ingest load may
-    run beside it); its seconds, raw rows deleted and partitions dropped in all."""
+    run beside it); its seconds, raw rows deleted, partitions dropped and pod-hours folded in all."""
     clock = ManualClock(day_start)
-    took, rows, partitions = 0.0, 0, 0
+    took, rows, partitions, folded = 0.0, 0, 0, 0
     for step in range(1, 24 * 60 // minutes + 1):
         clock.set(day_start + timedelta(minutes=minutes * step))
         began = time.perf_counter()
@@ -620,7 +660,8 @@ async def roll_up_day(tk: Timekeeper, day_start: datetime, minutes: int) -> Roll
         if result.detail is not None:
             rows += result.detail["deleted_rows"]
             partitions += len(result.detail["partitions_dropped"])
-    return RolledUp(took, rows, partitions)
+            folded += result.detail["pod_hours_folded"]
+    return RolledUp(took, rows, partitions, folded)
 
 
 async def watch_locks(dsn: str, seen: set[str], stop: asyncio.Event) -> None:
@@ -864,14 +905,17 @@ async def eight_exports(run: Run, tk: Timekeeper, url: URL, end: datetime) -> No
     )
 
 
-def per_pod_day(run: Run) -> tuple[float, float, float]:
-    """(raw ledger bytes per pod held, hourly aggregate bytes per pod-day, everything per pod-day), on
-    day 30."""
+def per_pod_day(run: Run) -> tuple[float, float, float, float]:
+    """(raw ledger bytes per pod held, pod-hour bytes per pod-day they cover, pod-day bytes per pod-day
+    they cover, everything per pod-day), on day 30: the pod-hours cover the hourly window's days
+    (TIMEKEEPER_HOURLY_HISTORY), the pod-days the rest of the month."""
     day30 = next(d for d in run.days if d.day == 30).figures
     raw = day30.get("usage_ledger table+index MiB", 0.0) * 2**20 / run.pods
-    hourly = day30["usage_pod_hours table+index MiB"] * 2**20 / (run.pods * 30)
+    hourly_days = min(29.0, HOURLY_HISTORY.total_seconds() / 86_400)
+    hourly = day30["usage_pod_hours table+index MiB"] * 2**20 / (run.pods * hourly_days)
+    daily = day30.get("usage_pod_days table+index MiB", 0.0) * 2**20 / (run.pods * (30 - hourly_days))
     total = sum(v for k, v in day30.items() if k.endswith("table+index MiB")) * 2**20 / (run.pods * 30)
-    return raw, hourly, total
+    return raw, hourly, daily, total
 
 
 def conditions(load: tuple[str, str]) -> str:
@@ -899,7 +943,8 @@ def write(run: Run, proof: str, load: tuple[str, str], seconds: float) -> str:
         f"{run.unit // 3600}-{8 * run.unit // 3600} h; the roll-up every {run.rollup_minutes} min of "
         "simulated "
         "time, raw rows kept for TIMEKEEPER_LEDGER_RETENTION's default (an hour); the history is hourly "
-        "aggregates written with each charge.",
+        "aggregates written with each charge, folded by the roll-up into pod-days past "
+        f"TIMEKEEPER_HOURLY_HISTORY's default ({HOURLY_HISTORY.days} days).",
         conditions(load),
         "",
         "| figure | day 1 | day 7 | day 30 |",
@@ -911,20 +956,23 @@ def write(run: Run, proof: str, load: tuple[str, str], seconds: float) -> str:
             + " | ".join(f"{days[d].figures.get(name, float('nan')):,.2f}" for d in MEASURED_DAYS)
             + " |"
         )
-    raw, hourly, total = per_pod_day(run)
+    raw, hourly, daily, total = per_pod_day(run)
     day_one = datetime(2000, 1, 1, tzinfo=UTC)
     folding = [rolled for rolled in run.rollups if rolled.rows]
     per_day = median(rolled.seconds for rolled in folding) if folding else 0.0
     lines += [
         "",
-        f"- bytes: raw ledger held on day 30 {raw:,.0f} per pod (table + indexes, the raw window), hourly "
-        f"aggregates {hourly:,.0f} per pod-day, everything on day 30 / pod-days held {total:,.0f}",
+        f"- bytes: raw ledger held on day 30 {raw:,.0f} per pod (table + indexes, the raw window), pod-hours "
+        f"{hourly:,.0f} per pod-day they hold (the last {HOURLY_HISTORY.days} days), pod-days "
+        f"{daily:,.0f} per pod-day they hold (the rest), everything on day 30 / pod-days held {total:,.0f}",
         f"- roll-up of one day of data (its {24 * 60 // run.rollup_minutes} windows): "
         f"median {per_day:.1f} s, "
         f"max {max((rolled.seconds for rolled in folding), default=0):.1f} s, "
         f"{folding[0].rows if folding else 0:,} raw rows deleted and "
         f"{folding[0].partitions if folding else 0} day partition(s) dropped per day (the raw ledger is "
-        "partitioned by day: rows past the raw window are deleted an hour at a time, a past day dropped)",
+        "partitioned by day: rows past the raw window are deleted an hour at a time, a past day dropped), "
+        f"{folding[-1].folded if folding else 0:,} pod-hours folded into pod-days per day (one statement "
+        "an hour)",
         f"- history loaded by the bulk loader, a day in {len(windows(day_one, day_one + timedelta(days=1)))}"
         f" statement x {-(-run.pods // (SLICE * run.workers))} slice(s) of at most {SLICE:,} pods on each of "
         f"{run.workers} connection(s) (pods and namespaces of its own), a statement and commit each; raw "

@@ -259,6 +259,15 @@ class Settings(BaseSettings):
         "duplicate. Charges and history never need it (coverage and the hourly aggregates, written with "
         "it, do); 0 writes none. The roll-up job deletes older rows hour by hour, a whole day by DROP.",
     )
+    hourly_history: timedelta = Field(
+        default=timedelta(days=2),
+        ge=timedelta(0),
+        description="How long the history keeps a pod's hours (usage_pod_hours) before the roll-up job folds "
+        "them into its day (usage_pod_days), hour by hour: what keeps utilisation, memory, power and report "
+        "counts at hour resolution for recent windows (older days answer them per day, spread evenly over a "
+        "window that cuts a day). Charges are exact either way: the charged time itself is kept to the "
+        "second, so GPU-minutes, raw and weighted, and costs never change with the fold.",
+    )
     partitions_interval: timedelta = Field(
         default=timedelta(minutes=10),
         description="Ledger partition upkeep job period (a no-op while the days ahead exist).",

@@ -32,3 +32,4 @@ def test_the_loader_writes_what_ingest_writes() -> None:
             drop_database(server_url().set(database=f"{name}_{kept}"))
     assert "equal row by row" in verdict
     assert "lives crossing an hour" in verdict
+    assert "every pod-hour folded, usage_pod_days equal" in verdict

@@ -179,10 +179,12 @@ async def test_charges_equal_ground_truth_through_drops_duplicates_and_restarts(
             ).fetchall()
         )
         stored = set(db.execute("SELECT pod_uid, seq FROM usage_ledger").fetchall())
-        # The history the answers read: each pod's hourly pieces, summed one by one, are its run, once.
+        # The history the answers read (pod-hours and any pod-days folded from them): each pod's pieces,
+        # summed one by one, are its run, once.
         hour_seconds = dict(
             db.execute(
-                "SELECT c.pod_uid, sum(extract(epoch FROM upper(r) - lower(r))) FROM usage_pod_hours h "
+                "SELECT c.pod_uid, sum(extract(epoch FROM upper(r) - lower(r))) "
+                "FROM usage_history('-infinity', NULL) h "
                 "JOIN pod_coverage c ON c.id = h.pod_key CROSS JOIN LATERAL unnest(h.charged) AS r "
                 "GROUP BY c.pod_uid"
             ).fetchall()

@@ -480,3 +480,62 @@ def test_a_members_pods_move_under_their_pod_keys_and_back() -> None:
         engine.dispose()
     finally:
         drop_database(url)
+
+
+def test_pod_days_go_back_into_pod_hours_keeping_every_charged_second() -> None:
+    """Going down from migration 7d3a5c1e9f62, a day row becomes the pod-hours of its charged time (added to
+    an hour row of the same key that is there), its reports counted in its first hour, its additive
+    figures spread over its hours by seconds."""
+    url = create_database("gtk_pod_days")
+    day = datetime(2026, 11, 20, tzinfo=UTC)
+    try:
+        migrate(url)
+        engine = sa.create_engine(url_string(url), poolclass=sa.NullPool)
+        with engine.begin() as connection:
+            connection.execute(
+                sa.text(
+                    "INSERT INTO pod_coverage (pod_uid, namespace, pod, covered, last_seq, last_report_at, "
+                    "final) VALUES ('uid-p', 'team-a', 'p', '{}', 2, now(), false)"
+                )
+            )
+            pod = connection.execute(sa.text("SELECT id FROM pod_coverage")).scalar_one()
+            # 10:30 to 12:00 and 13:00 to 13:30: two hours' time in three hours; and 10:00's own row.
+            connection.execute(
+                sa.text(
+                    "INSERT INTO usage_pod_days (pod_key, day_start, gpu_share, charge_share, charged, "
+                    "reports, reports_continued, util_seconds, util_covered_seconds) "
+                    "VALUES (:pod, :day, 1, 1, tstzmultirange("
+                    "tstzrange(:day + interval '10 hours 30 minutes', :day + interval '12 hours'), "
+                    "tstzrange(:day + interval '13 hours', :day + interval '13 hours 30 minutes')), 7, 1, "
+                    "7200 * 50, 7200)"
+                ),
+                {"pod": pod, "day": day},
+            )
+            connection.execute(
+                sa.text(
+                    "INSERT INTO usage_pod_hours (pod_key, hour_start, gpu_share, charge_share, charged, "
+                    "reports) VALUES (:pod, :hour, 1, 1, tstzmultirange(tstzrange(:hour, :hour + interval "
+                    "'10 minutes')), 2)"
+                ),
+                {"pod": pod, "hour": day + timedelta(hours=10)},
+            )
+        migrate(url, "e7b3f9a2c1d8")
+        with engine.connect() as connection:
+            hours = connection.execute(
+                sa.text(
+                    "SELECT hour_start, reports, reports_continued, util_seconds, "
+                    "(SELECT sum(extract(epoch FROM upper(r) - lower(r))) FROM unnest(charged) AS r) "
+                    "FROM usage_pod_hours ORDER BY 1"
+                )
+            ).all()
+            assert "usage_pod_days" not in sa.inspect(connection).get_table_names()
+        migrate(url)
+        engine.dispose()
+    finally:
+        drop_database(url)
+
+    assert [tuple(row) for row in hours] == [
+        (day + timedelta(hours=10), 2 + 7, 1, Decimal(1800 * 50), Decimal(600 + 1800)),
+        (day + timedelta(hours=11), 0, 0, Decimal(3600 * 50), Decimal(3600)),
+        (day + timedelta(hours=13), 0, 0, Decimal(1800 * 50), Decimal(1800)),
+    ]

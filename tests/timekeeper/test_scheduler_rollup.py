@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from tests.support.timekeeper import Api, ok
 from tests.timekeeper.test_scheduler_jobs import run, scalar
 from timekeeper.clock import ManualClock
+from timekeeper.settings import Settings
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -89,6 +90,13 @@ async def answers(api: Api) -> dict[str, Any]:
 
 
 HOURLY = "SELECT * FROM usage_pod_hours ORDER BY pod_key, hour_start, gpu_share, charge_share, model_key"
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    """Pod-hours kept a month: these tests look at the raw rows' removal, with every hour's figures as
+    they were (the fold into pod-days, which keeps charges but not the hour, is test_pod_days.py's)."""
+    return settings.model_copy(update={"hourly_history": timedelta(days=30)})
 
 
 async def ledger_rows(connection: AsyncConnection) -> int:

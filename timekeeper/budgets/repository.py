@@ -197,9 +197,10 @@ _REFRESH_GRANTED = sa.text(
     DO UPDATE SET granted_gpu_minutes = excluded.granted_gpu_minutes
     """
 )
-# Recompute a period's totals from the charged time in the hourly aggregates (usage/models.py
-# UsagePodHour: every charge lands there as it is made) and the grants, for namespaces whose period
-# kind just changed (their running total for the new kind may have missed charges made under the old one).
+# Recompute a period's totals from the charged time in the history (usage_history: the pod-hours of
+# usage/models.py UsagePodHour, where every charge lands as it is made, and the pod-days they are folded
+# into) and the grants, for namespaces whose period kind just changed (their running total for the new
+# kind may have missed charges made under the old one).
 _REBUILD = sa.text(
     """
     INSERT INTO usage_totals (namespace, period_kind, period_start, used_gpu_minutes, granted_gpu_minutes)
@@ -208,10 +209,9 @@ _REBUILD = sa.text(
             SELECT sum(round(h.charge_share * (
                 SELECT coalesce(sum(gpu_weighted_seconds(m.name, r)), 0)
                 FROM unnest(h.charged * tstzmultirange(tstzrange(:start, :end))) AS r) / 60, 9))
-            FROM pod_coverage c JOIN usage_pod_hours h ON h.pod_key = c.id
+            FROM pod_coverage c JOIN usage_history(:start, :end) h ON h.pod_key = c.id
             LEFT JOIN usage_models m ON m.id = h.model_key
-            WHERE c.namespace = n.namespace AND h.hour_start > CAST(:start AS timestamptz) - interval '1 hour'
-              AND (CAST(:end AS timestamptz) IS NULL OR h.hour_start < :end)
+            WHERE c.namespace = n.namespace
         ), 0),
         coalesce((
             SELECT sum(g.gpu_minutes) FROM grants g
@@ -235,10 +235,9 @@ _REBUILD_MODELS = sa.text(
     SELECT c.namespace, :kind, :start, coalesce(m.name, ''), sum(round(h.gpu_share * (
             SELECT coalesce(sum(extract(epoch FROM upper(r) - lower(r))), 0)
             FROM unnest(h.charged * tstzmultirange(tstzrange(:start, :end))) AS r) / 60, 9))
-    FROM n JOIN pod_coverage c ON c.namespace = n.namespace JOIN usage_pod_hours h ON h.pod_key = c.id
+    FROM n JOIN pod_coverage c ON c.namespace = n.namespace
+    JOIN usage_history(:start, :end) h ON h.pod_key = c.id
     LEFT JOIN usage_models m ON m.id = h.model_key
-    WHERE h.hour_start > CAST(:start AS timestamptz) - interval '1 hour'
-      AND (CAST(:end AS timestamptz) IS NULL OR h.hour_start < :end)
     GROUP BY 1, 4
     """
 )

@@ -19,9 +19,11 @@ from timekeeper.budgets.service import end_expired_grants
 from timekeeper.budgets.states.budget_states import BudgetStates
 from timekeeper.clock import Clock
 from timekeeper.domain.periods import EPOCH, PeriodKind, period_containing
-from timekeeper.periodic.repository import PeriodicRepository
+from timekeeper.periodic.repository import Folded, PeriodicRepository
 from timekeeper.settings import Settings
 from timekeeper.usage.partitions import days_ahead, ensure_days
+
+_HOUR = timedelta(hours=1)
 
 
 def floor_to(moment: datetime, step: timedelta) -> datetime:
@@ -32,8 +34,15 @@ def floor_to(moment: datetime, step: timedelta) -> datetime:
 class PeriodicService:
     """The jobs' work; the caller owns the transaction (run_job commits it)."""
 
-    def __init__(self, session: AsyncSession, settings: Settings) -> None:
+    def __init__(
+        self,
+        session: AsyncSession,
+        settings: Settings,
+        sessions: async_sessionmaker[AsyncSession] | None = None,
+    ) -> None:
         self.repository = PeriodicRepository(session)
+        # For work committed piece by piece, apart from the window's transaction (the fold's hours).
+        self.sessions = sessions
         self.states = BudgetStates(session)
         self.budgets = BudgetRepository(session)
         self.burn = BurnRepository(session)
@@ -60,15 +69,38 @@ class PeriodicService:
     async def roll_up(self, now: datetime, window: datetime) -> dict[str, Any]:
         """Remove the raw ledger rows that ended before the window's start (coverage, totals and the hourly
         aggregates untouched: ingest wrote the history as it charged), whole day partitions dropped, and
-        drop the burn buckets older than the forecast's window and a margin."""
+        drop the burn buckets older than the forecast's window and a margin, in the window's transaction;
+        before that, fold the pod-hours of the hours that ended TIMEKEEPER_HOURLY_HISTORY ago into their
+        days (fold_hours: a transaction per hour), so no lock the pruning takes is held while they fold."""
+        folded = await self.fold_hours(floor_to(now - self.settings.hourly_history, _HOUR))
         pruned = await self.repository.prune_ledger(window)
         oldest = now - timedelta(minutes=self.settings.forecast_window_minutes) - PURGE_MARGIN
         purged = await self.burn.purge(oldest)
         return {
             "deleted_rows": pruned.deleted,
             "partitions_dropped": pruned.dropped,
+            "hours_folded": folded.hours,
+            "pod_hours_folded": folded.rows,
             "burn_buckets_purged": purged,
         }
+
+    async def fold_hours(self, before: datetime) -> Folded:
+        """Fold the pod-hours of every hour that starts before `before` into their days, oldest first: one
+        statement (FOLD_HOUR) and one transaction per hour, so no statement grows with the day and no lock
+        is held past its hour. An hour is in its rows or its day, never both, so a crash between hours
+        leaves nothing to undo: the next run folds the rest. A late report's hour (folded before) is found
+        as any other: every hour before `before` is folded, however old."""
+        assert self.sessions is not None, "the fold commits hour by hour on sessions of its own"
+        hours = rows = 0
+        after = EPOCH
+        while True:
+            async with self.sessions() as session, session.begin():
+                repository = PeriodicRepository(session)
+                hour = await repository.next_hour(after, before)
+                if hour is None:
+                    return Folded(hours, rows)
+                rows += await repository.fold_hour(hour)
+            hours, after = hours + 1, hour
 
     async def ledger_partitions(self, now: datetime, window: datetime) -> dict[str, Any]:
         """Create the ledger's day partitions from today to ledger_partitions_ahead days on."""
@@ -191,7 +223,7 @@ async def run_job(
     if not job.in_transaction:
         return await _run_outside(job, sessionmaker, settings, now, window, replica)
     async with sessionmaker() as session, session.begin():
-        service = PeriodicService(session, settings)
+        service = PeriodicService(session, settings, sessionmaker)
         if not await service.repository.claim(job.name, window, now, replica):
             return JobResult(window, None)
         detail = await job.work(service, now, window)

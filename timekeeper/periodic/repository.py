@@ -1,5 +1,6 @@
 """SQL for the periodic jobs: claiming a job's window, closing out silent pods, removing the raw ledger
-rows past their window (their charge is in the hourly aggregates already)."""
+rows past their window (their charge is in the hourly aggregates already), folding old pod-hours into
+pod-days."""
 
 from __future__ import annotations
 
@@ -23,11 +24,24 @@ from timekeeper.usage.partitions import (
     lock_exclusively,
     partitions,
 )
+from timekeeper.usage.repository import FOLD_HOUR
 
 __all__ = ["RUNNING_POD", "PeriodicRepository"]
 _HOUR = timedelta(hours=1)
 # How far before its cutoff the roll-up deletes a day partition's raw rows, hour by hour.
 LOOK_BACK = timedelta(hours=6)
+
+
+@dataclass(frozen=True, slots=True)
+class Folded:
+    hours: int  # distinct hours of pod-hours folded into their days
+    rows: int  # pod-hour rows folded
+
+
+# The oldest hour of pod-hours after :after and before :before: one probe of ix_usage_pod_hours_hour_start.
+_NEXT_HOUR = sa.text(
+    "SELECT min(hour_start) FROM usage_pod_hours WHERE hour_start > :after AND hour_start < :before"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +108,17 @@ class PeriodicRepository:
             sa.select(sa.func.count()).select_from(PodCoverage).where(RUNNING_POD)
         )
         return int(count or 0)
+
+    async def next_hour(self, after: datetime, before: datetime) -> datetime | None:
+        """The oldest hour of pod-hours after `after` and before `before` (None: none left)."""
+        return cast(
+            datetime | None, await self.session.scalar(_NEXT_HOUR, {"after": after, "before": before})
+        )
+
+    async def fold_hour(self, hour: datetime) -> int:
+        """Fold the hour's pod-hours into their days (FOLD_HOUR, one statement); answers the rows moved."""
+        result = await self.session.execute(sa.text(FOLD_HOUR), {"hour": hour})
+        return cast(CursorResult[Any], result).rowcount
 
     async def prune_ledger(self, cutoff: datetime) -> Pruned:
         """Remove the raw ledger rows that ended by the cutoff (their charge is in the hourly aggregates

@@ -1,5 +1,6 @@
-"""The usage ledger's raw rows (kept briefly), the per-pod hourly aggregates that are the history, and per
-pod the time already charged (what makes every report count once, whether or not its raw row is kept)."""
+"""The usage ledger's raw rows (kept briefly), the per-pod hourly aggregates and the daily ones they are
+folded into (together the history), and per pod the time already charged (what makes every report count
+once, whether or not its raw row is kept)."""
 
 from __future__ import annotations
 
@@ -105,8 +106,9 @@ class UsagePodHour(Base):
             name="uq_usage_pod_hours_key",
             postgresql_nulls_not_distinct=True,
         ),
-        # Reads of every namespace over a window (the export): nearly free on inserts in time order.
-        Index("ix_usage_pod_hours_hour_start", "hour_start", postgresql_using="brin"),
+        # Reads of every namespace over a window (the export) and the fold's hours (periodic/): a btree, as
+        # the fold deletes old hours and new ones reuse their space, so the table's order is not time's.
+        Index("ix_usage_pod_hours_hour_start", "hour_start"),
     )
     # Every report updates its pod's row of the hour: the table's fillfactor (90, set by migration
     # 9a4c6e2f1b37; SQLAlchemy's tables take no storage parameters) leaves room on each page, so those
@@ -129,6 +131,47 @@ class UsagePodHour(Base):
     reports_continued: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
     # The reports' figures as sums that fold exactly (domain/measurements.py): figure x seconds beside the
     # seconds that had the figure, maxima, energy, the statuses seen.
+    util_seconds: Mapped[Decimal | None] = mapped_column(Numeric)
+    util_covered_seconds: Mapped[Decimal] = mapped_column(Numeric, server_default=text("0"))
+    peak_sm_util_pct: Mapped[Decimal | None] = mapped_column(Numeric(6, 3))
+    mem_byte_seconds: Mapped[Decimal | None] = mapped_column(Numeric)
+    mem_covered_seconds: Mapped[Decimal] = mapped_column(Numeric, server_default=text("0"))
+    peak_mem_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    energy_joules: Mapped[Decimal | None] = mapped_column(Numeric)
+    gpu_status_bits: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
+
+
+class UsagePodDay(Base):
+    """UsagePodHour's rows older than TIMEKEEPER_HOURLY_HISTORY, folded by the roll-up job into their UTC
+    day: the same key, columns and sums (a report counts once in the day; reports_continued: those with
+    charged time in the day before), so charges stay exact and the figures fold as the hours' do. Readers
+    read both tables as one history (the usage_history function, migration 7d3a5c1e9f62)."""
+
+    __tablename__ = "usage_pod_days"
+    __table_args__ = (
+        UniqueConstraint(
+            "pod_key",
+            "day_start",
+            "gpu_share",
+            "charge_share",
+            "model_key",
+            name="uq_usage_pod_days_key",
+            postgresql_nulls_not_distinct=True,
+        ),
+        # Written in day order and only updated after (by a late hour's fold): a BRIN stays selective.
+        Index("ix_usage_pod_days_day_start", "day_start", postgresql_using="brin"),
+    )
+    # Fillfactor 90 (migration 7d3a5c1e9f62), as usage_pod_hours: the fold updates a day's row each hour.
+    __mapper_args__ = {"primary_key": ["pod_key", "day_start", "gpu_share", "charge_share", "model_key"]}
+
+    pod_key: Mapped[int] = mapped_column(Integer)
+    day_start: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    gpu_share: Mapped[Decimal] = mapped_column(Numeric)
+    charge_share: Mapped[Decimal] = mapped_column(Numeric)
+    model_key: Mapped[int | None] = mapped_column(SmallInteger)
+    charged: Mapped[Any] = mapped_column(TSTZMULTIRANGE)
+    reports: Mapped[int] = mapped_column(Integer)
+    reports_continued: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
     util_seconds: Mapped[Decimal | None] = mapped_column(Numeric)
     util_covered_seconds: Mapped[Decimal] = mapped_column(Numeric, server_default=text("0"))
     peak_sm_util_pct: Mapped[Decimal | None] = mapped_column(Numeric(6, 3))

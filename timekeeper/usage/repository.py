@@ -125,8 +125,7 @@ _ADD_MODELS = (
 # holding both counts it once), as domain/measurements.py folds them (figure x seconds beside the seconds
 # that had it; maxima; statuses seen). The roll-up's fold of old ledger rows (migration 9a4c6e2f1b37)
 # computed the same sums.
-ADD_HOUR = (
-    "ON CONFLICT ON CONSTRAINT uq_usage_pod_hours_key DO UPDATE SET "
+_ADD_FIGURES = (
     "charged = h.charged + excluded.charged, reports = h.reports + excluded.reports, "
     "reports_continued = h.reports_continued + excluded.reports_continued, "
     "util_seconds = coalesce(h.util_seconds + excluded.util_seconds, h.util_seconds, excluded.util_seconds), "
@@ -140,6 +139,7 @@ ADD_HOUR = (
     "excluded.energy_joules), "
     "gpu_status_bits = h.gpu_status_bits | excluded.gpu_status_bits"
 )
+ADD_HOUR = f"ON CONFLICT ON CONSTRAINT uq_usage_pod_hours_key DO UPDATE SET {_ADD_FIGURES}"
 HOUR_COLUMNS = (
     "pod_key",
     "hour_start",
@@ -157,6 +157,23 @@ HOUR_COLUMNS = (
     "peak_mem_used_bytes",
     "energy_joules",
     "gpu_status_bits",
+)
+_FIGURE_COLUMNS = HOUR_COLUMNS[8:]
+# Folds one hour's pod-hours (:hour) into their days (usage_pod_days, fold_hours' rows older than
+# TIMEKEEPER_HOURLY_HISTORY): moved by one statement, so an hour is in the hours or in its day, never both
+# or neither. A day row adds the figures as the hours do (_ADD_FIGURES) and counts each report once: an
+# hour's reports continued from the hour before are already counted there, inside the same day, except
+# those of the day's first hour, which stay `reports_continued` (counted in the day before). A late
+# report's hour, folded later into a day that has its row, adds the same way.
+FOLD_HOUR = (
+    "WITH moved AS (DELETE FROM usage_pod_hours WHERE hour_start = :hour RETURNING *) "
+    f"INSERT INTO usage_pod_days AS h (pod_key, day_start, {', '.join(HOUR_COLUMNS[2:])}) "
+    "SELECT pod_key, date_trunc('day', hour_start, 'UTC'), gpu_share, charge_share, model_key, charged, "
+    "reports - CASE WHEN hour_start > date_trunc('day', hour_start, 'UTC') "
+    "THEN reports_continued ELSE 0 END, "
+    "CASE WHEN hour_start > date_trunc('day', hour_start, 'UTC') THEN 0 ELSE reports_continued END, "
+    f"{', '.join(_FIGURE_COLUMNS)} FROM moved ORDER BY pod_key, gpu_share, charge_share, model_key "
+    f"ON CONFLICT ON CONSTRAINT uq_usage_pod_days_key DO UPDATE SET {_ADD_FIGURES}"
 )
 # The rows of `fresh` (pod_key, gpu_share, charge_share, model_key, charged, util and util_peak as the
 # ledger's numeric(6,3), mem_used_bytes, mean_power_w, gpu_status_bits)
@@ -265,23 +282,28 @@ def lock_states(arity: int | None) -> str:
     )
 
 
-# The usage queries' sources: the hourly per-pod aggregates ingest writes (raw ledger rows are not read;
-# they may be gone), with the names of their keys. A source counts its reports once in a bucket (less
-# `continued`, those counted in its previous hour, where that hour is in the bucket too: _REPORTS_IN, so a
-# report counts once per bucket, as it does by raw rows); its additive figures
-# are sums over its whole charged time, `per` seconds, so the seconds of a bucket or window take their part
-# (all of it for a whole hour, exactly). `id` tells one source's pieces apart (within the statement).
+# The history every usage query reads: the per-pod hours ingest writes and the days the roll-up folds
+# them into past TIMEKEEPER_HOURLY_HISTORY, as one set of rows that may hold charged time in
+# [:since, :until) (the usage_history function, migration 7d3a5c1e9f62; inlined by the planner). Raw ledger
+# rows are not read: they may be gone.
+HISTORY = "usage_history(:since, :until)"
+# The usage queries' sources: the history's rows, with the names of their keys. A source counts its
+# reports once in a bucket (less `continued`, those counted in its previous hour or day, where that is in
+# the bucket too: _REPORTS_IN, so a report counts once per bucket, as it does by raw rows); its additive
+# figures are sums over its whole charged time, `per` seconds, so the seconds of a bucket or window take
+# their part (all of it for a whole hour or day, exactly). (`tab`, `id`), its table and ctid, tell one
+# source's pieces apart (within the statement).
 _SOURCE_OF = (
-    "SELECT h.ctid AS id, c.namespace, c.pod, c.pod_uid, h.gpu_share, h.charge_share, m.name AS gpu_model, "
+    "SELECT h.row_table AS tab, h.row_id AS id, c.namespace, c.pod, c.pod_uid, h.gpu_share, "
+    "h.charge_share, m.name AS gpu_model, "
     "h.charged, h.reports, (SELECT sum(extract(epoch FROM upper(q) - lower(q))) FROM unnest(h.charged) AS q) "
-    "AS per, h.hour_start, h.reports_continued AS continued, "
+    "AS per, h.bucket_start, h.reports_continued AS continued, "
     "h.util_seconds AS util, h.util_covered_seconds AS util_covered, "
     "h.peak_sm_util_pct AS util_peak, "
     "h.mem_byte_seconds AS mem, h.mem_covered_seconds AS mem_covered, h.peak_mem_used_bytes AS mem_peak, "
     "h.energy_joules AS energy, h.gpu_status_bits AS status_bits "
-    "FROM pod_coverage c JOIN usage_pod_hours h ON h.pod_key = c.id "
-    "LEFT JOIN usage_models m ON m.id = h.model_key WHERE {namespace_of_c} "
-    "AND h.hour_start > CAST(:since AS timestamptz) - interval '1 hour' AND h.hour_start < :until"
+    f"FROM pod_coverage c JOIN {HISTORY} h ON h.pod_key = c.id "
+    "LEFT JOIN usage_models m ON m.id = h.model_key WHERE {namespace_of_c}"
 )
 _USAGE_SOURCE = _SOURCE_OF.format(namespace_of_c="c.namespace = :namespace")
 # A namespace key's cluster and bare namespace (timekeeper/domain/clusters.py) in SQL: '' for the local
@@ -371,7 +393,7 @@ def _period_sums(period: str) -> str:
 def _reports_in(lower: str) -> str:
     """A source's reports counted in a bucket whose part inside the window starts at `lower`: those that
     also have charged time in the hour before are counted there, where that hour is inside too."""
-    return f"s.reports - CASE WHEN s.hour_start > {lower} THEN s.continued ELSE 0 END"
+    return f"s.reports - CASE WHEN s.bucket_start > {lower} THEN s.continued ELSE 0 END"
 
 
 def _source_figures(lower: str) -> str:
@@ -433,10 +455,10 @@ _STREAMED_ROWS = 1000  # rows fetched from the server-side cursor at a time
 # GPU-minutes (as the usage answer's minutes are). A source's figures stand for `per` seconds (see above).
 _EFFICIENCY = sa.text(
     f"WITH source AS ({_USAGE_SOURCE}), per_source AS ("
-    "SELECT s.pod, s.id, max(s.gpu_share) AS share, max(s.per) AS per, max(s.util) AS util, "
+    "SELECT s.pod, s.tab, s.id, max(s.gpu_share) AS share, max(s.per) AS per, max(s.util) AS util, "
     "max(s.util_covered) AS util_covered, sum(extract(epoch FROM upper(r) - lower(r))) AS seconds "
     "FROM source s CROSS JOIN LATERAL unnest(s.charged * tstzmultirange(tstzrange(:since, :until))) AS r "
-    "GROUP BY 1, 2) "
+    "GROUP BY 1, 2, 3) "
     "SELECT pod, round(sum(share * seconds) / 60, 9) AS allocated, "
     "round(coalesce(sum(share * util_covered * seconds / per), 0) / 60, 9) AS measured, "
     "round(coalesce(sum(share * util * seconds / per), 0) / 6000, 9) AS utilised "
@@ -454,8 +476,7 @@ _HELD = sa.text(
     "SELECT h.pod_key, h.gpu_share, h.util_seconds AS util, h.util_covered_seconds AS util_covered, "
     "(SELECT sum(extract(epoch FROM upper(q) - lower(q))) FROM unnest(h.charged) AS q) AS per, "
     "extract(epoch FROM upper(r) - lower(r)) AS seconds FROM pods "
-    "JOIN usage_pod_hours h ON h.pod_key = pods.id "
-    "AND h.hour_start > CAST(:held_since AS timestamptz) - interval '1 hour' AND h.hour_start < :now "
+    "JOIN usage_history(:held_since, :now) h ON h.pod_key = pods.id "
     "CROSS JOIN LATERAL unnest(h.charged * tstzmultirange(tstzrange(:held_since, :now))) AS r) "
     "SELECT pods.namespace, pods.pod, pods.pod_uid, pods.held_from, max(x.gpu_share) AS gpu_share, "
     "round(sum(x.gpu_share * x.seconds) / 60, 9) AS allocated, "
@@ -759,10 +780,10 @@ class UsageRepository:
             rows = f"SELECT key, {_TOTALS} FROM per_source"
         query = sa.text(
             f"WITH source AS ({_USAGE_SOURCE}), per_source AS ("
-            f"SELECT {key} AS key, s.pod, s.id, {_piece_sums(piece)}, {_source_figures(lower)} "
+            f"SELECT {key} AS key, s.pod, s.tab, s.id, {_piece_sums(piece)}, {_source_figures(lower)} "
             f"FROM source s {_SOURCE_WEIGHT} "
             "CROSS JOIN LATERAL unnest(s.charged * tstzmultirange(tstzrange(:since, :until))) AS r "
-            f"{bucket} GROUP BY 1, 2, 3) "
+            f"{bucket} GROUP BY 1, 2, 3, 4) "
             f"{rows} GROUP BY key ORDER BY key"
         )
         result = await self.session.execute(query, {"namespace": namespace, "since": since, "until": until})

@@ -286,7 +286,8 @@ def lock_states(arity: int | None) -> str:
 # them into past TIMEKEEPER_HOURLY_HISTORY, as one set of rows that may hold charged time in
 # [:since, :until) (the usage_history function, migration 7d3a5c1e9f62; inlined by the planner). Raw ledger
 # rows are not read: they may be gone.
-HISTORY = "usage_history(:since, :until)"
+HISTORY_FUNCTION = "usage_history"
+HISTORY = f"{HISTORY_FUNCTION}(:since, :until)"
 # The usage queries' sources: the history's rows, with the names of their keys. A source counts its
 # reports once in a bucket (less `continued`, those counted in its previous hour or day, where that is in
 # the bucket too: _REPORTS_IN, so a report counts once per bucket, as it does by raw rows); its additive
@@ -476,7 +477,7 @@ _HELD = sa.text(
     "SELECT h.pod_key, h.gpu_share, h.util_seconds AS util, h.util_covered_seconds AS util_covered, "
     "(SELECT sum(extract(epoch FROM upper(q) - lower(q))) FROM unnest(h.charged) AS q) AS per, "
     "extract(epoch FROM upper(r) - lower(r)) AS seconds FROM pods "
-    "JOIN usage_history(:held_since, :now) h ON h.pod_key = pods.id "
+    f"JOIN {HISTORY_FUNCTION}(:held_since, :now) h ON h.pod_key = pods.id "
     "CROSS JOIN LATERAL unnest(h.charged * tstzmultirange(tstzrange(:held_since, :now))) AS r) "
     "SELECT pods.namespace, pods.pod, pods.pod_uid, pods.held_from, max(x.gpu_share) AS gpu_share, "
     "round(sum(x.gpu_share * x.seconds) / 60, 9) AS allocated, "

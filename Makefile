@@ -65,7 +65,7 @@ bench-history: $(STAMP) ## A month of history at N pods: day 1/7/30 figures into
 	$(BIN)/python -m bench.history $(ARGS)
 
 .PHONY: bench-migrate-history
-bench-migrate-history: $(STAMP) ## The upgrade to hourly aggregates on an old-schema month of N pods, timed, into bench/RESULTS.md
+bench-migrate-history: $(STAMP) ## The upgrade to hourly aggregates, then the first fold into pod-days, on an old-schema month of N pods, timed
 	$(BIN)/python -m bench.migrate_history $(ARGS)
 
 .PHONY: compose-env

@@ -455,7 +455,7 @@ def prove(server: URL, since: datetime, name: str = "proof") -> tuple[dict[str, 
     assert shapes is not None
     # Then the roll-up as scheduled, days later: every hour folded into its day, on each side.
     for folded in (ingested, *(bulk for _, bulk in loaded)):
-        asyncio.run(_fold_all(folded, until + timedelta(days=3)))
+        asyncio.run(roll_up_at(folded, until + timedelta(days=3)))
     with psycopg.connect(_dsn(ingested)) as a:
         days = a.execute(_COMPARED_DAYS).fetchall()
         left_hours = a.execute("SELECT count(*) FROM usage_pod_hours").fetchone()
@@ -490,10 +490,14 @@ def prove(server: URL, since: datetime, name: str = "proof") -> tuple[dict[str, 
     )
 
 
-async def _fold_all(url: URL, now: datetime) -> None:
-    """The roll-up job at `now`: the pod-hours older than TIMEKEEPER_HOURLY_HISTORY folded into days."""
+async def roll_up_at(url: URL, now: datetime) -> dict[str, Any]:
+    """The roll-up job run once at `now` (the raw rows past the raw window pruned, the pod-hours older than
+    TIMEKEEPER_HOURLY_HISTORY folded into days); answers its detail."""
     async with timekeeper(url, now) as tk:
-        await run_job(JOBS_BY_NAME["rollup"], current(tk.app).sessions, tk.settings, tk.clock, "bench")
+        sessions = current(tk.app).sessions
+        result = await run_job(JOBS_BY_NAME["rollup"], sessions, tk.settings, tk.clock, "bench")
+    assert result.detail is not None, f"the roll-up at {now} did not run: {result}"
+    return result.detail
 
 
 # --- measurements ---

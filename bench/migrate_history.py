@@ -1,5 +1,7 @@
 """The upgrade to history as hourly aggregates (migration 9a4c6e2f1b37) on a month of N GPU pods held in the
-schema before it, timed, with every charged second compared before and after. `make bench-migrate-history`.
+schema before it, timed, with every charged second compared before and after; then the roll-up's first run
+after the upgrade, which folds the month's old hours into pod-days (migration 7d3a5c1e9f62), timed and
+compared again. `make bench-migrate-history`.
 
 The month is written in the old schema's shapes by one statement per UTC hour, as the old bench loader
 wrote them (the pods of bench/history.py): the last days as raw ledger rows, the older ones as the rows the
@@ -11,6 +13,7 @@ the whole day was older than the retention, so the report ending on the cutoff i
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import os
 import signal
@@ -34,14 +37,14 @@ from bench.common import (
     postgres_settings_note,
     progress,
 )
-from bench.history import conditions
+from bench.history import conditions, roll_up_at
 from tests.support.partitions import partition_days_from
 from tests.support.timekeeper import alembic_config
 
 MIGRATION = "9a4c6e2f1b37"
 STEP = 30  # seconds between a pod's reports
 UNIT = 6 * 3600  # pods live 1-8 units, as in bench/history.py
-SECTION = "## The migration to history as hourly aggregates at {pods:,} GPU pods (make bench-migrate-history)"
+SECTION = "## The upgrade to hourly aggregates and pod-days at {pods:,} GPU pods (make bench-migrate-history)"
 # What a report's row holds beside its charge: what ingest stored for bench/history.py's report (one GPU at
 # 50 % SM, 1 GiB used, no power figure), in the old schema's columns.
 FIGURES: dict[str, Any] = {
@@ -144,6 +147,12 @@ _BEFORE = (
 _AFTER = (
     "SELECT c.namespace, c.pod_uid, h.hour_start, h.charge_share, h.charged, h.reports "
     "FROM usage_pod_hours h JOIN pod_coverage c ON c.id = h.pod_key"
+)
+# After the first roll-up: the pod-hours and pod-days as every reader reads them (usage_history), a day's
+# row under its day's start.
+_FOLDED = (
+    "SELECT c.namespace, c.pod_uid, h.bucket_start AS hour_start, h.charge_share, h.charged, h.reports "
+    "FROM usage_history('-infinity', NULL) h JOIN pod_coverage c ON c.id = h.pod_key"
 )
 _PER_DAY = (
     "SELECT namespace, date_trunc('day', hour_start, 'UTC') AS day, sum(s.seconds), "
@@ -258,8 +267,8 @@ def load_old_month(url: URL, month: Month) -> None:
         )
 
 
-def charged(url: URL, after: bool) -> Charged:
-    rows = _AFTER if after else _BEFORE
+def charged(url: URL, rows: str) -> Charged:
+    """The charge as `rows` (_BEFORE, _AFTER or _FOLDED) hold it."""
     with psycopg.connect(dsn(url)) as connection:
         connection.execute("SET jit = off")
 
@@ -298,7 +307,7 @@ def migrate_month(url: URL, month: Month) -> Migrated:
     loaded = time.perf_counter() - began
     raw_rows, hourly_rows = count(url, "usage_ledger"), count(url, "usage_hourly")
     progress(f"loaded {raw_rows:,} raw rows and {hourly_rows:,} hourly rows in {loaded:.0f} s")
-    before = charged(url, after=False)
+    before = charged(url, _BEFORE)
     load_before = _load_average()
     began = time.perf_counter()
     command.upgrade(config, MIGRATION)
@@ -308,7 +317,7 @@ def migrate_month(url: URL, month: Month) -> Migrated:
     began = time.perf_counter()
     command.upgrade(config, "head")
     head = time.perf_counter() - began
-    after = charged(url, after=True)
+    after = charged(url, _AFTER)
     result = Migrated(
         raw_rows,
         hourly_rows,
@@ -334,6 +343,47 @@ def migrate_month(url: URL, month: Month) -> Migrated:
     return result
 
 
+@dataclass
+class RolledUp:
+    """The roll-up's first run after the upgrade."""
+
+    seconds: float
+    hours: int  # hours folded
+    pod_hours: int  # pod-hours folded
+    pod_days: int  # pod-day rows after
+    raw_rows_deleted: int
+    differences: list[str] = field(default_factory=list)
+
+
+def first_rollup(url: URL, month: Month) -> RolledUp:
+    """The roll-up run once at the month's end on the upgraded month, timed: every hour older than
+    TIMEKEEPER_HOURLY_HISTORY folded into pod-days, the raw rows past the raw window pruned. The charge
+    compared before and after, but for the reports: a day counts a report once, where hours count it in
+    each hour its charge touches (docs/timekeeper.md "Pod-days")."""
+    before = charged(url, _AFTER)
+    began = time.perf_counter()
+    detail = asyncio.run(roll_up_at(url, month.end))
+    seconds = time.perf_counter() - began
+    after = charged(url, _FOLDED)
+    seconds_only = [[row[:4] for row in charge.per_day] for charge in (before, after)]
+    compared = [
+        first_difference("charge per namespace and day", *seconds_only),
+        first_difference("charged time per pod", before.per_pod, after.per_pod),
+        *(
+            f"GPU-minutes charged differ from usage_totals after the roll-up: {after.totals_differ[0]}"
+            for _ in after.totals_differ[:1]
+        ),
+    ]
+    return RolledUp(
+        seconds,
+        detail["hours_folded"],
+        detail["pod_hours_folded"],
+        count(url, "usage_pod_days"),
+        detail["deleted_rows"],
+        [difference for difference in compared if difference],
+    )
+
+
 def _load_average() -> str:
     return " / ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -352,7 +402,7 @@ def verdict(result: Migrated) -> str:
     )
 
 
-def write(month: Month, result: Migrated, command_line: str) -> None:
+def write(month: Month, result: Migrated, rolled: RolledUp, command_line: str) -> None:
     section = SECTION.format(pods=month.pods)
     lines = [
         section,
@@ -373,8 +423,18 @@ def write(month: Month, result: Migrated, command_line: str) -> None:
         f"| pod-hour aggregates (usage_pod_hours) after | {result.aggregate_rows:,} |",
         f"| `alembic upgrade {MIGRATION}` s | {result.migration_seconds:,.1f} |",
         f"| the revisions after it, to head, s | {result.head_seconds:,.1f} |",
+        f"| the roll-up's first run after the upgrade, s | {rolled.seconds:,.1f} |",
+        f"| hours it folded into pod-days | {rolled.hours:,} |",
+        f"| pod-hours folded / pod-days after | {rolled.pod_hours:,} / {rolled.pod_days:,} |",
+        f"| raw ledger rows it pruned | {rolled.raw_rows_deleted:,} |",
         "",
         f"- {verdict(result)}",
+        "- the roll-up's first run after the upgrade, at the month's end, folds every hour older than "
+        "TIMEKEEPER_HOURLY_HISTORY (2 days) into pod-days, one statement and transaction an hour, and prunes "
+        "the raw rows past the raw window (an hour): after it, read through usage_history as every reader "
+        "reads, every charged second the same per namespace and UTC day (seconds and GPU-seconds; a day "
+        "counts a report once where hours counted it in each hour it touched), each pod's charged time the "
+        "same, and the GPU-minutes per namespace and month equal to usage_totals'",
         f"- the month loaded in {result.load_seconds:.0f} s (an hour per statement); the load average above "
         "is the upgrade's: just before it and just after",
         f"- {postgres_settings_note()}",
@@ -403,17 +463,25 @@ def main() -> None:
     with postgres_server() as server:
         with psycopg.connect(dsn(server), autocommit=True) as connection:
             connection.execute("CREATE DATABASE migrate_history")
-        result = migrate_month(server.set(database="migrate_history"), month)
-    if result.differences:
-        raise SystemExit("the charge differs after the migration:\n" + "\n".join(result.differences))
+        url = server.set(database="migrate_history")
+        result = migrate_month(url, month)
+        if result.differences:
+            raise SystemExit("the charge differs after the migration:\n" + "\n".join(result.differences))
+        progress("the roll-up's first run after the upgrade")
+        rolled = first_rollup(url, month)
+    if rolled.differences:
+        raise SystemExit("the charge differs after the first roll-up:\n" + "\n".join(rolled.differences))
     write(
         month,
         result,
+        rolled,
         "make bench-migrate-history" + (f" ARGS='{' '.join(sys.argv[1:])}'" if sys.argv[1:] else ""),
     )
     print(
         f"migration {MIGRATION}: {result.migration_seconds:.1f} s for {result.raw_rows:,} raw rows and "
-        f"{result.hourly_rows:,} hourly rows -> {result.aggregate_rows:,} aggregates; {verdict(result)}"
+        f"{result.hourly_rows:,} hourly rows -> {result.aggregate_rows:,} aggregates; {verdict(result)}; "
+        f"the first roll-up after it: {rolled.seconds:.1f} s, {rolled.hours:,} hours folded into "
+        f"{rolled.pod_days:,} pod-days"
     )
 
 
